@@ -1,0 +1,5 @@
+import sys
+
+from ckview.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,33 @@
+"""Pure functions over trace tables (numpy arrays in, numbers and arrays out).
+
+No files, no widgets, no torch: the CLI, the GUI and the tests all drive these the same way.
+"""
+
+from ckview.analysis.breakdown import bytes_by_category, bytes_by_module, module_paths
+from ckview.analysis.summary import NO_MODULE, RunSummary, summarize_run
+from ckview.analysis.timeline import (
+    MemoryTimeline,
+    Peak,
+    find_peak,
+    live_storages,
+    memory_timeline,
+    step_allocated_peaks,
+)
+from ckview.analysis.units import format_bytes, parse_bytes
+
+__all__ = [
+    "NO_MODULE",
+    "MemoryTimeline",
+    "Peak",
+    "RunSummary",
+    "bytes_by_category",
+    "bytes_by_module",
+    "find_peak",
+    "format_bytes",
+    "live_storages",
+    "memory_timeline",
+    "module_paths",
+    "parse_bytes",
+    "step_allocated_peaks",
+    "summarize_run",
+]

@@ -1,0 +1,158 @@
+"""One run at a glance: its peak, what is live there, and per-step numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ckview.analysis.breakdown import (
+    bytes_by_category,
+    bytes_by_module,
+    module_paths,
+    storage_modules,
+)
+from ckview.analysis.timeline import (
+    MemoryTimeline,
+    find_peak,
+    live_storages,
+    memory_timeline,
+    step_allocated_peaks,
+    step_segments,
+)
+from ckview.trace.schema import NO_INDEX, Category
+
+Table = Mapping[str, np.ndarray]
+
+NO_MODULE = "(no module)"
+"""Label of storages created outside any module call."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The headline numbers of one run; ``to_json`` gives them as plain Python types."""
+
+    peak_bytes: int
+    peak_time_ns: int
+    peak_event: int
+    """memory_events row after which the peak is reached, -1 if the peak is the baseline."""
+    peak_step: int
+    """step number of the peak event, -1 if the peak is the baseline or before any step."""
+    baseline_bytes: int
+    by_category: dict[str, int]
+    """lowercase category name -> live bytes at the peak, for every category."""
+    top_modules: list[tuple[str, int]]
+    top_storages: list[dict[str, Any]]
+    steps: list[dict[str, int]]
+    activation_bytes_saved: int
+    n_ops: int
+    n_memory_events: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as a JSON-ready dict (lists instead of tuples)."""
+        out = dataclasses.asdict(self)
+        out["top_modules"] = [list(pair) for pair in self.top_modules]
+        return out
+
+
+def summarize_run(
+    tables: Mapping[str, Table], modules: Table, strings: Sequence[str], top: int = 10
+) -> RunSummary:
+    """Summarise one run: peak, live bytes there by category / module / storage, and steps.
+
+    ``tables`` maps the run's table names (``steps``, ``ops``, ``memory_events``, ``storages``,
+    ``module_calls``) to their columns. The peak is the first maximum of the memory timeline.
+    """
+    storages, events = tables["storages"], tables["memory_events"]
+    tl = memory_timeline(storages, events)
+    peak = find_peak(tl)
+    live = live_storages(storages, events, peak.event)
+    paths = module_paths(modules, strings)
+    categories = bytes_by_category(storages, live)
+    return RunSummary(
+        peak_bytes=peak.bytes,
+        peak_time_ns=peak.time_ns,
+        peak_event=peak.event,
+        peak_step=_step_of_event(tables["steps"], peak.event),
+        baseline_bytes=int(tl.total[0]),
+        by_category={c.name.lower(): b for c, b in categories.items()},
+        top_modules=[
+            (_label(paths, m), b)
+            for m, b in bytes_by_module(storages, tables["module_calls"], live, top)
+        ],
+        top_storages=_top_storages(tables, live, paths, strings, top),
+        steps=_step_rows(tables, tl),
+        activation_bytes_saved=categories[Category.ACTIVATION],
+        n_ops=len(tables["ops"]["name"]),
+        n_memory_events=len(events["kind"]),
+    )
+
+
+def _label(paths: Sequence[str], module: int) -> str:
+    return NO_MODULE if module == NO_INDEX else paths[module]
+
+
+def _string(strings: Sequence[str], index: int) -> str:
+    return "" if index == NO_INDEX else strings[index]
+
+
+def _op_name(op_names: np.ndarray, strings: Sequence[str], op: int) -> str:
+    """Name of op row ``op``; '' for a storage that no recorded op created (pre-existing)."""
+    return "" if op == NO_INDEX else strings[op_names[op]]
+
+
+def _step_of_event(steps: Table, event: int) -> int:
+    """Step number whose events include ``event``; -1 for -1 or events before the first step."""
+    first = np.asarray(steps["first_memory_event"])
+    row = int(np.searchsorted(first, event, side="right")) - 1
+    return -1 if event == NO_INDEX or row < 0 else int(steps["step"][row])
+
+
+def _top_storages(
+    tables: Mapping[str, Table],
+    rows: np.ndarray,
+    paths: Sequence[str],
+    strings: Sequence[str],
+    top: int,
+) -> list[dict[str, Any]]:
+    """The ``top`` largest of the storage ``rows`` (ties: lower row first), described."""
+    storages = tables["storages"]
+    nbytes = np.asarray(storages["nbytes"])[rows]
+    biggest = rows[np.lexsort((rows, -nbytes))[:top]]
+    modules = storage_modules(storages, tables["module_calls"], biggest)
+    op_names = np.asarray(tables["ops"]["name"])
+    return [
+        {
+            "storage": int(s),
+            "nbytes": int(storages["nbytes"][s]),
+            "category": Category(int(storages["category"][s])).name.lower(),
+            "shape": _string(strings, int(storages["shape"][s])),
+            "dtype": _string(strings, int(storages["dtype"][s])),
+            "module": _label(paths, int(m)),
+            "op": _op_name(op_names, strings, int(storages["op"][s])),
+        }
+        for s, m in zip(biggest, modules, strict=True)
+    ]
+
+
+def _step_rows(tables: Mapping[str, Table], tl: MemoryTimeline) -> list[dict[str, int]]:
+    """Per step: duration, peak live bytes and peak bytes allocated since the step began.
+
+    A step's points run from the state at its start (point ``first``) to the state after its
+    last event (point ``stop``), so an eventless step still has a peak: what was live then.
+    """
+    steps = tables["steps"]
+    start, stop = step_segments(steps, len(tl.event) - 1)
+    allocated = step_allocated_peaks(tables["storages"], tables["memory_events"], steps)
+    return [
+        {
+            "step": int(steps["step"][i]),
+            "duration_ns": int(steps["end_ns"][i] - steps["start_ns"][i]),
+            "peak_bytes": int(tl.total[start[i] : stop[i] + 1].max()),
+            "allocated_peak_bytes": int(allocated[i]),
+        }
+        for i in range(len(start))
+    ]

@@ -1,0 +1,57 @@
+"""Byte sizes for people: ``format_bytes(1536) == '1.50 KiB'``, ``parse_bytes('3GiB')``."""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_HALF_EVEN, Decimal
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def _unit_bytes() -> dict[str, int]:
+    """Lowercase unit -> bytes. IEC units and bare prefixes (``512M``, as in docker or
+    ``ulimit``) are binary; SI units (``kB``, ``MB``...) are decimal, as their standard says."""
+    units = {"": 1, "b": 1}
+    for power, prefix in enumerate("kmgtpe", start=1):
+        units |= {f"{prefix}ib": 1024**power, prefix: 1024**power, f"{prefix}b": 1000**power}
+    return units
+
+
+_UNIT_BYTES = _unit_bytes()
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes with a binary unit and three significant digits: '1.50 GiB', '12.0 MiB'.
+
+    Plain bytes are shown exactly ('512 B'); negative sizes (differences) keep their sign.
+    """
+    sign, size = ("-" if n < 0 else ""), abs(int(n))
+    if size < 1024:
+        return f"{sign}{size} B"
+    power = 1
+    # Move up a unit while the value would round to 1024 or more in this one.
+    while power < len(_BINARY_UNITS) - 1 and round(size / 1024**power) >= 1024:
+        power += 1
+    value = size / 1024**power
+    digits = next(d for d in (2, 1, 0) if round(value, d) < 10 ** (3 - d) or d == 0)
+    return f"{sign}{value:.{digits}f} {_BINARY_UNITS[power]}"
+
+
+def parse_bytes(text: str) -> int:
+    """Parse a size such as '3GiB', '1.5 GiB', '512MB', '2G' or '4096' into bytes.
+
+    Units are case-insensitive: KiB/MiB/GiB/TiB and bare K/M/G/T are powers of 1024, kB/MB/GB/TB
+    powers of 1000, no unit or B means bytes. Fractions are rounded to whole bytes. Raises
+    ``ValueError`` saying what is accepted when ``text`` is not such a size.
+    """
+    match = _SIZE.fullmatch(text)
+    unit = _UNIT_BYTES.get(match.group(2).lower()) if match else None
+    if match is None or unit is None:
+        raise ValueError(
+            f"cannot read {text!r} as a size: write a non-negative number and an optional unit, "
+            "e.g. '512MiB', '1.5 GiB', '3GB' or '4096' (units: B, KiB, MiB, GiB, TiB, "
+            "K, M, G, T = powers of 1024; kB, MB, GB, TB = powers of 1000)"
+        )
+    value = Decimal(match.group(1)) * unit
+    return int(value.to_integral_value(rounding=ROUND_HALF_EVEN))

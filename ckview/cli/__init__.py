@@ -1,0 +1,1 @@
+"""The ``ckview`` command: one module per verb; heavy imports happen inside each verb."""

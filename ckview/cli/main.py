@@ -1,0 +1,44 @@
+"""Entry point of the ``ckview`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ckview import __version__
+from ckview.cli import record, summary, validate
+from ckview.cli.errors import EXIT_USAGE, CLIError
+
+VERBS = (record, summary, validate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ckview",
+        description="Record a PyTorch training step, see what fills memory, plan checkpointing.",
+    )
+    parser.add_argument("--version", action="version", version=f"ckview {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb in VERBS:
+        verb.add_parser(verbs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ckview`` command line; return the process exit code."""
+    args = build_parser().parse_args(argv)
+    from ckview.trace.errors import TraceError
+
+    try:
+        return int(args.handler(args))
+    except (CLIError, TraceError) as exc:
+        print(f"ckview: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("ckview: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

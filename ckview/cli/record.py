@@ -1,0 +1,148 @@
+"""``ckview record``: run a training script unchanged and record its steps into a trace."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from ckview.cli.errors import CLIError
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "record",
+        help="record training steps of a script into a trace",
+        description=(
+            "Run TARGET with its own arguments and record training steps. ckview's options may "
+            "come before or after TARGET; arguments after '--' all go to the script."
+        ),
+    )
+    _add_options(p)
+    p.add_argument("target", metavar="TARGET", help="the training script (or module with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(handler=run)
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", type=Path, help="trace file to write (default: <script>.h5)")
+    p.add_argument("--steps", type=_positive, default=1, help="steps to record (default 1)")
+    p.add_argument(
+        "--warmup", type=_non_negative, default=1, help="steps to skip first (default 1)"
+    )
+    p.add_argument(
+        "--stop-after", action="store_true", help="end the script once the steps are recorded"
+    )
+    p.add_argument("--no-progress", action="store_true", help="do not show progress on stderr")
+    p.add_argument(
+        "-m", dest="module", action="store_true", help="TARGET is a module, as python -m"
+    )
+
+
+def _split_script_args(args: argparse.Namespace) -> None:
+    """Move ckview's own options found after TARGET (and before '--') out of the script's args.
+
+    ``ckview record train.py -o t.h5 --steps 2`` then means what it reads like, while
+    ``ckview record train.py -- --steps 2`` passes ``--steps 2`` to the script.
+    """
+    parser = argparse.ArgumentParser(prog="ckview record", add_help=False)
+    _add_options(parser)
+    rest = list(args.args)
+    if "--" in rest:
+        cut = rest.index("--")
+        ours, theirs = rest[:cut], rest[cut + 1 :]
+    else:
+        ours, theirs = rest, []
+    _, script_args = parser.parse_known_args(ours, namespace=args)
+    args.args = script_args + theirs
+
+
+def run(args: argparse.Namespace) -> int:
+    _split_script_args(args)
+    _check_target(args.target, args.module)
+    output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}.h5")
+    if not output.parent.exists():
+        raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
+
+    from recorder import Recorder, run_script
+
+    command = ["ckview", "record", *sys.argv[2:]] if sys.argv[1:2] == ["record"] else sys.argv
+    recorder = Recorder(
+        output,
+        steps=args.steps,
+        warmup=args.warmup,
+        stop_after=args.stop_after,
+        command=command,
+        progress=not args.no_progress,
+    )
+    try:
+        recorder.__enter__()
+    except OSError as exc:
+        raise CLIError(f"cannot write {output}: {exc.strerror or exc}") from None
+    outcome = None
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        outcome = run_script(args.target, args.args, module=args.module)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
+    _report(output, recorder.steps_recorded, args, outcome.error)
+    return outcome.exit_code
+
+
+def _report(output: Path, steps: int, args: argparse.Namespace, error: str | None) -> None:
+    if error:
+        print(
+            f"ckview: the script failed ({error}); {output} is marked incomplete", file=sys.stderr
+        )
+        return
+    if steps == 0:
+        print(
+            f"ckview: no step was recorded in {output}: the script ended after its warmup "
+            f"({args.warmup} steps) or has no backward/optimizer step; lower --warmup",
+            file=sys.stderr,
+        )
+        return
+    elif steps < args.steps:
+        print(f"ckview: the script ended after {steps} of {args.steps} steps", file=sys.stderr)
+    print(f"ckview: wrote {output} ({steps} steps); next: ckview summary {output}", file=sys.stderr)
+
+
+def _check_target(target: str, module: bool) -> None:
+    if module:
+        try:
+            spec = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            raise CLIError(f"no module named {target!r}; check the name or drop -m to run a file")
+        return
+    path = Path(target)
+    if not path.exists():
+        raise CLIError(f"script {target} not found; give the path of a Python training script")
+    if path.is_dir() and not (path / "__main__.py").exists():
+        raise CLIError(f"{target} is a folder without __main__.py; give a Python script")
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds the script so the trace is closed
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value

@@ -1,0 +1,121 @@
+"""``ckview summary``: the peak of each run and what fills memory there (text or JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ckview.cli.errors import CLIError
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "summary",
+        help="peak memory and what fills it, per run",
+        description="Print the peak of each run of TRACE, its breakdown and the top tensors.",
+    )
+    p.add_argument("trace", type=Path, metavar="TRACE")
+    p.add_argument(
+        "--run", dest="runs", action="append", help="only this run (repeatable); default: all"
+    )
+    p.add_argument("--top", type=int, default=8, help="modules and tensors to list (default 8)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ckview.analysis import summarize_run
+    from ckview.trace import open_trace
+
+    with open_trace(args.trace) as trace:
+        names = args.runs or trace.run_names
+        missing = [n for n in names if n not in trace.run_names]
+        if missing:
+            raise CLIError(
+                f"{args.trace} has no run {missing[0]!r}; runs: {', '.join(trace.run_names)}"
+            )
+        strings = trace.strings
+        modules = trace.modules.read()
+        runs = {}
+        for name in names:
+            tables = {t: trace.run(name).table(t).read() for t in _TABLES}
+            summary = summarize_run(tables, modules, strings, top=args.top)
+            runs[name] = (summary, _peak_phase(tables, summary.peak_event))
+        meta = trace.meta
+    if args.json:
+        doc = {
+            "trace": str(args.trace),
+            "meta": _jsonable(meta),
+            "runs": {n: {**s.to_json(), "peak_phase": ph} for n, (s, ph) in runs.items()},
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+        return 0
+    print(_header(args.trace, meta))
+    for name, (summary, phase) in runs.items():
+        print()
+        print(_format_run(name, summary, phase))
+    return 0
+
+
+_TABLES = ("steps", "module_calls", "ops", "memory_events", "storages")
+
+
+def _peak_phase(tables: dict[str, dict[str, Any]], event: int) -> str:
+    """The phase of the op at (or just before) the peak event, e.g. 'backward'."""
+    from ckview.trace.schema import Phase
+
+    if event < 0:
+        return "start"
+    op = int(tables["memory_events"]["op"][event])
+    return "start" if op < 0 else Phase(int(tables["ops"]["phase"][op])).name.lower()
+
+
+def _jsonable(meta: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(meta).items()}
+
+
+def _header(path: Path, meta: Any) -> str:
+    state = "complete" if meta.complete else f"INCOMPLETE: {meta.error}"
+    return (
+        f"{path}: {meta.steps_recorded} step(s) recorded on {meta.device} "
+        f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}\n"
+        f"command: {' '.join(meta.command)}"
+    )
+
+
+def _format_run(name: str, s: Any, phase: str) -> str:
+    from ckview.analysis import format_bytes as fb
+
+    lines = [
+        f"run {name}",
+        f"  peak        {fb(s.peak_bytes):>11}  at {s.peak_time_ns / 1e6:.1f} ms "
+        f"(step {s.peak_step}, {phase})",
+        f"  at start    {fb(s.baseline_bytes):>11}",
+        f"  ops {s.n_ops}, memory events {s.n_memory_events}",
+        "  at the peak, by category:",
+    ]
+    for category, nbytes in sorted(s.by_category.items(), key=lambda kv: -kv[1]):
+        if nbytes:
+            share = 100 * nbytes / s.peak_bytes if s.peak_bytes else 0.0
+            lines.append(f"    {category:<16}{fb(nbytes):>11}  {share:5.1f}%")
+    lines.append("  at the peak, by module that created the memory:")
+    lines += [f"    {fb(b):>11}  {path}" for path, b in s.top_modules]
+    lines.append("  largest tensors at the peak:")
+    for t in s.top_storages:
+        where = t["module"] + (f" ({t['op']})" if t["op"] else "")
+        lines.append(
+            f"    {fb(t['nbytes']):>11}  {t['category']:<15} {t['dtype']:<9} {t['shape']:<16} {where}"
+        )
+    lines.append("  steps:")
+    for st in s.steps:
+        lines.append(
+            f"    step {st['step']}: {st['duration_ns'] / 1e6:8.1f} ms, peak {fb(st['peak_bytes'])}, "
+            f"allocated in step up to {fb(st['allocated_peak_bytes'])}"
+        )
+    return "\n".join(lines)

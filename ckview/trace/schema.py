@@ -1,0 +1,213 @@
+"""The ckview trace schema: the one place that says what a trace file holds.
+
+Every table is columnar: an HDF5 group with one 1-D dataset per column, all of equal length.
+Times are nanoseconds since the recording started (``perf_counter_ns`` based). Strings are
+stored once in the root string table and referenced by index. ``docs/trace-format.md`` is the
+normative spec; this module is its executable form and the two must agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+FORMAT_NAME = "ckview-trace"
+FORMAT_VERSION = 1
+
+#: Value of the ``ckview_type`` attribute on each kind of group, with its own version.
+GROUP_TYPES: dict[str, tuple[str, int]] = {
+    "meta": ("ckview.meta", 1),
+    "strings": ("ckview.strings", 1),
+    "modules": ("ckview.table", 1),
+    "run": ("ckview.run", 1),
+    "table": ("ckview.table", 1),
+}
+
+NO_INDEX = -1
+"""Value of an index column that points nowhere (no op, no module call, still alive...)."""
+
+
+class Phase(IntEnum):
+    """Which part of a training step an op or module call belongs to."""
+
+    FORWARD = 0
+    BACKWARD = 1
+    RECOMPUTE = 2
+    OPTIMIZER = 3
+    OTHER = 4
+
+
+class Category(IntEnum):
+    """What a storage is for. One category per storage; see ``CATEGORY_PRIORITY``."""
+
+    PARAMETER = 0
+    GRADIENT = 1
+    OPTIMIZER_STATE = 2
+    ACTIVATION = 3  # saved for backward
+    TEMPORARY = 4
+    INPUT = 5
+    OTHER = 6
+
+
+#: When a storage plays several roles (a parameter saved for backward, an input saved by the first
+#: layer), the earliest role in this tuple names it.
+CATEGORY_PRIORITY: tuple[Category, ...] = (
+    Category.PARAMETER,
+    Category.GRADIENT,
+    Category.OPTIMIZER_STATE,
+    Category.INPUT,
+    Category.ACTIVATION,
+    Category.TEMPORARY,
+    Category.OTHER,
+)
+
+
+class MemoryEventKind(IntEnum):
+    ALLOC = 0  # the storage was allocated while recording
+    FREE = 1  # the storage was freed
+    SEEN = 2  # first sight of a storage that existed before recording began (it is not an alloc)
+
+
+class SavedEventKind(IntEnum):
+    PACK = 0  # autograd saved the tensor for backward
+    UNPACK = 1  # backward read it back
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: np.dtype
+    doc: str
+
+
+def _c(name: str, dtype: str, doc: str) -> Column:
+    return Column(name, np.dtype(dtype), doc)
+
+
+#: Root-level table of modules (shared by all runs of a trace).
+MODULES: tuple[Column, ...] = (
+    _c("path", "<i4", "string id of the dotted path below its root module ('' for a root)"),
+    _c("type", "<i4", "string id of the module's class name"),
+    _c("parent", "<i4", "row of the parent module, -1 for a root"),
+    _c("param_bytes", "<i8", "bytes of the parameters the module owns directly"),
+)
+
+#: Tables of each run, by name.
+RUN_TABLES: dict[str, tuple[Column, ...]] = {
+    "steps": (
+        _c("step", "<i4", "step number within the run, from 0"),
+        _c("start_ns", "<i8", "time the step began"),
+        _c("end_ns", "<i8", "time the step ended"),
+        _c("first_op", "<i4", "row of the first op of the step in 'ops'"),
+        _c("first_memory_event", "<i4", "row of the first event of the step in 'memory_events'"),
+    ),
+    "module_calls": (
+        _c("module", "<i4", "row in the root 'modules' table"),
+        _c("parent", "<i4", "row of the enclosing call, -1 at top level"),
+        _c("phase", "<u1", "Phase of the call (FORWARD, or RECOMPUTE inside backward)"),
+        _c("step", "<i4", "step number"),
+        _c("start_ns", "<i8", "time of the forward pre-hook"),
+        _c("end_ns", "<i8", "time of the forward hook, -1 if the call never returned"),
+        _c("seq_begin", "<i8", "autograd sequence number when the call began"),
+        _c("seq_end", "<i8", "autograd sequence number when the call ended"),
+    ),
+    "ops": (
+        _c("name", "<i4", "string id of the aten op, e.g. 'aten.mm.default'"),
+        _c("phase", "<u1", "Phase"),
+        _c("module_call", "<i4", "row in 'module_calls' the op is attributed to, or -1"),
+        _c("step", "<i4", "step number"),
+        _c("start_ns", "<i8", "time the op began"),
+        _c("end_ns", "<i8", "time the op returned"),
+        _c("seq_nr", "<i8", "backward ops: sequence number of the autograd node that ran it; -1"),
+    ),
+    "memory_events": (
+        _c("kind", "<u1", "MemoryEventKind"),
+        _c("storage", "<i4", "row in 'storages'"),
+        _c("op", "<i4", "row in 'ops' of the op that created or was running at the free, or -1"),
+        _c("time_ns", "<i8", "time of the event"),
+    ),
+    "storages": (
+        _c("nbytes", "<i8", "size of the storage in bytes"),
+        _c("device", "<i4", "string id of the device, e.g. 'cpu', 'cuda:0'"),
+        _c("category", "<u1", "Category"),
+        _c("dtype", "<i4", "string id of the dtype of the first tensor seen on it"),
+        _c("shape", "<i4", "string id of the shape of the first tensor seen on it, e.g. '64x128'"),
+        _c("op", "<i4", "row in 'ops' of the op that created it, -1 if it pre-existed"),
+        _c("module_call", "<i4", "row in 'module_calls' active when it was created, or -1"),
+        _c("alloc_ns", "<i8", "time of allocation, -1 if it existed before recording"),
+        _c("free_ns", "<i8", "time it was freed, -1 if still alive when recording stopped"),
+    ),
+    "saved_events": (
+        _c("kind", "<u1", "SavedEventKind"),
+        _c("storage", "<i4", "row in 'storages' of the saved tensor's storage"),
+        _c("op", "<i4", "PACK: row of the op whose output or input is saved; UNPACK: last op"),
+        _c("module_call", "<i4", "row in 'module_calls' of the call that saved it, or -1"),
+        _c("shape", "<i4", "string id of the saved tensor's shape"),
+        _c("dtype", "<i4", "string id of the saved tensor's dtype"),
+        _c("nbytes", "<i8", "bytes of the saved tensor view (numel * element size)"),
+        _c("time_ns", "<i8", "time of the event"),
+    ),
+}
+
+#: Attributes of the root ``meta`` group. ``complete`` is false until the writer closes cleanly.
+META_FIELDS: dict[str, str] = {
+    "ckview_version": "version of ckview that wrote the trace",
+    "torch_version": "version of torch that ran the step",
+    "python_version": "version of Python that ran the step",
+    "device": "main device of the step, e.g. 'cpu' or 'cuda:0'",
+    "command": "JSON list: the command line that was recorded",
+    "start_time": "ISO 8601 wall-clock time the recording started",
+    "steps_requested": "number of steps the recorder was asked to record",
+    "steps_recorded": "number of steps recorded (in the first run)",
+    "warmup": "number of steps skipped before recording",
+    "complete": "true once the recorder finished and closed the file cleanly",
+    "error": "why the recording is incomplete ('' if complete)",
+}
+
+#: Attributes of each run group.
+RUN_FIELDS: dict[str, str] = {
+    "name": "run name: 'main', 'baseline', 'checkpointed' or 'plan:<name>'",
+    "complete": "true once the run was closed cleanly",
+    "steps_recorded": "number of complete steps in the run",
+}
+
+
+def table_dtype(columns: tuple[Column, ...]) -> np.dtype:
+    """The structured dtype of one row of a table (handy for buffers and tests)."""
+    return np.dtype([(c.name, c.dtype) for c in columns])
+
+
+#: Index columns, ``(table, column) -> (target table, NO_INDEX allowed)``. The target ``modules``
+#: is the root table; every other target is a table of the same run.
+REFERENCES: dict[tuple[str, str], tuple[str, bool]] = {
+    ("modules", "parent"): ("modules", True),
+    ("module_calls", "module"): ("modules", False),
+    ("module_calls", "parent"): ("module_calls", True),
+    ("ops", "module_call"): ("module_calls", True),
+    ("memory_events", "storage"): ("storages", False),
+    ("memory_events", "op"): ("ops", True),
+    ("storages", "op"): ("ops", True),
+    ("storages", "module_call"): ("module_calls", True),
+    ("saved_events", "storage"): ("storages", False),
+    ("saved_events", "op"): ("ops", True),
+    ("saved_events", "module_call"): ("module_calls", True),
+}
+
+#: Columns holding string ids (rows of the root string table), by table.
+STRING_COLUMNS: dict[str, tuple[str, ...]] = {
+    "modules": ("path", "type"),
+    "ops": ("name",),
+    "storages": ("device", "dtype", "shape"),
+    "saved_events": ("shape", "dtype"),
+}
+
+#: Columns holding enum values, ``(table, column) -> enum``.
+ENUM_COLUMNS: dict[tuple[str, str], type[IntEnum]] = {
+    ("module_calls", "phase"): Phase,
+    ("ops", "phase"): Phase,
+    ("memory_events", "kind"): MemoryEventKind,
+    ("storages", "category"): Category,
+    ("saved_events", "kind"): SavedEventKind,
+}

@@ -1,0 +1,11 @@
+"""Record training steps into a ckview trace (needs torch).
+
+>>> from recorder import Recorder
+>>> with Recorder("trace.h5", steps=2, warmup=1):
+...     train()
+"""
+
+from recorder.runner import Outcome, run_script
+from recorder.session import Recorder, StopScript
+
+__all__ = ["Outcome", "Recorder", "StopScript", "run_script"]

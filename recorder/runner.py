@@ -1,0 +1,73 @@
+"""Run a user's script or module in this process, as ``python script.py`` would."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+
+from recorder.session import StopScript
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the script ended: its exit code, and why the recording is incomplete if it is."""
+
+    exit_code: int
+    error: str | None
+
+
+def run_script(target: str, args: list[str], *, module: bool = False) -> Outcome:
+    """Run ``target`` (a path, or a module name with ``module=True``) as ``__main__``.
+
+    The script sees its own ``sys.argv`` and ``sys.path[0]``; its exit code is returned, an
+    uncaught exception is printed as Python would print it. Nothing here raises except
+    for errors in ckview itself.
+    """
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else ""
+    sys.argv = [target, *args]
+    try:
+        if module:
+            sys.path[0] = os.getcwd()
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+    except StopScript:
+        return Outcome(0, None)
+    except SystemExit as exit_:
+        return _exit_outcome(exit_.code)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", file=sys.stderr)
+        return Outcome(130, "KeyboardInterrupt: interrupted")
+    except BaseException as exc:
+        _print_user_traceback(exc)
+        return Outcome(1, f"{type(exc).__name__}: {exc}")
+    finally:
+        sys.argv = saved_argv
+        if sys.path:
+            sys.path[0] = saved_path0
+    return Outcome(0, None)
+
+
+def _exit_outcome(code: object) -> Outcome:
+    if code is None:
+        return Outcome(0, None)
+    if isinstance(code, int):
+        return Outcome(code, None if code == 0 else f"SystemExit: {code}")
+    print(code, file=sys.stderr)
+    return Outcome(1, f"SystemExit: {code}")
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the traceback from the script's frames on, hiding ckview's and runpy's."""
+    tb = exc.__traceback__
+    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
+
+
+def _is_ours(filename: str) -> bool:
+    return filename.endswith(("runpy.py", os.path.join("recorder", "runner.py")))

@@ -1,0 +1,818 @@
+"""The recording session: hooks into torch that turn a training step into trace rows.
+
+Four kinds of hook feed one :class:`Recorder`:
+
+* a ``TorchDispatchMode`` sees every aten op below autograd (forward, backward, recompute and
+  optimizer alike), its inputs and its outputs; an output storage never seen before is a new
+  allocation, and a weak reference with a callback on its storage records the free;
+* ``saved_tensors_hooks`` tell which storages autograd keeps for backward (activations);
+* global module forward hooks give the module path and the recompute of checkpointed regions;
+* global optimizer step hooks and the end of each backward give the step boundaries.
+
+NOTE [ Never hold a user tensor ]
+The recorder keeps only integers and weak references to storages. Holding a tensor (or a
+storage) would keep its memory alive and change the very curve being measured. The pack hook
+returns ``x.detach()`` rather than ``x``: returning an op's own output would create a reference
+cycle through its ``grad_fn`` that the garbage collector cannot see, leaking the tensor.
+
+NOTE [ New storage = unknown output storage ]
+Before looking at an op's outputs, every input storage is registered (as pre-existing if it was
+never seen). An output whose storage is still unknown was therefore allocated by this op; an
+output that is a view of an input (``weight.t()``) is found among the inputs and is not an
+allocation. This is what makes the recorded "allocated since the step began" agree with the
+allocator: pre-existing parameters and inputs are ``SEEN``, never ``ALLOC``.
+
+NOTE [ Cooperating with other saved-tensor hooks ]
+Only the innermost saved-tensor hooks apply, so inside a non-reentrant
+``torch.utils.checkpoint`` region (or a user's offloading hooks) ours are not called. While
+recording, ``saved_tensors_hooks.__init__`` is wrapped so that every hook pair created meanwhile
+reports to the recorder too: a pack that returns a tensor keeps that tensor for backward, and an
+unpack that returns a tensor (e.g. one recomputed by checkpoint) hands it to backward; both make
+the storage an activation. A pack that returns an opaque holder keeps nothing.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import weakref
+from bisect import bisect_right
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+import torch
+from torch._C import _current_autograd_node
+from torch._C._autograd import _get_sequence_nr
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+from ckview import __version__ as ckview_version
+from ckview.trace import TraceWriter
+from ckview.trace.schema import (
+    CATEGORY_PRIORITY,
+    NO_INDEX,
+    Category,
+    MemoryEventKind,
+    Phase,
+    SavedEventKind,
+)
+from recorder.buffers import MutableTable, TableBuffer
+from recorder.progress import StepProgress
+
+_RANK = [0] * len(Category)
+for _rank, _cat in enumerate(CATEGORY_PRIORITY):
+    _RANK[_cat] = _rank
+
+_FORWARD, _BACKWARD, _RECOMPUTE, _OPTIMIZER, _OTHER = (int(p) for p in Phase)
+_ALLOC, _FREE, _SEEN = (int(k) for k in MemoryEventKind)
+_PARAMETER = int(Category.PARAMETER)
+_INPUT = int(Category.INPUT)
+_OTHER_CAT = int(Category.OTHER)
+_TEMPORARY = int(Category.TEMPORARY)
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+
+
+class State(Enum):
+    WARMUP = "warmup"
+    RECORDING = "recording"
+    DONE = "done"
+
+
+class StopScript(BaseException):
+    """Raised into the user's script when ``stop_after`` is set and all steps are recorded.
+
+    A ``BaseException`` so that a script's ``except Exception`` does not swallow it.
+    """
+
+
+class _StorageRef(weakref.ref):
+    """Weak reference to a storage that remembers its trace row and registry key."""
+
+    __slots__ = ("key", "sid")
+    sid: int
+    key: int
+
+
+class _OpObserver(TorchDispatchMode):
+    """Sees every aten op; the recorder does the bookkeeping."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self._rec = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        rec = self._rec
+        if kwargs is None:
+            kwargs = {}
+        if rec._state is State.RECORDING and not rec._busy:
+            t0 = perf_counter_ns()
+            out = func(*args, **kwargs)
+            rec._on_op(func, args, kwargs, out, t0, perf_counter_ns())
+            return out
+        if not rec._in_backward and rec._state is State.WARMUP and _current_autograd_node():
+            rec._enter_backward()
+        return func(*args, **kwargs)
+
+
+class Recorder:
+    """Record training steps of the code run inside it into a ckview trace.
+
+    >>> with Recorder("trace.h5", steps=2, warmup=1):
+    ...     train()          # unchanged training code
+
+    Steps end at ``optimizer.step()``, or, for scripts without an optimizer, at the end of
+    backward (a step then ends when the next forward begins). ``warmup`` steps run unrecorded
+    first; after ``steps`` recorded steps the trace is written and closed and the code runs on
+    unrecorded, or stops with :class:`StopScript` if ``stop_after`` is set.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        steps: int = 1,
+        warmup: int = 1,
+        stop_after: bool = False,
+        command: list[str] | None = None,
+        run_name: str = "main",
+        progress: bool = True,
+    ) -> None:
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
+        if warmup < 0:
+            raise ValueError(f"warmup must be 0 or more, got {warmup}")
+        self.path = Path(path)
+        self.steps = steps
+        self.warmup = warmup
+        self.stop_after = stop_after
+        self.command = command if command is not None else list(sys.argv)
+        self.run_name = run_name
+        self.steps_recorded = 0
+        self._progress = StepProgress(warmup, steps, enabled=progress)
+        self._state = State.WARMUP
+        self._busy = False
+        self._warmup_done = 0
+        self._step = 0
+        self._t0 = 0
+        # autograd / phase state
+        self._in_backward = False
+        self._in_optimizer = False
+        self._recompute_depth = 0
+        self._top_phase = _OTHER
+        self._pending_backward_end = False
+        self._optimizer_seen = False
+        # module registry: module -> row; open calls as (module row, call row or -1)
+        self._module_rows: weakref.WeakKeyDictionary[torch.nn.Module, int] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._module_cols: dict[str, list[int]] = {
+            "path": [],
+            "type": [],
+            "parent": [],
+            "param_bytes": [],
+        }
+        self._module_paths: list[str] = []
+        self._module_refs: list[weakref.ref[torch.nn.Module]] = []
+        self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._stack: list[tuple[int, int]] = []
+        # backward op -> forward module call, via autograd sequence numbers
+        self._fw_seq_begin: list[int] = []
+        self._fw_calls: list[int] = []
+        self._last_seq = -2
+        self._last_seq_call = NO_INDEX
+        self._last_op = NO_INDEX
+        # storages: registry key (StorageImpl address) -> weak ref, only while alive
+        self._known: dict[int, _StorageRef] = {}
+        self._names: dict[Any, int] = {}
+        self._shapes: dict[tuple[int, ...], int] = {}
+        self._saw_cuda = False
+        self._writer: TraceWriter | None = None
+        self._handles: list[Any] = []
+        self._hooks_cm: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._orig_hooks_init: Any = None
+        self._observer: _OpObserver | None = None
+
+    # ----------------------------------------------------------------- public API
+
+    def __enter__(self) -> Recorder:
+        self._open_trace()
+        try:
+            self._install()
+            self._progress.start()
+            if self.warmup == 0:
+                self._start_recording()
+        except BaseException as exc:
+            self.close(error=f"{type(exc).__name__}: {exc}")
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is StopScript:
+            exc = None
+        self.close(error=None if exc is None else f"{exc_type.__name__}: {exc}")
+
+    def mark_step(self) -> None:
+        """End the current step by hand (for loops that the automatic detection misses)."""
+        self._end_step()
+
+    def close(self, error: str | None = None) -> None:
+        """Stop recording, write everything recorded so far and close the trace.
+
+        With ``error`` (the script raised or was interrupted) the trace is marked incomplete.
+        """
+        if self._state is State.RECORDING and self._pending_backward_end and error is None:
+            self._end_step()
+        if self._state is not State.DONE:
+            self._finish(error or "")
+        self._uninstall()
+        self._progress.close()
+
+    # ----------------------------------------------------------------- trace file
+
+    def _open_trace(self) -> None:
+        meta = {
+            "ckview_version": ckview_version,
+            "torch_version": str(torch.__version__),
+            "python_version": platform.python_version(),
+            "device": "cpu",
+            "command": list(self.command),
+            "start_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "steps_requested": self.steps,
+            "steps_recorded": 0,
+            "warmup": self.warmup,
+        }
+        self._writer = TraceWriter(self.path, meta=meta)
+        self._run = self._writer.run(self.run_name)
+        self._ops = TableBuffer("ops", self._sink)
+        self._mem = TableBuffer("memory_events", self._sink)
+        self._saved = TableBuffer("saved_events", self._sink)
+        self._storages = MutableTable("storages")
+        self._calls = MutableTable("module_calls")
+        self._steps = MutableTable("steps")
+
+    def _sink(self, table: str, columns: dict[str, np.ndarray]) -> None:
+        """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
+        for name, col in columns.items():
+            if name.endswith("_ns"):
+                np.subtract(col, self._t0, out=col, where=col >= 0)
+        self._run.append(table, columns)
+
+    def _flush(self) -> None:
+        self._busy = True
+        try:
+            for buf in (self._ops, self._mem, self._saved):
+                buf.flush()
+        finally:
+            self._busy = False
+
+    def _finish(self, error: str) -> None:
+        """Write the tables that stayed editable, then close the trace."""
+        was_recording = self._state is State.RECORDING
+        self._state = State.DONE
+        self._known.clear()  # dropping the weak refs also drops their callbacks
+        writer = self._writer
+        if writer is None:
+            return
+        self._busy = True
+        try:
+            if was_recording:
+                now = perf_counter_ns()
+                steps_end = self._steps.col("end_ns")
+                if len(steps_end) and steps_end[-1] == -1:
+                    steps_end[-1] = now
+                for buf in (self._ops, self._mem, self._saved):
+                    buf.flush()
+                for table in (self._storages, self._calls, self._steps):
+                    self._sink(table.table, table.as_columns())
+            writer.append_modules(
+                {k: np.asarray(v, dtype=np.int64) for k, v in self._module_cols.items()}
+            )
+            self._run.set_attrs(steps_recorded=self.steps_recorded)
+            self._run.close(complete=not error)
+            writer.update_meta(
+                steps_recorded=self.steps_recorded,
+                device="cuda" if self._saw_cuda else "cpu",
+            )
+            writer.close(complete=not error, error=error)
+        finally:
+            self._busy = False
+            self._writer = None
+
+    # ----------------------------------------------------------------- install / uninstall
+
+    def _install(self) -> None:
+        self._handles = [
+            register_module_forward_pre_hook(self._pre_forward),
+            register_module_forward_hook(self._post_forward, always_call=True),
+            register_optimizer_step_pre_hook(self._pre_optimizer),
+            register_optimizer_step_post_hook(self._post_optimizer),
+        ]
+        self._hooks_cm = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks_cm.__enter__()
+        self._wrap_saved_tensor_hooks()
+        self._observer = _OpObserver(self)
+        self._observer.__enter__()
+
+    def _uninstall(self, keep_optimizer_hooks: bool = False) -> None:
+        """Remove every hook; a hook that others stacked on top of stays, inert."""
+        keep = self._handles[2:] if keep_optimizer_hooks else []
+        for handle in self._handles:
+            if handle not in keep:
+                handle.remove()
+        self._handles = keep
+        if self._orig_hooks_init is not None:
+            torch.autograd.graph.saved_tensors_hooks.__init__ = self._orig_hooks_init  # type: ignore[method-assign]
+            self._orig_hooks_init = None
+        if self._hooks_cm is not None:
+            top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+            if top is not None and top[0] == self._pack:
+                self._hooks_cm.__exit__()
+                self._hooks_cm = None
+        if self._observer is not None and _get_current_dispatch_mode() is self._observer:
+            self._observer.__exit__(None, None, None)
+            self._observer = None
+
+    def _wrap_saved_tensor_hooks(self) -> None:
+        """See NOTE [ Cooperating with other saved-tensor hooks ]."""
+        hooks_cls = torch.autograd.graph.saved_tensors_hooks
+        orig_init = hooks_cls.__init__
+        rec = self
+
+        def init(hooks: Any, pack_hook: Any, unpack_hook: Any) -> None:
+            orig_init(hooks, rec._observe_pack(pack_hook), rec._observe_unpack(unpack_hook))
+
+        self._orig_hooks_init = orig_init
+        hooks_cls.__init__ = init  # type: ignore[method-assign]
+
+    def _observe_pack(self, inner: Any) -> Any:
+        def pack(x: torch.Tensor) -> Any:
+            packed = inner(x)
+            if self._state is State.RECORDING and isinstance(packed, _Tensor):
+                self._on_saved(packed, SavedEventKind.PACK)
+            return packed
+
+        return pack
+
+    def _observe_unpack(self, inner: Any) -> Any:
+        def unpack(packed: Any) -> Any:
+            x = inner(packed)
+            if self._state is State.RECORDING and isinstance(x, _Tensor):
+                self._on_saved(x, SavedEventKind.UNPACK)
+            return x
+
+        return unpack
+
+    # ----------------------------------------------------------------- steps and phases
+
+    def _start_recording(self) -> None:
+        self._state = State.RECORDING
+        self._t0 = perf_counter_ns()
+        for root in list(self._roots):
+            for p in root.parameters():
+                self._mark(p, _PARAMETER)
+        self._mark_optimizer_tensors()
+        self._open_step(self._t0)
+
+    def _open_step(self, now: int) -> None:
+        steps = self._steps.data
+        steps["step"].append(self._step)
+        steps["start_ns"].append(now)
+        steps["end_ns"].append(-1)
+        steps["first_op"].append(self._ops.rows)
+        steps["first_memory_event"].append(self._mem.rows)
+
+    def _end_step(self) -> None:
+        now = perf_counter_ns()
+        self._pending_backward_end = False
+        self._top_phase = _OTHER
+        if self._state is State.WARMUP:
+            self._warmup_done += 1
+            self._progress.step_done()
+            if self._warmup_done >= self.warmup:
+                self._start_recording()
+        elif self._state is State.RECORDING:
+            self._steps.col("end_ns")[-1] = now
+            self._step += 1
+            self.steps_recorded += 1
+            self._progress.step_done()
+            if self.steps_recorded >= self.steps:
+                self._finish("")
+                # Optimizer hooks are being iterated right now: they stay, inert, until close().
+                self._uninstall(keep_optimizer_hooks=True)
+                self._progress.close()
+                if self.stop_after:
+                    raise StopScript
+            else:
+                self._open_step(now)
+
+    def _enter_backward(self) -> None:
+        self._in_backward = True
+        self._top_phase = _BACKWARD
+        torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _on_backward_end(self) -> None:
+        self._in_backward = False
+        self._recompute_depth = 0
+        self._top_phase = _OTHER
+        self._pending_backward_end = True
+        if self._state is State.RECORDING:
+            self._mark_gradients()
+
+    def _pre_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._optimizer_seen = True
+        self._optimizers.add(optimizer)
+        self._in_optimizer = True
+        if self._state is State.RECORDING:
+            self._mark_gradients()
+
+    def _post_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._in_optimizer = False
+        if self._state is State.RECORDING:
+            self._mark_optimizer_tensors()
+        self._end_step()
+
+    # ----------------------------------------------------------------- modules
+
+    def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        row = self._module_rows.get(module)
+        if row is None:
+            row = self._register_module(module)
+        if not self._stack and not self._in_backward:
+            if self._pending_backward_end and not self._optimizer_seen:
+                self._end_step()  # a backward-only loop: the next forward starts a step
+            self._top_phase = _FORWARD
+        call = NO_INDEX
+        if self._state is State.RECORDING:
+            call = self._open_call(row)
+        self._stack.append((row, call))
+
+    def _open_call(self, module_row: int) -> int:
+        calls = self._calls.data
+        call = len(self._calls)
+        phase = _RECOMPUTE if self._in_backward else _FORWARD
+        seq = _get_sequence_nr()
+        calls["module"].append(module_row)
+        calls["parent"].append(self._stack[-1][1] if self._stack else NO_INDEX)
+        calls["phase"].append(phase)
+        calls["step"].append(self._step)
+        calls["start_ns"].append(perf_counter_ns())
+        calls["end_ns"].append(-1)
+        calls["seq_begin"].append(seq)
+        calls["seq_end"].append(-1)
+        if phase == _RECOMPUTE:
+            self._recompute_depth += 1
+        else:
+            self._fw_seq_begin.append(seq)
+            self._fw_calls.append(call)
+        return call
+
+    def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self._stack or self._stack[-1][0] != self._module_rows.get(module):
+            return  # the matching pre-hook ran before we were installed
+        _, call = self._stack.pop()
+        if call != NO_INDEX and self._state is State.RECORDING:
+            calls = self._calls.data
+            calls["end_ns"][call] = perf_counter_ns()
+            calls["seq_end"][call] = _get_sequence_nr()
+            if calls["phase"][call] == _RECOMPUTE:
+                self._recompute_depth = max(0, self._recompute_depth - 1)
+
+    def _register_module(self, module: torch.nn.Module) -> int:
+        """Register a module (and, for a new root, its whole tree); return its row."""
+        parent = self._stack[-1][0] if self._stack else NO_INDEX
+        if parent != NO_INDEX:
+            name = self._child_name(parent, module)
+            if name is not None:
+                prefix = self._module_paths[parent]
+                return self._register_tree(module, f"{prefix}.{name}" if prefix else name, parent)
+        self._roots.add(module)
+        return self._register_tree(module, "", NO_INDEX)
+
+    def _child_name(self, parent_row: int, module: torch.nn.Module) -> str | None:
+        parent = self._module_refs[parent_row]()
+        for name, child in parent.named_children() if parent is not None else ():
+            if child is module:
+                return name
+        return None
+
+    def _register_tree(self, module: torch.nn.Module, path: str, parent: int) -> int:
+        rows = self._module_rows
+        for sub_path, sub in module.named_modules(prefix=path):
+            if sub in rows:
+                continue
+            if sub is module:
+                sub_parent = parent
+            else:
+                sub_parent = rows[_parent_of(module, sub_path, path)]
+            rows[sub] = len(self._module_paths)
+            self._module_paths.append(sub_path)
+            self._module_refs.append(weakref.ref(sub))
+            cols = self._module_cols
+            cols["path"].append(self._intern(sub_path))
+            cols["type"].append(self._intern(type(sub).__name__))
+            cols["parent"].append(sub_parent)
+            cols["param_bytes"].append(
+                sum(p.numel() * p.element_size() for p in sub.parameters(recurse=False))
+            )
+            if self._state is State.RECORDING:
+                for p in sub.parameters(recurse=False):
+                    self._mark(p, _PARAMETER)
+        return rows[module]
+
+    # ----------------------------------------------------------------- ops (hot path)
+
+    def _on_op(self, func: Any, args: Any, kwargs: Any, out: Any, t0: int, t1: int) -> None:
+        stack = self._stack
+        seq = -1
+        if self._in_backward or _current_autograd_node() is not None:
+            if not self._in_backward:
+                self._enter_backward()
+            if self._recompute_depth:
+                phase, call = _RECOMPUTE, stack[-1][1]
+            else:
+                phase = _BACKWARD
+                node = _current_autograd_node()
+                if node is not None:
+                    seq = _seq_nr(node)
+                call = self._backward_call(seq)
+        elif self._in_optimizer:
+            phase, call = _OPTIMIZER, NO_INDEX
+        elif stack:
+            phase, call = _FORWARD, stack[-1][1]
+        else:
+            phase, call = self._top_phase, NO_INDEX
+
+        ops = self._ops
+        row = ops.rows
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = self._intern(str(func))
+        cols = ops.data
+        cols["name"].append(name)
+        cols["phase"].append(phase)
+        cols["module_call"].append(call)
+        cols["step"].append(self._step)
+        cols["start_ns"].append(t0)
+        cols["end_ns"].append(t1)
+        cols["seq_nr"].append(seq)
+        self._last_op = row
+
+        for arg in args:
+            self._see_input(arg, phase, t1)
+        for arg in kwargs.values():
+            self._see_input(arg, phase, t1)
+        if isinstance(out, _Tensor):
+            self._see_output(out, row, call, phase, t1)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, _Tensor):
+                    self._see_output(o, row, call, phase, t1)
+        if ops.full() or self._mem.full() or self._saved.full():
+            self._flush()
+
+    def _see_input(self, arg: Any, phase: int, now: int) -> None:
+        if isinstance(arg, _Tensor):
+            tensors: Any = (arg,)
+        elif isinstance(arg, (list, tuple)):
+            tensors = arg
+        else:
+            return
+        known = self._known
+        category = self._storages.data["category"]
+        for t in tensors:
+            if not isinstance(t, _Tensor):
+                continue
+            st = _storage_of(t)
+            if st is None:
+                continue
+            ref = known.get(st._cdata)
+            if ref is None:
+                self._register_existing(t, st, phase, now)
+            elif phase == _FORWARD and category[ref.sid] == _OTHER_CAT:
+                category[ref.sid] = _INPUT  # made outside the forward (a batch), used by it
+
+    def _see_output(self, t: torch.Tensor, op: int, call: int, phase: int, now: int) -> None:
+        st = _storage_of(t)
+        if st is None or st._cdata in self._known:
+            return  # see NOTE [ New storage = unknown output storage ]
+        nbytes = st.nbytes()
+        if nbytes == 0 or t.is_meta:
+            return
+        category = _OTHER_CAT if phase == _OTHER else _TEMPORARY
+        sid = self._add_storage(t, st, nbytes, category, op, call, now)
+        mem = self._mem.data
+        mem["kind"].append(_ALLOC)
+        mem["storage"].append(sid)
+        mem["op"].append(op)
+        mem["time_ns"].append(now)
+
+    def _register_existing(self, t: torch.Tensor, st: Any, phase: int, now: int) -> int | None:
+        """First sight of a storage made before recording (or outside any op)."""
+        nbytes = st.nbytes()
+        if nbytes == 0 or t.is_meta:
+            return None
+        if isinstance(t, _Parameter):
+            category = _PARAMETER
+        else:
+            category = _INPUT if phase == _FORWARD else _OTHER_CAT
+        sid = self._add_storage(t, st, nbytes, category, NO_INDEX, NO_INDEX, -1)
+        mem = self._mem.data
+        mem["kind"].append(_SEEN)
+        mem["storage"].append(sid)
+        mem["op"].append(self._last_op)
+        mem["time_ns"].append(now)
+        return sid
+
+    def _add_storage(
+        self, t: torch.Tensor, st: Any, nbytes: int, category: int, op: int, call: int, now: int
+    ) -> int:
+        storages = self._storages
+        sid = len(storages)
+        ref = _StorageRef(st, self._on_free)
+        ref.sid = sid
+        ref.key = st._cdata
+        self._known[ref.key] = ref
+        cols = storages.data
+        cols["nbytes"].append(nbytes)
+        cols["device"].append(self._device_id(t))
+        cols["category"].append(category)
+        cols["dtype"].append(self._dtype_id(t))
+        cols["shape"].append(self._shape_id(t))
+        cols["op"].append(op)
+        cols["module_call"].append(call)
+        cols["alloc_ns"].append(now)
+        cols["free_ns"].append(-1)
+        return sid
+
+    def _on_free(self, ref: _StorageRef) -> None:
+        """Weak-reference callback: the storage's memory was just released."""
+        self._known.pop(ref.key, None)
+        if self._state is not State.RECORDING:
+            return
+        now = perf_counter_ns()
+        self._storages.data["free_ns"][ref.sid] = now
+        mem = self._mem.data
+        mem["kind"].append(_FREE)
+        mem["storage"].append(ref.sid)
+        mem["op"].append(self._last_op)
+        mem["time_ns"].append(now)
+
+    def _backward_call(self, seq: int) -> int:
+        """The forward module call whose ops created the autograd node numbered ``seq``."""
+        if seq == self._last_seq:
+            return self._last_seq_call
+        i = bisect_right(self._fw_seq_begin, seq) - 1
+        call = self._fw_calls[i] if i >= 0 else NO_INDEX
+        calls = self._calls.data
+        while call != NO_INDEX:
+            end = calls["seq_end"][call]
+            if end == -1 or seq < end:
+                break
+            call = calls["parent"][call]
+        self._last_seq, self._last_seq_call = seq, call
+        return call
+
+    # ----------------------------------------------------------------- categories
+
+    def _mark(self, t: torch.Tensor, category: int) -> None:
+        """Give the tensor's storage ``category`` unless it already has a stronger one."""
+        st = _storage_of(t)
+        if st is None:
+            return
+        ref = self._known.get(st._cdata)
+        if ref is None:
+            sid = self._register_existing(t, st, _OTHER, perf_counter_ns())
+        else:
+            sid = ref.sid
+        if sid is None:
+            return
+        cats = self._storages.data["category"]
+        if _RANK[category] < _RANK[cats[sid]]:
+            cats[sid] = category
+
+    def _parameters(self) -> Iterator[torch.Tensor]:
+        for root in list(self._roots):
+            yield from root.parameters()
+        for opt in list(self._optimizers):
+            for group in opt.param_groups:
+                yield from group["params"]
+
+    def _mark_gradients(self) -> None:
+        for p in self._parameters():
+            if p.grad is not None:
+                self._mark(p.grad, int(Category.GRADIENT))
+
+    def _mark_optimizer_tensors(self) -> None:
+        for opt in list(self._optimizers):
+            for state in opt.state.values():
+                for value in state.values():
+                    if isinstance(value, _Tensor):
+                        self._mark(value, int(Category.OPTIMIZER_STATE))
+
+    # ----------------------------------------------------------------- saved tensors
+
+    def _pack(self, x: torch.Tensor) -> torch.Tensor:
+        if self._state is State.RECORDING:
+            self._on_saved(x, SavedEventKind.PACK)
+        self._busy = True  # detach is an op: keep it out of the trace
+        try:
+            return x.detach()  # see NOTE [ Never hold a user tensor ]
+        finally:
+            self._busy = False
+
+    def _unpack(self, x: torch.Tensor) -> torch.Tensor:
+        if self._state is State.RECORDING:
+            self._on_saved(x, SavedEventKind.UNPACK)
+        return x
+
+    def _on_saved(self, x: torch.Tensor, kind: SavedEventKind) -> None:
+        st = _storage_of(x)
+        if st is None:
+            return
+        self._mark(x, int(Category.OTHER))  # registers it if new
+        ref = self._known.get(st._cdata)
+        if ref is None:
+            return  # an empty storage
+        cats = self._storages.data["category"]
+        # Made outside the step's forward (a batch from the data loader) and saved: an input.
+        saved_as = _INPUT if cats[ref.sid] == _OTHER_CAT else int(Category.ACTIVATION)
+        if _RANK[saved_as] < _RANK[cats[ref.sid]]:
+            cats[ref.sid] = saved_as
+        if kind is SavedEventKind.PACK:
+            call = self._stack[-1][1] if self._stack else NO_INDEX
+        else:
+            node = _current_autograd_node()
+            call = self._backward_call(_seq_nr(node)) if node is not None else NO_INDEX
+        saved = self._saved.data
+        saved["kind"].append(int(kind))
+        saved["storage"].append(ref.sid)
+        saved["op"].append(self._last_op)
+        saved["module_call"].append(call)
+        saved["shape"].append(self._shape_id(x))
+        saved["dtype"].append(self._dtype_id(x))
+        saved["nbytes"].append(x.numel() * x.element_size())
+        saved["time_ns"].append(perf_counter_ns())
+
+    # ----------------------------------------------------------------- string ids
+
+    def _intern(self, s: str) -> int:
+        assert self._writer is not None
+        return self._writer.intern(s)
+
+    def _device_id(self, t: torch.Tensor) -> int:
+        device = t.device
+        key = ("device", device)
+        sid = self._names.get(key)
+        if sid is None:
+            self._saw_cuda |= device.type == "cuda"
+            sid = self._names[key] = self._intern(str(device))
+        return sid
+
+    def _dtype_id(self, t: torch.Tensor) -> int:
+        dtype = t.dtype
+        sid = self._names.get(dtype)
+        if sid is None:
+            sid = self._names[dtype] = self._intern(str(dtype).removeprefix("torch."))
+        return sid
+
+    def _shape_id(self, t: torch.Tensor) -> int:
+        shape = t.shape
+        sid = self._shapes.get(shape)
+        if sid is None:
+            sid = self._shapes[shape] = self._intern("x".join(map(str, shape)) or "scalar")
+        return sid
+
+
+def _seq_nr(node: Any) -> int:
+    """The node's autograd sequence number; -1 for AccumulateGrad, which has none (2**64-1)."""
+    seq: int = node._sequence_nr()
+    return seq if seq < 1 << 63 else -1
+
+
+def _storage_of(t: torch.Tensor) -> Any:
+    """The tensor's untyped storage, or None for tensors without one (sparse, mkldnn)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn.Module:
+    """The parent module of ``root``'s descendant at ``sub_path``."""
+    relative = sub_path[len(root_path) + 1 :] if root_path else sub_path
+    parent_rel = relative.rpartition(".")[0]
+    return root.get_submodule(parent_rel) if parent_rel else root
