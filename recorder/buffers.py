@@ -1,8 +1,10 @@
-"""Fixed-width column buffers for the recorder's hot path.
+"""Fixed-width row buffers for the recorder's hot path.
 
-Each column is an ``array.array`` of the schema's width: appending a Python int to one costs
-tens of nanoseconds and creates no GC-tracked object, unlike a tuple or dict per event (see
-DESIGN.md, "Hot path"). A table buffer hands full batches to the trace writer as numpy views.
+NOTE [ Hot-path buffers ]
+An event is one ``array.array('q').extend(tuple_of_ints)`` call: a few hundred nanoseconds, no
+object that outlives the call, so the cyclic GC is never provoked (a tuple or dict kept per
+event would be, see DESIGN.md "Hot path"). Rows are int64 while buffered; a batch is cut into
+the schema's columns and dtypes only when it is handed to the trace writer.
 """
 
 from __future__ import annotations
@@ -12,77 +14,57 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ckview.trace.schema import RUN_TABLES, Column
+from ckview.trace.schema import RUN_TABLES
 
-_TYPECODES = {"<i1": "b", "|u1": "B", "<i4": "i", "<i8": "q"}
-
-
-def _typecode(column: Column) -> str:
-    code = _TYPECODES.get(column.dtype.str)
-    if code is None or array.array(code).itemsize != column.dtype.itemsize:
-        raise TypeError(f"no array typecode for column {column.name} ({column.dtype})")
-    return code
+Sink = Callable[[str, dict[str, np.ndarray]], None]
 
 
-class TableBuffer:
-    """Append-only columns of one run table, flushed in batches to ``sink``.
+class RowBuffer:
+    """Append-only rows of one run table, handed to ``sink`` in batches.
 
     ``rows`` counts every row ever appended (flushed or not), so a row's index in the trace is
     known the moment it is appended.
     """
 
-    def __init__(
-        self,
-        table: str,
-        sink: Callable[[str, dict[str, np.ndarray]], None] | None,
-        batch_rows: int = 1 << 16,
-    ) -> None:
+    def __init__(self, table: str, sink: Sink) -> None:
         self.table = table
         self.columns = RUN_TABLES[table]
-        self.data = {c.name: array.array(_typecode(c)) for c in self.columns}
+        self.width = len(self.columns)
+        self.data = array.array("q")
         self._sink = sink
-        self._batch_rows = batch_rows
         self._flushed = 0
 
     @property
     def rows(self) -> int:
-        return self._flushed + len(self.data[self.columns[0].name])
-
-    def col(self, name: str) -> array.array:
-        """The raw column, for binding ``append`` to a local in hot loops."""
-        return self.data[name]
-
-    def full(self) -> bool:
-        return len(self.data[self.columns[0].name]) >= self._batch_rows
+        return self._flushed + len(self.data) // self.width
 
     def flush(self) -> None:
         """Hand the buffered rows to the sink and start a new batch."""
-        # Swap in fresh columns first: a free callback may append while the batch is written.
-        # A row cut short by an exception mid-append is dropped (min length).
-        data, self.data = self.data, {c.name: array.array(_typecode(c)) for c in self.columns}
-        pending = min(len(col) for col in data.values())
-        if pending == 0 or self._sink is None:
+        # Swap first: a free callback may append while the batch is being written. A row cut
+        # short by an exception mid-append is dropped.
+        data, self.data = self.data, array.array("q")
+        count = len(data) // self.width
+        if count == 0:
             return
-        batch = {
-            c.name: np.frombuffer(data[c.name], dtype=c.dtype, count=pending).copy()
-            for c in self.columns
-        }
-        self._flushed += pending
-        self._sink(self.table, batch)
+        rows = np.frombuffer(data, dtype=np.int64, count=count * self.width)
+        rows = rows.reshape(count, self.width)
+        self._flushed += count
+        self._sink(self.table, _columns(self.columns, rows))
 
 
 class MutableTable:
     """Rows that stay editable until recording stops (storages, module calls, steps).
 
     A storage's category is refined while recording (a temporary becomes an activation when
-    autograd saves it, a gradient once ``param.grad`` points to it) and a module call's end is
-    known only when it returns, so these rows are written once, when recording stops.
+    autograd saves it, a gradient once ``param.grad`` points to it), and a module call's end is
+    known only when it returns, so these rows are written once, when recording stops. Columns
+    are kept separately (``data[name][row]``) at the schema's widths.
     """
 
     def __init__(self, table: str) -> None:
         self.table = table
         self.columns = RUN_TABLES[table]
-        self.data = {c.name: array.array(_typecode(c)) for c in self.columns}
+        self.data = {c.name: array.array(_TYPECODES[c.dtype.str]) for c in self.columns}
 
     def __len__(self) -> int:
         return len(self.data[self.columns[0].name])
@@ -90,7 +72,23 @@ class MutableTable:
     def col(self, name: str) -> array.array:
         return self.data[name]
 
+    def append(self, *values: int) -> int:
+        """Append one row (values in schema column order); return its index."""
+        row = len(self)
+        for column, value in zip(self.columns, values, strict=True):
+            self.data[column.name].append(value)
+        return row
+
     def as_columns(self) -> dict[str, np.ndarray]:
+        n = min(len(a) for a in self.data.values())
         return {
-            c.name: np.frombuffer(self.data[c.name], dtype=c.dtype).copy() for c in self.columns
+            c.name: np.frombuffer(self.data[c.name], dtype=c.dtype, count=n).copy()
+            for c in self.columns
         }
+
+
+_TYPECODES = {"|u1": "B", "<i4": "i", "<i8": "q"}
+
+
+def _columns(columns: tuple, rows: np.ndarray) -> dict[str, np.ndarray]:
+    return {c.name: rows[:, i].astype(c.dtype) for i, c in enumerate(columns)}

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         runs = {}
         for name in names:
             tables = {t: trace.run(name).table(t).read() for t in _TABLES}
-            summary = summarize_run(tables, modules, strings, top=args.top)
+            summary = summarize_run(tables, modules, list(strings), top=args.top)
             runs[name] = (summary, _peak_phase(tables, summary.peak_event))
         meta = trace.meta
     if args.json:
@@ -101,21 +101,20 @@ def _format_run(name: str, s: Any, phase: str) -> str:
         "  at the peak, by category:",
     ]
     for category, nbytes in sorted(s.by_category.items(), key=lambda kv: -kv[1]):
-        if nbytes:
-            share = 100 * nbytes / s.peak_bytes if s.peak_bytes else 0.0
-            lines.append(f"    {category:<16}{fb(nbytes):>11}  {share:5.1f}%")
+        share = 100 * nbytes / s.peak_bytes if s.peak_bytes else 0.0
+        lines.append(f"    {category:<16}{fb(nbytes):>11}  {share:5.1f}%")
     lines.append("  at the peak, by module that created the memory:")
     lines += [f"    {fb(b):>11}  {path}" for path, b in s.top_modules]
     lines.append("  largest tensors at the peak:")
     for t in s.top_storages:
         where = t["module"] + (f" ({t['op']})" if t["op"] else "")
-        lines.append(
-            f"    {fb(t['nbytes']):>11}  {t['category']:<15} {t['dtype']:<9} {t['shape']:<16} {where}"
-        )
+        kind = f"{t['category']:<15} {t['dtype']:<9} {t['shape']:<16}"
+        lines.append(f"    {fb(t['nbytes']):>11}  {kind} {where}")
     lines.append("  steps:")
     for st in s.steps:
         lines.append(
-            f"    step {st['step']}: {st['duration_ns'] / 1e6:8.1f} ms, peak {fb(st['peak_bytes'])}, "
+            f"    step {st['step']}: {st['duration_ns'] / 1e6:8.1f} ms, "
+            f"peak {fb(st['peak_bytes'])}, "
             f"allocated in step up to {fb(st['allocated_peak_bytes'])}"
         )
     return "\n".join(lines)

@@ -1,0 +1,401 @@
+"""open_trace: the read-only view of a trace, and the only way the rest of ckview reads traces.
+
+Columns are read lazily, slice by slice; nothing of h5py leaks out (numpy arrays, str, int and
+small classes only). Every failure to read becomes a one-line ``TraceError``.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+import h5py
+import numpy as np
+
+from . import _layout as L
+from ._layout import TraceMeta
+from .errors import (
+    TraceError,
+    TraceKeyError,
+    corrupt,
+    newer,
+    not_a_trace,
+    not_found,
+    one_line,
+)
+from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, MODULES, RUN_TABLES
+from .schema import Column as SchemaColumn
+
+#: A migration turns the root of a version-N file into an object that reads like the root of a
+#: version N+1 file. Files are opened read-only: migrations build views, they never write.
+Migration = Callable[[h5py.Group], h5py.Group]
+
+#: Migrations by the version they read. Empty: v1 is the first format version.
+MIGRATIONS: dict[int, Migration] = {}
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def open_trace(path: str | os.PathLike[str]) -> Trace:
+    """Open a trace for reading; raise a ``TraceError`` subclass if it cannot be read.
+
+    Use as a context manager, or call ``close()``.
+    """
+    label = os.fspath(path)
+    handle = _open_hdf5(label)
+    try:
+        return Trace(label, handle)
+    except BaseException:
+        handle.close()
+        raise
+
+
+@contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """Turn what h5py raises on a damaged file into CorruptTraceError."""
+    try:
+        yield
+    except TraceError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+        raise corrupt(path, one_line(e)) from e
+
+
+def _open_hdf5(path: str) -> h5py.File:
+    if not os.path.exists(path):
+        raise not_found(path)
+    if os.path.isdir(path):
+        raise not_a_trace(path, "it is a directory", "pass the trace file itself")
+    if os.path.getsize(path) == 0:
+        raise corrupt(path, "the file is empty")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:  # also PermissionError, BlockingIOError
+        raise _open_error(path, e) from e
+
+
+def _open_error(path: str, error: OSError) -> TraceError:
+    text = one_line(error)
+    if "unable to lock file" in text:
+        return TraceError(
+            f"{path} is locked by another process (a recording still writing it?); wait for it "
+            "to finish, or set HDF5_USE_FILE_LOCKING=FALSE to read it anyway",
+            path=path,
+        )
+    if isinstance(error, PermissionError):
+        return TraceError(
+            f"{path} cannot be read (permission denied); check its permissions", path=path
+        )
+    if not _has_hdf5_signature(path):
+        return not_a_trace(path, "not an HDF5 file")
+    inner = re.search(r"\((.*)\)$", text)
+    return corrupt(path, f"unable to open: {inner.group(1) if inner else text}")
+
+
+def _has_hdf5_signature(path: str) -> bool:
+    """HDF5 puts its signature at 0, 512, 1024, 2048... (after an optional user block)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            offset = 0
+            while offset + len(_HDF5_SIGNATURE) <= size:
+                f.seek(offset)
+                if f.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE:
+                    return True
+                offset = 512 if offset == 0 else offset * 2
+    except OSError:
+        return True  # cannot tell: let the caller report the file as damaged
+    return False
+
+
+def _check_type(node: h5py.HLObject, kind: str, path: str) -> None:
+    """Check the ``ckview_type`` of a group: right type, and a version this ckview reads."""
+    expected, supported = GROUP_TYPES[kind]
+    got = L.decode_str(node.attrs.get(L.TYPE_ATTR))
+    if got != expected:
+        raise corrupt(path, f"{node.name} has {L.TYPE_ATTR} {got!r}, expected {expected!r}")
+    version = node.attrs.get(L.TYPE_VERSION_ATTR)
+    if version is None:
+        raise corrupt(path, f"{node.name} has no {L.TYPE_VERSION_ATTR} attribute")
+    if L.attr_int(L.TYPE_VERSION_ATTR, version) > supported:
+        raise newer(path, f"{expected} v{version} at {node.name}", supported)
+
+
+def _child(parent: h5py.Group, name: str, path: str) -> h5py.HLObject:
+    node = parent.get(name)
+    if node is None:
+        raise corrupt(path, f"{parent.name.rstrip('/')}/{name} is missing")
+    return node
+
+
+def _migrate(root: h5py.Group, version: int, path: str) -> h5py.Group:
+    for v in range(version, FORMAT_VERSION):
+        step = MIGRATIONS.get(v)
+        if step is None:
+            raise corrupt(path, f"unknown trace format v{v}")
+        root = step(root)
+    return root
+
+
+def table_problems(group: h5py.HLObject, columns: tuple[SchemaColumn, ...]) -> list[str]:
+    """What is wrong with the structure of a table group: missing columns, dtypes, lengths."""
+    if not isinstance(group, h5py.Group):
+        return [f"{group.name} is not a group"]
+    problems: list[str] = []
+    lengths: dict[str, int] = {}
+    for column in columns:
+        ds = group.get(column.name)
+        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1:
+            problems.append(f"{group.name} has no 1-D column '{column.name}'")
+        elif ds.dtype != column.dtype:
+            problems.append(f"{ds.name} has dtype {ds.dtype}, expected {column.dtype}")
+        else:
+            lengths[column.name] = ds.shape[0]
+    if len(set(lengths.values())) > 1:
+        sizes = ", ".join(f"{name}={n}" for name, n in lengths.items())
+        problems.append(f"{group.name} has columns of unequal lengths ({sizes})")
+    return problems
+
+
+def _open_table(
+    path: str, parent: h5py.Group, name: str, kind: str, columns: tuple[SchemaColumn, ...]
+) -> Table:
+    with _reading(path):
+        group = _child(parent, name, path)
+        _check_type(group, kind, path)
+        problems = table_problems(group, columns)
+        if problems:
+            raise corrupt(path, "; ".join(problems))
+        datasets = {c.name: group[c.name] for c in columns}
+        return Table(path, name, datasets)
+
+
+class Table:
+    """One table: equal-length columns, read lazily (only the slice asked for leaves the disk)."""
+
+    def __init__(self, path: str, name: str, datasets: dict[str, h5py.Dataset]) -> None:
+        self.name = name
+        self.columns: tuple[str, ...] = tuple(datasets)
+        self._path = path
+        self._datasets = datasets
+        self._rows = next(iter(datasets.values())).shape[0]
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __repr__(self) -> str:
+        return f"<Table {self.name!r}: {self._rows} rows, columns {', '.join(self.columns)}>"
+
+    def column(self, name: str, start: int | None = None, stop: int | None = None) -> np.ndarray:
+        """Rows ``[start:stop]`` (Python slice rules) of one column, in its schema dtype."""
+        ds = self._datasets.get(name)
+        if ds is None:
+            raise TraceKeyError(
+                f"table {self.name!r} of {self._path} has no column {name!r}; "
+                f"its columns are {', '.join(self.columns)}",
+                path=self._path,
+            )
+        if not ds.id.valid:
+            raise ValueError(f"{self._path} is closed")
+        low, high, _ = slice(start, stop).indices(self._rows)
+        if high <= low:
+            return np.empty(0, ds.dtype)
+        with _reading(self._path):
+            return np.asarray(ds[low:high])
+
+    def read(
+        self,
+        start: int | None = None,
+        stop: int | None = None,
+        columns: Iterable[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Rows ``[start:stop]`` of several columns (all by default), by column name."""
+        names = self.columns if columns is None else tuple(columns)
+        return {name: self.column(name, start, stop) for name in names}
+
+
+class StringTable:
+    """The root string table: string id -> str. Loaded into memory on first use."""
+
+    def __init__(self, path: str, dataset: h5py.Dataset) -> None:
+        self._path = path
+        self._dataset = dataset
+        self._size: int = dataset.shape[0]
+        self._values: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load().tolist())
+
+    def __getitem__(self, sid: int) -> str:
+        index = operator.index(sid)
+        if not 0 <= index < self._size:
+            raise IndexError(self._out_of_range(index))
+        return str(self._load()[index])
+
+    def lookup(self, ids: np.ndarray | Iterable[int]) -> np.ndarray:
+        """The strings of an array of string ids, as an object array of the same shape."""
+        ids = np.asarray(ids)
+        if ids.size == 0:
+            return np.empty(ids.shape, dtype=object)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"string ids must be integers, got dtype {ids.dtype}")
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self._size:
+            raise IndexError(self._out_of_range(low if low < 0 else high))
+        return self._load()[ids]
+
+    def _out_of_range(self, sid: int) -> str:
+        return f"string id {sid} is out of range: {self._path} has {self._size} strings"
+
+    def _load(self) -> np.ndarray:
+        if self._values is None:
+            if not self._dataset.id.valid:
+                raise ValueError(f"{self._path} is closed")
+            with _reading(self._path):
+                values = self._dataset.asstr()[...]
+            self._values = np.asarray(values, dtype=object).reshape(-1)
+        return self._values
+
+
+class Run:
+    """One run of the step (``main``, ``baseline``, ``plan:<name>``...) and its tables."""
+
+    def __init__(self, path: str, group: h5py.Group) -> None:
+        self._path = path
+        self._group = group
+        with _reading(path):
+            self.name: str = L.decode_str(group.attrs["name"])
+            self.complete: bool = L.attr_bool("complete", group.attrs["complete"])
+            self.steps_recorded: int = L.attr_int("steps_recorded", group.attrs["steps_recorded"])
+        self._tables: dict[str, Table] = {}
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "incomplete"
+        return f"<Run {self.name!r}: {self.steps_recorded} steps, {state}>"
+
+    def table(self, name: str) -> Table:
+        """One of the run's tables (schema.RUN_TABLES); CorruptTraceError if it is damaged."""
+        if name not in RUN_TABLES:
+            raise TraceKeyError(
+                f"runs have no table {name!r} (asked of {self._path}); "
+                f"run tables are {', '.join(RUN_TABLES)}",
+                path=self._path,
+            )
+        if name not in self._tables:
+            self._tables[name] = _open_table(
+                self._path, self._group, name, "table", RUN_TABLES[name]
+            )
+        return self._tables[name]
+
+
+class Trace:
+    """An open trace file. Get one from ``open_trace``."""
+
+    def __init__(self, path: str, handle: h5py.File) -> None:
+        self.path = path
+        self._file = handle
+        with _reading(path):
+            self.format_version = self._read_format_version()
+            self._root = _migrate(handle, self.format_version, path)
+            self.meta = self._read_meta()
+            self.strings = self._read_strings()
+            self._run_groups = self._find_runs()
+        self._runs: dict[str, Run] = {}
+        self._modules: Table | None = None
+
+    def __repr__(self) -> str:
+        return f"<Trace {self.path!r}: runs {self.run_names}>"
+
+    @property
+    def run_names(self) -> list[str]:
+        """Names of the runs, in the order they were recorded."""
+        return list(self._run_groups)
+
+    @property
+    def modules(self) -> Table:
+        """The root ``modules`` table (shared by all runs)."""
+        if self._modules is None:
+            self._modules = _open_table(self.path, self._root, L.MODULES, "modules", MODULES)
+        return self._modules
+
+    def run(self, name: str) -> Run:
+        """The run called ``name``; TraceKeyError listing the run names if there is none."""
+        if name not in self._runs:
+            group = self._run_groups.get(name)
+            if group is None:
+                known = ", ".join(repr(n) for n in self._run_groups) or "none"
+                raise TraceKeyError(
+                    f"{self.path} has no run {name!r}; its runs are: {known}", path=self.path
+                )
+            self._runs[name] = Run(self.path, group)
+        return self._runs[name]
+
+    def close(self) -> None:
+        """Close the file; tables and runs obtained from this trace become unreadable."""
+        self._file.close()
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _read_format_version(self) -> int:
+        attrs = self._file.attrs
+        if L.FORMAT_ATTR not in attrs:
+            raise not_a_trace(self.path, f"no '{L.FORMAT_ATTR}' attribute")
+        name = L.decode_str(attrs[L.FORMAT_ATTR])
+        if name != FORMAT_NAME:
+            raise not_a_trace(self.path, f"its format is {name!r}, not {FORMAT_NAME!r}")
+        if L.FORMAT_VERSION_ATTR not in attrs:
+            raise corrupt(self.path, f"no '{L.FORMAT_VERSION_ATTR}' attribute")
+        version = L.attr_int(L.FORMAT_VERSION_ATTR, attrs[L.FORMAT_VERSION_ATTR])
+        if version > FORMAT_VERSION:
+            raise newer(self.path, f"trace format v{version}", FORMAT_VERSION)
+        return version
+
+    def _read_meta(self) -> TraceMeta:
+        group = _child(self._root, L.META, self.path)
+        _check_type(group, "meta", self.path)
+        values = {}
+        for name in META_FIELDS:
+            if name not in group.attrs:
+                raise corrupt(self.path, f"/meta has no '{name}' attribute")
+            values[name] = L.decode_meta(name, group.attrs[name])
+        return TraceMeta(**values)
+
+    def _read_strings(self) -> StringTable:
+        dataset = _child(self._root, L.STRINGS, self.path)
+        _check_type(dataset, "strings", self.path)
+        if not isinstance(dataset, h5py.Dataset) or dataset.ndim != 1:
+            raise corrupt(self.path, "/strings is not a 1-D dataset")
+        if h5py.check_string_dtype(dataset.dtype) is None:
+            raise corrupt(self.path, f"/strings holds {dataset.dtype}, not strings")
+        return StringTable(self.path, dataset)
+
+    def _find_runs(self) -> dict[str, h5py.Group]:
+        """Run groups by run name, in creation order (their ``order`` attribute)."""
+        found: list[tuple[int, str, h5py.Group]] = []
+        for group in _child(self._root, L.RUNS, self.path).values():
+            _check_type(group, "run", self.path)
+            name = L.decode_str(group.attrs.get("name"))
+            if not isinstance(name, str):
+                raise corrupt(self.path, f"{group.name} has no 'name' attribute")
+            found.append((L.attr_int(L.ORDER_ATTR, group.attrs.get(L.ORDER_ATTR)), name, group))
+        found.sort(key=lambda item: item[:2])
+        runs = {name: group for _, name, group in found}
+        if len(runs) != len(found):
+            raise corrupt(self.path, "two runs have the same name")
+        return runs

@@ -1,0 +1,439 @@
+"""TraceWriter: writes a trace file, batch by batch, in the current format version.
+
+The file is a valid (incomplete) trace from the moment the writer is created and after every
+``flush()``; ``close()`` marks it complete. See docs/trace-format.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import zlib
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any
+
+import h5py
+import numpy as np
+
+from . import _layout as L
+from .errors import TraceError, one_line
+from .schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    GROUP_TYPES,
+    META_FIELDS,
+    MODULES,
+    RUN_FIELDS,
+    RUN_TABLES,
+    Column,
+)
+
+#: What ``append`` accepts for one column: a numpy array of any integer dtype, an array.array,
+#: a list of ints...
+ColumnData = Any
+
+
+def _mark(node: h5py.Group | h5py.Dataset, kind: str) -> None:
+    """Write the ``ckview_type`` / ``ckview_type_version`` attributes of a group."""
+    type_name, version = GROUP_TYPES[kind]
+    node.attrs[L.TYPE_ATTR] = type_name
+    node.attrs[L.TYPE_VERSION_ATTR] = np.int64(version)
+
+
+def _as_column(values: ColumnData, column: Column, table: str) -> np.ndarray:
+    """Convert one column of a batch to its schema dtype, refusing values that would wrap."""
+    arr = np.asarray(values)
+    where = f"{table}.{column.name}"
+    if arr.ndim != 1:
+        raise ValueError(f"{where}: expected a 1-D sequence, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, column.dtype)
+    if arr.dtype.kind not in "iub":
+        raise ValueError(f"{where}: expected integers, got dtype {arr.dtype}")
+    if not np.can_cast(arr.dtype, column.dtype):
+        info = np.iinfo(column.dtype)
+        low, high = arr.min(), arr.max()
+        if low < info.min or high > info.max:
+            raise ValueError(f"{where}: values {low}..{high} do not fit {column.dtype}")
+    return arr.astype(column.dtype, copy=False)
+
+
+@dataclass(frozen=True)
+class _Storage:
+    """How column datasets are chunked and compressed."""
+
+    chunk_rows: int
+    filters: dict[str, Any]
+    compressor: _ChunkCompressor | None
+
+
+def _storage(chunk_rows: int, filters: Mapping[str, Any] | None, threads: int | None) -> _Storage:
+    """Storage settings; our own threaded compressor only for shuffle + deflate filters."""
+    filters = dict(L.DEFAULT_FILTERS if filters is None else filters)
+    if threads is None:
+        threads = min(4, os.cpu_count() or 1)
+    deflate = set(filters) == {"compression", "compression_opts", "shuffle"} and (
+        filters["compression"] == "gzip" and filters["shuffle"]
+    )
+    level = filters.get("compression_opts", 0)
+    compressor = _ChunkCompressor(level, threads) if deflate and threads > 0 else None
+    return _Storage(chunk_rows, filters, compressor)
+
+
+def _shuffle(chunk: np.ndarray) -> bytes:
+    """HDF5's shuffle filter: all first bytes of the elements, then all second bytes..."""
+    return chunk.view(np.uint8).reshape(-1, chunk.itemsize).T.tobytes()
+
+
+class _ChunkCompressor:
+    """Shuffle + deflate whole chunks on worker threads, for ``write_direct_chunk``.
+
+    HDF5 runs its filters serially on one core, which caps writing near 4-5 M events/s; zlib and
+    numpy copies release the GIL, so a pool of threads runs them in parallel. The bytes are
+    exactly what HDF5's own shuffle + deflate filters produce, so any HDF5 reader decodes them.
+    """
+
+    def __init__(self, level: int, threads: int) -> None:
+        self._level = level
+        self._pool = ThreadPoolExecutor(threads, "ckview-compress") if threads > 1 else None
+
+    def compress(self, chunks: list[np.ndarray]) -> list[bytes]:
+        if self._pool is None:
+            return [self._one(chunk) for chunk in chunks]
+        return list(self._pool.map(self._one, chunks))
+
+    def _one(self, chunk: np.ndarray) -> bytes:
+        return zlib.compress(_shuffle(chunk), self._level)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+class _TableWriter:
+    """Appends batches of rows to one table group: one resizable dataset per column.
+
+    With a compressor, full chunks go straight to disk pre-compressed and the rows of the last,
+    partial chunk wait in ``_tail`` until the next append fills it or ``flush`` writes it through
+    HDF5 (it is rewritten whole once full). Without one, HDF5 compresses every append itself.
+    """
+
+    def __init__(
+        self,
+        group: h5py.Group,
+        name: str,
+        columns: tuple[Column, ...],
+        storage: _Storage,
+    ) -> None:
+        _mark(group, "modules" if name == "modules" else "table")
+        self.name = name
+        self._columns = columns
+        self._chunk_rows = storage.chunk_rows
+        self._compressor = storage.compressor
+        self._datasets = {
+            c.name: group.create_dataset(
+                c.name,
+                shape=(0,),
+                maxshape=(None,),
+                dtype=c.dtype,
+                chunks=(storage.chunk_rows,),
+                **storage.filters,
+            )
+            for c in columns
+        }
+        self._tail = {c.name: np.empty(0, c.dtype) for c in columns}
+        self.rows = 0  # rows appended
+        self._stored = 0  # rows in whole chunks written directly (compressor only)
+        self._extent = 0  # length of the datasets on disk
+
+    def append(self, data: Mapping[str, ColumnData]) -> None:
+        """Append one batch: every column, equal lengths (ValueError otherwise)."""
+        arrays = self._convert(data)
+        if len(arrays[self._columns[0].name]) == 0:
+            return
+        extent = self._extent
+        try:
+            if self._compressor is None:
+                self._write_rows(arrays)
+            else:
+                self._write_chunks(arrays, self._compressor)
+        except BaseException:
+            # Even on Ctrl-C, leave every column at the same length so the file stays readable.
+            for dataset in self._datasets.values():
+                with contextlib.suppress(Exception):
+                    dataset.resize((extent,))
+            raise
+
+    def flush(self) -> None:
+        """Write the rows still waiting in the partial last chunk."""
+        if self._extent == self.rows:
+            return
+        self._resize(self.rows)
+        for name, dataset in self._datasets.items():
+            dataset[self._stored : self.rows] = self._tail[name]
+        self._extent = self.rows
+
+    def _write_rows(self, arrays: dict[str, np.ndarray]) -> None:
+        end = self.rows + len(arrays[self._columns[0].name])
+        for name, arr in arrays.items():
+            dataset = self._datasets[name]
+            dataset.resize((end,))
+            dataset[self.rows :] = arr
+        self.rows = self._extent = end
+
+    def _write_chunks(self, arrays: dict[str, np.ndarray], compressor: _ChunkCompressor) -> None:
+        merged = {name: np.concatenate((self._tail[name], arr)) for name, arr in arrays.items()}
+        size = self._chunk_rows
+        full = len(merged[self._columns[0].name]) // size * size
+        if full:
+            jobs = [(name, start) for name in merged for start in range(0, full, size)]
+            chunks = [merged[name][start : start + size] for name, start in jobs]
+            blobs = compressor.compress(chunks)
+            end = self._stored + full
+            if end > self._extent:
+                self._resize(end)
+            for (name, start), blob in zip(jobs, blobs, strict=True):
+                self._datasets[name].id.write_direct_chunk((self._stored + start,), blob)
+            self._stored = end
+            self._extent = max(self._extent, end)
+        self._tail = {name: arr[full:].copy() for name, arr in merged.items()}
+        self.rows = self._stored + len(self._tail[self._columns[0].name])
+
+    def _resize(self, rows: int) -> None:
+        for dataset in self._datasets.values():
+            dataset.resize((rows,))
+
+    def _convert(self, data: Mapping[str, ColumnData]) -> dict[str, np.ndarray]:
+        names = [c.name for c in self._columns]
+        missing = [n for n in names if n not in data]
+        extra = [n for n in data if n not in names]
+        if missing or extra:
+            raise ValueError(
+                f"{self.name}: append needs exactly the columns {names}; "
+                f"missing {missing}, unexpected {extra}"
+            )
+        arrays = {c.name: _as_column(data[c.name], c, self.name) for c in self._columns}
+        lengths = {n: len(a) for n, a in arrays.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"{self.name}: columns have different lengths {lengths}")
+        return arrays
+
+
+class RunWriter:
+    """Writes the tables of one run (``/runs/<name>``). Get one from ``TraceWriter.run``."""
+
+    def __init__(self, trace: TraceWriter, group: h5py.Group, name: str, order: int) -> None:
+        _mark(group, "run")
+        group.attrs[L.ORDER_ATTR] = np.int64(order)
+        group.attrs["name"] = name
+        group.attrs["complete"] = False
+        group.attrs["steps_recorded"] = np.int64(0)
+        self.name = name
+        self._trace = trace
+        self._group = group
+        self._tables = {
+            table: _TableWriter(group.create_group(table), table, columns, trace._storage)
+            for table, columns in RUN_TABLES.items()
+        }
+        self.closed = False
+
+    def append(self, table: str, columns: Mapping[str, ColumnData]) -> None:
+        """Append a batch of rows to ``table``: every column of it, all of the same length."""
+        self._check_open()
+        if table not in self._tables:
+            raise ValueError(f"unknown table {table!r}; run tables: {', '.join(RUN_TABLES)}")
+        self._tables[table].append(columns)
+
+    def set_attrs(self, **attrs: int) -> None:
+        """Set run attributes other than ``name`` and ``complete`` (today: ``steps_recorded``)."""
+        self._check_open()
+        for key, value in attrs.items():
+            if key not in RUN_FIELDS or key in ("name", "complete"):
+                raise ValueError(f"cannot set run attribute {key!r}; use close() for 'complete'")
+            self._group.attrs[key] = np.int64(L.attr_int(key, value))
+
+    def close(self, complete: bool = True) -> None:
+        """Mark the run complete (or not) and refuse further appends. Idempotent."""
+        if self.closed:
+            return
+        self._group.attrs["complete"] = bool(complete)
+        self.closed = True
+
+    def _flush(self) -> None:
+        for table in self._tables.values():
+            table.flush()
+
+    def _check_open(self) -> None:
+        self._trace._check_open()
+        if self.closed:
+            raise ValueError(f"run {self.name!r} of {self._trace.path} is closed")
+
+
+class TraceWriter:
+    """Creates (or overwrites) a trace file and writes it in batches.
+
+    ``meta`` sets fields of ``/meta`` (schema.META_FIELDS, except ``complete`` and ``error``
+    which ``close`` sets); ``start_time`` and ``python_version`` default to now and this Python.
+
+    ``chunk_rows``, ``filters`` (h5py ``create_dataset`` keywords) and ``threads`` exist for
+    benchmarks; ckview itself writes the defaults that docs/trace-format.md prescribes. With
+    shuffle + deflate filters (the default) up to ``threads`` threads compress whole chunks
+    (None: one per CPU, at most 4; 0: leave compression to HDF5, serially).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        chunk_rows: int = L.CHUNK_ROWS,
+        filters: Mapping[str, Any] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._storage = _storage(chunk_rows, filters, threads)
+        initial = self._initial_meta(meta or {})
+        try:
+            self._file = h5py.File(self.path, "w")
+        except OSError as e:
+            reason = os.strerror(e.errno) if e.errno else one_line(e)
+            raise TraceError(
+                f"cannot create {self.path} ({reason}); check that its directory exists "
+                "and is writable",
+                path=self.path,
+            ) from e
+        self._strings: dict[str, int] = {}
+        self._pending: list[str] = []
+        self._runs: dict[str, RunWriter] = {}
+        self.closed = False
+        try:
+            self._create_layout(initial)
+            self._file.flush()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _initial_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+        for key in ("complete", "error"):
+            if key in meta:
+                raise ValueError(f"meta field {key!r} is set by close(), not by the caller")
+        values = {name: L.meta_default(name) for name in META_FIELDS}
+        values["start_time"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        values["python_version"] = platform.python_version()
+        values.update(meta)
+        return {name: L.encode_meta(name, value) for name, value in values.items()}
+
+    def _create_layout(self, meta: Mapping[str, Any]) -> None:
+        f = self._file
+        f.attrs[L.FORMAT_ATTR] = FORMAT_NAME
+        f.attrs[L.FORMAT_VERSION_ATTR] = np.int64(FORMAT_VERSION)
+        group = f.create_group(L.META)
+        _mark(group, "meta")
+        group.attrs.update(meta)
+        self._string_ds = f.create_dataset(
+            L.STRINGS,
+            shape=(0,),
+            maxshape=(None,),
+            chunks=(L.STRING_CHUNK_ROWS,),
+            dtype=h5py.string_dtype("utf-8"),
+        )
+        _mark(self._string_ds, "strings")
+        self._modules = _TableWriter(f.create_group(L.MODULES), "modules", MODULES, self._storage)
+        f.create_group(L.RUNS)
+
+    def intern(self, text: str) -> int:
+        """The string id of ``text``, adding it to the string table if new."""
+        sid = self._strings.get(text)
+        if sid is None:
+            self._check_open()
+            if not isinstance(text, str):
+                raise TypeError(f"only str can be interned, got {text!r}")
+            text.encode("utf-8")  # fail here, not at flush, on lone surrogates
+            sid = self._strings[text] = len(self._strings)
+            self._pending.append(text)
+        return sid
+
+    def append_modules(self, columns: Mapping[str, ColumnData]) -> None:
+        """Append rows to the root ``modules`` table (every column of schema.MODULES)."""
+        self._check_open()
+        self._modules.append(columns)
+
+    def run(self, name: str) -> RunWriter:
+        """The writer of run ``name``, creating ``/runs/<name>`` on first use."""
+        writer = self._runs.get(name)
+        if writer is None:
+            self._check_open()
+            group = self._file[L.RUNS].create_group(L.encode_run_name(name))
+            writer = self._runs[name] = RunWriter(self, group, name, len(self._runs))
+        return writer
+
+    def update_meta(self, **fields: Any) -> None:
+        """Set meta fields (not ``complete``/``error``, which ``close`` sets)."""
+        self._check_open()
+        for key in ("complete", "error"):
+            if key in fields:
+                raise ValueError(f"meta field {key!r} is set by close()")
+        encoded = {name: L.encode_meta(name, value) for name, value in fields.items()}
+        self._file[L.META].attrs.update(encoded)
+
+    def flush(self) -> None:
+        """Write pending strings and flush HDF5: the file on disk is then a readable trace."""
+        self._check_open()
+        self._write_pending()
+        self._file.flush()
+
+    def close(self, complete: bool = True, error: str = "") -> None:
+        """Set ``complete``/``error``, close runs still open (as incomplete), close the file.
+
+        Idempotent: later calls do nothing.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._write_pending()
+            for run in self._runs.values():
+                run.close(complete=False)
+            self._file[L.META].attrs["complete"] = bool(complete)
+            self._file[L.META].attrs["error"] = str(error)
+        finally:
+            self._file.close()
+            if self._storage.compressor is not None:
+                self._storage.compressor.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close(complete=True)
+        else:
+            message = str(exc)
+            error = f"{exc_type.__name__}: {message}" if message else exc_type.__name__
+            self.close(complete=False, error=error)
+
+    def _write_pending(self) -> None:
+        """Write new strings and the partial last chunk of every table."""
+        if self._pending:
+            # Offset from the ids, not the dataset length, so a retry after a failure is exact.
+            n = len(self._strings) - len(self._pending)
+            self._string_ds.resize((n + len(self._pending),))
+            self._string_ds[n:] = np.array(self._pending, dtype=object)
+            self._pending.clear()
+        self._modules.flush()
+        for run in self._runs.values():
+            run._flush()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError(f"the trace writer of {self.path} is closed")
