@@ -18,10 +18,12 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trace_write import measure_write
@@ -62,62 +64,100 @@ def time_steps(step: Step, n: int) -> list[float]:
     return times
 
 
-def plain(step: Step, n: int) -> float:
-    return statistics.median(time_steps(step, n))
+Timing = tuple[float, float]
+"""(median step time, wall time per step including setup and finalisation)."""
 
 
-def recorded(step: Step, n: int) -> float:
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        Recorder(Path(tmp) / "t.h5", steps=n, warmup=0, progress=False),
-    ):
+def _timed(step: Step, n: int, context: Callable[[], AbstractContextManager[object]]) -> Timing:
+    t = time.perf_counter()
+    with context():
         times = time_steps(step, n)
-    return statistics.median(times)
+    return statistics.median(times), (time.perf_counter() - t) / n
 
 
-def profiled(step: Step, n: int) -> float:
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
-        profile_memory=True,
-        record_shapes=True,
-        with_stack=True,
-    ):
-        times = time_steps(step, n)
-    return statistics.median(times)
+def plain(step: Step, n: int) -> Timing:
+    return _timed(step, n, nullcontext)
+
+
+class _EmptyMode(TorchDispatchMode):
+    """The floor: a dispatch mode that only forwards each op (what any such recorder pays)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return func._op(*args, **(kwargs or {}))
+
+
+def empty_mode(step: Step, n: int) -> Timing:
+    return _timed(step, n, _EmptyMode)
+
+
+def recorded(step: Step, n: int) -> Timing:
+    with tempfile.TemporaryDirectory() as tmp:
+        return _timed(
+            step, n, lambda: Recorder(Path(tmp) / "t.h5", steps=n, warmup=0, progress=False)
+        )
+
+
+def profiled(step: Step, n: int) -> Timing:
+    return _timed(
+        step,
+        n,
+        lambda: torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            profile_memory=True,
+            record_shapes=True,
+            with_stack=True,
+        ),
+    )
 
 
 def overhead(name: str, step: Step, rounds: int, n: int) -> None:
     for _ in range(3):
         step()  # warm caches, create optimizer state
-    results: dict[str, list[float]] = {"plain": [], "ckview": [], "profiler": []}
+    runs = {"plain": plain, "empty mode": empty_mode, "ckview": recorded, "profiler": profiled}
+    results: dict[str, list[Timing]] = {k: [] for k in runs}
     for _ in range(rounds):
-        results["plain"].append(plain(step, n))
-        results["ckview"].append(recorded(step, n))
-        results["profiler"].append(profiled(step, n))
-    base = statistics.median(results["plain"])
-    rec = statistics.median(results["ckview"])
-    prof = statistics.median(results["profiler"])
-    print(
-        f"{name:<14} plain {base * 1e3:7.2f} ms | ckview {rec / base:5.2f}x | "
-        f"profiler {prof / base:5.2f}x | ckview/profiler {rec / prof:5.2f}"
-    )
+        for key, run in runs.items():
+            results[key].append(run(step, n))
+    for label, which in (("step", 0), ("incl. finalise", 1)):
+        median = {k: statistics.median(t[which] for t in v) for k, v in results.items()}
+        base = median["plain"]
+        print(
+            f"{name:<14} {label:<15} plain {base * 1e3:7.2f} ms | empty dispatch mode "
+            f"{median['empty mode'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x | "
+            f"profiler {median['profiler'] / base:5.2f}x | "
+            f"ckview/profiler {median['ckview'] / median['profiler']:5.2f}"
+        )
 
 
 def recorder_bytes_per_event(step: Step, n: int) -> None:
-    """Python-side memory the recorder holds while recording, per recorded event."""
+    """Python-side memory the recorder holds while recording, per recorded event.
+
+    Buffers are flushed in batches, so memory grows only with what must stay editable until
+    the end (one row per storage); the slope between a short and a long recording is the
+    per-event cost, the average includes the fixed batch buffers.
+    """
     for _ in range(2):
         step()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "t.h5"
-        tracemalloc.start()
-        base = tracemalloc.get_traced_memory()[0]
-        rec = Recorder(path, steps=n, warmup=0, progress=False)
-        with rec:
-            time_steps(step, n)
-            peak = tracemalloc.get_traced_memory()[1] - base
-        tracemalloc.stop()
-        events = len(rec._ops.data["name"]) * 0 + rec._ops.rows + rec._mem.rows + rec._saved.rows
-    print(f"recorder memory: {peak / events:.1f} bytes/event over {events} events (peak {peak} B)")
+    points = []
+    for steps in (n, 3 * n):
+        with tempfile.TemporaryDirectory() as tmp:
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            rec = Recorder(Path(tmp) / "t.h5", steps=steps, warmup=0, progress=False)
+            with rec:
+                time_steps(step, steps)
+                peak = tracemalloc.get_traced_memory()[1] - base
+            tracemalloc.stop()
+            points.append((rec._ops.rows + rec._mem.rows + rec._saved.rows, peak))
+    (e1, p1), (e2, p2) = points
+    print(
+        f"recorder memory: {(p2 - p1) / (e2 - e1):.1f} bytes/event marginal, "
+        f"{p2 / e2:.1f} bytes/event average over {e2} events"
+    )
 
 
 def main() -> None:
@@ -128,13 +168,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier timings on a shared 2-core machine
     compute = make_step(width=1024, hidden=4096, depth=4, batch=256)
-    small = make_step(width=64, hidden=256, depth=4, batch=16)
+    small = make_step(width=128, hidden=512, depth=4, batch=16)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}")
     overhead("compute-bound", compute, args.rounds, max(3, args.steps // 3))
     overhead("small-op", small, args.rounds, args.steps * 3)
-    recorder_bytes_per_event(small, 200)
+    recorder_bytes_per_event(small, 100)
     w = measure_write(args.write_rows)
-    print(f"trace writing: {w}")
+    print(
+        f"trace writing: {w['events_per_s'] / 1e6:.2f} M events/s, "
+        f"file {w['size_ratio']:.3f}x the raw record size"
+    )
 
 
 if __name__ == "__main__":

@@ -57,37 +57,39 @@ class MutableTable:
 
     A storage's category is refined while recording (a temporary becomes an activation when
     autograd saves it, a gradient once ``param.grad`` points to it), and a module call's end is
-    known only when it returns, so these rows are written once, when recording stops. Columns
-    are kept separately (``data[name][row]``) at the schema's widths.
+    known only when it returns, so these rows are written once, when recording stops. Rows are
+    int64 and row-major: field ``name`` of row ``r`` is ``data[r * width + index(name)]``.
     """
 
     def __init__(self, table: str) -> None:
         self.table = table
         self.columns = RUN_TABLES[table]
-        self.data = {c.name: array.array(_TYPECODES[c.dtype.str]) for c in self.columns}
+        self.width = len(self.columns)
+        self.data = array.array("q")
+        self._index = {c.name: i for i, c in enumerate(self.columns)}
 
     def __len__(self) -> int:
-        return len(self.data[self.columns[0].name])
+        return len(self.data) // self.width
 
-    def col(self, name: str) -> array.array:
-        return self.data[name]
+    def index(self, name: str) -> int:
+        return self._index[name]
 
-    def append(self, *values: int) -> int:
+    def append(self, values: tuple[int, ...]) -> int:
         """Append one row (values in schema column order); return its index."""
-        row = len(self)
-        for column, value in zip(self.columns, values, strict=True):
-            self.data[column.name].append(value)
+        row = len(self.data) // self.width
+        self.data.extend(values)
         return row
 
+    def get(self, row: int, name: str) -> int:
+        return self.data[row * self.width + self._index[name]]
+
+    def set(self, row: int, name: str, value: int) -> None:
+        self.data[row * self.width + self._index[name]] = value
+
     def as_columns(self) -> dict[str, np.ndarray]:
-        n = min(len(a) for a in self.data.values())
-        return {
-            c.name: np.frombuffer(self.data[c.name], dtype=c.dtype, count=n).copy()
-            for c in self.columns
-        }
-
-
-_TYPECODES = {"|u1": "B", "<i4": "i", "<i8": "q"}
+        count = len(self)
+        rows = np.frombuffer(self.data, dtype=np.int64, count=count * self.width)
+        return _columns(self.columns, rows.reshape(count, self.width))
 
 
 def _columns(columns: tuple, rows: np.ndarray) -> dict[str, np.ndarray]:

@@ -63,6 +63,7 @@ from ckview.trace import TraceWriter
 from ckview.trace.schema import (
     CATEGORY_PRIORITY,
     NO_INDEX,
+    RUN_TABLES,
     Category,
     MemoryEventKind,
     Phase,
@@ -81,6 +82,11 @@ _PARAMETER = int(Category.PARAMETER)
 _INPUT = int(Category.INPUT)
 _OTHER_CAT = int(Category.OTHER)
 _TEMPORARY = int(Category.TEMPORARY)
+_ST_WIDTH = len(RUN_TABLES["storages"])
+_ST_CATEGORY = [c.name for c in RUN_TABLES["storages"]].index("category")
+_ST_FREE_NS = [c.name for c in RUN_TABLES["storages"]].index("free_ns")
+_ACTIVATION = int(Category.ACTIVATION)
+_FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 
@@ -202,12 +208,13 @@ class Recorder:
         self._last_seq_call = NO_INDEX
         self._last_op = NO_INDEX
         self._n_ops = 0
+        self._last_file_flush = 0
         # storages: registry key (StorageImpl address) -> weak ref, only while alive
         self._known: dict[int, _StorageRef] = {}
         self._names: dict[Any, int] = {}
         self._op_names: dict[int, int] = {}
         self._op_funcs: list[Any] = []
-        self._shapes: dict[tuple[int, ...], int] = {}
+        self._layouts: dict[tuple[Any, Any], tuple[int, int]] = {}
         self._saw_cuda = False
         self._writer: TraceWriter | None = None
         self._handles: list[Any] = []
@@ -270,6 +277,8 @@ class Recorder:
         self._mem = RowBuffer("memory_events", self._sink)
         self._saved = RowBuffer("saved_events", self._sink)
         self._storages = MutableTable("storages")
+        self._st_data = self._storages.data
+        self._cpu_id = self._intern("cpu")
         self._calls = MutableTable("module_calls")
         self._steps = MutableTable("steps")
 
@@ -279,6 +288,13 @@ class Recorder:
             if name.endswith("_ns"):
                 np.subtract(col, self._t0, out=col, where=col >= 0)
         self._run.append(table, columns)
+
+    def _flush_file(self, now: int) -> None:
+        """Put whole steps on disk, so that even a killed process leaves them readable."""
+        self._flush()
+        if self._writer is not None:
+            self._writer.flush()
+        self._last_file_flush = now
 
     def _flush(self) -> None:
         self._busy = True
@@ -300,9 +316,9 @@ class Recorder:
         try:
             if was_recording:
                 now = perf_counter_ns()
-                steps_end = self._steps.col("end_ns")
-                if len(steps_end) and steps_end[-1] == -1:
-                    steps_end[-1] = now
+                last = len(self._steps) - 1
+                if last >= 0 and self._steps.get(last, "end_ns") == -1:
+                    self._steps.set(last, "end_ns", now)
                 for buf in (self._ops, self._mem, self._saved):
                     buf.flush()
                 for table in (self._storages, self._calls, self._steps):
@@ -389,7 +405,7 @@ class Recorder:
 
     def _start_recording(self) -> None:
         self._state = State.RECORDING
-        self._t0 = perf_counter_ns()
+        self._t0 = self._last_file_flush = perf_counter_ns()
         for root in list(self._roots):
             for p in root.parameters():
                 self._mark(p, _PARAMETER)
@@ -397,7 +413,7 @@ class Recorder:
         self._open_step(self._t0)
 
     def _open_step(self, now: int) -> None:
-        self._steps.append(self._step, now, -1, self._n_ops, self._mem.rows)
+        self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows))
 
     def _end_step(self) -> None:
         now = perf_counter_ns()
@@ -409,7 +425,7 @@ class Recorder:
             if self._warmup_done >= self.warmup:
                 self._start_recording()
         elif self._state is State.RECORDING:
-            self._steps.col("end_ns")[-1] = now
+            self._steps.set(len(self._steps) - 1, "end_ns", now)
             self._step += 1
             self.steps_recorded += 1
             self._progress.step_done()
@@ -422,9 +438,8 @@ class Recorder:
                     raise StopScript
             else:
                 self._open_step(now)
-                self._flush()
-                if self._writer is not None:
-                    self._writer.flush()  # a killed process still leaves whole steps on disk
+                if now - self._last_file_flush > _FILE_FLUSH_NS:
+                    self._flush_file(now)
 
     def _enter_backward(self) -> None:
         self._in_backward = True
@@ -468,18 +483,12 @@ class Recorder:
         self._stack.append((row, call))
 
     def _open_call(self, module_row: int) -> int:
-        calls = self._calls.data
-        call = len(self._calls)
         phase = _RECOMPUTE if self._in_backward else _FORWARD
         seq = _get_sequence_nr()
-        calls["module"].append(module_row)
-        calls["parent"].append(self._stack[-1][1] if self._stack else NO_INDEX)
-        calls["phase"].append(phase)
-        calls["step"].append(self._step)
-        calls["start_ns"].append(perf_counter_ns())
-        calls["end_ns"].append(-1)
-        calls["seq_begin"].append(seq)
-        calls["seq_end"].append(-1)
+        parent = self._stack[-1][1] if self._stack else NO_INDEX
+        call = self._calls.append(
+            (module_row, parent, phase, self._step, perf_counter_ns(), -1, seq, -1)
+        )
         if phase == _RECOMPUTE:
             self._recompute_depth += 1
         else:
@@ -492,10 +501,10 @@ class Recorder:
             return  # the matching pre-hook ran before we were installed
         _, call = self._stack.pop()
         if call != NO_INDEX and self._state is State.RECORDING:
-            calls = self._calls.data
-            calls["end_ns"][call] = perf_counter_ns()
-            calls["seq_end"][call] = _get_sequence_nr()
-            if calls["phase"][call] == _RECOMPUTE:
+            calls = self._calls
+            calls.set(call, "end_ns", perf_counter_ns())
+            calls.set(call, "seq_end", _get_sequence_nr())
+            if calls.get(call, "phase") == _RECOMPUTE:
                 self._recompute_depth = max(0, self._recompute_depth - 1)
 
     def _register_module(self, module: torch.nn.Module) -> int:
@@ -602,9 +611,9 @@ class Recorder:
         if ref is None:
             self._register_existing(t, st, phase, now)
         elif phase == _FORWARD:
-            category = self._storages.data["category"]
-            if category[ref.sid] == _OTHER_CAT:
-                category[ref.sid] = _INPUT  # made outside the forward (a batch), used by it
+            data, at = self._st_data, ref.sid * _ST_WIDTH + _ST_CATEGORY
+            if data[at] == _OTHER_CAT:
+                data[at] = _INPUT  # made outside the forward (a batch), used by it
 
     def _see_output(self, t: torch.Tensor, op: int, call: int, phase: int, now: int) -> None:
         try:
@@ -636,16 +645,11 @@ class Recorder:
     def _add_storage(
         self, t: torch.Tensor, st: Any, nbytes: int, category: int, op: int, call: int, now: int
     ) -> int:
-        sid = self._storages.append(
-            nbytes,
-            self._device_id(t),
-            category,
-            self._dtype_id(t),
-            self._shape_id(t),
-            op,
-            call,
-            now,
-            -1,
+        dtype_id, shape_id = self._layout_ids(t)
+        device_id = self._cpu_id if t.is_cpu else self._device_id(t)
+        sid = len(self._st_data) // _ST_WIDTH
+        self._st_data.extend(
+            (nbytes, device_id, category, dtype_id, shape_id, op, call, now, -1)
         )
         ref = _StorageRef(st, self._on_free)
         ref.sid = sid
@@ -659,8 +663,14 @@ class Recorder:
         if self._state is not State.RECORDING:
             return
         now = perf_counter_ns()
-        self._storages.data["free_ns"][ref.sid] = now
+        self._st_data[ref.sid * _ST_WIDTH + _ST_FREE_NS] = now
         self._mem.data.extend((_FREE, ref.sid, self._last_op, now))
+
+    def _promote(self, sid: int, category: int) -> None:
+        """Give storage ``sid`` ``category`` unless it already has a stronger one."""
+        at = sid * _ST_WIDTH + _ST_CATEGORY
+        if _RANK[category] < _RANK[self._st_data[at]]:
+            self._st_data[at] = category
 
     def _backward_call(self, seq: int) -> int:
         """The forward module call whose ops created the autograd node numbered ``seq``."""
@@ -668,12 +678,12 @@ class Recorder:
             return self._last_seq_call
         i = bisect_right(self._fw_seq_begin, seq) - 1
         call = self._fw_calls[i] if i >= 0 else NO_INDEX
-        calls = self._calls.data
+        calls = self._calls
         while call != NO_INDEX:
-            end = calls["seq_end"][call]
+            end = calls.get(call, "seq_end")
             if end == -1 or seq < end:
                 break
-            call = calls["parent"][call]
+            call = calls.get(call, "parent")
         self._last_seq, self._last_seq_call = seq, call
         return call
 
@@ -689,11 +699,8 @@ class Recorder:
             sid = self._register_existing(t, st, _OTHER, perf_counter_ns())
         else:
             sid = ref.sid
-        if sid is None:
-            return
-        cats = self._storages.data["category"]
-        if _RANK[category] < _RANK[cats[sid]]:
-            cats[sid] = category
+        if sid is not None:
+            self._promote(sid, category)
 
     def _parameters(self) -> Iterator[torch.Tensor]:
         for root in list(self._roots):
@@ -739,31 +746,24 @@ class Recorder:
         st = _storage_of(x)
         if st is None:
             return
-        self._mark(x, int(Category.OTHER))  # registers it if new
         ref = self._known.get(st._cdata)
         if ref is None:
-            return  # an empty storage
-        cats = self._storages.data["category"]
+            sid = self._register_existing(x, st, _OTHER, perf_counter_ns())
+            if sid is None:
+                return  # an empty storage
+        else:
+            sid = ref.sid
         # Made outside the step's forward (a batch from the data loader) and saved: an input.
-        saved_as = _INPUT if cats[ref.sid] == _OTHER_CAT else int(Category.ACTIVATION)
-        if _RANK[saved_as] < _RANK[cats[ref.sid]]:
-            cats[ref.sid] = saved_as
+        current = self._st_data[sid * _ST_WIDTH + _ST_CATEGORY]
+        self._promote(sid, _INPUT if current == _OTHER_CAT else _ACTIVATION)
         if kind is SavedEventKind.PACK:
             call = self._stack[-1][1] if self._stack else NO_INDEX
         else:
             node = _current_autograd_node()
             call = self._backward_call(_seq_nr(node)) if node is not None else NO_INDEX
+        dtype_id, shape_id = self._layout_ids(x)
         self._saved.data.extend(
-            (
-                int(kind),
-                ref.sid,
-                self._last_op,
-                call,
-                self._shape_id(x),
-                self._dtype_id(x),
-                x.numel() * x.element_size(),
-                perf_counter_ns(),
-            )
+            (int(kind), sid, self._last_op, call, shape_id, dtype_id, x.nbytes, perf_counter_ns())
         )
 
     # ----------------------------------------------------------------- string ids
@@ -781,19 +781,15 @@ class Recorder:
             sid = self._names[key] = self._intern(str(device))
         return sid
 
-    def _dtype_id(self, t: torch.Tensor) -> int:
-        dtype = t.dtype
-        sid = self._names.get(dtype)
-        if sid is None:
-            sid = self._names[dtype] = self._intern(str(dtype).removeprefix("torch."))
-        return sid
-
-    def _shape_id(self, t: torch.Tensor) -> int:
-        shape = t.shape
-        sid = self._shapes.get(shape)
-        if sid is None:
-            sid = self._shapes[shape] = self._intern("x".join(map(str, shape)) or "scalar")
-        return sid
+    def _layout_ids(self, t: torch.Tensor) -> tuple[int, int]:
+        """String ids of the tensor's dtype and shape ('64x128')."""
+        key = (t.dtype, t.shape)
+        ids = self._layouts.get(key)
+        if ids is None:
+            dtype = str(t.dtype).removeprefix("torch.")
+            shape = "x".join(map(str, t.shape)) or "scalar"
+            ids = self._layouts[key] = (self._intern(dtype), self._intern(shape))
+        return ids
 
 
 def _seq_nr(node: Any) -> int:
