@@ -4,8 +4,7 @@ A small, self-contained training script: no downloads, CPU friendly, determinist
 
     python examples/cnn.py --steps 6
     python examples/cnn.py --checkpoint          # gradient checkpointing per conv block
-    # record 2 steps (after 1 warm-up step); ckview's options go before the script:
-    ckview record -o cnn.h5 --steps 2 examples/cnn.py
+    ckview record examples/cnn.py -o cnn.h5 --steps 2   # record 2 steps
 """
 
 from __future__ import annotations

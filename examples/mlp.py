@@ -4,8 +4,7 @@ A small, self-contained training script: no downloads, CPU friendly, determinist
 
     python examples/mlp.py --steps 6
     python examples/mlp.py --checkpoint          # gradient checkpointing per block
-    # record 2 steps (after 1 warm-up step); ckview's options go before the script:
-    ckview record -o mlp.h5 --steps 2 examples/mlp.py
+    ckview record examples/mlp.py -o mlp.h5 --steps 2   # record 2 steps
 """
 
 from __future__ import annotations

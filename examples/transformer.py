@@ -6,8 +6,7 @@ memory profile of a real training step, not the model quality.
 
     python examples/transformer.py --steps 6
     python examples/transformer.py --checkpoint  # gradient checkpointing per layer
-    # record 2 steps (after 1 warm-up step); ckview's options go before the script:
-    ckview record -o transformer.h5 --steps 2 examples/transformer.py
+    ckview record examples/transformer.py -o transformer.h5 --steps 2   # record 2 steps
 """
 
 from __future__ import annotations

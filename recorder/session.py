@@ -33,6 +33,7 @@ the storage an activation. A pack that returns an opaque holder keeps nothing.
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import weakref
@@ -57,6 +58,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ckview import __version__ as ckview_version
 from ckview.trace import TraceWriter
@@ -85,6 +87,8 @@ _TEMPORARY = int(Category.TEMPORARY)
 _ST_WIDTH = len(RUN_TABLES["storages"])
 _ST_CATEGORY = [c.name for c in RUN_TABLES["storages"]].index("category")
 _ST_FREE_NS = [c.name for c in RUN_TABLES["storages"]].index("free_ns")
+_ST_MODULE = [c.name for c in RUN_TABLES["storages"]].index("module")
+_CALL_WIDTH = len(RUN_TABLES["module_calls"])  # column 0 of a call row is its module
 _ACTIVATION = int(Category.ACTIVATION)
 _FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
 _Tensor = torch.Tensor
@@ -198,8 +202,8 @@ class Recorder:
         }
         self._module_paths: list[str] = []
         self._module_refs: list[weakref.ref[torch.nn.Module]] = []
-        self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._param_owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> module row
         self._stack: list[tuple[int, int]] = []
         # backward op -> forward module call, via autograd sequence numbers
         self._fw_seq_begin: list[int] = []
@@ -340,6 +344,8 @@ class Recorder:
     # ----------------------------------------------------------------- install / uninstall
 
     def _install(self) -> None:
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_in_child(me))
         self._handles = [
             register_module_forward_pre_hook(self._pre_forward),
             register_module_forward_hook(self._post_forward, always_call=True),
@@ -406,9 +412,9 @@ class Recorder:
     def _start_recording(self) -> None:
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
-        for root in list(self._roots):
-            for p in root.parameters():
-                self._mark(p, _PARAMETER)
+        for p in list(self._param_owner.keys()):
+            self._mark(p, _PARAMETER)
+        self._mark_gradients()
         self._mark_optimizer_tensors()
         self._open_step(self._t0)
 
@@ -515,7 +521,6 @@ class Recorder:
             if name is not None:
                 prefix = self._module_paths[parent]
                 return self._register_tree(module, f"{prefix}.{name}" if prefix else name, parent)
-        self._roots.add(module)
         return self._register_tree(module, "", NO_INDEX)
 
     def _child_name(self, parent_row: int, module: torch.nn.Module) -> str | None:
@@ -541,11 +546,11 @@ class Recorder:
             cols["path"].append(self._intern(sub_path))
             cols["type"].append(self._intern(type(sub).__name__))
             cols["parent"].append(sub_parent)
-            cols["param_bytes"].append(
-                sum(p.numel() * p.element_size() for p in sub.parameters(recurse=False))
-            )
-            if self._state is State.RECORDING:
-                for p in sub.parameters(recurse=False):
+            params = list(sub.parameters(recurse=False))
+            cols["param_bytes"].append(sum(p.nbytes for p in params))
+            for p in params:
+                self._param_owner.setdefault(p, rows[sub])
+                if self._state is State.RECORDING:
                     self._mark(p, _PARAMETER)
         return rows[module]
 
@@ -647,9 +652,10 @@ class Recorder:
     ) -> int:
         dtype_id, shape_id = self._layout_ids(t)
         device_id = self._cpu_id if t.is_cpu else self._device_id(t)
+        module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
         sid = len(self._st_data) // _ST_WIDTH
         self._st_data.extend(
-            (nbytes, device_id, category, dtype_id, shape_id, op, call, now, -1)
+            (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now, -1)
         )
         ref = _StorageRef(st, self._on_free)
         ref.sid = sid
@@ -689,8 +695,12 @@ class Recorder:
 
     # ----------------------------------------------------------------- categories
 
-    def _mark(self, t: torch.Tensor, category: int) -> None:
-        """Give the tensor's storage ``category`` unless it already has a stronger one."""
+    def _mark(self, t: torch.Tensor, category: int, owner: torch.Tensor | None = None) -> None:
+        """Give the tensor's storage ``category`` unless it already has a stronger one.
+
+        ``owner`` is the parameter a gradient or optimizer state belongs to (a parameter owns
+        itself): its module becomes the storage's module.
+        """
         st = _storage_of(t)
         if st is None:
             return
@@ -699,12 +709,16 @@ class Recorder:
             sid = self._register_existing(t, st, _OTHER, perf_counter_ns())
         else:
             sid = ref.sid
-        if sid is not None:
-            self._promote(sid, category)
+        if sid is None:
+            return
+        self._promote(sid, category)
+        module = self._param_owner.get(owner if owner is not None else t, NO_INDEX)
+        at = sid * _ST_WIDTH + _ST_MODULE
+        if module != NO_INDEX and self._st_data[at] == NO_INDEX:
+            self._st_data[at] = module
 
     def _parameters(self) -> Iterator[torch.Tensor]:
-        for root in list(self._roots):
-            yield from root.parameters()
+        yield from list(self._param_owner.keys())
         for opt in list(self._optimizers):
             for group in opt.param_groups:
                 yield from group["params"]
@@ -712,14 +726,14 @@ class Recorder:
     def _mark_gradients(self) -> None:
         for p in self._parameters():
             if p.grad is not None:
-                self._mark(p.grad, int(Category.GRADIENT))
+                self._mark(p.grad, int(Category.GRADIENT), owner=p)
 
     def _mark_optimizer_tensors(self) -> None:
         for opt in list(self._optimizers):
-            for state in opt.state.values():
+            for param, state in opt.state.items():
                 for value in state.values():
                     if isinstance(value, _Tensor):
-                        self._mark(value, int(Category.OPTIMIZER_STATE))
+                        self._mark(value, int(Category.OPTIMIZER_STATE), owner=param)
 
     # ----------------------------------------------------------------- saved tensors
 
@@ -790,6 +804,15 @@ class Recorder:
             shape = "x".join(map(str, t.shape)) or "scalar"
             ids = self._layouts[key] = (self._intern(dtype), self._intern(shape))
         return ids
+
+
+def _forget_in_child(recorder: weakref.ref[Recorder]) -> None:
+    """In a forked child (a DataLoader worker), go inert: the trace file is the parent's."""
+    rec = recorder()
+    if rec is not None:
+        rec._state = State.DONE
+        rec._writer = None
+        rec._known.clear()
 
 
 def _seq_nr(node: Any) -> int:

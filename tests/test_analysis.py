@@ -35,7 +35,9 @@ Trace = tuple[list[int], list[Event], list[int], list[int]]  # sizes, events, pr
 def empty_table(name: str, n: int) -> Table:
     """A run table of ``n`` rows with the schema's dtypes, index columns at -1, others at 0."""
     return {
-        c.name: np.full(n, -1 if c.name in {"op", "module_call", "parent"} else 0, dtype=c.dtype)
+        c.name: np.full(
+            n, -1 if c.name in {"op", "module_call", "module", "parent"} else 0, dtype=c.dtype
+        )
         for c in RUN_TABLES[name]
     }
 
@@ -274,13 +276,11 @@ def test_module_paths_follow_deep_chains_and_reject_cycles():
 
 def test_bytes_by_module_groups_outside_calls_under_minus_one():
     storages, _ = make_trace([10, 20, 30, 40, 5], [])
-    storages["module_call"][:] = [-1, 0, 1, 2, 1]
-    module_calls = empty_table("module_calls", 3)
-    module_calls["module"][:] = [0, 1, 1]  # two calls of module 1
+    storages["module"][:] = [-1, 0, 1, 1, 1]
     rows = np.arange(5)
-    assert bytes_by_module(storages, module_calls, rows) == [(1, 75), (0, 20), (-1, 10)]
-    assert bytes_by_module(storages, module_calls, rows, top=1) == [(1, 75)]
-    assert bytes_by_module(storages, module_calls, np.array([], dtype=np.int64)) == []
+    assert bytes_by_module(storages, rows) == [(1, 75), (0, 20), (-1, 10)]
+    assert bytes_by_module(storages, rows, top=1) == [(1, 75)]
+    assert bytes_by_module(storages, np.array([], dtype=np.int64)) == []
 
 
 def two_step_run() -> dict[str, Table]:
@@ -300,6 +300,7 @@ def two_step_run() -> dict[str, Table]:
     storages, memory_events = make_trace(sizes, events, [0, 1], categories, times=None)
     memory_events["time_ns"][:] = np.arange(len(events)) * 100
     storages["module_call"][:] = [-1, -1, 1, 2, -1, 4, 5]
+    storages["module"][:] = [-1, -1, 1, 2, -1, 1, 2]
     storages["op"][:] = [-1, -1, 0, 1, 2, 3, 4]
     storages["shape"][:] = 8
     storages["dtype"][:] = 7

@@ -232,3 +232,30 @@ def test_examples_losses_identical_under_recording(name: str, tmp_path: Path, ca
     with Recorder(tmp_path / "t.h5", steps=1, warmup=1, progress=False):
         example.main(["--steps", "3"])
     assert capsys.readouterr().out == plain
+
+
+def test_dataloader_workers_do_not_touch_the_trace(tmp_path: Path) -> None:
+    data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 32))
+    loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=2)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(tmp_path / "t.h5", steps=2, warmup=1, progress=False) as rec:
+        for x, y in loader:
+            ((model(x * 2) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert rec.steps_recorded == 2
+    from ckview.trace import validate_trace
+
+    assert validate_trace(tmp_path / "t.h5").ok
+
+
+def test_mark_step_by_hand(tmp_path: Path) -> None:
+    model = _mlp()
+    with Recorder(tmp_path / "t.h5", steps=2, warmup=0, progress=False) as rec:
+        for _ in range(2):
+            with torch.no_grad():
+                model(torch.randn(4, 64))  # inference: no backward, no optimizer
+            rec.mark_step()
+    assert rec.steps_recorded == 2
+    assert len(read_run(tmp_path / "t.h5")["steps"]["step"]) == 2

@@ -114,6 +114,7 @@ def write_valid_trace(path: Path, **writer_options: Any) -> None:
                 "shape": [s("8x8"), s("4x4"), s("4x4")],
                 "op": [-1, 0, 1],
                 "module_call": [-1, 1, 1],
+                "module": [1, 1, 1],
                 "alloc_ns": [-1, 10, 20],
                 "free_ns": [-1, 70, 26],
             },

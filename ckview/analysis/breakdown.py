@@ -1,4 +1,4 @@
-"""Break a set of storages down by category and by the module that created them."""
+"""Break a set of storages down by category and by the module they belong to."""
 
 from __future__ import annotations
 
@@ -22,26 +22,23 @@ def bytes_by_category(storages: Table, rows: np.ndarray) -> dict[Category, int]:
     return {c: int(sums[c]) for c in Category}
 
 
-def storage_modules(storages: Table, module_calls: Table, rows: np.ndarray) -> np.ndarray:
-    """Row in ``modules`` of the module call that created each storage row, -1 if none."""
-    call = np.asarray(storages["module_call"], dtype=np.int64)[np.asarray(rows, dtype=np.int64)]
-    module = np.full(len(call), NO_INDEX, dtype=np.int64)
-    in_call = call != NO_INDEX
-    module[in_call] = np.asarray(module_calls["module"])[call[in_call]]
-    return module
+def storage_modules(storages: Table, rows: np.ndarray) -> np.ndarray:
+    """Row in ``modules`` each storage row belongs to (``storages.module``), -1 if none."""
+    return np.asarray(storages["module"], dtype=np.int64)[np.asarray(rows, dtype=np.int64)]
 
 
 def bytes_by_module(
-    storages: Table, module_calls: Table, rows: np.ndarray, top: int | None = 10
+    storages: Table, rows: np.ndarray, top: int | None = 10
 ) -> list[tuple[int, int]]:
-    """``(module row, bytes)`` of the storage ``rows``, by the module whose call created them.
+    """``(module row, bytes)`` of the storage ``rows``, by the module each belongs to.
 
-    Bytes count against the innermost module call active at allocation (not its ancestors), so
-    the parts add up to the total. Storages created outside any module call are grouped under
-    module row -1. Sorted by bytes descending, then module row; at most ``top`` entries
-    (all if ``top`` is None).
+    A parameter, its gradient and its optimizer state belong to the module that owns the
+    parameter; anything else to the innermost module whose call created it (not its
+    ancestors), so the parts add up to the total. Storages of no module are grouped under
+    module row -1. Sorted by bytes descending, then module row; at most ``top`` entries (all
+    if ``top`` is None).
     """
-    module = storage_modules(storages, module_calls, rows)
+    module = storage_modules(storages, rows)
     nbytes = np.asarray(storages["nbytes"], dtype=np.int64)[np.asarray(rows, dtype=np.int64)]
     keys, inverse = np.unique(module, return_inverse=True)
     sums = np.bincount(inverse, weights=nbytes, minlength=len(keys)).astype(np.int64)

@@ -79,10 +79,7 @@ def summarize_run(
         peak_step=_step_of_event(tables["steps"], peak.event),
         baseline_bytes=int(tl.total[0]),
         by_category={c.name.lower(): b for c, b in categories.items()},
-        top_modules=[
-            (_label(paths, m), b)
-            for m, b in bytes_by_module(storages, tables["module_calls"], live, top)
-        ],
+        top_modules=[(_label(paths, m), b) for m, b in bytes_by_module(storages, live, top)],
         top_storages=_top_storages(tables, live, paths, strings, top),
         steps=_step_rows(tables, tl),
         activation_bytes_saved=categories[Category.ACTIVATION],
@@ -122,7 +119,7 @@ def _top_storages(
     storages = tables["storages"]
     nbytes = np.asarray(storages["nbytes"])[rows]
     biggest = rows[np.lexsort((rows, -nbytes))[:top]]
-    modules = storage_modules(storages, tables["module_calls"], biggest)
+    modules = storage_modules(storages, biggest)
     op_names = np.asarray(tables["ops"]["name"])
     return [
         {

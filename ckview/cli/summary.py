@@ -103,7 +103,7 @@ def _format_run(name: str, s: Any, phase: str) -> str:
     for category, nbytes in sorted(s.by_category.items(), key=lambda kv: -kv[1]):
         share = 100 * nbytes / s.peak_bytes if s.peak_bytes else 0.0
         lines.append(f"    {category:<16}{fb(nbytes):>11}  {share:5.1f}%")
-    lines.append("  at the peak, by module that created the memory:")
+    lines.append("  at the peak, by module (a parameter, its gradient and state count with it):")
     lines += [f"    {fb(b):>11}  {path}" for path, b in s.top_modules]
     lines.append("  largest tensors at the peak:")
     for t in s.top_storages:

@@ -136,6 +136,12 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         _c("shape", "<i4", "string id of the shape of the first tensor seen on it, e.g. '64x128'"),
         _c("op", "<i4", "row in 'ops' of the op that created it, -1 if it pre-existed"),
         _c("module_call", "<i4", "row in 'module_calls' active when it was created, or -1"),
+        _c(
+            "module",
+            "<i4",
+            "row in 'modules' it belongs to: the owner of a parameter (also of its gradient and "
+            "optimizer state), else the module of the creating call; -1 if none",
+        ),
         _c("alloc_ns", "<i8", "time of allocation, -1 if it existed before recording"),
         _c("free_ns", "<i8", "time it was freed, -1 if still alive when recording stopped"),
     ),
@@ -190,6 +196,7 @@ REFERENCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("memory_events", "op"): ("ops", True),
     ("storages", "op"): ("ops", True),
     ("storages", "module_call"): ("module_calls", True),
+    ("storages", "module"): ("modules", True),
     ("saved_events", "storage"): ("storages", False),
     ("saved_events", "op"): ("ops", True),
     ("saved_events", "module_call"): ("module_calls", True),
