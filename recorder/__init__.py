@@ -6,6 +6,6 @@
 """
 
 from recorder.runner import Outcome, run_script
-from recorder.session import Recorder, StopScript
+from recorder.session import Recorder, RunSpec, StopScript
 
-__all__ = ["Outcome", "Recorder", "StopScript", "run_script"]
+__all__ = ["Outcome", "Recorder", "RunSpec", "StopScript", "run_script"]

@@ -38,7 +38,9 @@ import platform
 import sys
 import weakref
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -47,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 from torch._C import _current_autograd_node, _DisableTorchDispatch
 from torch._C._autograd import _get_sequence_nr
 from torch.nn.modules.module import (
@@ -98,7 +101,21 @@ _Parameter = torch.nn.Parameter
 class State(Enum):
     WARMUP = "warmup"
     RECORDING = "recording"
+    BETWEEN_RUNS = "between runs"  # a run ended, the next begins at once (same step boundary)
     DONE = "done"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the recording: its name and what to change while it is recorded.
+
+    ``context(recorder)`` returns a context manager entered at the step boundary where the run
+    begins and left where it ends (e.g. ``ckpt_runtime.bypass()`` for the baseline, or applying
+    a checkpoint plan to the recorder's :meth:`Recorder.main_model`).
+    """
+
+    name: str
+    context: Callable[[Recorder], AbstractContextManager[Any]] | None = None
 
 
 class StopScript(BaseException):
@@ -163,7 +180,7 @@ class Recorder:
         warmup: int = 1,
         stop_after: bool = False,
         command: list[str] | None = None,
-        run_name: str = "main",
+        runs: Sequence[RunSpec] = (),
         progress: bool = True,
     ) -> None:
         if steps < 1:
@@ -175,9 +192,13 @@ class Recorder:
         self.warmup = warmup
         self.stop_after = stop_after
         self.command = command if command is not None else list(sys.argv)
-        self.run_name = run_name
+        self.runs = tuple(runs) or (RunSpec("main"),)
+        if len({r.name for r in self.runs}) != len(self.runs):
+            raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
-        self._progress = StepProgress(warmup, steps, enabled=progress)
+        self._run_index = 0
+        self._run_context: AbstractContextManager[Any] | None = None
+        self._progress = StepProgress(warmup, steps * len(self.runs), enabled=progress)
         self._state = State.WARMUP
         self._busy = False
         self._warmup_done = 0
@@ -201,6 +222,9 @@ class Recorder:
             "param_bytes": [],
         }
         self._module_paths: list[str] = []
+        self._root_types: dict[int, str] = {}
+        self._open_region = NO_INDEX
+        self._region_inferred = False
         self._module_refs: list[weakref.ref[torch.nn.Module]] = []
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._param_owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> module row
@@ -224,6 +248,7 @@ class Recorder:
         self._handles: list[Any] = []
         self._hooks_cm: torch.autograd.graph.saved_tensors_hooks | None = None
         self._orig_hooks_init: Any = None
+        self._restore: list[Callable[[], None]] = []  # undo what _install patched
         self._observer: _OpObserver | None = None
 
     # ----------------------------------------------------------------- public API
@@ -276,15 +301,30 @@ class Recorder:
             "warmup": self.warmup,
         }
         self._writer = TraceWriter(self.path, meta=meta)
-        self._run = self._writer.run(self.run_name)
+        self._cpu_id = self._intern("cpu")
+        self._begin_run_tables()
+
+    def _begin_run_tables(self) -> None:
+        """Fresh tables and counters: every run is self-contained (rows index its own tables)."""
+        assert self._writer is not None
+        self._run = self._writer.run(self.runs[self._run_index].name)
         self._ops = RowBuffer("ops", self._sink)
         self._mem = RowBuffer("memory_events", self._sink)
         self._saved = RowBuffer("saved_events", self._sink)
         self._storages = MutableTable("storages")
         self._st_data = self._storages.data
-        self._cpu_id = self._intern("cpu")
         self._calls = MutableTable("module_calls")
         self._steps = MutableTable("steps")
+        self._regions = MutableTable("recompute_regions")
+        self._known.clear()  # storages alive across runs are SEEN again in the next run
+        self._step = 0
+        self._n_ops = 0
+        self._last_op = NO_INDEX
+        self._fw_seq_begin, self._fw_calls = [], []
+        self._last_seq, self._last_seq_call = -2, NO_INDEX
+        self._stack = [(row, NO_INDEX) for row, _ in self._stack]
+        self._steps_in_run = 0
+        self._open_region = NO_INDEX
 
     def _sink(self, table: str, columns: dict[str, np.ndarray]) -> None:
         """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
@@ -308,30 +348,42 @@ class Recorder:
         finally:
             self._busy = False
 
+    def _end_run(self, error: str) -> None:
+        """Write the run's tables that stayed editable, close it and leave its context."""
+        self._busy = True
+        try:
+            now = perf_counter_ns()
+            last = len(self._steps) - 1
+            if last >= 0 and self._steps.get(last, "end_ns") == -1:
+                self._steps.set(last, "end_ns", now)
+            for buf in (self._ops, self._mem, self._saved):
+                buf.flush()
+            for table in (self._storages, self._calls, self._steps, self._regions):
+                self._sink(table.table, table.as_columns())
+            self._run.set_attrs(steps_recorded=self._steps_in_run)
+            self._run.close(complete=not error)
+        finally:
+            self._busy = False
+            self._state = State.BETWEEN_RUNS
+            self._known.clear()  # dropping the weak refs also drops their callbacks
+            context, self._run_context = self._run_context, None
+            if context is not None:
+                context.__exit__(None, None, None)
+
     def _finish(self, error: str) -> None:
-        """Write the tables that stayed editable, then close the trace."""
-        was_recording = self._state is State.RECORDING
+        """End the current run if one is open, then write the modules and close the trace."""
+        if self._state is State.RECORDING:
+            self._end_run(error)
         self._state = State.DONE
-        self._known.clear()  # dropping the weak refs also drops their callbacks
-        writer = self._writer
+        self._known.clear()
+        writer, self._writer = self._writer, None
         if writer is None:
             return
         self._busy = True
         try:
-            if was_recording:
-                now = perf_counter_ns()
-                last = len(self._steps) - 1
-                if last >= 0 and self._steps.get(last, "end_ns") == -1:
-                    self._steps.set(last, "end_ns", now)
-                for buf in (self._ops, self._mem, self._saved):
-                    buf.flush()
-                for table in (self._storages, self._calls, self._steps):
-                    self._sink(table.table, table.as_columns())
             writer.append_modules(
                 {k: np.asarray(v, dtype=np.int64) for k, v in self._module_cols.items()}
             )
-            self._run.set_attrs(steps_recorded=self.steps_recorded)
-            self._run.close(complete=not error)
             writer.update_meta(
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
@@ -339,7 +391,6 @@ class Recorder:
             writer.close(complete=not error, error=error)
         finally:
             self._busy = False
-            self._writer = None
 
     # ----------------------------------------------------------------- install / uninstall
 
@@ -355,6 +406,8 @@ class Recorder:
         self._hooks_cm = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks_cm.__enter__()
         self._wrap_saved_tensor_hooks()
+        self._wrap_torch_recompute()
+        self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
 
@@ -365,6 +418,8 @@ class Recorder:
             if handle not in keep:
                 handle.remove()
         self._handles = keep
+        while self._restore:
+            self._restore.pop()()
         if self._orig_hooks_init is not None:
             torch.autograd.graph.saved_tensors_hooks.__init__ = self._orig_hooks_init  # type: ignore[method-assign]
             self._orig_hooks_init = None
@@ -376,6 +431,35 @@ class Recorder:
         if self._observer is not None and _get_current_dispatch_mode() is self._observer:
             self._observer.__exit__(None, None, None)
             self._observer = None
+
+    def _wrap_torch_recompute(self) -> None:
+        """Bracket torch.utils.checkpoint's recompute (see NOTE [ Recompute regions ])."""
+        hook_cls = getattr(torch.utils.checkpoint, "_recomputation_hook", None)
+        if hook_cls is None:
+            return  # a torch without it: module hooks still see module regions
+        enter, exit_ = hook_cls.__enter__, hook_cls.__exit__
+        rec = self
+
+        def wrapped_enter(hooks: Any) -> Any:
+            rec._recompute_enter(NO_INDEX, NO_INDEX)
+            return enter(hooks)
+
+        def wrapped_exit(hooks: Any, *exc: Any) -> Any:
+            try:
+                return exit_(hooks, *exc)
+            finally:
+                rec._recompute_exit()
+
+        hook_cls.__enter__, hook_cls.__exit__ = wrapped_enter, wrapped_exit
+        self._restore.append(lambda: _set_enter_exit(hook_cls, enter, exit_))
+
+    def _listen_to_ckpt_runtime(self) -> None:
+        try:
+            from ckpt_runtime import markers
+        except ImportError:  # an older ckpt_runtime without markers
+            return
+        handle = markers.add_listener(self)
+        self._restore.append(handle.remove)
 
     def _wrap_saved_tensor_hooks(self) -> None:
         """See NOTE [ Cooperating with other saved-tensor hooks ]."""
@@ -410,6 +494,13 @@ class Recorder:
     # ----------------------------------------------------------------- steps and phases
 
     def _start_recording(self) -> None:
+        """Begin the next run at a step boundary: enter its context, note what exists."""
+        if self._state is State.BETWEEN_RUNS:
+            self._begin_run_tables()
+        spec = self.runs[self._run_index]
+        if spec.context is not None:
+            self._run_context = spec.context(self)
+            self._run_context.__enter__()
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
         for p in list(self._param_owner.keys()):
@@ -433,28 +524,110 @@ class Recorder:
         elif self._state is State.RECORDING:
             self._steps.set(len(self._steps) - 1, "end_ns", now)
             self._step += 1
+            self._steps_in_run += 1
             self.steps_recorded += 1
             self._progress.step_done()
-            if self.steps_recorded >= self.steps:
-                self._finish("")
-                # Optimizer hooks are being iterated right now: they stay, inert, until close().
-                self._uninstall(keep_optimizer_hooks=True)
-                self._progress.close()
-                if self.stop_after:
-                    raise StopScript
-            else:
+            if self._steps_in_run < self.steps:
                 self._open_step(now)
                 if now - self._last_file_flush > _FILE_FLUSH_NS:
                     self._flush_file(now)
+                return
+            self._end_run("")
+            self._run_index += 1
+            if self._run_index < len(self.runs):
+                self._start_recording()
+                return
+            self._finish("")
+            # Optimizer hooks are being iterated right now: they stay, inert, until close().
+            self._uninstall(keep_optimizer_hooks=True)
+            self._progress.close()
+            if self.stop_after:
+                raise StopScript
 
     def _enter_backward(self) -> None:
         self._in_backward = True
         self._top_phase = _BACKWARD
         torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
 
+    # NOTE [ Recompute regions ]
+    # A region opens when the recompute depth goes 0 -> 1 and closes at 1 -> 0. Three sources
+    # nest inside each other and all count: ckpt_runtime's markers (they know the region id and
+    # target), torch.utils.checkpoint's recomputation hook (non-reentrant; no target), and
+    # module forward calls inside backward (reentrant checkpoint, or the first module of a
+    # region that no outer source named). Ops while the depth is above 0 are RECOMPUTE.
+
+    def _recompute_enter(self, region: int, module: int, name: str | None = None) -> None:
+        if self._recompute_depth == 0 and self._state is State.RECORDING:
+            label = self._intern(name or (self._module_display(module) if module >= 0 else ""))
+            self._open_region = self._regions.append(
+                (region, module, label, self._step, perf_counter_ns(), -1, self._n_ops, -1)
+            )
+            self._region_inferred = module == NO_INDEX and name is None
+        elif self._region_inferred and module >= 0 and self._open_region != NO_INDEX:
+            # A region opened without a target (torch's recompute of `layer.forward`, as HF
+            # does) belongs to the common ancestor of the modules it runs.
+            current = self._regions.get(self._open_region, "module")
+            owner = module if current == NO_INDEX else self._common_ancestor(current, module)
+            if owner != current:
+                self._regions.set(self._open_region, "module", owner)
+                self._regions.set(
+                    self._open_region, "name", self._intern(self._module_display(owner))
+                )
+        self._recompute_depth += 1
+
+    def _common_ancestor(self, a: int, b: int) -> int:
+        parents = self._module_cols["parent"]
+        ancestors = set()
+        while a != NO_INDEX:
+            ancestors.add(a)
+            a = parents[a]
+        while b != NO_INDEX and b not in ancestors:
+            b = parents[b]
+        return b
+
+    def _recompute_exit(self) -> None:
+        self._recompute_depth = max(0, self._recompute_depth - 1)
+        if self._recompute_depth == 0:
+            self._close_region()
+
+    def _close_region(self) -> None:
+        if self._open_region != NO_INDEX and self._state is State.RECORDING:
+            self._regions.set(self._open_region, "end_ns", perf_counter_ns())
+            self._regions.set(self._open_region, "end_op", self._n_ops)
+        self._open_region = NO_INDEX
+
+    # Listener protocol of ckpt_runtime.markers.
+    def on_recompute_begin(self, region_id: int, target: object) -> None:
+        module = self._module_rows.get(target) if isinstance(target, torch.nn.Module) else None
+        name = None if module is not None else getattr(target, "__qualname__", repr(target))
+        self._recompute_enter(region_id, NO_INDEX if module is None else module, name)
+
+    def on_recompute_end(self, region_id: int, target: object) -> None:
+        self._recompute_exit()
+
+    def _module_display(self, row: int) -> str:
+        path = self._module_paths[row]
+        root = row
+        while self._module_cols["parent"][root] != NO_INDEX:
+            root = self._module_cols["parent"][root]
+        type_name = self._root_types[root]
+        return f"{type_name}.{path}" if path else type_name
+
+    def main_model(self) -> torch.nn.Module:
+        """The root module with the most parameters seen so far: the script's model."""
+        roots = [
+            (sum(p.numel() for p in m.parameters()), i, m)
+            for i, ref in enumerate(self._module_refs)
+            if self._module_cols["parent"][i] == NO_INDEX and (m := ref()) is not None
+        ]
+        if not roots:
+            raise RuntimeError("no model found: no nn.Module ran forward before recording began")
+        return max(roots, key=lambda r: (r[0], -r[1]))[2]
+
     def _on_backward_end(self) -> None:
         self._in_backward = False
         self._recompute_depth = 0
+        self._close_region()
         self._top_phase = _OTHER
         self._pending_backward_end = True
         if self._state is State.RECORDING:
@@ -479,6 +652,8 @@ class Recorder:
         row = self._module_rows.get(module)
         if row is None:
             row = self._register_module(module)
+        if not self._in_backward and _current_autograd_node() is not None:
+            self._enter_backward()  # a recompute before backward's first op
         if not self._stack and not self._in_backward:
             if self._pending_backward_end and not self._optimizer_seen:
                 self._end_step()  # a backward-only loop: the next forward starts a step
@@ -496,7 +671,7 @@ class Recorder:
             (module_row, parent, phase, self._step, perf_counter_ns(), -1, seq, -1)
         )
         if phase == _RECOMPUTE:
-            self._recompute_depth += 1
+            self._recompute_enter(NO_INDEX, module_row)
         else:
             self._fw_seq_begin.append(seq)
             self._fw_calls.append(call)
@@ -511,7 +686,7 @@ class Recorder:
             calls.set(call, "end_ns", perf_counter_ns())
             calls.set(call, "seq_end", _get_sequence_nr())
             if calls.get(call, "phase") == _RECOMPUTE:
-                self._recompute_depth = max(0, self._recompute_depth - 1)
+                self._recompute_exit()
 
     def _register_module(self, module: torch.nn.Module) -> int:
         """Register a module (and, for a new root, its whole tree); return its row."""
@@ -545,6 +720,7 @@ class Recorder:
             cols = self._module_cols
             cols["path"].append(self._intern(sub_path))
             cols["type"].append(self._intern(type(sub).__name__))
+            self._root_types[rows[sub]] = type(sub).__name__
             cols["parent"].append(sub_parent)
             params = list(sub.parameters(recurse=False))
             cols["param_bytes"].append(sum(p.nbytes for p in params))
@@ -564,7 +740,7 @@ class Recorder:
             if not self._in_backward:
                 self._enter_backward()
             if self._recompute_depth:
-                phase, call = _RECOMPUTE, stack[-1][1]
+                phase, call = _RECOMPUTE, stack[-1][1] if stack else NO_INDEX
             else:
                 phase = _BACKWARD
                 if node is not None:
@@ -804,6 +980,10 @@ class Recorder:
             shape = "x".join(map(str, t.shape)) or "scalar"
             ids = self._layouts[key] = (self._intern(dtype), self._intern(shape))
         return ids
+
+
+def _set_enter_exit(cls: Any, enter: Any, exit_: Any) -> None:
+    cls.__enter__, cls.__exit__ = enter, exit_
 
 
 def _forget_in_child(recorder: weakref.ref[Recorder]) -> None:

@@ -23,6 +23,8 @@ SAMPLES: dict[str, tuple[str, list[str], list[str]]] = {
     "transformer": ("transformer.py", ["--steps", "2"], []),
     "transformer_checkpointed": ("transformer.py", ["--steps", "2"], ["--checkpoint"]),
     "gpt2": ("gpt2.py", ["--steps", "2"], []),
+    "transformer_compare": ("transformer.py", ["--steps", "1", "--compare"], ["--checkpoint"]),
+    "gpt2_compare": ("gpt2.py", ["--steps", "1", "--compare"], ["--checkpoint"]),
 }
 
 

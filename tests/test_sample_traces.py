@@ -23,12 +23,14 @@ def test_there_are_sample_traces() -> None:
 def test_sample_trace_is_valid_and_summarises(path: Path) -> None:
     report = validate_trace(path)
     assert report.ok, report.problems
-    tables = read_run(path)
-    assert tables["meta"].complete and tables["meta"].steps_recorded == 2
-    summary = summarize_run(tables, tables["modules"], tables["strings"])
-    assert summary.peak_bytes > summary.baseline_bytes > 0
     with open_trace(path) as trace:
-        assert trace.run_names == ["main"]
+        runs = trace.run_names
+    assert runs in (["main"], ["baseline", "checkpointed"])
+    for run in runs:
+        tables = read_run(path, run)
+        assert tables["meta"].complete and tables["meta"].steps_recorded == 2
+        summary = summarize_run(tables, tables["modules"], tables["strings"])
+        assert summary.peak_bytes > summary.baseline_bytes > 0
 
 
 def test_checkpointing_shows_in_the_traces() -> None:

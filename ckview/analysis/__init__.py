@@ -4,7 +4,7 @@ No files, no widgets, no torch: the CLI, the GUI and the tests all drive these t
 """
 
 from ckview.analysis.breakdown import bytes_by_category, bytes_by_module, module_paths
-from ckview.analysis.summary import NO_MODULE, RunSummary, summarize_run
+from ckview.analysis.summary import NO_MODULE, RunSummary, phase_time_ns, summarize_run
 from ckview.analysis.timeline import (
     MemoryTimeline,
     Peak,
@@ -28,6 +28,7 @@ __all__ = [
     "memory_timeline",
     "module_paths",
     "parse_bytes",
+    "phase_time_ns",
     "step_allocated_peaks",
     "summarize_run",
 ]

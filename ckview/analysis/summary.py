@@ -23,7 +23,7 @@ from ckview.analysis.timeline import (
     step_allocated_peaks,
     step_segments,
 )
-from ckview.trace.schema import NO_INDEX, Category
+from ckview.trace.schema import NO_INDEX, Category, Phase
 
 Table = Mapping[str, np.ndarray]
 
@@ -50,6 +50,10 @@ class RunSummary:
     activation_bytes_saved: int
     n_ops: int
     n_memory_events: int
+    recompute_ns: int
+    """Time spent recomputing checkpointed regions in backward (sum of RECOMPUTE op times)."""
+    step_ns: int
+    """Total time of the recorded steps."""
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict (lists instead of tuples)."""
@@ -85,7 +89,16 @@ def summarize_run(
         activation_bytes_saved=categories[Category.ACTIVATION],
         n_ops=len(tables["ops"]["name"]),
         n_memory_events=len(events["kind"]),
+        recompute_ns=phase_time_ns(tables["ops"], Phase.RECOMPUTE),
+        step_ns=int(np.sum(tables["steps"]["end_ns"] - tables["steps"]["start_ns"])),
     )
+
+
+def phase_time_ns(ops: Table, phase: Phase) -> int:
+    """Summed duration of the ops of one phase (ops do not nest: the recorder sees top-level
+    aten ops only)."""
+    mask = np.asarray(ops["phase"]) == phase
+    return int(np.sum(np.asarray(ops["end_ns"])[mask] - np.asarray(ops["start_ns"])[mask]))
 
 
 def _label(paths: Sequence[str], module: int) -> str:

@@ -36,6 +36,19 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stop-after", action="store_true", help="end the script once the steps are recorded"
     )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="record run 'baseline' (checkpointing bypassed), then run 'checkpointed' (as the "
+        "script does it)",
+    )
+    p.add_argument(
+        "--plan",
+        action="append",
+        metavar="PLAN",
+        help="also record a run with this checkpoint plan applied to the script's model: a plan "
+        "file or a preset (none, all, every:K, sqrt); repeatable",
+    )
     p.add_argument("--no-progress", action="store_true", help="do not show progress on stderr")
     p.add_argument(
         "-m", dest="module", action="store_true", help="TARGET is a module, as python -m"
@@ -69,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     from recorder import Recorder, run_script
 
+    runs = _runs(args.compare, args.plan or [])
     command = ["ckview", "record", *sys.argv[2:]] if sys.argv[1:2] == ["record"] else sys.argv
     recorder = Recorder(
         output,
@@ -76,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         stop_after=args.stop_after,
         command=command,
+        runs=runs,
         progress=not args.no_progress,
     )
     try:
@@ -109,6 +124,50 @@ def _report(output: Path, steps: int, args: argparse.Namespace, error: str | Non
     elif steps < args.steps:
         print(f"ckview: the script ended after {steps} of {args.steps} steps", file=sys.stderr)
     print(f"ckview: wrote {output} ({steps} steps); next: ckview summary {output}", file=sys.stderr)
+
+
+def _runs(compare: bool, plans: list[str]) -> list[Any]:
+    """The runs to record, in order; see docs/recording.md "Runs"."""
+    from recorder import RunSpec
+
+    runs = []
+    if compare:
+        from ckpt_runtime.bypass import bypass
+
+        runs += [RunSpec("baseline", lambda rec: bypass()), RunSpec("checkpointed")]
+    for source in plans:
+        plan = _load_plan(source)
+        runs.append(RunSpec(f"plan:{plan.name}", _plan_context(plan)))
+    return runs
+
+
+def _load_plan(source: str) -> Any:
+    from ckpt_runtime.plan import PlanError, load_plan
+
+    try:
+        return load_plan(source)
+    except PlanError as exc:
+        raise CLIError(str(exc)) from None
+    except OSError as exc:
+        raise CLIError(f"cannot read plan {source}: {exc.strerror or exc}") from None
+
+
+def _plan_context(plan: Any) -> Any:
+    """Apply ``plan`` to the recorder's main model for one run, then remove it."""
+    from contextlib import contextmanager
+
+    from ckpt_runtime.plan import apply_plan, remove_plan
+
+    @contextmanager
+    def applied(recorder: Any) -> Any:
+        model = recorder.main_model()
+        applied_plan = apply_plan(model, plan)
+        try:
+            yield applied_plan
+        finally:
+            remove_plan(model)
+
+    return applied
 
 
 def _check_target(target: str, module: bool) -> None:

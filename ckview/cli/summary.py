@@ -54,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
-    print(_header(args.trace, meta))
+    print(_header(args.trace, meta, len(runs)))
+    if len(runs) > 1:
+        print()
+        print(_comparison({name: summary for name, (summary, _) in runs.items()}))
     for name, (summary, phase) in runs.items():
         print()
         print(_format_run(name, summary, phase))
@@ -80,13 +83,33 @@ def _jsonable(meta: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(meta).items()}
 
 
-def _header(path: Path, meta: Any) -> str:
+def _header(path: Path, meta: Any, n_runs: int) -> str:
     state = "complete" if meta.complete else f"INCOMPLETE: {meta.error}"
     return (
-        f"{path}: {meta.steps_recorded} step(s) recorded on {meta.device} "
+        f"{path}: {meta.steps_recorded} step(s) recorded on {meta.device} in {n_runs} run(s) "
         f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}\n"
         f"command: {' '.join(meta.command)}"
     )
+
+
+def _comparison(runs: dict[str, Any]) -> str:
+    """The runs side by side: peak, activations at the peak, recompute time."""
+    from ckview.analysis import format_bytes as fb
+
+    first = next(iter(runs.values()))
+    width = max(len(n) for n in runs) + 2
+    lines = [
+        f"{'run':<{width}}{'peak':>11}{'vs ' + next(iter(runs)):>16}{'activations':>13}"
+        f"{'recompute':>12}{'of step time':>14}"
+    ]
+    for name, s in runs.items():
+        change = (s.peak_bytes - first.peak_bytes) / first.peak_bytes if first.peak_bytes else 0
+        share = s.recompute_ns / s.step_ns if s.step_ns else 0.0
+        lines.append(
+            f"{name:<{width}}{fb(s.peak_bytes):>11}{change:>+15.1%} "
+            f"{fb(s.activation_bytes_saved):>12}{s.recompute_ns / 1e6:>9.1f} ms{share:>13.1%}"
+        )
+    return "\n".join(lines)
 
 
 def _format_run(name: str, s: Any, phase: str) -> str:
@@ -97,7 +120,8 @@ def _format_run(name: str, s: Any, phase: str) -> str:
         f"  peak        {fb(s.peak_bytes):>11}  at {s.peak_time_ns / 1e6:.1f} ms "
         f"(step {s.peak_step}, {phase})",
         f"  at start    {fb(s.baseline_bytes):>11}",
-        f"  ops {s.n_ops}, memory events {s.n_memory_events}",
+        f"  ops {s.n_ops}, memory events {s.n_memory_events}, "
+        f"recompute {s.recompute_ns / 1e6:.1f} ms of {s.step_ns / 1e6:.1f} ms",
         "  at the peak, by category:",
     ]
     for category, nbytes in sorted(s.by_category.items(), key=lambda kv: -kv[1]):

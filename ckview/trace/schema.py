@@ -145,6 +145,16 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         _c("alloc_ns", "<i8", "time of allocation, -1 if it existed before recording"),
         _c("free_ns", "<i8", "time it was freed, -1 if still alive when recording stopped"),
     ),
+    "recompute_regions": (
+        _c("region", "<i8", "id of the checkpoint call (ckpt_runtime markers), -1 if unknown"),
+        _c("module", "<i4", "row in 'modules' of the region's module, -1 for a plain function"),
+        _c("name", "<i4", "string id: the module path or the function's qualified name"),
+        _c("step", "<i4", "step number"),
+        _c("start_ns", "<i8", "time the recompute began (inside backward)"),
+        _c("end_ns", "<i8", "time the recompute ended, -1 if it never did"),
+        _c("first_op", "<i4", "row in 'ops' of the first op of the recompute"),
+        _c("end_op", "<i4", "row in 'ops' after the last op of the recompute"),
+    ),
     "saved_events": (
         _c("kind", "<u1", "SavedEventKind"),
         _c("storage", "<i4", "row in 'storages' of the saved tensor's storage"),
@@ -197,6 +207,7 @@ REFERENCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("storages", "op"): ("ops", True),
     ("storages", "module_call"): ("module_calls", True),
     ("storages", "module"): ("modules", True),
+    ("recompute_regions", "module"): ("modules", True),
     ("saved_events", "storage"): ("storages", False),
     ("saved_events", "op"): ("ops", True),
     ("saved_events", "module_call"): ("module_calls", True),
@@ -208,6 +219,7 @@ STRING_COLUMNS: dict[str, tuple[str, ...]] = {
     "ops": ("name",),
     "storages": ("device", "dtype", "shape"),
     "saved_events": ("shape", "dtype"),
+    "recompute_regions": ("name",),
 }
 
 #: Columns holding enum values, ``(table, column) -> enum``.

@@ -1,0 +1,70 @@
+"""Runs of the same step with and without checkpointing in one trace (`record --compare`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckview.analysis import summarize_run
+from ckview.trace import open_trace
+from ckview.trace.schema import Phase
+from tests.conftest import read_run
+from tests.test_cli import ckview
+
+
+def _peak(tables: dict) -> int:
+    return summarize_run(tables, tables["modules"], tables["strings"]).peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("example", "blocks"),
+    [
+        ("transformer", [f"CausalLM.encoder.layers.{i}" for i in (3, 2, 1, 0)]),
+        ("gpt2", [f"GPT2LMHeadModel.transformer.h.{i}" for i in (3, 2, 1, 0)]),
+    ],
+)
+def test_compare_records_baseline_and_checkpointed(
+    example: str, blocks: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "cmp.h5"
+    proc = ckview(
+        "record", f"examples/{example}.py", "-o", str(out), "--compare", "--", "--checkpoint"
+    )
+    assert proc.returncode == 0, proc.stderr
+    with open_trace(out) as trace:
+        assert trace.run_names == ["baseline", "checkpointed"]
+    baseline, checkpointed = read_run(out, "baseline"), read_run(out, "checkpointed")
+    # The baseline bypasses the script's checkpointing: no recompute, a higher peak.
+    assert not (baseline["ops"]["phase"] == Phase.RECOMPUTE).any()
+    assert len(baseline["recompute_regions"]["step"]) == 0
+    assert _peak(checkpointed) < 0.7 * _peak(baseline)
+    regions = checkpointed["recompute_regions"]
+    assert [checkpointed["strings"][i] for i in regions["name"]] == blocks
+    # Ops inside each region are the recompute.
+    phases = checkpointed["ops"]["phase"]
+    for first, end in zip(regions["first_op"], regions["end_op"], strict=True):
+        assert end > first and (phases[first:end] == Phase.RECOMPUTE).all()
+    # The same forward ops in both runs, in the same order (aligned by position).
+    fwd = [
+        run["ops"]["name"][run["ops"]["phase"] == Phase.FORWARD] for run in (baseline, checkpointed)
+    ]
+    names = [[baseline["strings"][i] for i in fwd[0]], [checkpointed["strings"][i] for i in fwd[1]]]
+    assert [n for n in names[0] if n != "aten.detach.default"] == [
+        n for n in names[1] if n != "aten.detach.default"
+    ]
+    summary = json.loads(ckview("summary", str(out), "--json").stdout)["runs"]
+    assert summary["checkpointed"]["recompute_ns"] > 0 == summary["baseline"]["recompute_ns"]
+
+
+def test_compare_keeps_losses(tmp_path: Path) -> None:
+    plain = ckview("record", "examples/mlp.py", "-o", str(tmp_path / "a.h5"), "--", "--depth", "2")
+    cmp = ckview(
+        "record", "examples/mlp.py", "-o", str(tmp_path / "b.h5"), "--compare",
+        "--", "--depth", "2", "--checkpoint",
+    )  # fmt: skip
+    assert plain.returncode == cmp.returncode == 0
+    assert plain.stdout == cmp.stdout
+    assert np.isfinite([float(line.split()[-1]) for line in cmp.stdout.splitlines()]).all()
