@@ -70,6 +70,7 @@ from ckview.trace.schema import (
     NO_INDEX,
     RUN_TABLES,
     Category,
+    IOKind,
     MemoryEventKind,
     Phase,
     SavedEventKind,
@@ -93,6 +94,7 @@ _ST_FREE_NS = [c.name for c in RUN_TABLES["storages"]].index("free_ns")
 _ST_MODULE = [c.name for c in RUN_TABLES["storages"]].index("module")
 _CALL_WIDTH = len(RUN_TABLES["module_calls"])  # column 0 of a call row is its module
 _ACTIVATION = int(Category.ACTIVATION)
+_INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 _FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -311,6 +313,7 @@ class Recorder:
         self._ops = RowBuffer("ops", self._sink)
         self._mem = RowBuffer("memory_events", self._sink)
         self._saved = RowBuffer("saved_events", self._sink)
+        self._io = RowBuffer("module_io", self._sink)
         self._storages = MutableTable("storages")
         self._st_data = self._storages.data
         self._calls = MutableTable("module_calls")
@@ -343,7 +346,7 @@ class Recorder:
     def _flush(self) -> None:
         self._busy = True
         try:
-            for buf in (self._ops, self._mem, self._saved):
+            for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
         finally:
             self._busy = False
@@ -356,7 +359,7 @@ class Recorder:
             last = len(self._steps) - 1
             if last >= 0 and self._steps.get(last, "end_ns") == -1:
                 self._steps.set(last, "end_ns", now)
-            for buf in (self._ops, self._mem, self._saved):
+            for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
@@ -661,6 +664,7 @@ class Recorder:
         call = NO_INDEX
         if self._state is State.RECORDING:
             call = self._open_call(row)
+            self._note_io(call, args, _INPUT_IO)
         self._stack.append((row, call))
 
     def _open_call(self, module_row: int) -> int:
@@ -682,11 +686,24 @@ class Recorder:
             return  # the matching pre-hook ran before we were installed
         _, call = self._stack.pop()
         if call != NO_INDEX and self._state is State.RECORDING:
+            self._note_io(call, output, _OUTPUT_IO)
             calls = self._calls
             calls.set(call, "end_ns", perf_counter_ns())
             calls.set(call, "seq_end", _get_sequence_nr())
             if calls.get(call, "phase") == _RECOMPUTE:
                 self._recompute_exit()
+
+    def _note_io(self, call: int, value: Any, kind: int) -> None:
+        """Record the storages of the tensors going into or out of a module call."""
+        now = perf_counter_ns()
+        for t in _tensors_in(value):
+            st = _storage_of(t)
+            if st is None:
+                continue
+            ref = self._known.get(st._cdata)
+            sid = self._register_existing(t, st, _OTHER, now) if ref is None else ref.sid
+            if sid is not None:
+                self._io.data.extend((call, sid, kind))
 
     def _register_module(self, module: torch.nn.Module) -> int:
         """Register a module (and, for a new root, its whole tree); return its row."""
@@ -980,6 +997,25 @@ class Recorder:
             shape = "x".join(map(str, t.shape)) or "scalar"
             ids = self._layouts[key] = (self._intern(dtype), self._intern(shape))
         return ids
+
+
+def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """Tensors in a module's arguments or result: plain, or one level into tuples, lists,
+    dicts (HF ``ModelOutput`` is one) and dataclasses."""
+    if isinstance(value, _Tensor):
+        yield value
+        return
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, (tuple, list)):
+        items = value
+    elif hasattr(value, "__dataclass_fields__"):
+        items = (getattr(value, f) for f in value.__dataclass_fields__)
+    else:
+        return
+    for item in items:
+        if isinstance(item, _Tensor):
+            yield item
 
 
 def _set_enter_exit(cls: Any, enter: Any, exit_: Any) -> None:

@@ -259,3 +259,22 @@ def test_mark_step_by_hand(tmp_path: Path) -> None:
             rec.mark_step()
     assert rec.steps_recorded == 2
     assert len(read_run(tmp_path / "t.h5")["steps"]["step"]) == 2
+
+
+def test_module_inputs_and_outputs(tmp_path: Path) -> None:
+    from ckview.trace.schema import IOKind
+
+    model = _mlp()
+    with Recorder(tmp_path / "t.h5", steps=1, warmup=1, progress=False):
+        _train(model, 2)
+    tables = read_run(tmp_path / "t.h5")
+    io, calls, st = tables["module_io"], tables["module_calls"], tables["storages"]
+    nbytes = dict.fromkeys(range(len(calls["module"])), 0)
+    for call, storage, kind in zip(io["call"], io["storage"], io["kind"], strict=True):
+        if kind == IOKind.INPUT:
+            nbytes[int(call)] += int(st["nbytes"][storage])
+    # Each call of the Sequential (module row 0) gets the 16x64 batch; its first layer too.
+    root_calls = np.flatnonzero(calls["module"] == 0)
+    assert [nbytes[int(c)] for c in root_calls] == [16 * 64 * 4]
+    outputs = io["storage"][(io["call"] == root_calls[0]) & (io["kind"] == IOKind.OUTPUT)]
+    assert [int(st["nbytes"][s]) for s in outputs] == [16 * 32 * 4]

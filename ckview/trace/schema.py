@@ -70,6 +70,11 @@ class MemoryEventKind(IntEnum):
     SEEN = 2  # first sight of a storage that existed before recording began (it is not an alloc)
 
 
+class IOKind(IntEnum):
+    INPUT = 0  # a tensor passed to the module call (positional or keyword)
+    OUTPUT = 1  # a tensor in what the call returned (tuples, lists, dicts, dataclasses)
+
+
 class SavedEventKind(IntEnum):
     PACK = 0  # autograd saved the tensor for backward
     UNPACK = 1  # backward read it back
@@ -112,6 +117,11 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         _c("end_ns", "<i8", "time of the forward hook, -1 if the call never returned"),
         _c("seq_begin", "<i8", "autograd sequence number when the call began"),
         _c("seq_end", "<i8", "autograd sequence number when the call ended"),
+    ),
+    "module_io": (
+        _c("call", "<i4", "row in 'module_calls'"),
+        _c("storage", "<i4", "row in 'storages' of a tensor argument or result of the call"),
+        _c("kind", "<u1", "IOKind: INPUT (an argument) or OUTPUT (in the result)"),
     ),
     "ops": (
         _c("name", "<i4", "string id of the aten op, e.g. 'aten.mm.default'"),
@@ -208,6 +218,8 @@ REFERENCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("storages", "module_call"): ("module_calls", True),
     ("storages", "module"): ("modules", True),
     ("recompute_regions", "module"): ("modules", True),
+    ("module_io", "call"): ("module_calls", False),
+    ("module_io", "storage"): ("storages", False),
     ("saved_events", "storage"): ("storages", False),
     ("saved_events", "op"): ("ops", True),
     ("saved_events", "module_call"): ("module_calls", True),
@@ -227,6 +239,7 @@ ENUM_COLUMNS: dict[tuple[str, str], type[IntEnum]] = {
     ("module_calls", "phase"): Phase,
     ("ops", "phase"): Phase,
     ("memory_events", "kind"): MemoryEventKind,
+    ("module_io", "kind"): IOKind,
     ("storages", "category"): Category,
     ("saved_events", "kind"): SavedEventKind,
 }
