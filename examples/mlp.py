@@ -40,10 +40,13 @@ class ResidualMLP(nn.Module):
         self.checkpoint = checkpoint
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            # With checkpointing only the block input is kept; the activations inside
-            # the block are recomputed during backward.
-            x = checkpoint(block, x, use_reentrant=False) if self.checkpoint else block(x)
+        if self.checkpoint:
+            for block in self.blocks:
+                # Only the block input is kept; the activations inside the block are
+                # recomputed during backward.
+                x = checkpoint(block, x, use_reentrant=False)
+        else:
+            x = self.blocks(x)  # calling the Sequential lets a ckview plan segment it
         return self.head(self.norm(x))
 
 

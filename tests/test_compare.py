@@ -68,3 +68,47 @@ def test_compare_keeps_losses(tmp_path: Path) -> None:
     assert plain.returncode == cmp.returncode == 0
     assert plain.stdout == cmp.stdout
     assert np.isfinite([float(line.split()[-1]) for line in cmp.stdout.splitlines()]).all()
+
+
+def test_plan_runs_lower_the_peak_as_planned_and_keep_losses(tmp_path: Path) -> None:
+    out = tmp_path / "plans.h5"
+    plain = ckview("record", "examples/transformer.py", "-o", str(tmp_path / "p.h5"))
+    proc = ckview(
+        "record", "examples/transformer.py", "-o", str(out), "--plan", "none", "--plan", "sqrt",
+        "--plan", "all",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout  # the plans change memory, never the losses
+    with open_trace(out) as trace:
+        assert trace.run_names == ["plan:none", "plan:sqrt", "plan:all"]
+    runs = {name: read_run(out, name) for name in ("plan:none", "plan:sqrt", "plan:all")}
+    peaks = {name: _peak(tables) for name, tables in runs.items()}
+    assert peaks["plan:all"] < peaks["plan:sqrt"] < peaks["plan:none"]
+    assert len(runs["plan:none"]["recompute_regions"]["step"]) == 0
+    regions = runs["plan:all"]["recompute_regions"]
+    assert len(regions["step"]) == 4 and (regions["region"] >= 0).all()  # ckpt_runtime markers
+
+
+def test_plan_file_and_bad_plans(tmp_path: Path) -> None:
+    plan = tmp_path / "two.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "format": "ckview-plan",
+                "version": 1,
+                "name": "two",
+                "regions": [{"module": "encoder.layers.0"}, {"module": "encoder.layers.1"}],
+            }
+        )
+    )
+    out = tmp_path / "t.h5"
+    proc = ckview("record", "examples/transformer.py", "-o", str(out), "--plan", str(plan))
+    assert proc.returncode == 0, proc.stderr
+    regions = read_run(out, "plan:two")["recompute_regions"]
+    assert len(regions["step"]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "something-else"}')
+    for source in (str(bad), str(tmp_path / "missing.json"), "every:zero"):
+        proc = ckview("record", "examples/transformer.py", "-o", str(out), "--plan", source)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
