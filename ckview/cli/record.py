@@ -75,6 +75,8 @@ def _split_script_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _split_script_args(args)
+    if args.plan and args.warmup == 0:
+        raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
     _check_target(args.target, args.module)
     output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}.h5")
     if not output.parent.exists():
