@@ -158,7 +158,7 @@ def _plan_context(plan: Any) -> Any:
     """Apply ``plan`` to the recorder's main model for one run, then remove it."""
     from contextlib import contextmanager
 
-    from ckpt_runtime.plan import apply_plan, remove_plan
+    from ckpt_runtime.apply import apply_plan, remove_plan
 
     @contextmanager
     def applied(recorder: Any) -> Any:

@@ -1,0 +1,493 @@
+"""Resolve a checkpoint plan against a model, and apply it to (or remove it from) the model.
+
+``apply_plan(model, "sqrt")`` makes every selected region of ``model`` run through
+``ckpt_runtime.checkpoint``, in place and per instance (classes are never modified);
+``remove_plan(model)`` undoes it exactly. The plan format itself lives in
+:mod:`ckpt_runtime.plan` (docs/plan-format.md).
+
+NOTE [ A module region is the whole module call ]
+A module region checkpoints ``module(*args, **kwargs)`` as a whole, exactly like the idiom
+``checkpoint(module, *args, **kwargs)``: the module's forward pre-hooks, forward and forward
+hooks all run inside the checkpoint, so they fire in forward and again in the recompute. (Pre-
+hooks always do; checkpoint stops a recompute as soon as every tensor saved in forward is back,
+so the forward hooks of the region and of its last modules are skipped in the recompute unless
+registered with ``always_call=True``.) We get there by setting ``_call_impl`` on the instance
+(``nn.Module.__call__`` looks it up on ``self``), not ``forward``: patching ``forward`` would
+leave the module's hooks outside the checkpoint. Why hooks inside: a ``plan:<name>`` run must
+look like the ``checkpointed`` run of a script using the idiom (the recorder sees the region's
+own module call again in the recompute, and an op of the block's own forward body is
+attributed to the recompute, not to backward). The cost: a stateful hook (e.g. one that logs
+activations) sees the region twice per step. Calls with gradients disabled (``torch.no_grad``,
+inference) run plainly, without checkpoint. Keyword arguments are passed to the checkpointed
+function positionally, so tensor keyword arguments are checkpoint inputs (needed by
+``use_reentrant=True``) and can never collide with checkpoint's own keywords.
+
+NOTE [ Nesting of regions ]
+Regions may nest: a module region inside another module region or inside a segment, and a
+segment of an ``nn.Sequential`` that lies inside a region, are all allowed. The inner region is
+checkpointed inside the outer one: in forward only the outer region's inputs are kept; when
+backward reaches the outer region, its recompute runs the inner region in checkpointed form
+(keeping only the inner region's inputs), and the inner region is recomputed once more when
+backward reaches it. The inner modules thus run three times per step instead of two, for a
+lower peak while the outer region is being differentiated. Not allowed, because they cannot nest
+or would only add compute: overlapping segments of one ``nn.Sequential`` (one checkpoint call
+runs one contiguous range; checked by :class:`ckpt_runtime.plan.Plan`), and two regions that
+checkpoint the same computation (a module region on the only child of a one-child segment, or
+on an ``nn.Sequential`` that one segment covers entirely). Several patterns matching one module
+are merged into one region. A module shared at several paths is patched once (all its calls are
+checkpointed); patterns only see the path ``named_modules()`` lists for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from types import FrameType, MethodType
+from typing import Any, TypeAlias
+
+import torch
+from torch import nn
+
+from ckpt_runtime.checkpoint import checkpoint, register_module_names
+from ckpt_runtime.plan import (
+    ModuleRegion,
+    Plan,
+    PlanError,
+    PlanOptions,
+    Region,
+    SegmentRegion,
+    escape_path,
+    load_plan,
+)
+from ckpt_runtime.presets import (
+    check_model,
+    has_sequential_forward,
+    join,
+    lookup,
+    resolve_preset,
+    suggest,
+)
+
+__all__ = ["AppliedPlan", "PlanSource", "apply_plan", "remove_plan", "resolve_plan"]
+
+PlanSource: TypeAlias = Plan | Mapping[str, Any] | str | os.PathLike[str]
+"""What ``apply_plan`` and ``resolve_plan`` accept: a Plan, a plan document (dict), a plan file
+path, or a preset string."""
+
+
+_MODULE_FILE = nn.Module.__call__.__code__.co_filename
+
+
+def _fail(message: str) -> PlanError:
+    return PlanError(" ".join(message.split()))
+
+
+def _as_plan(source: PlanSource) -> Plan:
+    if isinstance(source, Plan):
+        return source
+    if isinstance(source, Mapping):
+        return Plan.from_json(source)
+    if isinstance(source, str | os.PathLike):
+        return load_plan(source)
+    raise TypeError(
+        "a plan is a Plan, a plan document (dict), a plan file path or a preset string, "
+        f"got {type(source).__name__}"
+    )
+
+
+def _as_sequential(module: nn.Module) -> nn.Sequential:
+    assert isinstance(module, nn.Sequential)  # checked by _resolve
+    return module
+
+
+def _resolve(model: nn.Module, plan: Plan) -> tuple[Plan, dict[str, nn.Module]]:
+    """The concrete plan (exact module paths, model order) and its modules by path."""
+    if plan.is_preset:
+        assert plan.preset is not None
+        resolved = resolve_preset(
+            model, plan.preset, chain=plan.chain, options=plan.options, name=plan.name
+        )
+        plan = Plan(
+            resolved.name, resolved.regions, resolved.options, meta={**plan.meta, **resolved.meta}
+        )
+    named = list(model.named_modules())
+    paths = [p for p, _ in named]
+    by_path = dict(named)
+    order = {p: i for i, p in enumerate(paths)}
+    module_paths: set[str] = set()
+    segments: list[SegmentRegion] = []
+    for region in plan.regions:
+        if isinstance(region, ModuleRegion):
+            hits = [p for p in paths if region.matches(p)]
+            if not hits:
+                raise _fail(
+                    f"module pattern {region.pattern!r} matches no module of "
+                    f"{type(model).__name__}; {suggest(region.pattern, paths)}"
+                )
+            module_paths.update(hits)
+            continue
+        seq = lookup(model, region.sequential, "sequential")
+        if not isinstance(seq, nn.Sequential):
+            raise _fail(
+                f"segment {region}: {region.sequential!r} is a {type(seq).__name__}, not an "
+                "nn.Sequential; its children are called by its parent's code and cannot be "
+                "grouped, so checkpoint them one by one with "
+                f'{{"module": "{join(escape_path(region.sequential), "*")}"}}'
+            )
+        if not has_sequential_forward(seq):
+            raise _fail(
+                f"segment {region}: {type(seq).__name__} {region.sequential!r} has its own "
+                "forward (overridden or replaced), so its children may not run in order; "
+                "checkpoint its children as module regions instead"
+            )
+        if region.stop > len(seq):
+            raise _fail(
+                f"segment {region}: stop {region.stop} is past the end of "
+                f"{region.sequential!r}, which has {len(seq)} children"
+            )
+        segments.append(region)
+    for seg in segments:
+        seq = _as_sequential(by_path[seg.sequential])
+        same: str | None = None
+        if seg.stop - seg.start == 1:
+            child = join(seg.sequential, list(dict(seq.named_children()))[seg.start])
+            same = child if child in module_paths else None
+        if seg.start == 0 and seg.stop == len(seq) and seg.sequential in module_paths:
+            same = seg.sequential
+        if same is not None:
+            raise _fail(
+                f"module region {same or '<model>'!r} and segment {seg} checkpoint the same "
+                "computation; keep one of them (docs/plan-format.md, 3.3)"
+            )
+    regions: list[tuple[tuple[int, int, int], Region]] = [
+        ((order[p], 0, 0), ModuleRegion(escape_path(p))) for p in module_paths
+    ] + [((order[s.sequential], 1, s.start), s) for s in segments]
+    regions.sort(key=lambda kr: kr[0])
+    concrete = Plan(plan.name, tuple(r for _, r in regions), plan.options, meta=plan.meta)
+    return concrete, by_path
+
+
+def resolve_plan(model: nn.Module, plan: PlanSource) -> Plan:
+    """Resolve ``plan`` against ``model`` without applying it.
+
+    Returns a plan with concrete regions: presets expanded, patterns replaced by the exact
+    path of every module they match (merged, in ``named_modules()`` order), and every region
+    checked against the model. Raises :class:`PlanError` naming the problem.
+    """
+    return _resolve(check_model(model), _as_plan(plan))[0]
+
+
+# ----------------------------------------------------------------------------- patches
+# Patches are small callable objects stored on the module instances (no global registry), so
+# that remove_plan finds them by walking the model, and copy.deepcopy / pickle of a planned model
+# rebind them to the copy (a closure would keep pointing at the original module).
+
+
+def _call_flat(module: nn.Module, names: tuple[str, ...], *flat: Any) -> Any:
+    """``module``'s original call with the last ``len(names)`` of ``flat`` as keywords."""
+    n = len(flat) - len(names)
+    return type(module)._call_impl(module, *flat[:n], **dict(zip(names, flat[n:], strict=True)))
+
+
+class _RegionCall:
+    """Set as ``module._call_impl``: NOTE [ A module region is the whole module call ]."""
+
+    def __init__(self, module: nn.Module, path: str, options: PlanOptions, plan: str) -> None:
+        self.module, self.path, self.options, self.plan = module, path, options, plan
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        if not torch.is_grad_enabled():
+            return type(module)._call_impl(module, *args, **kwargs)
+        self.calls += 1
+        # A bound method of the module (in a partial), so that the recompute markers report
+        # the module as the region's target (ckpt_runtime.markers.region_target).
+        fn = partial(MethodType(_call_flat, module), tuple(kwargs))
+        return checkpoint(
+            fn,
+            *args,
+            *kwargs.values(),
+            use_reentrant=self.options.use_reentrant,
+            preserve_rng_state=self.options.preserve_rng_state,
+        )
+
+
+def _run_segment(seq: nn.Sequential, start: int, stop: int, input: Any) -> Any:
+    """Run children ``start..stop-1`` of ``seq`` (the function a segment checkpoints)."""
+    patch = vars(seq).get("forward")
+    if not isinstance(patch, _SegmentForward):
+        patch = None
+    if patch is not None:
+        patch.running += 1  # also during the recompute: see _BypassCheck
+    try:
+        for child in list(seq)[start:stop]:
+            input = child(input)
+        return input
+    finally:
+        if patch is not None:
+            patch.running -= 1
+
+
+class _SegmentForward:
+    """Set as ``seq.forward``: nn.Sequential's forward, each segment under one checkpoint."""
+
+    ckpt_runtime_segments = True  # see presets.has_sequential_forward
+
+    def __init__(
+        self,
+        seq: nn.Sequential,
+        path: str,
+        segments: list[SegmentRegion],
+        options: PlanOptions,
+        plan: str,
+    ) -> None:
+        self.seq, self.path, self.options, self.plan = seq, path, options, plan
+        self.segments = sorted(segments, key=lambda s: s.start)
+        self.length = len(seq)
+        self.calls = [0] * len(self.segments)
+        self.running = 0
+        self.warned = False
+
+    def __call__(self, input: Any) -> Any:
+        seq = self.seq
+        children = list(seq)
+        if len(children) != self.length:
+            raise RuntimeError(
+                f"ckpt_runtime: {self.path or '<model>'!r} had {self.length} children when plan "
+                f"{self.plan!r} was applied and has {len(children)} now; re-apply the plan "
+                "(remove_plan, then apply_plan)"
+            )
+        grad = torch.is_grad_enabled()
+        self.running += 1
+        try:
+            done = 0
+            for i, seg in enumerate(self.segments):
+                for child in children[done : seg.start]:
+                    input = child(input)
+                if grad:
+                    self.calls[i] += 1
+                    input = checkpoint(
+                        partial(MethodType(_run_segment, seq), seg.start, seg.stop),
+                        input,
+                        use_reentrant=self.options.use_reentrant,
+                        preserve_rng_state=self.options.preserve_rng_state,
+                    )
+                else:
+                    input = _run_segment(seq, seg.start, seg.stop, input)
+                done = seg.stop
+            for child in children[done:]:
+                input = child(input)
+            return input
+        finally:
+            self.running -= 1
+
+
+class _BypassCheck:
+    """Forward pre-hook on the first child of each segment: warns once if the child runs while
+    its nn.Sequential is not running it (the model iterates over the Sequential instead of
+    calling it, so the segment silently does nothing)."""
+
+    def __init__(self, patch: _SegmentForward, segment: SegmentRegion) -> None:
+        self.patch, self.segment = patch, segment
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        patch = self.patch
+        if patch.running or patch.warned:
+            return
+        patch.warned = True
+        pattern = join(escape_path(patch.path), "*")
+        warnings.warn(
+            f"ckpt_runtime: segment {self.segment} of plan {patch.plan!r} does not take effect: "
+            f"a child of {patch.path or '<model>'!r} was called directly instead of through "
+            "the nn.Sequential (does the model loop over it?); segments need the Sequential "
+            f'itself to be called. Checkpoint its children as {{"module": "{pattern}"}} or '
+            "with the presets all / every:K instead",
+            UserWarning,
+            stacklevel=_outside_torch_modules(),
+        )
+
+
+def _outside_torch_modules() -> int:
+    """The ``stacklevel`` of the first caller outside torch's Module call machinery, so that a
+    warning from a module hook points at the model code that called the module."""
+    frame: FrameType | None = sys._getframe(2)  # level 1: the hook that warns, 2: its caller
+    level = 2
+    while frame is not None and frame.f_code.co_filename == _MODULE_FILE:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_Patch: TypeAlias = _RegionCall | _SegmentForward
+
+
+def _patches(model: nn.Module) -> list[tuple[nn.Module, str, _Patch]]:
+    found: list[tuple[nn.Module, str, _Patch]] = []
+    for module in model.modules():
+        for attr in ("_call_impl", "forward"):
+            value = vars(module).get(attr)
+            if isinstance(value, _RegionCall | _SegmentForward):
+                found.append((module, attr, value))
+    return found
+
+
+def _uninstall(module: nn.Module, attr: str, patch: _Patch) -> None:
+    if vars(module).get(attr) is patch:
+        del vars(module)[attr]
+    if isinstance(patch, _SegmentForward):
+        for child in module.children():
+            hooks = child._forward_pre_hooks
+            mine = [k for k, h in hooks.items() if isinstance(h, _BypassCheck) and h.patch is patch]
+            for key in mine:
+                del hooks[key]
+                child._forward_pre_hooks_with_kwargs.pop(key, None)
+
+
+def remove_plan(model: nn.Module) -> None:
+    """Remove every region ckpt_runtime applied to ``model`` (or its submodules), exactly.
+
+    The patched attributes are deleted, so the modules behave, print and ``state_dict`` exactly
+    as before ``apply_plan``. Does nothing if no plan is applied.
+    """
+    for module, attr, patch in _patches(check_model(model)):
+        _uninstall(module, attr, patch)
+
+
+# ----------------------------------------------------------------------------- apply
+
+
+@dataclass(frozen=True, eq=False)
+class AppliedPlan:
+    """What :func:`apply_plan` did: the concrete plan and the resolved regions.
+
+    ``str(applied)`` lists the regions (one per line). Usable as a context manager that removes
+    the plan on exit.
+    """
+
+    plan: Plan
+    """The concrete plan applied (presets expanded, patterns replaced by exact paths)."""
+    source: Plan
+    """The plan as given (a preset plan, patterns...)."""
+    modules: tuple[str, ...]
+    """Paths of the modules checkpointed as module regions, in model order."""
+    segments: tuple[SegmentRegion, ...]
+    """The segments, in model order."""
+    _installed: tuple[tuple[nn.Module, str, _Patch], ...] = field(repr=False)
+
+    def region_calls(self) -> dict[str, int]:
+        """How many times each region ran checkpointed since the plan was applied.
+
+        Keys are region labels (``"transformer.h.0"``, ``"blocks[0:3]"``). A region that stays
+        at 0 after a training step did not take effect (e.g. the model never calls it).
+        """
+        counts: dict[str, int] = {}
+        for _, _, patch in self._installed:
+            if isinstance(patch, _RegionCall):
+                counts[str(ModuleRegion(escape_path(patch.path)))] = patch.calls
+            else:
+                for seg, calls in zip(patch.segments, patch.calls, strict=True):
+                    counts[str(seg)] = calls
+        return {str(r): counts[str(r)] for r in self.plan.regions}
+
+    def remove(self) -> None:
+        """Remove this plan's regions from the model (only those, if others were applied since)."""
+        for module, attr, patch in self._installed:
+            _uninstall(module, attr, patch)
+
+    def describe(self) -> str:
+        """A multi-line description: the plan, then one resolved region per line."""
+        preset = self.plan.meta.get("preset")
+        head = f"plan {self.plan.name!r}"
+        if isinstance(preset, Mapping):
+            head += f" (preset {preset['name']} on {preset['chain'] or '<model>'!r}, "
+            head += f"{preset['blocks']} blocks)"
+        n = len(self.plan.regions)
+        lines = [f"{head}: {n} region{'s' if n != 1 else ''}"]
+        lines += [
+            f"  {region}" if isinstance(region, ModuleRegion) else f"  segment {region}"
+            for region in self.plan.regions
+        ]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def __enter__(self) -> AppliedPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> AppliedPlan:
+    """Checkpoint the regions of ``plan`` in ``model``, in place; returns what was applied.
+
+    ``plan`` is a :class:`Plan`, a plan document (dict), a plan file path or a preset string
+    (``"sqrt"``, ``"every:2"``, ``"all@encoder.layers"``). Module regions checkpoint the whole
+    module call (NOTE [ A module region is the whole module call ]); each segment runs its
+    children under one checkpoint call when the ``nn.Sequential`` is called. A model that already
+    has a plan raises :class:`PlanError` unless ``replace=True`` (then the old plan is removed
+    first, once the new one has resolved). Undo with :func:`remove_plan` or
+    ``AppliedPlan.remove()``.
+
+    Limitations: apply the plan before ``module.compile()`` (a compiled module ignores it), and
+    not under ``nn.DataParallel`` (its replicas would run the original modules).
+    """
+    source = _as_plan(plan)
+    concrete, by_path = _resolve(check_model(model), source)
+    existing = _patches(model)
+    if existing and not replace:
+        names = sorted({patch.plan for _, _, patch in existing})
+        raise _fail(
+            f"{type(model).__name__} already has plan {', '.join(map(repr, names))} applied; "
+            "call remove_plan(model) first, or apply_plan(model, plan, replace=True)"
+        )
+    module_paths = [r.pattern for r in concrete.regions if isinstance(r, ModuleRegion)]
+    # Patterns in the concrete plan are escaped exact paths; map them back to real paths.
+    real = {escape_path(p): p for p in by_path}
+    targets = [(real[p], by_path[real[p]]) for p in module_paths]
+    segments = [r for r in concrete.regions if isinstance(r, SegmentRegion)]
+    for path, module in targets + [(s.sequential, by_path[s.sequential]) for s in segments]:
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            raise _fail(
+                f"{path or '<model>'!r} was compiled with module.compile(), which would bypass "
+                "the plan; apply the plan first, then compile"
+            )
+    for path, module in targets:
+        own = vars(module).get("_call_impl")
+        if own is not None and not isinstance(own, _RegionCall):
+            raise _fail(
+                f"{path or '<model>'!r} has its call replaced on the instance (by another "
+                "library?); ckpt_runtime cannot checkpoint it as a module region"
+            )
+    if existing:
+        remove_plan(model)
+    register_module_names(model)  # lets checkpoint's messages name regions by path
+
+    installed: list[tuple[nn.Module, str, _Patch]] = []
+    for path, module in targets:
+        region_patch = _RegionCall(module, path, concrete.options, concrete.name)
+        vars(module)["_call_impl"] = region_patch
+        installed.append((module, "_call_impl", region_patch))
+    by_seq: dict[str, list[SegmentRegion]] = {}
+    for seg in segments:
+        by_seq.setdefault(seg.sequential, []).append(seg)
+    for path, segs in by_seq.items():
+        seq = _as_sequential(by_path[path])
+        seg_patch = _SegmentForward(seq, path, segs, concrete.options, concrete.name)
+        vars(seq)["forward"] = seg_patch
+        installed.append((seq, "forward", seg_patch))
+        children = list(seq)
+        for seg in seg_patch.segments:
+            children[seg.start].register_forward_pre_hook(_BypassCheck(seg_patch, seg))
+    return AppliedPlan(
+        plan=concrete,
+        source=source,
+        modules=tuple(targets_path for targets_path, _ in targets),
+        segments=tuple(segments),
+        _installed=tuple(installed),
+    )

@@ -1,0 +1,512 @@
+"""Checkpoint plans: the data model and the JSON plan format (specified in docs/plan-format.md).
+
+A plan names the regions of a model to checkpoint: single modules by dotted path or glob
+pattern (:class:`ModuleRegion`), and contiguous ranges of an ``nn.Sequential``'s children run as
+one region (:class:`SegmentRegion`); or it names a preset (``none``, ``all``, ``every:K``,
+``sqrt``) that :mod:`ckpt_runtime.apply` resolves against a model.
+
+This module only parses, validates and writes plans; it imports no torch, so a plan can be
+read and written where torch is not installed. Checks that need the model (does a pattern match
+a module, is a path an ``nn.Sequential``) happen when the plan is resolved or applied.
+
+NOTE [ Module path patterns ]
+A pattern is matched against the dotted paths of ``model.named_modules()`` one component at a
+time: the pattern and the path are split on ``.``, and each pattern component matches one path
+component with ``fnmatch.fnmatchcase`` (``*``, ``?``, ``[0-3]``, ``[!0]``). So ``*`` never
+crosses a dot: ``transformer.h.*`` matches the blocks ``transformer.h.0``, ``transformer.h.1``,
+... and not their submodules (whole-path fnmatch would match ``transformer.h.0.attn.c_attn``
+too, checkpointing every submodule of every block). A component that is exactly ``**`` matches
+zero or more components (``**.mlp`` matches every module named ``mlp``, at any depth). The
+empty pattern is the model itself. Matching is case-sensitive on every platform.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, TypeAlias
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "PRESETS",
+    "ModuleRegion",
+    "Plan",
+    "PlanError",
+    "PlanOptions",
+    "PresetSpec",
+    "Region",
+    "SegmentRegion",
+    "check_module_path",
+    "escape_path",
+    "is_preset_like",
+    "load_plan",
+    "match_path",
+    "parse_preset",
+    "save_plan",
+]
+
+FORMAT_NAME = "ckview-plan"
+FORMAT_VERSION = 1
+PRESETS = ("none", "all", "sqrt", "every:K")
+"""The preset names, as shown in messages (``K`` is a positive integer)."""
+
+_TOP_KEYS = frozenset(
+    {"format", "version", "name", "regions", "preset", "chain", "options", "meta"}
+)
+_GLOB_CHARS = frozenset("*?[")
+# A string that starts like a preset is parsed as one (and rejected if malformed), never looked
+# up as a file: "every:0" should say what is wrong with the preset, not "no such file".
+_PRESET_LIKE = re.compile(r"^(none|all|sqrt|every)(?=$|[:@])")
+_PRESET = re.compile(r"^(none|all|sqrt|every:([0-9]+))(?:@(.*))?$", re.DOTALL)
+
+
+class PlanError(ValueError):
+    """A plan that cannot be read, validated, resolved or applied.
+
+    The message is one line: what is wrong, then what to do about it.
+    """
+
+
+def _fail(message: str) -> PlanError:
+    # Keep messages one line even when they quote user input.
+    return PlanError(" ".join(message.split()))
+
+
+def check_module_path(path: Any, what: str, *, glob: bool) -> str:
+    """Validate the syntax of a dotted module path (or pattern, if ``glob``); return it."""
+    if not isinstance(path, str):
+        raise _fail(f"{what} must be a string, got {type(path).__name__} {path!r}")
+    if path == "":
+        return path  # the model itself
+    for part in path.split("."):
+        if part == "":
+            raise _fail(
+                f"{what} {path!r} has an empty component; write dotted paths as in "
+                "model.named_modules(), e.g. 'transformer.h.0' ('' is the model itself)"
+            )
+        if not glob and _GLOB_CHARS & set(part):
+            raise _fail(
+                f"{what} {path!r} must be an exact module path, not a pattern; "
+                "glob patterns are only allowed in module regions"
+            )
+        if glob and "**" in part and part != "**":
+            raise _fail(
+                f"{what} {path!r}: '**' must be a whole component ('a.**.b'); "
+                "use '*' to match within one component"
+            )
+    return path
+
+
+def _match_parts(parts: list[str], pattern: list[str]) -> bool:
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match_parts(parts[i:], rest) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], head) and _match_parts(parts[1:], rest)
+
+
+def _components(path: str) -> list[str]:
+    return path.split(".") if path else []  # "" is the model itself: no components
+
+
+def escape_path(path: str) -> str:
+    """A pattern that matches exactly ``path`` (glob characters in module names bracketed)."""
+    return re.sub(r"([*?\[])", r"[\1]", path)
+
+
+def match_path(pattern: str, path: str) -> bool:
+    """True if module path ``path`` matches ``pattern`` (see NOTE [ Module path patterns ])."""
+    return _match_parts(_components(path), _components(pattern))
+
+
+def _check_bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(f"{what} must be true or false, got {value!r}")
+    return value
+
+
+def _check_index(value: Any, what: str) -> int:
+    # bool is an int subclass; True as an index is certainly a mistake.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _fail(f"{what} must be an integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How every region of a plan is checkpointed (passed to ``ckpt_runtime.checkpoint``)."""
+
+    use_reentrant: bool = False
+    preserve_rng_state: bool = True
+
+    def __post_init__(self) -> None:
+        _check_bool(self.use_reentrant, "option use_reentrant")
+        _check_bool(self.preserve_rng_state, "option preserve_rng_state")
+
+    @classmethod
+    def from_json(cls, data: Any) -> PlanOptions:
+        """Parse the ``options`` object of a plan document (missing keys take the defaults)."""
+        if not isinstance(data, Mapping):
+            raise _fail(f"'options' must be a JSON object, got {data!r}")
+        known = ("use_reentrant", "preserve_rng_state")
+        for key in data:
+            if key not in known:
+                raise _fail(f"unknown option {key!r}; the options are {', '.join(known)}")
+        return cls(**data)
+
+    def to_json(self) -> dict[str, bool]:
+        """The ``options`` object of a plan document (every option, explicitly)."""
+        return {"use_reentrant": self.use_reentrant, "preserve_rng_state": self.preserve_rng_state}
+
+
+@dataclass(frozen=True)
+class ModuleRegion:
+    """Checkpoint every module whose path matches ``pattern``, each call as its own region.
+
+    ``pattern`` is a dotted path from ``model.named_modules()`` or a glob pattern
+    (NOTE [ Module path patterns ]).
+    """
+
+    pattern: str
+
+    def __post_init__(self) -> None:
+        check_module_path(self.pattern, "module pattern", glob=True)
+
+    def matches(self, path: str) -> bool:
+        """True if the module at ``path`` belongs to this region."""
+        return match_path(self.pattern, path)
+
+    def to_json(self) -> dict[str, Any]:
+        """This region as a plan-document object."""
+        return {"module": self.pattern}
+
+    def __str__(self) -> str:
+        return self.pattern or "<model>"
+
+
+@dataclass(frozen=True)
+class SegmentRegion:
+    """Checkpoint children ``start .. stop-1`` of the ``nn.Sequential`` at ``sequential``.
+
+    The children run in order under one checkpoint call: only the segment's input is kept in
+    forward, and the whole segment is recomputed at once in backward.
+    """
+
+    sequential: str
+    start: int
+    stop: int
+
+    def __post_init__(self) -> None:
+        check_module_path(self.sequential, "sequential path", glob=False)
+        _check_index(self.start, "segment start")
+        _check_index(self.stop, "segment stop")
+        if self.start < 0:
+            raise _fail(f"segment {self}: start must be >= 0, got {self.start}")
+        if self.start >= self.stop:
+            raise _fail(
+                f"segment {self}: start ({self.start}) must be less than stop ({self.stop}); "
+                "a segment covers children start..stop-1, like a Python slice"
+            )
+
+    def overlaps(self, other: SegmentRegion) -> bool:
+        """True if both segments are on the same Sequential and share a child."""
+        return (
+            self.sequential == other.sequential
+            and self.start < other.stop
+            and other.start < self.stop
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """This region as a plan-document object."""
+        return {"sequential": self.sequential, "start": self.start, "stop": self.stop}
+
+    def __str__(self) -> str:
+        return f"{self.sequential or '<model>'}[{self.start}:{self.stop}]"
+
+
+Region: TypeAlias = ModuleRegion | SegmentRegion
+
+
+def _region_from_json(data: Any) -> Region:
+    if not isinstance(data, Mapping):
+        raise _fail(f"a region must be a JSON object, got {data!r}")
+    if "module" in data and "sequential" in data:
+        raise _fail(
+            "a region has either 'module' (a module region) or 'sequential' (a segment), not both"
+        )
+    if "module" in data:
+        extra = set(data) - {"module"}
+        if extra:
+            raise _fail(
+                f"unknown key(s) {sorted(extra)} in module region; a module region has only "
+                "'module' (to checkpoint children of an nn.Sequential as one region, use "
+                "'sequential', 'start', 'stop')"
+            )
+        return ModuleRegion(data["module"])
+    if "sequential" in data:
+        extra = set(data) - {"sequential", "start", "stop"}
+        if extra:
+            raise _fail(
+                f"unknown key(s) {sorted(extra)} in segment; a segment has 'sequential', "
+                "'start', 'stop'"
+            )
+        missing = [key for key in ("start", "stop") if key not in data]
+        if missing:
+            raise _fail(f"segment {dict(data)!r} is missing {' and '.join(map(repr, missing))}")
+        return SegmentRegion(data["sequential"], data["start"], data["stop"])
+    raise _fail(
+        f"region {dict(data)!r} has neither 'module' nor 'sequential'; write "
+        '{"module": "path.or.pattern"} or {"sequential": "path", "start": 0, "stop": 2}'
+    )
+
+
+@dataclass(frozen=True)
+class PresetSpec:
+    """A parsed preset string: ``kind`` (``none``/``all``/``sqrt``/``every``), ``k`` for
+    ``every:K``, and the block chain named after ``@`` (or ``None``: detect it)."""
+
+    kind: str
+    k: int | None = None
+    chain: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The preset without the chain (``every:2``)."""
+        return f"every:{self.k}" if self.kind == "every" else self.kind
+
+    def __str__(self) -> str:
+        return self.name if self.chain is None else f"{self.name}@{self.chain}"
+
+
+def is_preset_like(text: str) -> bool:
+    """True if ``text`` is (or tries to be) a preset string rather than a file path."""
+    return bool(_PRESET_LIKE.match(text))
+
+
+def parse_preset(text: str) -> PresetSpec:
+    """Parse ``none``, ``all``, ``sqrt``, ``every:K``, each optionally followed by ``@chain``.
+
+    ``@chain`` names the model's chain of blocks explicitly (``sqrt@encoder.layers``) instead of
+    detecting it (NOTE [ Block chain detection ] in ckpt_runtime/presets.py).
+    """
+    match = _PRESET.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise _fail(
+            f"unknown preset {text!r}; presets are {', '.join(PRESETS)} (K >= 1), "
+            "optionally followed by @chain.path"
+        )
+    whole, k_text, chain = match.groups()
+    k = None
+    if k_text is not None:
+        k = int(k_text)
+        if k < 1:
+            raise _fail(f"preset {text!r}: K must be >= 1 (every:1 checkpoints every block)")
+    if chain is not None:
+        check_module_path(chain, f"chain in preset {text!r}", glob=False)
+    return PresetSpec("every" if k is not None else whole, k, chain)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checkpoint plan: a name, the regions to checkpoint, and how to checkpoint them.
+
+    Either ``regions`` lists concrete regions, or ``preset`` names a preset (``"sqrt"``...) to be
+    resolved against a model, optionally on the block chain at ``chain``. ``meta`` holds free
+    JSON data for tools (e.g. the planner's budget); ckpt_runtime ignores it.
+    Constructing a plan validates it; mistakes raise :class:`PlanError`.
+    """
+
+    name: str
+    regions: tuple[Region, ...] = ()
+    options: PlanOptions = field(default_factory=PlanOptions)
+    preset: str | None = None
+    chain: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise _fail(f"plan name must be a non-empty string, got {self.name!r}")
+        if not self.name.isprintable():
+            raise _fail(f"plan name {self.name!r} must be one line of printable characters")
+        # Frozen: normalise through object.__setattr__ (lists from callers become tuples).
+        object.__setattr__(self, "regions", tuple(self.regions))
+        for region in self.regions:
+            if not isinstance(region, ModuleRegion | SegmentRegion):
+                raise _fail(f"plan regions must be ModuleRegion or SegmentRegion, got {region!r}")
+        if isinstance(self.options, Mapping):
+            object.__setattr__(self, "options", PlanOptions.from_json(self.options))
+        elif not isinstance(self.options, PlanOptions):
+            raise _fail(f"plan options must be PlanOptions, got {self.options!r}")
+        if not isinstance(self.meta, Mapping):
+            raise _fail(f"plan 'meta' must be a JSON object, got {self.meta!r}")
+        try:
+            meta = json.loads(json.dumps(dict(self.meta)))
+        except (TypeError, ValueError) as exc:
+            raise _fail(f"plan 'meta' must hold JSON data only ({exc})") from None
+        object.__setattr__(self, "meta", meta)
+        if self.preset is not None:
+            spec = parse_preset(self.preset)
+            if spec.chain is not None:
+                raise _fail(
+                    f"preset {self.preset!r}: give the chain separately (chain={spec.chain!r})"
+                )
+            object.__setattr__(self, "preset", spec.name)  # canonical: every:02 -> every:2
+            if self.regions:
+                raise _fail(
+                    "a plan has either 'regions' or 'preset', not both; resolve the preset "
+                    "(ckpt_runtime.resolve_preset) and edit its regions instead"
+                )
+        if self.chain is not None:
+            if self.preset is None:
+                raise _fail(
+                    "'chain' only applies to a preset plan; a plan with regions names its "
+                    "modules directly"
+                )
+            check_module_path(self.chain, "chain", glob=False)
+        segments = [r for r in self.regions if isinstance(r, SegmentRegion)]
+        for i, a in enumerate(segments):
+            for b in segments[i + 1 :]:
+                if a.overlaps(b):
+                    raise _fail(
+                        f"segments {a} and {b} overlap; segments of one nn.Sequential must be "
+                        "disjoint (merge them, or to nest, checkpoint a child as a module "
+                        "region inside the segment)"
+                    )
+
+    @property
+    def is_preset(self) -> bool:
+        """True if this plan names a preset still to be resolved against a model."""
+        return self.preset is not None
+
+    @classmethod
+    def from_json(
+        cls, data: str | bytes | Mapping[str, Any], *, default_name: str = "plan"
+    ) -> Plan:
+        """Parse and validate a plan document (JSON text, or the already-decoded object).
+
+        ``default_name`` is used when the document has no ``name``.
+        """
+        if isinstance(data, str | bytes):
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as exc:
+                raise _fail(f"plan is not valid JSON ({exc}); fix the syntax") from None
+        if not isinstance(data, Mapping):
+            raise _fail(f"a plan is a JSON object, got {type(data).__name__}")
+        fmt = data.get("format")
+        if fmt != FORMAT_NAME:
+            what = "has no 'format'" if fmt is None else f"has format {fmt!r}"
+            raise _fail(
+                f"not a ckview plan: it {what}; a plan starts with "
+                f'{{"format": "{FORMAT_NAME}", "version": {FORMAT_VERSION}, ...}}'
+            )
+        version = data.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise _fail(f"plan 'version' must be a positive integer, got {version!r}")
+        if version > FORMAT_VERSION:
+            raise _fail(
+                f"plan format version {version} is newer than this ckpt_runtime supports "
+                f"({FORMAT_VERSION}); upgrade ckview to read it"
+            )
+        unknown = sorted(set(data) - _TOP_KEYS)
+        if unknown:
+            raise _fail(
+                f"unknown key(s) {unknown} in plan; the keys are {sorted(_TOP_KEYS)} "
+                "(put tool data under 'meta')"
+            )
+        has_regions, has_preset = "regions" in data, "preset" in data
+        if has_regions == has_preset:
+            raise _fail(
+                "a plan needs exactly one of 'regions' (a list of regions) or 'preset' "
+                f"(one of {', '.join(PRESETS)}); it has " + ("both" if has_regions else "neither")
+            )
+        regions: list[Region] = []
+        preset = chain = None
+        if has_regions:
+            raw = data["regions"]
+            if not isinstance(raw, list):
+                raise _fail(f"plan 'regions' must be a JSON array, got {raw!r}")
+            for i, item in enumerate(raw):
+                try:
+                    regions.append(_region_from_json(item))
+                except PlanError as exc:
+                    raise _fail(f"regions[{i}]: {exc}") from None
+        else:
+            if not isinstance(data["preset"], str):
+                raise _fail(f"plan 'preset' must be a string, got {data['preset']!r}")
+            spec = parse_preset(data["preset"])
+            preset, chain = spec.name, spec.chain
+        if "chain" in data:
+            if chain is not None:
+                raise _fail("the chain is given twice ('preset' ends in @chain and 'chain')")
+            chain = data["chain"]
+        return cls(
+            name=data.get("name", default_name),
+            regions=tuple(regions),
+            options=PlanOptions.from_json(data.get("options", {})),
+            preset=preset,
+            chain=chain,
+            meta=data.get("meta", {}),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """This plan as a plan document (a JSON-serialisable dict; ``Plan.from_json`` reads it)."""
+        doc: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "name": self.name}
+        if self.preset is not None:
+            doc["preset"] = self.preset
+            if self.chain is not None:
+                doc["chain"] = self.chain
+        else:
+            doc["regions"] = [region.to_json() for region in self.regions]
+        doc["options"] = self.options.to_json()
+        if self.meta:
+            doc["meta"] = dict(self.meta)
+        return doc
+
+    def __str__(self) -> str:
+        if self.preset is not None:
+            what = self.preset if self.chain is None else f"{self.preset}@{self.chain}"
+            return f"plan {self.name!r}: preset {what}"
+        regions = ", ".join(map(str, self.regions)) or "no regions"
+        return f"plan {self.name!r}: {regions}"
+
+
+def load_plan(source: str | os.PathLike[str]) -> Plan:
+    """Load a plan from a plan file, or from a preset string (``"sqrt"``, ``"every:2@blocks"``).
+
+    A ``str`` that starts like a preset (``none``, ``all``, ``sqrt``, ``every``, followed by
+    nothing, ``:`` or ``@``) is a preset; anything else (and every ``os.PathLike``) is a file
+    path, so a file named ``sqrt`` is loaded with ``load_plan("./sqrt")``. A preset plan is
+    resolved against the model when applied. A plan file without a ``name`` is named after the
+    file (its stem).
+    """
+    if isinstance(source, str) and is_preset_like(source):
+        spec = parse_preset(source)
+        return Plan(name=str(spec), preset=spec.name, chain=spec.chain)
+    path, shown = Path(source), os.fspath(source)  # messages quote the path as given
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise _fail(
+            f"no plan file {shown!r}; pass a plan file (JSON) or a preset: {', '.join(PRESETS)}"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read plan file {shown!r}: {exc}") from None
+    try:
+        return Plan.from_json(text, default_name=path.stem or "plan")
+    except PlanError as exc:
+        raise _fail(f"plan file {shown!r}: {exc}") from None
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Write ``plan`` to ``path`` as a plan document (UTF-8 JSON, indented, newline-terminated)."""
+    text = json.dumps(plan.to_json(), indent=2, ensure_ascii=False)
+    Path(path).write_text(text + "\n", encoding="utf-8")
+
