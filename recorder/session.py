@@ -61,7 +61,6 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ckview import __version__ as ckview_version
 from ckview.trace import TraceWriter
@@ -76,6 +75,7 @@ from ckview.trace.schema import (
     SavedEventKind,
 )
 from recorder.buffers import MutableTable, RowBuffer
+from recorder.modules import ModuleRegistry
 from recorder.progress import StepProgress
 
 _RANK = [0] * len(Category)
@@ -213,23 +213,11 @@ class Recorder:
         self._top_phase = _OTHER
         self._pending_backward_end = False
         self._optimizer_seen = False
-        # module registry: module -> row; open calls as (module row, call row or -1)
-        self._module_rows: weakref.WeakKeyDictionary[torch.nn.Module, int] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._module_cols: dict[str, list[int]] = {
-            "path": [],
-            "type": [],
-            "parent": [],
-            "param_bytes": [],
-        }
-        self._module_paths: list[str] = []
-        self._root_types: dict[int, str] = {}
+        # open module calls as (module row, call row or -1)
+        self._modules: ModuleRegistry | None = None  # made with the trace's string table
         self._open_region = NO_INDEX
         self._region_inferred = False
-        self._module_refs: list[weakref.ref[torch.nn.Module]] = []
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self._param_owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> module row
         self._stack: list[tuple[int, int]] = []
         # backward op -> forward module call, via autograd sequence numbers
         self._fw_seq_begin: list[int] = []
@@ -288,6 +276,11 @@ class Recorder:
         self._uninstall()
         self._progress.close()
 
+    @property
+    def _registry(self) -> ModuleRegistry:
+        assert self._modules is not None, "the trace is not open"
+        return self._modules
+
     # ----------------------------------------------------------------- trace file
 
     def _open_trace(self) -> None:
@@ -303,6 +296,7 @@ class Recorder:
             "warmup": self.warmup,
         }
         self._writer = TraceWriter(self.path, meta=meta)
+        self._modules = ModuleRegistry(self._intern)
         self._cpu_id = self._intern("cpu")
         self._begin_run_tables()
 
@@ -384,9 +378,8 @@ class Recorder:
             return
         self._busy = True
         try:
-            writer.append_modules(
-                {k: np.asarray(v, dtype=np.int64) for k, v in self._module_cols.items()}
-            )
+            assert self._modules is not None
+            writer.append_modules(self._modules.columns())
             writer.update_meta(
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
@@ -506,7 +499,7 @@ class Recorder:
             self._run_context.__enter__()
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
-        for p in list(self._param_owner.keys()):
+        for p in self._registry.parameters():
             self._mark(p, _PARAMETER)
         self._mark_gradients()
         self._mark_optimizer_tensors()
@@ -561,7 +554,7 @@ class Recorder:
 
     def _recompute_enter(self, region: int, module: int, name: str | None = None) -> None:
         if self._recompute_depth == 0 and self._state is State.RECORDING:
-            label = self._intern(name or (self._module_display(module) if module >= 0 else ""))
+            label = self._intern(name or (self._registry.display(module) if module >= 0 else ""))
             self._open_region = self._regions.append(
                 (region, module, label, self._step, perf_counter_ns(), -1, self._n_ops, -1)
             )
@@ -570,23 +563,15 @@ class Recorder:
             # A region opened without a target (torch's recompute of `layer.forward`, as HF
             # does) belongs to the common ancestor of the modules it runs.
             current = self._regions.get(self._open_region, "module")
-            owner = module if current == NO_INDEX else self._common_ancestor(current, module)
+            owner = (
+                module if current == NO_INDEX else self._registry.common_ancestor(current, module)
+            )
             if owner != current:
                 self._regions.set(self._open_region, "module", owner)
                 self._regions.set(
-                    self._open_region, "name", self._intern(self._module_display(owner))
+                    self._open_region, "name", self._intern(self._registry.display(owner))
                 )
         self._recompute_depth += 1
-
-    def _common_ancestor(self, a: int, b: int) -> int:
-        parents = self._module_cols["parent"]
-        ancestors = set()
-        while a != NO_INDEX:
-            ancestors.add(a)
-            a = parents[a]
-        while b != NO_INDEX and b not in ancestors:
-            b = parents[b]
-        return b
 
     def _recompute_exit(self) -> None:
         self._recompute_depth = max(0, self._recompute_depth - 1)
@@ -601,31 +586,16 @@ class Recorder:
 
     # Listener protocol of ckpt_runtime.markers.
     def on_recompute_begin(self, region_id: int, target: object) -> None:
-        module = self._module_rows.get(target) if isinstance(target, torch.nn.Module) else None
+        module = self._registry.row(target)
         name = None if module is not None else getattr(target, "__qualname__", repr(target))
         self._recompute_enter(region_id, NO_INDEX if module is None else module, name)
 
     def on_recompute_end(self, region_id: int, target: object) -> None:
         self._recompute_exit()
 
-    def _module_display(self, row: int) -> str:
-        path = self._module_paths[row]
-        root = row
-        while self._module_cols["parent"][root] != NO_INDEX:
-            root = self._module_cols["parent"][root]
-        type_name = self._root_types[root]
-        return f"{type_name}.{path}" if path else type_name
-
     def main_model(self) -> torch.nn.Module:
         """The root module with the most parameters seen so far: the script's model."""
-        roots = [
-            (sum(p.numel() for p in m.parameters()), i, m)
-            for i, ref in enumerate(self._module_refs)
-            if self._module_cols["parent"][i] == NO_INDEX and (m := ref()) is not None
-        ]
-        if not roots:
-            raise RuntimeError("no model found: no nn.Module ran forward before recording began")
-        return max(roots, key=lambda r: (r[0], -r[1]))[2]
+        return self._registry.main_model()
 
     def _on_backward_end(self) -> None:
         self._in_backward = False
@@ -652,7 +622,7 @@ class Recorder:
     # ----------------------------------------------------------------- modules
 
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
-        row = self._module_rows.get(module)
+        row = self._registry.row(module)
         if row is None:
             row = self._register_module(module)
         if not self._in_backward and _current_autograd_node() is not None:
@@ -682,7 +652,7 @@ class Recorder:
         return call
 
     def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self._stack or self._stack[-1][0] != self._module_rows.get(module):
+        if not self._stack or self._stack[-1][0] != self._registry.row(module):
             return  # the matching pre-hook ran before we were installed
         _, call = self._stack.pop()
         if call != NO_INDEX and self._state is State.RECORDING:
@@ -706,46 +676,12 @@ class Recorder:
                 self._io.data.extend((call, sid, kind))
 
     def _register_module(self, module: torch.nn.Module) -> int:
-        """Register a module (and, for a new root, its whole tree); return its row."""
-        parent = self._stack[-1][0] if self._stack else NO_INDEX
-        if parent != NO_INDEX:
-            name = self._child_name(parent, module)
-            if name is not None:
-                prefix = self._module_paths[parent]
-                return self._register_tree(module, f"{prefix}.{name}" if prefix else name, parent)
-        return self._register_tree(module, "", NO_INDEX)
-
-    def _child_name(self, parent_row: int, module: torch.nn.Module) -> str | None:
-        parent = self._module_refs[parent_row]()
-        for name, child in parent.named_children() if parent is not None else ():
-            if child is module:
-                return name
-        return None
-
-    def _register_tree(self, module: torch.nn.Module, path: str, parent: int) -> int:
-        rows = self._module_rows
-        for sub_path, sub in module.named_modules(prefix=path):
-            if sub in rows:
-                continue
-            if sub is module:
-                sub_parent = parent
-            else:
-                sub_parent = rows[_parent_of(module, sub_path, path)]
-            rows[sub] = len(self._module_paths)
-            self._module_paths.append(sub_path)
-            self._module_refs.append(weakref.ref(sub))
-            cols = self._module_cols
-            cols["path"].append(self._intern(sub_path))
-            cols["type"].append(self._intern(type(sub).__name__))
-            self._root_types[rows[sub]] = type(sub).__name__
-            cols["parent"].append(sub_parent)
-            params = list(sub.parameters(recurse=False))
-            cols["param_bytes"].append(sum(p.nbytes for p in params))
-            for p in params:
-                self._param_owner.setdefault(p, rows[sub])
-                if self._state is State.RECORDING:
-                    self._mark(p, _PARAMETER)
-        return rows[module]
+        caller = self._stack[-1][0] if self._stack else NO_INDEX
+        row, new_params = self._registry.register(module, caller)
+        if self._state is State.RECORDING:
+            for p in new_params:
+                self._mark(p, _PARAMETER)
+        return row
 
     # ----------------------------------------------------------------- ops (hot path)
 
@@ -905,13 +841,13 @@ class Recorder:
         if sid is None:
             return
         self._promote(sid, category)
-        module = self._param_owner.get(owner if owner is not None else t, NO_INDEX)
+        module = self._registry.owner(owner if owner is not None else t)
         at = sid * _ST_WIDTH + _ST_MODULE
         if module != NO_INDEX and self._st_data[at] == NO_INDEX:
             self._st_data[at] = module
 
     def _parameters(self) -> Iterator[torch.Tensor]:
-        yield from list(self._param_owner.keys())
+        yield from self._registry.parameters()
         for opt in list(self._optimizers):
             for group in opt.param_groups:
                 yield from group["params"]
@@ -1043,10 +979,3 @@ def _storage_of(t: torch.Tensor) -> Any:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
-
-
-def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn.Module:
-    """The parent module of ``root``'s descendant at ``sub_path``."""
-    relative = sub_path[len(root_path) + 1 :] if root_path else sub_path
-    parent_rel = relative.rpartition(".")[0]
-    return root.get_submodule(parent_rel) if parent_rel else root

@@ -1,0 +1,124 @@
+"""The module tree seen while recording: the rows of the trace's ``modules`` table."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ckview.trace.schema import NO_INDEX
+
+
+class ModuleRegistry:
+    """Modules by row, with dotted paths relative to their root module.
+
+    A module is registered the first time it runs forward: a root (nothing else running)
+    brings its whole tree in at once, paths as ``named_modules()`` gives them; a module called
+    from inside another is named after its attribute in that parent. Holds modules and
+    parameters weakly only.
+    """
+
+    def __init__(self, intern: Callable[[str], int]) -> None:
+        self._intern = intern
+        self._rows: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        self._refs: list[weakref.ref[torch.nn.Module]] = []
+        self._paths: list[str] = []
+        self._types: list[str] = []
+        self.parents: list[int] = []
+        self._columns: dict[str, list[int]] = {"path": [], "type": [], "param_bytes": []}
+        self._owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> module row
+
+    def row(self, module: object) -> int | None:
+        return self._rows.get(module) if isinstance(module, torch.nn.Module) else None
+
+    def register(self, module: torch.nn.Module, caller: int) -> tuple[int, list[torch.Tensor]]:
+        """Register ``module``, called from module row ``caller`` (or -1 at top level).
+
+        Returns its row and the parameters that are new to the registry.
+        """
+        if caller != NO_INDEX:
+            name = self._child_name(caller, module)
+            if name is not None:
+                prefix = self._paths[caller]
+                return self._register_tree(module, f"{prefix}.{name}" if prefix else name, caller)
+        return self._register_tree(module, "", NO_INDEX)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self._owner.keys())
+
+    def owner(self, parameter: torch.Tensor) -> int:
+        """Row of the module that owns ``parameter``, -1 if it is not a known parameter."""
+        return int(self._owner.get(parameter, NO_INDEX))
+
+    def display(self, row: int) -> str:
+        """``'Root.path.below'``, as the analysis shows it."""
+        root = row
+        while self.parents[root] != NO_INDEX:
+            root = self.parents[root]
+        path = self._paths[row]
+        return f"{self._types[root]}.{path}" if path else self._types[root]
+
+    def common_ancestor(self, a: int, b: int) -> int:
+        ancestors = set()
+        while a != NO_INDEX:
+            ancestors.add(a)
+            a = self.parents[a]
+        while b != NO_INDEX and b not in ancestors:
+            b = self.parents[b]
+        return b
+
+    def main_model(self) -> torch.nn.Module:
+        """The root module with the most parameters: the script's model."""
+        roots = [
+            (sum(p.numel() for p in m.parameters()), -row, m)
+            for row, ref in enumerate(self._refs)
+            if self.parents[row] == NO_INDEX and (m := ref()) is not None
+        ]
+        if not roots:
+            raise RuntimeError("no model found: no nn.Module ran forward before recording began")
+        return max(roots, key=lambda r: r[:2])[2]
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The ``modules`` table."""
+        cols = {name: np.asarray(values, dtype=np.int64) for name, values in self._columns.items()}
+        return {**cols, "parent": np.asarray(self.parents, dtype=np.int64)}
+
+    def _child_name(self, parent_row: int, module: torch.nn.Module) -> str | None:
+        parent = self._refs[parent_row]()
+        for name, child in parent.named_children() if parent is not None else ():
+            if child is module:
+                return name
+        return None
+
+    def _register_tree(
+        self, module: torch.nn.Module, path: str, parent: int
+    ) -> tuple[int, list[torch.Tensor]]:
+        new_params: list[torch.Tensor] = []
+        for sub_path, sub in module.named_modules(prefix=path):
+            if sub in self._rows:
+                continue
+            sub_parent = parent if sub is module else self._rows[_parent_of(module, sub_path, path)]
+            row = self._rows[sub] = len(self._paths)
+            self._refs.append(weakref.ref(sub))
+            self._paths.append(sub_path)
+            self._types.append(type(sub).__name__)
+            self.parents.append(sub_parent)
+            params = list(sub.parameters(recurse=False))
+            self._columns["path"].append(self._intern(sub_path))
+            self._columns["type"].append(self._intern(type(sub).__name__))
+            self._columns["param_bytes"].append(sum(p.nbytes for p in params))
+            for p in params:
+                if p not in self._owner:
+                    self._owner[p] = row
+                    new_params.append(p)
+        return self._rows[module], new_params
+
+
+def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn.Module:
+    """The parent module of ``root``'s descendant at ``sub_path``."""
+    relative = sub_path[len(root_path) + 1 :] if root_path else sub_path
+    parent_rel = relative.rpartition(".")[0]
+    return root.get_submodule(parent_rel) if parent_rel else root
