@@ -574,6 +574,24 @@ def _identity(x: Any) -> Any:
 # ------------------------------------------------------------------------------ forward
 
 
+def _begin_forward(
+    frame: _Frame, function: Callable[..., Any], args: tuple[Any, ...]
+) -> tuple[Any, Any, list[int]]:
+    """Before a region's forward: stash the RNG state to replay (or, without preservation, to
+    warn if the region uses it), note input versions, tell the listeners."""
+    rng_before = dev_before = None
+    if frame.preserve:
+        frame.cpu_rng = torch.get_rng_state()
+        frame.dev_rng = _device_rng_state(args)
+    elif not _already_warned("rng", function):
+        rng_before = torch.get_rng_state()
+        dev_before = _device_rng_state(args)
+    versions = [args[i]._version for i in frame.tensor_idx]
+    if _listeners:
+        markers._region_forward(frame.region_id, region_target(function))
+    return rng_before, dev_before, versions
+
+
 def _checkpoint_nonreentrant(
     function: Callable[..., Any],
     args: tuple[Any, ...],
@@ -583,17 +601,8 @@ def _checkpoint_nonreentrant(
     check: bool,
 ) -> Any:
     frame = _Frame(function, args, kwargs, preserve, early_stop, check)
-    rng_before = dev_before = None
-    if preserve:
-        frame.cpu_rng = torch.get_rng_state()
-        frame.dev_rng = _device_rng_state(args)
-    elif not _already_warned("rng", function):
-        rng_before = torch.get_rng_state()
-        dev_before = _device_rng_state(args)
-    versions = [args[i]._version for i in frame.tensor_idx]
+    rng_before, dev_before, versions = _begin_forward(frame, function, args)
     frame.save_inputs()
-    if _listeners:
-        markers._region_forward(frame.region_id, region_target(function))
     with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
         out = function(*args, **kwargs)
     frame.done = True
@@ -729,16 +738,7 @@ def _checkpoint_reentrant(
             stacklevel=3,
         )
     frame = _Frame(function, args, {}, preserve, True, check)
-    rng_before = dev_before = None
-    if preserve:
-        frame.cpu_rng = torch.get_rng_state()
-        frame.dev_rng = _device_rng_state(args)
-    elif not _already_warned("rng", function):
-        rng_before = torch.get_rng_state()
-        dev_before = _device_rng_state(args)
-    versions = [args[i]._version for i in frame.tensor_idx]
-    if _listeners:
-        markers._region_forward(frame.region_id, region_target(function))
+    rng_before, dev_before, versions = _begin_forward(frame, function, args)
     out = _ReentrantCheckpoint.apply(frame, *args)
     frame.inputs_modified = _check_forward(
         function, args, frame.tensor_idx, versions, rng_before, dev_before
