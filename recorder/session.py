@@ -395,7 +395,7 @@ class Recorder:
         os.register_at_fork(after_in_child=lambda: _forget_in_child(me))
         self._handles = [
             register_module_forward_pre_hook(self._pre_forward),
-            register_module_forward_hook(self._post_forward, always_call=True),
+            register_module_forward_hook(self._post_forward, with_kwargs=True, always_call=True),
             register_optimizer_step_pre_hook(self._pre_optimizer),
             register_optimizer_step_post_hook(self._post_optimizer),
         ]
@@ -634,7 +634,6 @@ class Recorder:
         call = NO_INDEX
         if self._state is State.RECORDING:
             call = self._open_call(row)
-            self._note_io(call, args, _INPUT_IO)
         self._stack.append((row, call))
 
     def _open_call(self, module_row: int) -> int:
@@ -651,11 +650,14 @@ class Recorder:
             self._fw_calls.append(call)
         return call
 
-    def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+    def _post_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if not self._stack or self._stack[-1][0] != self._registry.row(module):
             return  # the matching pre-hook ran before we were installed
         _, call = self._stack.pop()
         if call != NO_INDEX and self._state is State.RECORDING:
+            # Inputs are noted here, where keyword arguments are seen too; they are still alive.
+            self._note_io(call, args, _INPUT_IO)
+            self._note_io(call, kwargs, _INPUT_IO)
             self._note_io(call, output, _OUTPUT_IO)
             calls = self._calls
             calls.set(call, "end_ns", perf_counter_ns())

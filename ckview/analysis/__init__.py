@@ -4,6 +4,26 @@ No files, no widgets, no torch: the CLI, the GUI and the tests all drive these t
 """
 
 from ckview.analysis.breakdown import bytes_by_category, bytes_by_module, module_paths
+from ckview.analysis.projection import (
+    InstanceEffects,
+    LiveStorages,
+    ProjectedEvents,
+    ProjectedPeak,
+    Projection,
+    ProjectionModel,
+    Recompute,
+    project,
+)
+from ckview.analysis.regions import (
+    ModuleRegion,
+    Region,
+    RegionInstances,
+    SegmentRegion,
+    chain_of_blocks,
+    module_rows_matching,
+    region_instances,
+    sequential_children,
+)
 from ckview.analysis.summary import NO_MODULE, RunSummary, phase_time_ns, summarize_run
 from ckview.analysis.timeline import (
     MemoryTimeline,
@@ -31,4 +51,24 @@ __all__ = [
     "phase_time_ns",
     "step_allocated_peaks",
     "summarize_run",
+]
+
+# Projection of checkpoint plans (projection.py, regions.py).
+__all__ += [
+    "InstanceEffects",
+    "LiveStorages",
+    "ModuleRegion",
+    "ProjectedEvents",
+    "ProjectedPeak",
+    "Projection",
+    "ProjectionModel",
+    "Recompute",
+    "Region",
+    "RegionInstances",
+    "SegmentRegion",
+    "chain_of_blocks",
+    "module_rows_matching",
+    "project",
+    "region_instances",
+    "sequential_children",
 ]

@@ -1,0 +1,304 @@
+"""Checkpoint regions in a recorded run: which module rows a plan names, and their instances.
+
+A *region* is what a plan checkpoints (docs/plan-format.md, section 3), here by module row:
+
+- ``ModuleRegion(m)``: every forward call of module row ``m`` is one region *instance*;
+- ``SegmentRegion(s, start, stop)``: children ``start .. stop-1`` of the ``nn.Sequential`` at row
+  ``s``; each forward call of ``s`` gives one instance spanning those children's calls.
+
+The helpers that turn plan patterns into rows (``module_rows_matching``, ``sequential_children``,
+``chain_of_blocks``) are plain Python over the ``modules`` table; ``region_instances`` finds the
+instances in a run's ``module_calls``.
+
+NOTE [ Call rows of an instance ]
+    ``module_calls`` rows are appended when a call begins, so a call's descendants are the rows
+    right after it, up to the first call that starts after it ended. An instance (one call, or
+    the consecutive sibling calls of a segment) is therefore the contiguous range of call rows
+    ``[first_call, call_stop)``, and "created inside the instance" is a range test on the
+    creating call. Instances of different regions either nest or are disjoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+import numpy as np
+
+from ckview.trace.schema import NO_INDEX, Phase
+
+Table = Mapping[str, np.ndarray]
+
+_CONTAINER_TYPES = frozenset({"ModuleList", "Sequential"})
+
+
+@dataclass(frozen=True)
+class ModuleRegion:
+    """Checkpoint every forward call of module row ``module``, each call as its own instance."""
+
+    module: int
+
+
+@dataclass(frozen=True)
+class SegmentRegion:
+    """Checkpoint children ``start .. stop-1`` of the ``nn.Sequential`` at row ``module`` as one
+    instance per call of the Sequential (``sequential_children`` gives the child order)."""
+
+    module: int
+    start: int
+    stop: int
+
+
+Region = ModuleRegion | SegmentRegion
+
+
+@dataclass(frozen=True)
+class RegionInstances:
+    """The instances of a list of regions in one run, one row per instance.
+
+    Instances are ordered by region, then by call. See NOTE [ Call rows of an instance ].
+    """
+
+    region: np.ndarray
+    """(k,) int64: index of the instance's region in the list it was resolved from."""
+    first_call: np.ndarray
+    """(k,) int64: row of the instance's first top-level call (its first call row)."""
+    call_stop: np.ndarray
+    """(k,) int64: one past the last call row inside the instance."""
+    last_call: np.ndarray
+    """(k,) int64: row of the instance's last top-level call (whose outputs leave it)."""
+    start_ns: np.ndarray
+    """(k,) int64: time the instance began (its first call's pre-hook)."""
+    end_ns: np.ndarray
+    """(k,) int64: time the instance ended (its last call's forward hook)."""
+    top_instance: np.ndarray
+    """(t,) int64: instance of each top-level call, paired with ``top_call``."""
+    top_call: np.ndarray
+    """(t,) int64: the top-level calls of each instance (whose inputs it keeps)."""
+
+    def __len__(self) -> int:
+        return len(self.region)
+
+
+# ----------------------------------------------------------------------------- module rows
+
+
+def module_rows_matching(modules: Table, strings: Sequence[str], pattern: str) -> list[int]:
+    """Rows of the modules whose dotted path (relative to its root) matches ``pattern``.
+
+    Matching is the plan format's (docs/plan-format.md, 3.1): one component at a time with
+    ``fnmatch.fnmatchcase``, ``**`` as a whole component matches zero or more components, and
+    ``""`` is a root module itself. With several roots, each root's modules are matched.
+    Raises ``ValueError`` for a pattern the plan format rejects (an empty component, ``**``
+    inside a component).
+    """
+    wanted = _components(pattern)
+    for part in wanted:
+        if part == "" or ("**" in part and part != "**"):
+            raise ValueError(
+                f"module pattern {pattern!r}: components must be non-empty and '**' a whole "
+                "component ('a.**.b'); use '*' within a component"
+            )
+    return [
+        row
+        for row, path in enumerate(np.asarray(modules["path"]))
+        if _match_parts(_components(strings[path]), wanted)
+    ]
+
+
+def _components(path: str) -> list[str]:
+    return path.split(".") if path else []
+
+
+def _match_parts(parts: list[str], pattern: list[str]) -> bool:
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match_parts(parts[i:], rest) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], head) and _match_parts(parts[1:], rest)
+
+
+def sequential_children(modules: Table, strings: Sequence[str], row: int) -> list[int]:
+    """Rows of the direct children of module ``row``, in the container's order.
+
+    Children named ``'0', '1', ...`` (an ``nn.Sequential`` or ``nn.ModuleList``) are ordered by
+    that number; others keep the recording order of ``named_modules()``, which is their
+    definition order.
+    """
+    children = np.flatnonzero(np.asarray(modules["parent"]) == row).tolist()
+    names = [_components(strings[modules["path"][c]])[-1] for c in children]
+    if all(name.isdigit() for name in names):
+        return [c for _, c in sorted(zip((int(n) for n in names), children, strict=True))]
+    return children
+
+
+def chain_of_blocks(modules: Table, strings: Sequence[str]) -> int | None:
+    """Row of the model's chain of blocks (the ModuleList or Sequential presets act on).
+
+    The rule of ``ckpt_runtime.find_block_chain`` (NOTE [ Block chain detection ] in
+    ``ckpt_runtime/presets.py``), applied to the main model: the root whose subtree owns the most
+    parameter bytes. Candidates are ``ModuleList``/``Sequential`` modules (by type name, so
+    subclasses with other names are not seen) with 2+ children all of one type; a candidate
+    inside another is dropped; the most children wins, then the most parameters (counted in
+    bytes, where presets count elements), then the first row. Without a uniform candidate the
+    same rule picks among Sequentials with mixed children. ``None`` if there is no chain.
+    """
+    parent = np.asarray(modules["parent"], dtype=np.int64)
+    subtree_bytes = _subtree_sums(parent, np.asarray(modules["param_bytes"], dtype=np.int64))
+    roots = np.flatnonzero(parent == NO_INDEX)
+    if roots.size == 0:
+        return None
+    main = int(roots[np.argmax(subtree_bytes[roots])])
+    types = [strings[t] for t in np.asarray(modules["type"])]
+    in_main = _subtree_mask(parent, main)
+    containers = [
+        row
+        for row, t in enumerate(types)
+        if t in _CONTAINER_TYPES and in_main[row] and len(_children(parent, row)) >= 2
+    ]
+    uniform = [r for r in containers if len({types[c] for c in _children(parent, r)}) == 1]
+    mixed = [r for r in containers if types[r] == "Sequential" and r not in uniform]
+    for tier in (uniform, mixed):
+        outermost = [r for r in tier if not any(_inside(parent, r, q) for q in tier)]
+        if outermost:
+            # max() keeps the first of equal keys: the lowest row breaks the last tie.
+            return max(outermost, key=lambda r: (len(_children(parent, r)), subtree_bytes[r]))
+    return None
+
+
+def _children(parent: np.ndarray, row: int) -> np.ndarray:
+    return np.flatnonzero(parent == row)
+
+
+def _inside(parent: np.ndarray, row: int, other: int) -> bool:
+    """True if module ``row`` is a strict descendant of module ``other``."""
+    up = int(parent[row])
+    while up != NO_INDEX:
+        if up == other:
+            return True
+        up = int(parent[up])
+    return False
+
+
+def _subtree_mask(parent: np.ndarray, root: int) -> np.ndarray:
+    """Boolean mask of the modules in the subtree of ``root``."""
+    mask = np.zeros(len(parent), dtype=bool)
+    mask[root] = True
+    for _ in range(len(parent)):
+        grown = mask | ((parent >= 0) & mask[np.maximum(parent, 0)])
+        if np.array_equal(grown, mask):
+            break
+        mask = grown
+    return mask
+
+
+def _subtree_sums(parent: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Sum of ``values`` over each module's subtree (itself and all descendants)."""
+    sums = values.copy()
+    up = parent.copy()
+    for _ in range(len(parent)):
+        alive = up != NO_INDEX
+        if not alive.any():
+            break
+        np.add.at(sums, up[alive], values[alive])
+        up = np.where(alive, parent[np.maximum(up, 0)], NO_INDEX)
+    return sums
+
+
+# ----------------------------------------------------------------------------- instances
+
+
+def region_instances(
+    calls: Table, modules: Table, strings: Sequence[str], regions: Sequence[Region]
+) -> RegionInstances:
+    """The instances of ``regions`` among the FORWARD calls of a run's ``module_calls``.
+
+    Recompute calls (a baseline that already checkpoints) are never instances. A segment whose
+    Sequential is never called (a model that loops over it) has no instance. Raises
+    ``ValueError`` for a segment outside its Sequential's children.
+    """
+    phase = np.asarray(calls["phase"])
+    module = np.asarray(calls["module"], dtype=np.int64)
+    parent = np.asarray(calls["parent"], dtype=np.int64)
+    forward = np.flatnonzero(phase == Phase.FORWARD)
+    groups: list[tuple[int, list[int]]] = []
+    for index, region in enumerate(regions):
+        if isinstance(region, ModuleRegion):
+            groups += [(index, [int(c)]) for c in forward[module[forward] == region.module]]
+        else:
+            groups += _segment_groups(index, region, forward, module, parent, modules, strings)
+    return _instances(calls, groups)
+
+
+def _segment_groups(
+    index: int,
+    region: SegmentRegion,
+    forward: np.ndarray,
+    module: np.ndarray,
+    parent: np.ndarray,
+    modules: Table,
+    strings: Sequence[str],
+) -> list[tuple[int, list[int]]]:
+    """(region index, top calls) of each call of the segment's Sequential."""
+    children = sequential_children(modules, strings, region.module)
+    if not 0 <= region.start < region.stop <= len(children):
+        raise ValueError(
+            f"segment [{region.start}:{region.stop}] of module row {region.module} is outside "
+            f"its {len(children)} children; use 0 <= start < stop <= {len(children)}"
+        )
+    wanted = np.asarray(children[region.start : region.stop], dtype=np.int64)
+    groups = []
+    for call in forward[module[forward] == region.module]:
+        inner = forward[(parent[forward] == call) & np.isin(module[forward], wanted)]
+        if inner.size:
+            groups.append((index, inner.tolist()))
+    return groups
+
+
+def _instances(calls: Table, groups: list[tuple[int, list[int]]]) -> RegionInstances:
+    start = np.asarray(calls["start_ns"], dtype=np.int64)
+    end = np.asarray(calls["end_ns"], dtype=np.int64)
+    first = np.asarray([g[1][0] for g in groups], dtype=np.int64)
+    last = np.asarray([g[1][-1] for g in groups], dtype=np.int64)
+    last_end = end[last]
+    # NOTE [ Call rows of an instance ]; a call that never returned holds every later row.
+    stop = np.where(
+        last_end < 0, len(start), np.searchsorted(start, last_end, side="right")
+    ).astype(np.int64)
+    sizes = [len(g[1]) for g in groups]
+    return RegionInstances(
+        region=np.asarray([g[0] for g in groups], dtype=np.int64),
+        first_call=first,
+        call_stop=np.maximum(stop, last + 1),
+        last_call=last,
+        start_ns=start[first],
+        end_ns=np.where(last_end < 0, np.iinfo(np.int64).max, last_end),
+        top_instance=np.repeat(np.arange(len(groups), dtype=np.int64), sizes),
+        top_call=np.asarray([c for g in groups for c in g[1]], dtype=np.int64),
+    )
+
+
+def outermost(instances: RegionInstances, active: np.ndarray) -> np.ndarray:
+    """The ``active`` instances (boolean mask) that lie inside no other active instance.
+
+    NOTE [ Nesting: the outer region wins ]
+        When selected instances nest (a block and its MLP, a segment and one of its children),
+        only the outermost is checkpointed; the inner ones are ignored, as if not selected. Of
+        two instances with the same call rows (a module region on a segment's only child), the
+        one listed first wins, and of two overlapping segments of one Sequential (which a plan
+        may not hold) the one starting first. ckpt_runtime would checkpoint the inner region
+        again inside the outer one's recompute (docs/plan-format.md, 3.3); that third run
+        lowers memory only while the outer region is differentiated, which this projection
+        leaves out (an upper bound).
+    """
+    lo, hi = instances.first_call, instances.call_stop
+    rows = np.flatnonzero(active)
+    rows = rows[np.lexsort((rows, -hi[rows], lo[rows]))]  # outer first; first listed wins ties
+    # Instances nest or are disjoint (overlapping segments aside), so one lies inside another
+    # active instance exactly when an instance before it in this order reaches past its start.
+    reach = np.maximum.accumulate(np.concatenate(([-1], hi[rows])))[:-1]
+    keep = np.zeros(len(lo), dtype=bool)
+    keep[rows[lo[rows] >= reach]] = True
+    return keep
