@@ -650,7 +650,10 @@ class Recorder:
             self._fw_calls.append(call)
         return call
 
-    def _post_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _post_forward(self, module: torch.nn.Module, args: Any, *rest: Any) -> None:
+        # (kwargs, output) normally; only (output,) when forward raised: torch then calls
+        # always_call hooks without kwargs (checkpoint's early stop raises inside recompute).
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         if not self._stack or self._stack[-1][0] != self._registry.row(module):
             return  # the matching pre-hook ran before we were installed
         _, call = self._stack.pop()

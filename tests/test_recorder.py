@@ -278,3 +278,25 @@ def test_module_inputs_and_outputs(tmp_path: Path) -> None:
     assert [nbytes[int(c)] for c in root_calls] == [16 * 64 * 4]
     outputs = io["storage"][(io["call"] == root_calls[0]) & (io["kind"] == IOKind.OUTPUT)]
     assert [int(st["nbytes"][s]) for s in outputs] == [16 * 32 * 4]
+
+
+def test_early_stopped_recompute_closes_its_region(tmp_path: Path) -> None:
+    """torch's non-reentrant checkpoint stops a recompute by raising inside forward; the
+    recorder's forward hook must still close the region (it is called without kwargs then)."""
+    from torch.utils.checkpoint import checkpoint
+
+    block = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+    head = nn.Linear(64, 1)
+    opt = torch.optim.SGD([*block.parameters(), *head.parameters()], lr=0.1)
+    with Recorder(tmp_path / "t.h5", steps=1, warmup=1, progress=False):
+        for _ in range(2):
+            x = torch.randn(8, 64, requires_grad=True)
+            head(checkpoint(block, x, use_reentrant=False)).sum().backward()
+            opt.step()
+    tables = read_run(tmp_path / "t.h5")
+    regions, ops = tables["recompute_regions"], tables["ops"]
+    assert len(regions["step"]) == 1
+    first, end = int(regions["first_op"][0]), int(regions["end_op"][0])
+    assert (ops["phase"][first:end] == Phase.RECOMPUTE).all()
+    # Backward ops after the recompute are backward again, not recompute.
+    assert (ops["phase"][end:] == Phase.BACKWARD).any()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +24,13 @@ def add_parser(verbs: Any) -> None:
             "come before or after TARGET; arguments after '--' all go to the script."
         ),
     )
-    _add_options(p)
+    add_record_options(p)
     p.add_argument("target", metavar="TARGET", help="the training script (or module with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(handler=run)
 
 
-def _add_options(p: argparse.ArgumentParser) -> None:
+def add_record_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, help="trace file to write (default: <script>.h5)")
     p.add_argument("--steps", type=_positive, default=1, help="steps to record (default 1)")
     p.add_argument(
@@ -55,14 +58,14 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _split_script_args(args: argparse.Namespace) -> None:
+def split_script_args(args: argparse.Namespace) -> None:
     """Move ckview's own options found after TARGET (and before '--') out of the script's args.
 
     ``ckview record train.py -o t.h5 --steps 2`` then means what it reads like, while
     ``ckview record train.py -- --steps 2`` passes ``--steps 2`` to the script.
     """
     parser = argparse.ArgumentParser(prog="ckview record", add_help=False)
-    _add_options(parser)
+    add_record_options(parser)
     rest = list(args.args)
     if "--" in rest:
         cut = rest.index("--")
@@ -74,24 +77,36 @@ def _split_script_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _split_script_args(args)
+    split_script_args(args)
     if args.plan and args.warmup == 0:
         raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
-    _check_target(args.target, args.module)
+    check_target(args.target, args.module)
     output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}.h5")
+    exit_code, steps, error = record_script(args, output, _runs(args.compare, args.plan or []))
+    report(output, steps, args, error)
+    return exit_code
+
+
+def record_script(
+    args: argparse.Namespace, output: Path, runs: list[Any], stdout_to_stderr: bool = False
+) -> tuple[int, int, str | None]:
+    """Run the script under the recorder: (exit code, steps recorded, error or None).
+
+    The trace is closed (incomplete if the script failed) whatever happens, also on Ctrl-C
+    and SIGTERM.
+    """
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
-
     from recorder import Recorder, run_script
 
-    runs = _runs(args.compare, args.plan or [])
-    command = ["ckview", "record", *sys.argv[2:]] if sys.argv[1:2] == ["record"] else sys.argv
+    verb = args.verb
+    command = ["ckview", verb, *sys.argv[2:]] if sys.argv[1:2] == [verb] else sys.argv
     recorder = Recorder(
         output,
         steps=args.steps,
         warmup=args.warmup,
         stop_after=args.stop_after,
-        command=command,
+        command=list(command),
         runs=runs,
         progress=not args.no_progress,
     )
@@ -102,15 +117,34 @@ def run(args: argparse.Namespace) -> int:
     outcome = None
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
-        outcome = run_script(args.target, args.args, module=args.module)
+        with _stdout_to_stderr(stdout_to_stderr):
+            outcome = run_script(args.target, args.args, module=args.module)
     finally:
         signal.signal(signal.SIGTERM, previous)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
-    _report(output, recorder.steps_recorded, args, outcome.error)
-    return outcome.exit_code
+    return outcome.exit_code, recorder.steps_recorded, outcome.error
 
 
-def _report(output: Path, steps: int, args: argparse.Namespace, error: str | None) -> None:
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """With ``active``, send what the script prints to stderr (Python and file descriptor 1),
+    so that ckview's stdout holds only its own (JSON) output."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def report(output: Path, steps: int, args: argparse.Namespace, error: str | None) -> None:
     if error:
         print(
             f"ckview: the script failed ({error}); {output} is marked incomplete", file=sys.stderr
@@ -138,12 +172,12 @@ def _runs(compare: bool, plans: list[str]) -> list[Any]:
 
         runs += [RunSpec("baseline", lambda rec: bypass()), RunSpec("checkpointed")]
     for source in plans:
-        plan = _load_plan(source)
-        runs.append(RunSpec(f"plan:{plan.name}", _plan_context(plan)))
+        plan = load_plan(source)
+        runs.append(RunSpec(f"plan:{plan.name}", plan_context(plan)))
     return runs
 
 
-def _load_plan(source: str) -> Any:
+def load_plan(source: str) -> Any:
     from ckpt_runtime.plan import PlanError, load_plan
 
     try:
@@ -154,7 +188,7 @@ def _load_plan(source: str) -> Any:
         raise CLIError(f"cannot read plan {source}: {exc.strerror or exc}") from None
 
 
-def _plan_context(plan: Any) -> Any:
+def plan_context(plan: Any) -> Any:
     """Apply ``plan`` to the recorder's main model for one run, then remove it."""
     from contextlib import contextmanager
 
@@ -172,7 +206,7 @@ def _plan_context(plan: Any) -> Any:
     return applied
 
 
-def _check_target(target: str, module: bool) -> None:
+def check_target(target: str, module: bool) -> None:
     if module:
         try:
             spec = importlib.util.find_spec(target)
