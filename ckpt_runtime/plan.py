@@ -509,4 +509,3 @@ def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Write ``plan`` to ``path`` as a plan document (UTF-8 JSON, indented, newline-terminated)."""
     text = json.dumps(plan.to_json(), indent=2, ensure_ascii=False)
     Path(path).write_text(text + "\n", encoding="utf-8")
-

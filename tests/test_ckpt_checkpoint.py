@@ -425,9 +425,7 @@ def test_hf_gpt2_with_ckpt_runtime_checkpoint() -> None:
     # HF calls the checkpoint function as f(partial(Block.forward, block, **kwargs), *args):
     # keyword arguments, non-tensor ones, and a module hidden in a partial (markers' target).
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=16
-    )
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=16)
     model = transformers.GPT2LMHeadModel(config).train()
     ids = torch.randint(0, 50, (2, 8))
 

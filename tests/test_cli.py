@@ -193,3 +193,15 @@ def test_summary_does_not_import_torch(mlp_trace: Path) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_summary_into_a_closed_pipe_is_quiet() -> None:
+    trace = ROOT / "sample_traces" / "gpt2_compare.h5"  # --json --top 100000: ~160 kB of output
+    proc = subprocess.run(
+        f"{sys.executable} -m ckview summary {trace} --json --top 100000 | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -72,3 +72,20 @@ __all__ += [
     "region_instances",
     "sequential_children",
 ]
+
+# Checkpoint plans against a trace's module tree (plans.py).
+from ckview.analysis.plans import plan_from_regions, plan_name, regions_from_plan  # noqa: E402
+
+__all__ += ["plan_from_regions", "plan_name", "regions_from_plan"]
+
+# The planner: the cheapest plan for a memory budget, and the peak / compute front (planner.py).
+from ckview.analysis.planner import (  # noqa: E402
+    ParetoPoint,
+    Planner,
+    PlannerResult,
+    PresetPoint,
+    pareto,
+    plan_for_budget,
+)
+
+__all__ += ["ParetoPoint", "Planner", "PlannerResult", "PresetPoint", "pareto", "plan_for_budget"]

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from ckview import __version__
-from ckview.cli import record, summary, validate
+from ckview.cli import plan, project, record, summary, validate, verify
 from ckview.cli.errors import EXIT_USAGE, CLIError
 
-VERBS = (record, summary, validate)
+VERBS = (record, summary, validate, project, verify, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ckview: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `ckview summary t.h5 | head`: the reader left; say nothing more (Python docs' recipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

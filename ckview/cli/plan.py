@@ -1,0 +1,354 @@
+"""``ckview plan``: the cheapest checkpoint plan whose projected peak fits a memory budget.
+
+The planner (``ckview.analysis.planner``) searches the plans over the run's chain of blocks,
+judging each with the projection; this verb prints its plan beside the presets, the peak /
+extra-compute front with ``--pareto``, and writes the plan file with ``-o``. Imports no torch.
+
+Exit codes: 0 with a plan that fits; 1 when no plan reaches the budget (the lowest projected
+peak is reported); 2 for bad input (``CLIError``, ``TraceError``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ckview.cli.errors import CLIError
+
+EXIT_UNREACHABLE = 1
+"""Exit code when no plan reaches the budget."""
+
+MAX_LINES = 30
+"""Longer region lists and fronts are shortened in text output (JSON has them all)."""
+
+_SHARE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*")
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "plan",
+        help="find the cheapest checkpoint plan for a memory budget",
+        description=(
+            "Find the checkpoint plan with the least extra compute whose projected peak fits "
+            "BUDGET, over the chain of blocks of a recorded run; print it beside the presets."
+        ),
+    )
+    p.add_argument("trace", type=Path, metavar="TRACE")
+    p.add_argument(
+        "--budget",
+        metavar="B",
+        help="peak memory budget: a size ('3GiB', '512MB') or a share of the run's peak ('60%%')",
+    )
+    p.add_argument("-o", "--output", type=Path, metavar="PLAN.json", help="write the plan file")
+    p.add_argument(
+        "--pareto", action="store_true", help="print the peak / extra-compute front of plans"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--run", help="run to plan over (default: 'baseline' if any, else 'main')")
+    p.set_defaults(handler=run)
+
+
+# ----------------------------------------------------------------------------- the verb
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.budget is None and not args.pareto:
+        raise CLIError("give a budget (--budget 3GiB or --budget 60%), or ask for --pareto")
+    if args.output is not None and args.budget is None:
+        raise CLIError("-o writes the plan for a budget; add --budget")
+    share = _parse_share(args.budget) if args.budget is not None else None
+    budget = None if share is not None or args.budget is None else _parse_size(args.budget)
+    name, tables = _read_run(args.trace, args.run)
+    from ckview.analysis import Planner
+
+    try:
+        planner = Planner(tables)
+    except ValueError as exc:
+        raise CLIError(f"{args.trace}, run {name}: {exc}") from None
+    if share is not None:
+        budget = round(planner.baseline_peak * share)
+    result = planner.for_budget(budget) if budget is not None else None
+    front = planner.pareto() if args.pareto else None
+    context = _Context(args.trace, name, tables["modules"], tables["strings"], planner)
+    context.json = args.json
+    if args.json:
+        json.dump(_document(context, result, front), sys.stdout, indent=2)
+        print()
+    else:
+        print(_report(context, result, front, args.budget))
+    return _finish(result, args.output, context)
+
+
+def _finish(result: Any, output: Path | None, context: _Context) -> int:
+    """Write the plan file if asked and the plan fits; the exit code."""
+    from ckview.analysis import format_bytes as fb
+
+    if result is None:
+        return 0
+    if not result.fits:
+        print(
+            f"ckview: no plan reaches the budget {fb(result.budget_bytes)}: the lowest projected "
+            f"peak is {fb(result.best_reachable_peak)}; raise the budget"
+            + (" (no plan file written)" if output is not None else ""),
+            file=sys.stderr,
+        )
+        return EXIT_UNREACHABLE
+    if output is not None:
+        try:
+            output.write_text(json.dumps(result.plan, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise CLIError(f"cannot write the plan file {output}: {exc.strerror or exc}") from None
+        print(
+            f"wrote {output}: apply it with ckpt_runtime.apply_plan(model, {str(output)!r})",
+            file=sys.stderr if context.json else sys.stdout,
+        )
+    return 0
+
+
+# ----------------------------------------------------------------------------- input
+
+
+def _parse_share(text: str) -> float | None:
+    """``'60%'`` -> 0.6; None if ``text`` is not a share. CLIError for a share of 0."""
+    match = _SHARE.fullmatch(text)
+    if match is None:
+        return None
+    share = float(match.group(1)) / 100
+    if share <= 0:
+        raise CLIError(f"budget {text!r} is no memory at all; give a positive share, e.g. 60%")
+    return share
+
+
+def _parse_size(text: str) -> int:
+    from ckview.analysis import parse_bytes
+
+    try:
+        size = parse_bytes(text)
+    except ValueError as exc:
+        raise CLIError(f"budget: {exc}, or a share of the run's peak such as '60%'") from None
+    if size <= 0:
+        raise CLIError(f"budget {text!r} is no memory at all; give a positive size, e.g. 3GiB")
+    return size
+
+
+def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
+    """The run to plan over (``wanted``, else 'baseline', else 'main') and its tables."""
+    from ckview.trace import open_trace
+    from ckview.trace.schema import RUN_TABLES
+
+    with open_trace(path) as trace:
+        names = trace.run_names
+        if wanted is None:
+            wanted = next((n for n in ("baseline", "main") if n in names), None)
+            if wanted is None:
+                raise CLIError(
+                    f"{path} has neither a 'baseline' nor a 'main' run; runs: "
+                    f"{', '.join(names) or 'none'} (pick one with --run)"
+                )
+        elif wanted not in names:
+            raise CLIError(f"{path} has no run {wanted!r}; runs: {', '.join(names) or 'none'}")
+        tables: dict[str, Any] = {t: trace.run(wanted).table(t).read() for t in RUN_TABLES}
+        tables["modules"] = trace.modules.read()
+        tables["strings"] = list(trace.strings)
+    return wanted, tables
+
+
+# ----------------------------------------------------------------------------- output
+
+
+class _Context:
+    """What the report needs besides the results: where they come from, region names."""
+
+    def __init__(
+        self, path: Path, run: str, modules: Any, strings: list[str], planner: Any
+    ) -> None:
+        self.path, self.run, self.planner = path, run, planner
+        self.modules, self.strings = modules, strings
+        self.json = False
+
+    def region(self, region: Any) -> str:
+        """A region as a plan names it: a module path, or ``path[start:stop]``."""
+        path = self.strings[int(self.modules["path"][region.module])] or "<model>"
+        if hasattr(region, "start"):
+            return f"{path}[{region.start}:{region.stop}]"
+        return path
+
+    def regions(self, regions: Any) -> list[str]:
+        return [self.region(r) for r in regions]
+
+    def share(self, extra_ns: int) -> float:
+        step = self.planner.step_ns
+        return extra_ns / step if step else 0.0
+
+    def change(self, peak: int) -> float:
+        base = self.planner.baseline_peak
+        return (peak - base) / base if base else 0.0
+
+
+def _report(context: _Context, result: Any, front: Any, budget_text: str | None) -> str:
+    from ckview.analysis import format_bytes as fb
+
+    planner = context.planner
+    lines = [
+        f"{context.path}, run {context.run}: peak {fb(planner.baseline_peak)}, "
+        f"step {planner.step_ns / 1e6:.1f} ms"
+    ]
+    if result is not None:
+        lines += [
+            "",
+            *_plan_lines(context, result, budget_text),
+            "",
+            *_preset_lines(context, result),
+        ]
+    if front is not None:
+        lines += ["", *_front_lines(context, front)]
+    return "\n".join(lines)
+
+
+def _plan_lines(context: _Context, result: Any, budget_text: str | None) -> list[str]:
+    from ckview.analysis import format_bytes as fb
+
+    how = (
+        f"exact: every plan judged, {result.evaluations} projections"
+        if result.exact
+        else f"heuristic search, {result.evaluations} projections"
+    )
+    title = "plan" if result.fits else "no plan fits the budget; the lowest peak is plan"
+    shown_budget = fb(result.budget_bytes)
+    if budget_text is not None and budget_text.strip().endswith("%"):
+        shown_budget += f" ({budget_text.strip()} of the baseline peak)"
+    lines = [f"budget {shown_budget}", f"{title} {result.plan['name']} ({how}):"]
+    names = context.regions(result.regions)
+    if len(names) > MAX_LINES:
+        names = [f"{name}  ({len(names)} regions)" for name in [", ".join(_compact(names))]]
+    names = names or ["(nothing: the baseline already fits)"]
+    lines += [f"  checkpoint {name}" for name in names]
+    verdict = "fits" if result.fits else "does NOT fit"
+    lines += [
+        f"  projected peak  {fb(result.peak_bytes):>10}  ({context.change(result.peak_bytes):+.1%} "
+        f"vs baseline {fb(result.baseline_peak_bytes)}; {verdict} the budget)",
+        f"  extra compute   {result.extra_compute_ns / 1e6:>7.1f} ms  "
+        f"({context.share(result.extra_compute_ns):.1%} of the step)",
+    ]
+    return lines
+
+
+def _preset_lines(context: _Context, result: Any) -> list[str]:
+    from ckview.analysis import format_bytes as fb
+
+    if not result.presets:
+        return ["presets: none apply (the model has no chain of blocks)"]
+    lines = [f"  {'preset':<8}{'peak':>11}{'vs baseline':>13}{'extra compute':>18}  fits"]
+    rows = [(p.name, p.peak_bytes, p.extra_compute_ns) for p in result.presets]
+    rows.append(("planner", result.peak_bytes, result.extra_compute_ns))
+    for name, peak, extra in rows:
+        fits = "yes" if peak <= result.budget_bytes else "no"
+        lines.append(
+            f"  {name:<8}{fb(peak):>11}{context.change(peak):>+13.1%}"
+            f"{extra / 1e6:>9.1f} ms {context.share(extra):>5.1%}  {fits}"
+        )
+    return ["beside the presets:", *lines]
+
+
+def _front_lines(context: _Context, front: Any) -> list[str]:
+    from ckview.analysis import format_bytes as fb
+
+    shown = _thin(front, MAX_LINES)
+    notes = ["plans no other plan beats on both"]
+    if not context.planner.exact:
+        notes.append("heuristic: among the plans judged")
+    if len(shown) < len(front):
+        notes.append(f"{len(shown)} of {len(front)} shown, --json for all")
+    lines = [
+        f"peak vs extra compute ({'; '.join(notes)}):",
+        f"  {'peak':>11}{'vs baseline':>13}{'extra compute':>18}  regions",
+    ]
+    for point in shown:
+        names = _clip(", ".join(_compact(context.regions(point.regions))), len(point.regions))
+        lines.append(
+            f"  {fb(point.peak_bytes):>11}{context.change(point.peak_bytes):>+13.1%}"
+            f"{point.extra_compute_ns / 1e6:>9.1f} ms {context.share(point.extra_compute_ns):>5.1%}"
+            f"  {names}"
+        )
+    return lines
+
+
+def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
+    """The JSON output: the run, the plan and presets (with --budget), the front (--pareto)."""
+    planner = context.planner
+    doc: dict[str, Any] = {
+        "trace": str(context.path),
+        "run": context.run,
+        "baseline_peak_bytes": planner.baseline_peak,
+        "step_ns": planner.step_ns,
+        "exact": planner.exact,
+    }
+    if result is not None:
+        doc |= {
+            "budget_bytes": result.budget_bytes,
+            "fits": result.fits,
+            "projected_peak_bytes": result.peak_bytes,
+            "best_reachable_peak_bytes": result.best_reachable_peak,
+            "extra_compute_ns": result.extra_compute_ns,
+            "extra_compute_percent": round(100 * context.share(result.extra_compute_ns), 3),
+            "regions": context.regions(result.regions),
+            "plan": result.plan,
+            "evaluations": result.evaluations,
+            "presets": [_point_json(context, p, p.name) for p in result.presets],
+        }
+    if front is not None:
+        doc["pareto"] = [_point_json(context, p) for p in front]
+    return doc
+
+
+def _point_json(context: _Context, point: Any, name: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {} if name is None else {"name": name}
+    return out | {
+        "regions": context.regions(point.regions),
+        "projected_peak_bytes": point.peak_bytes,
+        "extra_compute_ns": point.extra_compute_ns,
+        "extra_compute_percent": round(100 * context.share(point.extra_compute_ns), 3),
+    }
+
+
+def _compact(names: list[str]) -> list[str]:
+    """Runs of numbered siblings as one range: ``blocks.0, blocks.1, blocks.2`` ->
+    ``blocks.0-2``."""
+    out: list[str] = []
+    run: tuple[str, int, int] | None = None  # (parent, first, last)
+    for name in [*names, ""]:
+        parent, _, last = name.rpartition(".")
+        if run is not None and parent == run[0] and last.isdigit() and int(last) == run[2] + 1:
+            run = (run[0], run[1], int(last))
+            continue
+        if run is not None:
+            first = f"{run[0]}.{run[1]}" if run[0] else str(run[1])
+            out.append(first if run[1] == run[2] else f"{first}-{run[2]}")
+            run = None
+        if last.isdigit():
+            run = (parent, int(last), int(last))
+        elif name:
+            out.append(name)
+    return out
+
+
+def _thin(points: list[Any], limit: int) -> list[Any]:
+    """At most ``limit`` of ``points``, evenly spread, the first and last kept."""
+    if len(points) <= limit:
+        return points
+    picks = sorted({round(i * (len(points) - 1) / (limit - 1)) for i in range(limit)})
+    return [points[i] for i in picks]
+
+
+def _clip(text: str, count: int, width: int = 80) -> str:
+    """``text`` cut to about ``width`` characters, saying how many regions it lists."""
+    if not text:
+        return "(none)"
+    if len(text) <= width:
+        return text
+    cut = text.rfind(", ", 0, width)
+    return text[: cut if cut > 0 else width] + f", ... ({count} regions)"

@@ -1,0 +1,297 @@
+"""``ckview verify``: record a script's step without and with checkpoint plans, and check that
+the projection from the un-checkpointed run predicts what each plan measures.
+
+One run of the script records run ``baseline`` (checkpointing bypassed), then one run
+``plan:<name>`` per plan (applied to the script's model with ``ckpt_runtime``), as
+``ckview record --plan`` does. Each plan is then projected over ``baseline``
+(``ckview project``) and compared with its run: peak memory, and extra time (the plan run's
+recompute ops against the projected recompute). Options and the script's arguments are parsed
+exactly as by ``ckview record``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckview.cli import project as proj
+from ckview.cli.errors import CLIError
+from ckview.cli.record import (
+    add_record_options,
+    check_target,
+    load_plan,
+    plan_context,
+    record_script,
+    report,
+    split_script_args,
+)
+
+BASELINE = "baseline"
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "verify",
+        help="record a script with checkpoint plans and compare projected vs measured",
+        description=(
+            "Run TARGET once, recording run 'baseline' (checkpointing bypassed) and then run "
+            "'plan:<name>' for each --plan; project each plan over the baseline and compare "
+            "with what its run measured. ckview's options may come before or after TARGET; "
+            "arguments after '--' all go to the script."
+        ),
+    )
+    add_record_options(p)
+    _set_help(p, "output", "trace file to write (default: <script>-verify.h5); it is kept")
+    _set_help(
+        p,
+        "plan",
+        "a plan to verify: a plan file or a preset (none, all, every:K, sqrt); "
+        "repeatable, at least one",
+    )
+    _set_help(p, "compare", argparse.SUPPRESS)
+    p.add_argument(
+        "--json", action="store_true", help="print JSON (the script's stdout goes to stderr)"
+    )
+    p.add_argument("target", metavar="TARGET", help="the training script (or module with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(handler=run)
+
+
+def _set_help(parser: argparse.ArgumentParser, dest: str, text: str) -> None:
+    """Reword the help of an option that ``record``'s option set adds."""
+    for action in parser._actions:
+        if action.dest == dest:
+            action.help = text
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Check:
+    """One plan: projected over the baseline run, and measured in its own run."""
+
+    projection: proj.PlanProjection
+    measured_peak_bytes: int
+    measured_extra_ns: int
+    """The plan run's RECOMPUTE op time."""
+
+    @property
+    def peak_error(self) -> float:
+        """(projected - measured) / measured peak."""
+        measured = self.measured_peak_bytes
+        return (self.projection.peak_bytes - measured) / measured if measured else 0.0
+
+    @property
+    def extra_error(self) -> float | None:
+        """(projected - measured) / measured extra time; None if nothing was recomputed."""
+        measured = self.measured_extra_ns
+        return (self.projection.extra_compute_ns - measured) / measured if measured else None
+
+    def to_json(self) -> dict[str, Any]:
+        extra = self.extra_error
+        return {
+            "plan": self.projection.plan,
+            "source": self.projection.source,
+            "run": f"plan:{self.projection.plan}",
+            "projected_peak_bytes": self.projection.peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "peak_error_percent": round(100 * self.peak_error, 3),
+            "projected_extra_ns": self.projection.extra_compute_ns,
+            "measured_extra_ns": self.measured_extra_ns,
+            "extra_error_percent": None if extra is None else round(100 * extra, 3),
+            "projection": self.projection.to_json(),
+        }
+
+
+# ----------------------------------------------------------------------------- the verb
+
+
+def run(args: argparse.Namespace) -> int:
+    """Record, project, compare; the script's exit code (1 if a plan run is missing)."""
+    _take_json_flag(args)
+    split_script_args(args)
+    _check_args(args)
+    check_target(args.target, args.module)
+    output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}-verify.h5")
+    plans = _load_plans(args.plan)
+    check = _PlanCheck(plans)
+    exit_code, steps, error = record_script(args, output, _runs(plans, check), args.json)
+    if check.error:
+        output.unlink(missing_ok=True)  # nothing was recorded in it
+        raise CLIError(check.error)
+    report(output, steps, args, error)
+    if error or steps == 0:
+        return exit_code
+    checks, missing = _verify(output, plans)
+    _print(output, checks, missing, args.json)
+    if missing:
+        print(_missing_note(missing, args), file=sys.stderr)
+        return exit_code or 1
+    return exit_code
+
+
+def _take_json_flag(args: argparse.Namespace) -> None:
+    """Take ``--json`` (verify's own option, unknown to ``record``'s option set) from the
+    arguments after TARGET and before '--'; ``split_script_args`` takes the rest."""
+    rest = list(args.args)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    if "--json" in rest[:cut]:
+        args.json = True
+        rest = [a for a in rest[:cut] if a != "--json"] + rest[cut:]
+    args.args = rest
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.compare:
+        raise CLIError("verify records its own 'baseline' run; drop --compare")
+    if not args.plan:
+        raise CLIError(
+            "verify needs a plan: --plan PLAN (a plan file or a preset: none, all, every:K, sqrt)"
+        )
+    if args.warmup == 0:
+        raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
+
+
+def _load_plans(sources: Sequence[str]) -> list[tuple[str, Any]]:
+    """(source, ckpt_runtime Plan) per --plan; CLIError if two would record the same run."""
+    plans = [(source, load_plan(source)) for source in sources]
+    seen: dict[str, str] = {}
+    for source, plan in plans:
+        if plan.name in seen:
+            raise CLIError(
+                f"plans {seen[plan.name]} and {source} are both named {plan.name!r}; give each "
+                'plan file its own "name"'
+            )
+        seen[plan.name] = source
+    return plans
+
+
+class _PlanCheck:
+    """Resolves every plan against the script's model as the baseline run begins, so that a plan
+    that does not fit the model ends the script at once and is reported as one line, instead
+    of failing inside the script when its run begins."""
+
+    def __init__(self, plans: Sequence[tuple[str, Any]]) -> None:
+        self.plans = plans
+        self.error: str | None = None
+
+    @contextlib.contextmanager
+    def baseline(self, recorder: Any) -> Iterator[None]:
+        """The baseline's run context: check the plans, then bypass checkpointing."""
+        from ckpt_runtime import PlanError, bypass, resolve_plan
+        from recorder import StopScript
+
+        try:
+            model = recorder.main_model()
+            for source, plan in self.plans:
+                try:
+                    resolve_plan(model, plan)
+                except PlanError as exc:
+                    raise PlanError(f"plan {source}: {exc}") from None
+        except (PlanError, RuntimeError) as exc:
+            self.error = " ".join(str(exc).split())
+            raise StopScript from None
+        with bypass():
+            yield
+
+
+def _runs(plans: Sequence[tuple[str, Any]], check: _PlanCheck) -> list[Any]:
+    """'baseline' (checkpointing bypassed), then 'plan:<name>' per plan."""
+    from recorder import RunSpec
+
+    runs = [RunSpec(BASELINE, check.baseline)]
+    runs += [RunSpec(f"plan:{plan.name}", plan_context(plan)) for _, plan in plans]
+    return runs
+
+
+# ----------------------------------------------------------------------------- comparing
+
+
+def _verify(output: Path, plans: Sequence[tuple[str, Any]]) -> tuple[list[Check], list[str]]:
+    """Each recorded plan run against its projection; and the plan runs not recorded."""
+    from ckview.analysis import phase_time_ns
+    from ckview.trace import open_trace
+    from ckview.trace.schema import Phase
+
+    checks, missing = [], []
+    with open_trace(output) as trace:
+        if not _has_steps(trace, BASELINE):
+            return [], [f"plan:{plan.name}" for _, plan in plans]
+        base = proj.read_tables(trace, BASELINE)
+        for source, plan in plans:
+            name = f"plan:{plan.name}"
+            if not _has_steps(trace, name):
+                missing.append(name)
+                continue
+            run = {t: trace.run(name).table(t).read() for t in ("storages", "memory_events", "ops")}
+            checks.append(
+                Check(
+                    projection=proj.project_plan(base, plan.to_json(), source),
+                    measured_peak_bytes=proj.run_peak(run),
+                    measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
+                )
+            )
+    return checks, missing
+
+
+def _has_steps(trace: Any, name: str) -> bool:
+    return name in trace.run_names and trace.run(name).steps_recorded > 0
+
+
+def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
+    runs = 1 + len(args.plan)
+    return (
+        f"ckview: the script ended before run(s) {', '.join(missing)} were recorded; verify "
+        f"needs {args.warmup} warmup + {runs} x {args.steps} steps: let the script run more "
+        "steps (e.g. -- --steps N)"
+    )
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _print(output: Path, checks: Sequence[Check], missing: Sequence[str], as_json: bool) -> None:
+    if as_json:
+        doc = {
+            "trace": str(output),
+            "baseline_run": BASELINE,
+            "baseline_peak_bytes": checks[0].projection.run_peak_bytes if checks else None,
+            "baseline_step_ns": checks[0].projection.step_ns if checks else None,
+            "plans": [c.to_json() for c in checks],
+            "missing_runs": list(missing),
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+        return
+    print(format_table(output, checks))
+
+
+def format_table(output: Path, checks: Sequence[Check]) -> str:
+    """Projected vs measured, one line per plan."""
+    from ckview.analysis import format_bytes as fb
+
+    if not checks:
+        return f"{output}: no plan run to verify"
+    first = checks[0].projection
+    width = max(4, *(len(c.projection.plan) for c in checks)) + 2
+    lines = [
+        f"{output}: plans projected over run {BASELINE!r} (peak {fb(first.run_peak_bytes)}, "
+        f"step {first.step_ns / 1e6:.1f} ms) vs measured in their own runs",
+        f"{'plan':<{width}}{'projected peak':>15}{'measured peak':>15}{'error':>9}"
+        f"{'projected extra':>17}{'measured extra':>16}",
+    ]
+    for c in checks:
+        p = c.projection
+        lines.append(
+            f"{p.plan:<{width}}{fb(p.peak_bytes):>15}{fb(c.measured_peak_bytes):>15}"
+            f"{c.peak_error:>+9.2%}{p.extra_compute_ns / 1e6:>14.1f} ms"
+            f"{c.measured_extra_ns / 1e6:>13.1f} ms"
+        )
+    return "\n".join(lines)
