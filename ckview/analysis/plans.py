@@ -39,7 +39,6 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from fnmatch import fnmatchcase
 from typing import Any
 
 import numpy as np
@@ -49,6 +48,8 @@ from ckview.analysis.regions import (
     Region,
     SegmentRegion,
     chain_of_blocks,
+    path_components,
+    path_matches,
     sequential_children,
 )
 from ckview.trace.schema import NO_INDEX
@@ -203,21 +204,8 @@ class _Tree:
         if not _GLOB_CHARS & set(pattern):
             row = self.row_of.get(pattern)
             return [] if row is None else [row]
-        wanted = _components(pattern)
-        return [r for r in self.model_rows if _match_parts(_components(self.paths[r]), wanted)]
-
-
-def _components(path: str) -> list[str]:
-    return path.split(".") if path else []
-
-
-def _match_parts(parts: list[str], pattern: list[str]) -> bool:
-    if not pattern:
-        return not parts
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":
-        return any(_match_parts(parts[i:], rest) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatchcase(parts[0], head) and _match_parts(parts[1:], rest)
+        wanted = path_components(pattern)
+        return [r for r in self.model_rows if path_matches(path_components(self.paths[r]), wanted)]
 
 
 def _escape(path: str) -> str:
@@ -324,7 +312,7 @@ def _check_path(path: Any, what: str, *, glob: bool) -> str:
     """Validate the syntax of a dotted module path (a pattern if ``glob``); return it."""
     if not isinstance(path, str):
         raise _fail(f"{what} must be a string, got {type(path).__name__} {path!r}")
-    for part in _components(path):
+    for part in path_components(path):
         if part == "":
             raise _fail(
                 f"{what} {path!r} has an empty component; write dotted paths as in "

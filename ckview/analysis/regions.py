@@ -93,7 +93,7 @@ def module_rows_matching(modules: Table, strings: Sequence[str], pattern: str) -
     Raises ``ValueError`` for a pattern the plan format rejects (an empty component, ``**``
     inside a component).
     """
-    wanted = _components(pattern)
+    wanted = path_components(pattern)
     for part in wanted:
         if part == "" or ("**" in part and part != "**"):
             raise ValueError(
@@ -103,21 +103,24 @@ def module_rows_matching(modules: Table, strings: Sequence[str], pattern: str) -
     return [
         row
         for row, path in enumerate(np.asarray(modules["path"]))
-        if _match_parts(_components(strings[path]), wanted)
+        if path_matches(path_components(strings[path]), wanted)
     ]
 
 
-def _components(path: str) -> list[str]:
+def path_components(path: str) -> list[str]:
+    """``'a.b.c'`` -> ``['a', 'b', 'c']``; the root's empty path has none."""
     return path.split(".") if path else []
 
 
-def _match_parts(parts: list[str], pattern: list[str]) -> bool:
+def path_matches(parts: list[str], pattern: list[str]) -> bool:
+    """The plan format's matching, component by component: fnmatch within a component,
+    ``'**'`` for any number of components."""
     if not pattern:
         return not parts
     head, rest = pattern[0], pattern[1:]
     if head == "**":
-        return any(_match_parts(parts[i:], rest) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatchcase(parts[0], head) and _match_parts(parts[1:], rest)
+        return any(path_matches(parts[i:], rest) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], head) and path_matches(parts[1:], rest)
 
 
 def sequential_children(modules: Table, strings: Sequence[str], row: int) -> list[int]:
@@ -128,7 +131,7 @@ def sequential_children(modules: Table, strings: Sequence[str], row: int) -> lis
     definition order.
     """
     children = np.flatnonzero(np.asarray(modules["parent"]) == row).tolist()
-    names = [_components(strings[modules["path"][c]])[-1] for c in children]
+    names = [path_components(strings[modules["path"][c]])[-1] for c in children]
     if all(name.isdigit() for name in names):
         return [c for _, c in sorted(zip((int(n) for n in names), children, strict=True))]
     return children
