@@ -35,7 +35,9 @@ def run_script(target: str, args: list[str], *, module: bool = False) -> Outcome
         else:
             sys.path[0] = os.path.dirname(os.path.abspath(target))
             runpy.run_path(target, run_name="__main__")
-    except StopScript:
+    except StopScript as stop:
+        if stop.args:
+            raise  # an abort with a reason: the caller reports it
         return Outcome(0, None)
     except SystemExit as exit_:
         return _exit_outcome(exit_.code)

@@ -123,7 +123,8 @@ class RunSpec:
 class StopScript(BaseException):
     """Raised into the user's script when ``stop_after`` is set and all steps are recorded.
 
-    A ``BaseException`` so that a script's ``except Exception`` does not swallow it.
+    A ``BaseException`` so that a script's ``except Exception`` does not swallow it. With
+    arguments it is an abort with a reason, which ``run_script`` passes on to its caller.
     """
 
 

@@ -106,6 +106,15 @@ def test_plan_file_and_bad_plans(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     regions = read_run(out, "plan:two")["recompute_regions"]
     assert len(regions["step"]) == 2
+    nowhere = tmp_path / "nowhere.json"
+    nowhere.write_text(
+        json.dumps({"format": "ckview-plan", "version": 1, "regions": [{"module": "no.such"}]})
+    )
+    proc = ckview("record", "examples/transformer.py", "-o", str(tmp_path / "n.h5"), "--plan",
+                  str(nowhere))  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no.such" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "n.h5").exists()
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "something-else"}')
     for source in (str(bad), str(tmp_path / "missing.json"), "every:zero"):

@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
     check_target(args.target, args.module)
     output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}.h5")
-    exit_code, steps, error = record_script(args, output, _runs(args.compare, args.plan or []))
+    runs = plan_runs(load_plans(args.plan or []), args.compare, args.compare)
+    exit_code, steps, error = record_script(args, output, runs)
     report(output, steps, args, error)
     return exit_code
 
@@ -97,7 +98,7 @@ def record_script(
     """
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
-    from recorder import Recorder, run_script
+    from recorder import Recorder, StopScript, run_script
 
     verb = args.verb
     command = ["ckview", verb, *sys.argv[2:]] if sys.argv[1:2] == [verb] else sys.argv
@@ -119,6 +120,10 @@ def record_script(
     try:
         with _stdout_to_stderr(stdout_to_stderr):
             outcome = run_script(args.target, args.args, module=args.module)
+    except StopScript as abort:  # PlanCheck: a plan does not fit the model
+        recorder.close(error=str(abort))
+        output.unlink(missing_ok=True)  # nothing was recorded in it
+        raise CLIError(str(abort)) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
@@ -162,19 +167,68 @@ def report(output: Path, steps: int, args: argparse.Namespace, error: str | None
     print(f"ckview: wrote {output} ({steps} steps); next: ckview summary {output}", file=sys.stderr)
 
 
-def _runs(compare: bool, plans: list[str]) -> list[Any]:
-    """The runs to record, in order; see docs/recording.md "Runs"."""
+def load_plans(sources: list[str]) -> list[tuple[str, Any]]:
+    """(source, ckpt_runtime Plan) per --plan; CLIError if two would record the same run."""
+    plans = [(source, load_plan(source)) for source in sources]
+    seen: dict[str, str] = {}
+    for source, plan in plans:
+        if plan.name in seen:
+            raise CLIError(
+                f"plans {seen[plan.name]} and {source} are both named {plan.name!r}; give each "
+                'plan file its own "name"'
+            )
+        seen[plan.name] = source
+    return plans
+
+
+def plan_runs(plans: list[tuple[str, Any]], baseline: bool, checkpointed: bool) -> list[Any]:
+    """The runs to record, in order (docs/recording.md "Runs"): 'baseline' (checkpointing
+    bypassed), 'checkpointed' (the script as it is), then 'plan:<name>' per plan. The first
+    run checks every plan against the script's model before it begins (see PlanCheck)."""
     from recorder import RunSpec
 
     runs = []
-    if compare:
-        from ckpt_runtime.bypass import bypass
-
-        runs += [RunSpec("baseline", lambda rec: bypass()), RunSpec("checkpointed")]
-    for source in plans:
-        plan = load_plan(source)
-        runs.append(RunSpec(f"plan:{plan.name}", plan_context(plan)))
+    if baseline:
+        runs.append(RunSpec("baseline", _bypassed))
+    if checkpointed:
+        runs.append(RunSpec("checkpointed"))
+    runs += [RunSpec(f"plan:{plan.name}", plan_context(plan)) for _, plan in plans]
+    if plans:
+        runs[0] = RunSpec(runs[0].name, PlanCheck(plans, runs[0].context))
     return runs
+
+
+def _bypassed(recorder: Any) -> Any:
+    from ckpt_runtime import bypass
+
+    return bypass()
+
+
+class PlanCheck:
+    """A run context that first resolves every plan against the script's model, so that a plan
+    that does not fit it stops the script at once (``StopScript(reason)``) and is reported as
+    one line, instead of failing inside the script when its run begins."""
+
+    def __init__(self, plans: list[tuple[str, Any]], then: Any) -> None:
+        self.plans = plans
+        self.then = then
+
+    @contextlib.contextmanager
+    def __call__(self, recorder: Any) -> Iterator[Any]:
+        from ckpt_runtime import PlanError, resolve_plan
+        from recorder import StopScript
+
+        try:
+            model = recorder.main_model()
+            for source, plan in self.plans:
+                try:
+                    resolve_plan(model, plan)
+                except PlanError as exc:
+                    raise PlanError(f"plan {source}: {exc}") from None
+        except (PlanError, RuntimeError) as exc:
+            raise StopScript(" ".join(str(exc).split())) from None
+        with self.then(recorder) if self.then is not None else contextlib.nullcontext() as value:
+            yield value
 
 
 def load_plan(source: str) -> Any:

@@ -12,10 +12,9 @@ exactly as by ``ckview record``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ from ckview.cli.errors import CLIError
 from ckview.cli.record import (
     add_record_options,
     check_target,
-    load_plan,
-    plan_context,
+    load_plans,
+    plan_runs,
     record_script,
     report,
     split_script_args,
@@ -120,12 +119,9 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     check_target(args.target, args.module)
     output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}-verify.h5")
-    plans = _load_plans(args.plan)
-    check = _PlanCheck(plans)
-    exit_code, steps, error = record_script(args, output, _runs(plans, check), args.json)
-    if check.error:
-        output.unlink(missing_ok=True)  # nothing was recorded in it
-        raise CLIError(check.error)
+    plans = load_plans(args.plan)
+    runs = plan_runs(plans, baseline=True, checkpointed=False)
+    exit_code, steps, error = record_script(args, output, runs, args.json)
     report(output, steps, args, error)
     if error or steps == 0:
         return exit_code
@@ -157,58 +153,6 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if args.warmup == 0:
         raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
-
-
-def _load_plans(sources: Sequence[str]) -> list[tuple[str, Any]]:
-    """(source, ckpt_runtime Plan) per --plan; CLIError if two would record the same run."""
-    plans = [(source, load_plan(source)) for source in sources]
-    seen: dict[str, str] = {}
-    for source, plan in plans:
-        if plan.name in seen:
-            raise CLIError(
-                f"plans {seen[plan.name]} and {source} are both named {plan.name!r}; give each "
-                'plan file its own "name"'
-            )
-        seen[plan.name] = source
-    return plans
-
-
-class _PlanCheck:
-    """Resolves every plan against the script's model as the baseline run begins, so that a plan
-    that does not fit the model ends the script at once and is reported as one line, instead
-    of failing inside the script when its run begins."""
-
-    def __init__(self, plans: Sequence[tuple[str, Any]]) -> None:
-        self.plans = plans
-        self.error: str | None = None
-
-    @contextlib.contextmanager
-    def baseline(self, recorder: Any) -> Iterator[None]:
-        """The baseline's run context: check the plans, then bypass checkpointing."""
-        from ckpt_runtime import PlanError, bypass, resolve_plan
-        from recorder import StopScript
-
-        try:
-            model = recorder.main_model()
-            for source, plan in self.plans:
-                try:
-                    resolve_plan(model, plan)
-                except PlanError as exc:
-                    raise PlanError(f"plan {source}: {exc}") from None
-        except (PlanError, RuntimeError) as exc:
-            self.error = " ".join(str(exc).split())
-            raise StopScript from None
-        with bypass():
-            yield
-
-
-def _runs(plans: Sequence[tuple[str, Any]], check: _PlanCheck) -> list[Any]:
-    """'baseline' (checkpointing bypassed), then 'plan:<name>' per plan."""
-    from recorder import RunSpec
-
-    runs = [RunSpec(BASELINE, check.baseline)]
-    runs += [RunSpec(f"plan:{plan.name}", plan_context(plan)) for _, plan in plans]
-    return runs
 
 
 # ----------------------------------------------------------------------------- comparing
