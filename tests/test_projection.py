@@ -569,6 +569,7 @@ def test_incremental_matches_exact_on_synthetic_steps(spec: list[Block], data: A
         exact = model.project(np.asarray(picks))
         assert model.peak(np.asarray(picks)) == exact.projected_peak
         assert model.extra_compute_ns(np.asarray(picks)) == exact.extra_compute_ns
+        check_curve(model, np.asarray(picks), exact)
 
 
 def test_incremental_matches_exact_on_the_benchmark_step() -> None:
@@ -580,7 +581,9 @@ def test_incremental_matches_exact_on_the_benchmark_step() -> None:
     rng = np.random.default_rng(0)
     for _ in range(15):
         picks = rng.random(12) < rng.random()
-        assert model.peak(picks) == model.project(picks).projected_peak
+        exact = model.project(picks)
+        assert model.peak(picks) == exact.projected_peak
+        check_curve(model, picks, exact)
     assert model.peak([]) == model.project([]).projected_peak
 
 
@@ -617,6 +620,22 @@ def test_incremental_matches_exact_when_two_regions_move_one_storage() -> None:
     (moved,) = np.flatnonzero((ev.storage == mask) & (ev.kind == FREE) & ~ev.copy)
     assert both.instances.first_call[ev.instance[moved]] == blocks[2][0]
     assert mask in both.live.storage
+
+
+def check_curve(model: ProjectionModel, picks: np.ndarray, exact: Any) -> None:
+    """NOTE [ Projected curve ]: its maximum is the peak; at each baseline point it is the exact
+    projection's state after every event up to that point's key; times never go back."""
+    curve = model.curve(picks)
+    assert curve.total.max() == exact.projected_peak.bytes
+    assert np.all(np.diff(curve.time_ns) >= 0)
+    width = model._base.width
+    # A baseline point's state comes first among the states at that point (inserted moments
+    # and recompute highs follow it, NOTE [ Event keys ]).
+    points, first = np.unique(curve.point, return_index=True)
+    assert np.array_equal(points, np.arange(len(model._base.times) + 1))
+    keys = (points - 1) * width + width - 1
+    after = np.searchsorted(exact.events.key, keys, side="right")  # projected point after them
+    assert np.array_equal(curve.total[first], exact.total[after])
 
 
 def _load_benchmark() -> Any:

@@ -7,6 +7,7 @@ from ckview.analysis.breakdown import bytes_by_category, bytes_by_module, module
 from ckview.analysis.projection import (
     InstanceEffects,
     LiveStorages,
+    ProjectedCurve,
     ProjectedEvents,
     ProjectedPeak,
     Projection,
@@ -58,6 +59,7 @@ __all__ += [
     "InstanceEffects",
     "LiveStorages",
     "ModuleRegion",
+    "ProjectedCurve",
     "ProjectedEvents",
     "ProjectedPeak",
     "Projection",

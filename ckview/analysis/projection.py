@@ -166,6 +166,21 @@ class Recompute:
 
 
 @dataclass(frozen=True)
+class ProjectedCurve:
+    """The projected total at display resolution (NOTE [ Projected curve ]), in key order."""
+
+    time_ns: np.ndarray
+    """(c,) int64: time of each state."""
+    point: np.ndarray
+    """(c,) int64: baseline timeline point each state stands at (to place it by op index)."""
+    total: np.ndarray
+    """(c,) int64: projected live bytes."""
+
+    def __len__(self) -> int:
+        return len(self.total)
+
+
+@dataclass(frozen=True)
 class Projection:
     """The projected timeline of a baseline run with some region instances checkpointed."""
 
@@ -721,6 +736,16 @@ class ProjectionModel:
         point, recompute call) equals ``project``'s ``projected_peak`` for every selection, up
         to float64 sums of bytes (exact below 2**53 = 8 PiB). It does not give the projected
         event row: only the full projection numbers the events.
+
+    NOTE [ Projected curve ]
+        ``curve(selected)`` draws the projection without numbering its events: one state per
+        baseline point (the state after every projected event up to that point's key), one per
+        inserted moment any candidate can make (the state after it), and for each recompute its
+        highest point, placed just before the recompute's key. Each state is the baseline at
+        its point plus the selection's level for its interval, so the curve's maximum is
+        ``peak(selected).bytes`` and a query is one gather over the states, with no sort. What
+        it leaves out lies between two of its states and below the higher of them, except
+        inside a recompute, whose highest point it keeps.
     """
 
     def __init__(self, tables: RunTables, candidates: Sequence[Region]) -> None:
@@ -751,6 +776,11 @@ class ProjectionModel:
     def project(self, selected: Selection) -> Projection:
         """The exact projection of the ``selected`` candidates (see ``project``)."""
         return _project(self.effects, self._base, self.checkpointed(selected))
+
+    def curve(self, selected: Selection) -> ProjectedCurve:
+        """The projected total of the ``selected`` candidates at every baseline point, every
+        inserted state and every recompute's highest point (NOTE [ Projected curve ])."""
+        return _query_curve(self._index, self.checkpointed(selected))
 
 
 def _candidate_mask(selected: Selection, n: int) -> np.ndarray:
@@ -792,6 +822,22 @@ class _Index:
     spike_point: np.ndarray
     spike_call: np.ndarray
     moving: _Moving
+    curve: _CurveIndex
+
+
+@dataclass(frozen=True)
+class _CurveIndex:
+    """Per state of the curve (baseline points and inserted union keys, in key order): what
+    ``_query_curve`` adds the selection's level to."""
+
+    base: np.ndarray
+    """(c,) int64: baseline live bytes at the state."""
+    slot: np.ndarray
+    """(c,) int64: the interval (of ``_Index``) the state is in."""
+    time: np.ndarray
+    point: np.ndarray
+    order: np.ndarray
+    """(c,) int64: 2 x key, comparable with ``_Index.spike_order``."""
 
 
 @dataclass(frozen=True)
@@ -849,6 +895,30 @@ def _build_index(eff: InstanceEffects, base: _Baseline) -> _Index:
         spike_point=at,
         spike_call=eff.instances.first_call[spike_inst],
         moving=_moving(eff, base, storages, ~fixed, union),
+        curve=_curve_index(eff, base, curve, union),
+    )
+
+
+def _curve_index(
+    eff: InstanceEffects, base: _Baseline, curve: MemoryTimeline, union: np.ndarray
+) -> _CurveIndex:
+    """The states NOTE [ Projected curve ] draws: every baseline point, then every union key
+    that is an inserted moment (baseline keys are baseline points already), merged by key."""
+    points = np.arange(base.n + 1, dtype=np.int64)
+    point_keys = (points - 1) * base.width + base.width - 1  # point 0: key -1
+    inserted = union[union % base.width != base.width - 1]
+    keys = np.concatenate([point_keys, inserted])
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    at = base.point_of_key(np.maximum(keys, 0))
+    at[keys < 0] = 0
+    times = np.concatenate([curve.time_ns, _key_times(eff, base, curve, inserted)])[order]
+    return _CurveIndex(
+        base=curve.total[at],
+        slot=np.searchsorted(union, keys, side="right"),
+        time=times,
+        point=at,
+        order=2 * keys,
     )
 
 
@@ -1016,8 +1086,8 @@ def _key_times(
     return np.where(event, curve.time_ns[base.point_of_key(np.maximum(keys, 0))], inserted)
 
 
-def _query_peak(ix: _Index, active: np.ndarray) -> ProjectedPeak:
-    """The projected peak with the ``active`` instances checkpointed (NOTE [ Incremental peak ])."""
+def _levels(ix: _Index, active: np.ndarray) -> np.ndarray:
+    """(u+1,) float64: the change of the ``active`` instances to the baseline, per interval."""
     step = active[ix.step_instance]
     moving_slot, moving_bytes = _moving_steps(ix.moving, active)
     shifts = np.bincount(
@@ -1025,7 +1095,12 @@ def _query_peak(ix: _Index, active: np.ndarray) -> ProjectedPeak:
         weights=np.concatenate([ix.step_bytes[step], moving_bytes]),
         minlength=len(ix.top) + 1,  # the last bin collects "never freed"
     )[: len(ix.top)]
-    level = np.cumsum(shifts)  # float64 sums of whole bytes: exact below 2**53 (8 PiB)
+    return np.cumsum(shifts)  # float64 sums of whole bytes: exact below 2**53 (8 PiB)
+
+
+def _query_peak(ix: _Index, active: np.ndarray) -> ProjectedPeak:
+    """The projected peak with the ``active`` instances checkpointed (NOTE [ Incremental peak ])."""
+    level = _levels(ix, active)
     spike = np.flatnonzero(active[ix.spike_instance])
     values = np.concatenate([ix.top + level, ix.spike_bytes[spike] + level[ix.spike_slot[spike]]])
     orders = np.concatenate([ix.top_order, ix.spike_order[spike]])
@@ -1037,4 +1112,22 @@ def _query_peak(ix: _Index, active: np.ndarray) -> ProjectedPeak:
     s = spike[i - len(ix.top)]
     return ProjectedPeak(
         round(best), int(ix.spike_time[s]), int(ix.spike_point[s]), int(ix.spike_call[s])
+    )
+
+
+def _query_curve(ix: _Index, active: np.ndarray) -> ProjectedCurve:
+    """See NOTE [ Projected curve ]."""
+    c = ix.curve
+    level = np.rint(_levels(ix, active)).astype(np.int64)
+    total = c.base + level[c.slot]
+    spike = np.flatnonzero(active[ix.spike_instance])
+    if spike.size == 0:
+        return ProjectedCurve(time_ns=c.time, point=c.point, total=total)
+    # A spike's order (2 x key - 1) sorts it just before the states at its key.
+    at = np.searchsorted(c.order, ix.spike_order[spike])
+    high = np.rint(ix.spike_bytes[spike]).astype(np.int64) + level[ix.spike_slot[spike]]
+    return ProjectedCurve(
+        time_ns=np.insert(c.time, at, ix.spike_time[spike]),
+        point=np.insert(c.point, at, ix.spike_point[spike]),
+        total=np.insert(total, at, high),
     )
