@@ -86,8 +86,17 @@ from ckview.analysis.planner import (  # noqa: E402
     Planner,
     PlannerResult,
     PresetPoint,
+    chain_candidates,
     pareto,
     plan_for_budget,
 )
 
-__all__ += ["ParetoPoint", "Planner", "PlannerResult", "PresetPoint", "pareto", "plan_for_budget"]
+__all__ += [
+    "ParetoPoint",
+    "Planner",
+    "PlannerResult",
+    "PresetPoint",
+    "chain_candidates",
+    "pareto",
+    "plan_for_budget",
+]

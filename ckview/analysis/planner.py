@@ -208,6 +208,15 @@ def pareto(
     return planner.pareto()
 
 
+def chain_candidates(modules: Mapping[str, np.ndarray], strings: Sequence[str]) -> list[Region]:
+    """The planner's default candidates: each block of the run's chain of blocks, and on a
+    Sequential chain its segments (NOTE [ Planner search space ]); empty without a chain."""
+    try:
+        return _Chain.find(modules, strings).candidates()
+    except ValueError:
+        return []
+
+
 class Planner:
     """Plans for one baseline run and candidate list, on one ``ProjectionModel``."""
 

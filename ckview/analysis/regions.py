@@ -149,7 +149,7 @@ def chain_of_blocks(modules: Table, strings: Sequence[str]) -> int | None:
     same rule picks among Sequentials with mixed children. ``None`` if there is no chain.
     """
     parent = np.asarray(modules["parent"], dtype=np.int64)
-    subtree_bytes = _subtree_sums(parent, np.asarray(modules["param_bytes"], dtype=np.int64))
+    subtree_bytes = subtree_sums(parent, np.asarray(modules["param_bytes"], dtype=np.int64))
     roots = np.flatnonzero(parent == NO_INDEX)
     if roots.size == 0:
         return None
@@ -197,7 +197,7 @@ def _subtree_mask(parent: np.ndarray, root: int) -> np.ndarray:
     return mask
 
 
-def _subtree_sums(parent: np.ndarray, values: np.ndarray) -> np.ndarray:
+def subtree_sums(parent: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Sum of ``values`` over each module's subtree (itself and all descendants)."""
     sums = values.copy()
     up = parent.copy()

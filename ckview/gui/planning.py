@@ -1,0 +1,448 @@
+"""Checkpoint plans in the explorer: the selection the user clicks together, and its projection.
+
+Qt-free. ``PlanSession`` holds one baseline run, its module tree and chain of blocks, and the
+selected regions; ``outcome()`` projects them with ``ckview.analysis`` (the incremental
+``ProjectionModel`` when every region is one of its candidates, else the exact ``project``).
+
+NOTE [ Chain strip ]
+    A chain of blocks is cut into segments by boundaries; the user clicks a gap to add or
+    remove a boundary and a block to checkpoint its segment or not. On an ``nn.Sequential``
+    a segment of several blocks is one region (``SegmentRegion``: one instance keeps only the
+    first block's input); a one-block segment is that block's ``ModuleRegion`` (the same
+    instances). A ``ModuleList`` is called block by block by its owner, so there every block is
+    its own segment and its gaps are fixed boundaries. Merging two segments keeps the merged
+    one checkpointed if either was; splitting one keeps both halves as it was. The selection is
+    the one source of truth: the strip's checkpointed segments are the selected chain regions,
+    and a preset or a loaded plan moves the boundaries to their edges.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ckview.analysis import (
+    ModuleRegion,
+    Planner,
+    PlannerResult,
+    ProjectionModel,
+    Region,
+    SegmentRegion,
+    chain_candidates,
+    chain_of_blocks,
+    plan_from_regions,
+    project,
+    regions_from_plan,
+    sequential_children,
+)
+from ckview.analysis.regions import subtree_sums
+from ckview.gui.rundata import RunData
+from ckview.trace.schema import Category, Phase
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One row of the module tree."""
+
+    row: int
+    name: str
+    """Last component of the path (the type name for a root)."""
+    path: str
+    type: str
+    parent: int
+    calls: int
+    """Forward calls in the run."""
+    activation_bytes: int
+    """Bytes of activations (saved for backward) created inside the module's calls."""
+    forward_ns: int
+    """Summed duration of its forward calls."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The run's chain of blocks (``chain_of_blocks``), as the strip shows it."""
+
+    row: int
+    path: str
+    blocks: tuple[int, ...]
+    sequential: bool
+
+    def region(self, start: int, stop: int) -> Region:
+        """The region of blocks ``start .. stop-1`` (NOTE [ Chain strip ])."""
+        if stop - start == 1:
+            return ModuleRegion(self.blocks[start])
+        return SegmentRegion(self.row, start, stop)
+
+    def block_range(self, region: Region) -> tuple[int, int] | None:
+        """``(start, stop)`` blocks of a chain region, None for any other region."""
+        if isinstance(region, SegmentRegion):
+            return (region.start, region.stop) if region.module == self.row else None
+        if region.module in self.blocks:
+            i = self.blocks.index(region.module)
+            return i, i + 1
+        return None
+
+
+@dataclass(frozen=True)
+class RecomputeMark:
+    """Where the projected backward recomputes a checkpointed instance."""
+
+    time_ns: int
+    point: int
+    """Baseline timeline point the recompute is inserted at."""
+    label: str
+    compute_ns: int
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """The projection of the current selection: what the readout and the curve show."""
+
+    peak_bytes: int
+    baseline_peak_bytes: int
+    extra_compute_ns: int
+    step_ns: int
+    time_ns: np.ndarray
+    """Projected curve (NOTE [ Projected curve ] in ``ckview.analysis.projection``)."""
+    point: np.ndarray
+    total: np.ndarray
+    peak_time_ns: int
+    peak_point: int
+    recomputes: tuple[RecomputeMark, ...]
+    incremental: bool
+    """True if the fast ``ProjectionModel`` answered, False for the exact fallback."""
+
+    @property
+    def saving_bytes(self) -> int:
+        return self.baseline_peak_bytes - self.peak_bytes
+
+    @property
+    def saving_share(self) -> float:
+        return self.saving_bytes / self.baseline_peak_bytes if self.baseline_peak_bytes else 0.0
+
+    @property
+    def extra_share(self) -> float:
+        return self.extra_compute_ns / self.step_ns if self.step_ns else 0.0
+
+
+class PlanSession:
+    """The plan being built over one baseline run."""
+
+    def __init__(self, run: RunData) -> None:
+        self.run = run
+        t = run.tables
+        self.modules = _module_infos(run)
+        self.chain = _chain(run)
+        self.boundaries: set[int] = set(range(1, len(self.chain.blocks))) if self.chain else set()
+        self.selection: set[Region] = set()
+        self.candidates: list[Region] = list(
+            dict.fromkeys(
+                [ModuleRegion(m.row) for m in self.modules if m.calls]
+                + chain_candidates(t["modules"], t["strings"])
+            )
+        )
+        self.index = {r: i for i, r in enumerate(self.candidates)}
+        self.model: ProjectionModel | None = None
+        self.step_ns = int(np.sum(t["steps"]["end_ns"] - t["steps"]["start_ns"]))
+
+    # -- preparing (slow on big runs: the GUI does it off the UI thread)
+
+    def prepare(self) -> None:
+        """Build the incremental model over every candidate (about 1 s per 1e6 events)."""
+        if self.model is None:
+            self.model = ProjectionModel(self.run.tables, self.candidates)
+
+    def recompute_cost_ns(self, row: int) -> int | None:
+        """Extra compute of checkpointing module ``row`` alone; None until ``prepare``."""
+        i = self.index.get(ModuleRegion(row))
+        if self.model is None or i is None:
+            return None
+        return self.model.extra_compute_ns([i])
+
+    # -- the selection
+
+    def set_selection(self, regions: Iterable[Region]) -> None:
+        """Select exactly ``regions``; the strip's boundaries move to the chain regions' edges."""
+        self.selection = {self._normal(r) for r in regions}
+        if self.chain is not None and self.chain.sequential:
+            edges = set()
+            for region in self.selection:
+                span = self.chain.block_range(region)
+                if span is not None:
+                    edges.update(span)
+            self.boundaries = {e for e in edges if 0 < e < len(self.chain.blocks)}
+
+    def _normal(self, region: Region) -> Region:
+        """A one-block segment is its block's module region (the same instances)."""
+        if isinstance(region, SegmentRegion) and region.stop - region.start == 1:
+            t = self.run.tables
+            children = sequential_children(t["modules"], t["strings"], region.module)
+            return ModuleRegion(children[region.start])
+        return region
+
+    def toggle_module(self, row: int) -> bool:
+        """Checkpoint module ``row`` or stop; returns whether it is now selected."""
+        region = ModuleRegion(row)
+        if region in self.selection:
+            self.selection.discard(region)
+            return False
+        if self.chain is not None and self.chain.sequential and row in self.chain.blocks:
+            i = self.chain.blocks.index(row)
+            self._drop_chain_regions_over(i, i + 1)
+            self.boundaries.update(b for b in (i, i + 1) if 0 < b < len(self.chain.blocks))
+        self.selection.add(region)
+        return True
+
+    def segments(self) -> list[tuple[int, int]]:
+        """The strip's segments ``(start, stop)``, in order (NOTE [ Chain strip ])."""
+        if self.chain is None:
+            return []
+        cuts = [0, *sorted(self.boundaries), len(self.chain.blocks)]
+        return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+    def segment_selected(self, start: int, stop: int) -> bool:
+        assert self.chain is not None
+        return self.chain.region(start, stop) in self.selection
+
+    def toggle_block(self, block: int) -> bool:
+        """Checkpoint the segment holding ``block`` or stop; returns whether it now is."""
+        assert self.chain is not None
+        start, stop = next(s for s in self.segments() if s[0] <= block < s[1])
+        region = self.chain.region(start, stop)
+        if region in self.selection:
+            self.selection.discard(region)
+            return False
+        self._drop_chain_regions_over(start, stop)
+        self.selection.add(region)
+        return True
+
+    def toggle_boundary(self, gap: int) -> bool:
+        """Add or remove the boundary before block ``gap`` (Sequential chains only); returns
+        whether it is now a boundary. Selected segments merge or split (NOTE [ Chain strip ])."""
+        assert self.chain is not None
+        if not self.chain.sequential:
+            raise ValueError(
+                f"{self.chain.path} is a ModuleList: its blocks are called one by one, so each "
+                "block is its own segment"
+            )
+        if not 0 < gap < len(self.chain.blocks):
+            raise ValueError(f"no gap {gap} in a chain of {len(self.chain.blocks)} blocks")
+        before = {s: self.segment_selected(*s) for s in self.segments()}
+        if gap in self.boundaries:
+            self.boundaries.discard(gap)
+        else:
+            self.boundaries.add(gap)
+        for s, on in before.items():
+            self.selection.discard(self.chain.region(*s))
+        for start, stop in self.segments():
+            if any(on and a < stop and start < b for (a, b), on in before.items()):
+                self.selection.add(self.chain.region(start, stop))
+        return gap in self.boundaries
+
+    def _drop_chain_regions_over(self, start: int, stop: int) -> None:
+        assert self.chain is not None
+        for region in list(self.selection):
+            span = self.chain.block_range(region)
+            if span is not None and span[0] < stop and start < span[1]:
+                self.selection.discard(region)
+
+    def shadowed(self) -> set[int]:
+        """Module rows selected but inside another selected module (the outer one wins)."""
+        rows = {r.module for r in self.selection if isinstance(r, ModuleRegion)}
+        parent = self.run.tables["modules"]["parent"]
+        out = set()
+        for row in rows:
+            up = int(parent[row])
+            while up >= 0:
+                if up in rows:
+                    out.add(row)
+                    break
+                up = int(parent[up])
+        return out
+
+    # -- plans
+
+    def regions(self) -> list[Region]:
+        """The selection in a stable order (by module row, then block range)."""
+        return sorted(self.selection, key=_region_key)
+
+    def apply_preset(self, preset: str) -> None:
+        """Select what a preset (``none``, ``all``, ``sqrt``, ``every:K``) checkpoints; raises
+        ``ValueError`` if the model has no chain for it."""
+        t = self.run.tables
+        self.set_selection(regions_from_plan(preset, t["modules"], t["strings"]))
+
+    def plan_document(self, name: str) -> dict[str, Any]:
+        """The selection as a plan document (docs/plan-format.md)."""
+        t = self.run.tables
+        meta = {"trace": os.path.basename(self.run.source), "run": self.run.name}
+        return plan_from_regions(self.regions(), t["modules"], t["strings"], name, meta=meta)
+
+    def save_plan(self, path: str, name: str | None = None) -> None:
+        """Write the selection as a plan JSON file (named after the file if no ``name``)."""
+        stem = os.path.splitext(os.path.basename(path))[0] or "plan"
+        doc = self.plan_document(name or stem)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+
+    def load_plan(self, path: str) -> None:
+        """Select what a plan file checkpoints; ``ValueError`` (one line) if it cannot apply."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read plan file {path}: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"plan file {path} is not valid JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"plan file {path}: a plan is a JSON object")
+        doc.setdefault("name", os.path.splitext(os.path.basename(path))[0] or "plan")
+        t = self.run.tables
+        self.set_selection(regions_from_plan(doc, t["modules"], t["strings"]))
+
+    def planner(self) -> Planner:
+        """A planner over the chain of blocks (``ValueError`` without one); slow on big runs."""
+        return Planner(self.run.tables)
+
+    def apply_planner(self, result: PlannerResult) -> None:
+        self.set_selection(result.regions)
+
+    # -- projection
+
+    def outcome(self) -> PlanOutcome:
+        """The projection of the current selection."""
+        regions = self.regions()
+        if self.model is not None and all(r in self.index for r in regions):
+            return self._incremental([self.index[r] for r in regions])
+        return self._exact(regions)
+
+    def _incremental(self, chosen: list[int]) -> PlanOutcome:
+        model = self.model
+        assert model is not None
+        curve = model.curve(chosen)
+        peak = model.peak(chosen)
+        active = model.checkpointed(chosen) & (model.effects.replay_key >= 0)
+        marks = tuple(
+            RecomputeMark(
+                time_ns=int(model.effects.trigger_ns[i]),
+                point=int(np.searchsorted(self.run.timeline.time_ns, model.effects.trigger_ns[i])),
+                label=self._call_label(int(model.instances.first_call[i])),
+                compute_ns=int(model.effects.compute_ns[i]),
+            )
+            for i in np.flatnonzero(active)
+        )
+        return PlanOutcome(
+            peak_bytes=peak.bytes,
+            baseline_peak_bytes=self.run.peak.bytes,
+            extra_compute_ns=model.extra_compute_ns(chosen),
+            step_ns=self.step_ns,
+            time_ns=curve.time_ns,
+            point=curve.point,
+            total=curve.total,
+            peak_time_ns=peak.time_ns,
+            peak_point=peak.baseline_point,
+            recomputes=marks,
+            incremental=True,
+        )
+
+    def _exact(self, regions: Sequence[Region]) -> PlanOutcome:
+        p = project(self.run.tables, regions)
+        times = self.run.timeline.time_ns
+        points = np.clip(np.searchsorted(times, p.timeline.time_ns, side="right") - 1, 0, None)
+        marks = tuple(
+            RecomputeMark(
+                time_ns=r.time_ns,
+                point=r.baseline_point,
+                label=self._call_label(r.call),
+                compute_ns=r.compute_ns,
+            )
+            for r in p.recomputes
+        )
+        return PlanOutcome(
+            peak_bytes=p.projected_peak.bytes,
+            baseline_peak_bytes=self.run.peak.bytes,
+            extra_compute_ns=p.extra_compute_ns,
+            step_ns=self.step_ns,
+            time_ns=p.timeline.time_ns,
+            point=points,
+            total=p.timeline.total,
+            peak_time_ns=p.projected_peak.time_ns,
+            peak_point=p.projected_peak.baseline_point,
+            recomputes=marks,
+            incremental=False,
+        )
+
+    def _call_label(self, call: int) -> str:
+        return self.run.paths[int(self.run.tables["module_calls"]["module"][call])]
+
+    def region_label(self, region: Region) -> str:
+        if isinstance(region, SegmentRegion):
+            return f"{self.run.paths[region.module]}[{region.start}:{region.stop}]"
+        return self.run.paths[region.module]
+
+
+def _region_key(region: Region) -> tuple[int, int, int]:
+    if isinstance(region, SegmentRegion):
+        return region.module, region.start, region.stop
+    return region.module, -1, -1
+
+
+def _chain(run: RunData) -> Chain | None:
+    modules, strings = run.tables["modules"], run.tables["strings"]
+    row = chain_of_blocks(modules, strings)
+    if row is None:
+        return None
+    return Chain(
+        row=row,
+        path=run.paths[row],
+        blocks=tuple(sequential_children(modules, strings, row)),
+        sequential=strings[int(modules["type"][row])] == "Sequential",
+    )
+
+
+def _module_infos(run: RunData) -> list[ModuleInfo]:
+    t = run.tables
+    modules, strings = t["modules"], t["strings"]
+    parent = np.asarray(modules["parent"], dtype=np.int64)
+    n = len(parent)
+    calls = t["module_calls"]
+    forward = np.asarray(calls["phase"]) == Phase.FORWARD
+    called = np.asarray(calls["module"], dtype=np.int64)[forward]
+    duration = np.maximum(calls["end_ns"][forward] - calls["start_ns"][forward], 0)
+    st = t["storages"]
+    act = (np.asarray(st["category"]) == Category.ACTIVATION) & (np.asarray(st["module"]) >= 0)
+    own_act = np.bincount(st["module"][act], weights=st["nbytes"][act], minlength=n)
+    activation = subtree_sums(parent, own_act.astype(np.int64))
+    counts = np.bincount(called, minlength=n)
+    time = np.bincount(called, weights=duration, minlength=n).astype(np.int64)
+    return [
+        ModuleInfo(
+            row=row,
+            name=run.paths[row].rsplit(".", 1)[-1],
+            path=run.paths[row],
+            type=strings[int(modules["type"][row])],
+            parent=int(parent[row]),
+            calls=int(counts[row]),
+            activation_bytes=int(activation[row]),
+            forward_ns=int(time[row]),
+        )
+        for row in range(n)
+    ]
+
+
+def planner_summary(result: PlannerResult, names: Mapping[Region, str]) -> str:
+    """One line about a planner answer, for the status bar."""
+    from ckview.analysis import format_bytes
+
+    picked = ", ".join(names.get(r, "?") for r in result.regions) or "nothing"
+    verdict = "fits" if result.fits else "does not fit; lowest peak found"
+    return (
+        f"budget {format_bytes(result.budget_bytes)}: {picked} -> "
+        f"{format_bytes(result.peak_bytes)} ({verdict})"
+    )

@@ -1,0 +1,333 @@
+"""What the explorer shows of one recorded run, computed once when a trace is opened.
+
+Qt-free: numpy arrays from ``ckview.analysis``, so tests and ``ckview export`` use it headless.
+Every number shown in the GUI is derived here or in ``planning``; widgets only draw them.
+
+NOTE [ Two x axes ]
+    A timeline point is placed either by time (milliseconds since the run's first memory event)
+    or by op index (the row in ``ops`` of the op that made the point's event; events outside any
+    op take the previous op's index). Both are non-decreasing over points (NOTE [ Event order ]
+    in ``ckview.analysis.timeline``), so a visible x range is a contiguous slice of points.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from ckview.analysis import (
+    MemoryTimeline,
+    Peak,
+    find_peak,
+    format_bytes,
+    live_storages,
+    memory_timeline,
+    module_paths,
+)
+from ckview.trace.schema import RUN_TABLES, Category, Phase
+
+Progress = Callable[[float, str], None]
+"""``progress(fraction, what)``: called while a trace loads (fraction in [0, 1])."""
+
+CATEGORY_LABELS: dict[Category, str] = {
+    Category.PARAMETER: "parameters",
+    Category.GRADIENT: "gradients",
+    Category.OPTIMIZER_STATE: "optimizer state",
+    Category.ACTIVATION: "activations",
+    Category.TEMPORARY: "temporaries",
+    Category.INPUT: "inputs",
+    Category.OTHER: "other",
+}
+STACK_ORDER: tuple[Category, ...] = (
+    Category.PARAMETER,
+    Category.GRADIENT,
+    Category.OPTIMIZER_STATE,
+    Category.INPUT,
+    Category.ACTIVATION,
+    Category.TEMPORARY,
+    Category.OTHER,
+)
+"""Bottom to top: what stays all step at the bottom, what comes and goes on top."""
+
+SHOWN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER)
+
+
+class Axis(Enum):
+    """How timeline points are placed along x (NOTE [ Two x axes ])."""
+
+    TIME = "time"
+    OP = "op"
+
+    @property
+    def label(self) -> str:
+        return "time (ms)" if self is Axis.TIME else "op index"
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of ops drawn as a band: a phase of a step, or a recorded recompute."""
+
+    label: str
+    kind: Phase
+    first_op: int
+    stop_op: int
+    """One past the last op."""
+    start_ms: float
+    end_ms: float
+
+    def x_range(self, axis: Axis) -> tuple[float, float]:
+        if axis is Axis.TIME:
+            return self.start_ms, self.end_ms
+        return float(self.first_op), float(self.stop_op)
+
+
+@dataclass(frozen=True)
+class LiveTensor:
+    """One storage live at a moment, as the inspector lists it."""
+
+    storage: int
+    nbytes: int
+    category: str
+    shape: str
+    dtype: str
+    op: str
+    module: str
+    device: str
+
+
+@dataclass
+class RunData:
+    """One run of a trace: its tables, timeline, peak and the geometry the timeline draws."""
+
+    source: str
+    """Path of the trace file."""
+    name: str
+    """Run name inside the trace ('main', 'baseline', 'checkpointed', 'plan:...')."""
+    tables: dict[str, Any]
+    """All run tables plus the trace's ``modules`` and ``strings`` (``ckview.analysis`` input)."""
+    timeline: MemoryTimeline
+    peak: Peak
+    x_time: np.ndarray
+    """(n+1,) float64: ms since the first event, per timeline point (NOTE [ Two x axes ])."""
+    x_op: np.ndarray
+    """(n+1,) float64: op index per timeline point."""
+    phases: list[Span]
+    recomputes: list[Span]
+    paths: list[str]
+    """Display path of every module row."""
+    _stacked: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        """``file.h5 · run`` (just the file name for a trace's only 'main' run)."""
+        return f"{os.path.basename(self.source)} · {self.name}"
+
+    @property
+    def n_events(self) -> int:
+        return len(self.timeline.total) - 1
+
+    def x(self, axis: Axis) -> np.ndarray:
+        return self.x_time if axis is Axis.TIME else self.x_op
+
+    def x_of_time_ns(self, time_ns: np.ndarray) -> np.ndarray:
+        """Times (ns, as in the tables) in the ms of ``x_time``."""
+        return (np.asarray(time_ns, dtype=np.float64) - self.t0_ns) / 1e6
+
+    @property
+    def t0_ns(self) -> int:
+        return int(self.timeline.time_ns[0])
+
+    @property
+    def stacked(self) -> np.ndarray:
+        """(len(STACK_ORDER), n+1) float64: cumulative live bytes, bottom layer first."""
+        if self._stacked is None:
+            layers = self.timeline.by_category[list(STACK_ORDER)].astype(np.float64)
+            self._stacked = np.cumsum(layers, axis=0)
+        return self._stacked
+
+    def point_at(self, axis: Axis, x: float) -> int:
+        """The last timeline point at or before ``x`` (point 0 before the first)."""
+        xs = self.x(axis)
+        return int(np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 1))
+
+    def op_at(self, point: int) -> int:
+        """Row in ``ops`` of the op behind a timeline point, -1 for point 0 or none."""
+        if point <= 0:
+            return -1
+        return int(self.tables["memory_events"]["op"][point - 1])
+
+    def op_name(self, op: int) -> str:
+        if op < 0:
+            return "(no op)"
+        return self._string(int(self.tables["ops"]["name"][op]))
+
+    def module_of_op(self, op: int) -> str:
+        call = int(self.tables["ops"]["module_call"][op]) if op >= 0 else -1
+        if call < 0:
+            return "(no module)"
+        return self.paths[int(self.tables["module_calls"]["module"][call])]
+
+    def phase_of_op(self, op: int) -> str:
+        return Phase(int(self.tables["ops"]["phase"][op])).name.lower() if op >= 0 else "-"
+
+    def describe_point(self, point: int) -> str:
+        """A few lines about a timeline point: time, op, module, phase, live bytes by category."""
+        op = self.op_at(point)
+        lines = [
+            f"{self.x_time[point]:.3f} ms · op {op}  {self.op_name(op)}",
+            f"{self.phase_of_op(op)} · {self.module_of_op(op)}",
+            f"live {format_bytes(int(self.timeline.total[point]))}",
+        ]
+        for category in reversed(STACK_ORDER):
+            value = int(self.timeline.by_category[category, point])
+            if value:
+                lines.append(f"  {CATEGORY_LABELS[category]}: {format_bytes(value)}")
+        return "\n".join(lines)
+
+    def live_tensors(self, point: int) -> list[LiveTensor]:
+        """The storages live at a timeline point, largest first (ties: lowest row first)."""
+        rows = live_storages(self.tables["storages"], self.tables["memory_events"], point - 1)
+        st = self.tables["storages"]
+        nbytes = np.asarray(st["nbytes"])[rows]
+        rows = rows[np.lexsort((rows, -nbytes))]
+        return [self._live_tensor(int(r)) for r in rows]
+
+    def _live_tensor(self, row: int) -> LiveTensor:
+        st = self.tables["storages"]
+        module = int(st["module"][row])
+        return LiveTensor(
+            storage=row,
+            nbytes=int(st["nbytes"][row]),
+            category=CATEGORY_LABELS[Category(int(st["category"][row]))],
+            shape=self._string(int(st["shape"][row])),
+            dtype=self._string(int(st["dtype"][row])),
+            op=self.op_name(int(st["op"][row])),
+            module=self.paths[module] if module >= 0 else "(no module)",
+            device=self._string(int(st["device"][row])),
+        )
+
+    def _string(self, sid: int) -> str:
+        strings: Sequence[str] = self.tables["strings"]
+        return strings[sid] if 0 <= sid < len(strings) else "?"
+
+
+@dataclass
+class TraceData:
+    """A trace file opened for viewing: its metadata and every run, read into memory."""
+
+    path: str
+    meta: dict[str, Any]
+    runs: list[RunData]
+
+
+def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -> TraceData:
+    """Read every run of the trace at ``path``. Raises ``ckview.trace.TraceError`` (one-line
+    message) for a file that is not a readable trace."""
+    from ckview.trace import open_trace
+
+    report = progress or (lambda fraction, what: None)
+    path = os.fspath(path)
+    report(0.0, f"opening {os.path.basename(path)}")
+    with open_trace(path) as trace:
+        names = trace.run_names
+        modules = trace.modules.read()
+        strings = list(trace.strings)
+        meta = _meta_dict(trace.meta)
+        runs = []
+        for i, name in enumerate(names):
+            report(i / max(len(names), 1), f"reading run {name!r}")
+            tables: dict[str, Any] = {t: trace.run(name).table(t).read() for t in RUN_TABLES}
+            tables["modules"], tables["strings"] = modules, strings
+            runs.append(run_data(path, name, tables))
+    report(1.0, "done")
+    return TraceData(path=path, meta=meta, runs=runs)
+
+
+def run_data(source: str, name: str, tables: dict[str, Any]) -> RunData:
+    """A ``RunData`` from a run's tables (what ``load_trace`` reads for each run)."""
+    timeline = memory_timeline(tables["storages"], tables["memory_events"])
+    ops = tables["ops"]
+    t0 = int(timeline.time_ns[0])
+    return RunData(
+        source=source,
+        name=name,
+        tables=tables,
+        timeline=timeline,
+        peak=find_peak(timeline),
+        x_time=(timeline.time_ns - t0) / 1e6,
+        x_op=_op_index(tables["memory_events"]["op"]),
+        phases=_phase_spans(ops, t0),
+        recomputes=_recompute_spans(tables, t0),
+        paths=module_paths(tables["modules"], tables["strings"]),
+    )
+
+
+def _meta_dict(meta: Any) -> dict[str, Any]:
+    if isinstance(meta, dict):
+        return dict(meta)
+    return {k: v for k, v in vars(meta).items() if not k.startswith("_")}
+
+
+def _op_index(event_op: np.ndarray) -> np.ndarray:
+    """Op index of every timeline point, forward-filled over events without an op
+    (NOTE [ Two x axes ])."""
+    ops = np.asarray(event_op, dtype=np.int64)
+    known = np.where(ops >= 0, ops, -1)
+    filled = np.maximum.accumulate(np.concatenate(([0], known)))
+    return filled.astype(np.float64)
+
+
+def _phase_spans(ops: dict[str, np.ndarray], t0: int) -> list[Span]:
+    """Runs of consecutive ops of one shown phase and step, as bands."""
+    phase = np.asarray(ops["phase"], dtype=np.int64)
+    step = np.asarray(ops["step"], dtype=np.int64)
+    if phase.size == 0:
+        return []
+    change = np.flatnonzero((np.diff(phase) != 0) | (np.diff(step) != 0)) + 1
+    starts = np.concatenate(([0], change))
+    stops = np.append(change, phase.size)
+    start_ns, end_ns = np.asarray(ops["start_ns"]), np.asarray(ops["end_ns"])
+    spans = []
+    for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+        kind = Phase(int(phase[a]))
+        if kind in SHOWN_PHASES:
+            spans.append(
+                Span(
+                    label=f"{kind.name.lower()} {int(step[a])}",
+                    kind=kind,
+                    first_op=a,
+                    stop_op=b,
+                    start_ms=(int(start_ns[a]) - t0) / 1e6,
+                    end_ms=(int(end_ns[b - 1]) - t0) / 1e6,
+                )
+            )
+    return spans
+
+
+def _recompute_spans(tables: dict[str, Any], t0: int) -> list[Span]:
+    """The recorded recompute regions (runs recorded with checkpointing)."""
+    rr = tables["recompute_regions"]
+    strings = tables["strings"]
+    n_ops = len(tables["ops"]["phase"])
+    spans = []
+    for i in range(len(rr["name"])):
+        end = int(rr["end_ns"][i])
+        first, stop = int(rr["first_op"][i]), int(rr["end_op"][i])
+        if stop < 0:
+            stop = n_ops
+        spans.append(
+            Span(
+                label=f"recompute {strings[int(rr['name'][i])]}",
+                kind=Phase.RECOMPUTE,
+                first_op=first,
+                stop_op=stop,
+                start_ms=(int(rr["start_ns"][i]) - t0) / 1e6,
+                end_ms=((end if end >= 0 else int(rr["start_ns"][i])) - t0) / 1e6,
+            )
+        )
+    return spans
