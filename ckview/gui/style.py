@@ -1,0 +1,82 @@
+"""Colours and themes shared by the explorer and the exported report (Qt-free: hex strings).
+
+Category colours are a colour-blind-safe qualitative palette (Okabe-Ito), the same in both
+themes; a theme sets only the background, text, grid and band tints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckview.trace.schema import Category, Phase
+
+CATEGORY_COLORS: dict[Category, str] = {
+    Category.PARAMETER: "#0072B2",  # blue
+    Category.GRADIENT: "#56B4E9",  # sky
+    Category.OPTIMIZER_STATE: "#009E73",  # green
+    Category.INPUT: "#999999",  # grey
+    Category.ACTIVATION: "#E69F00",  # orange
+    Category.TEMPORARY: "#F0E442",  # yellow
+    Category.OTHER: "#CC79A7",  # purple
+}
+
+RUN_COLORS: tuple[str, ...] = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+)
+"""Line colours of runs compared on one plot, in order."""
+
+PROJECTION_COLOR = "#D55E00"
+"""The projected curve of the plan being built (vermillion, dashed)."""
+PEAK_COLOR = "#D00000"
+
+
+@dataclass(frozen=True)
+class Theme:
+    name: str
+    background: str
+    foreground: str
+    grid_alpha: float
+    phase_tints: dict[Phase, str]
+    """Band colour per phase, with alpha (#RRGGBBAA)."""
+    recompute_tint: str
+    overview_region: str
+
+
+LIGHT = Theme(
+    name="light",
+    background="#FFFFFF",
+    foreground="#202020",
+    grid_alpha=0.25,
+    phase_tints={
+        Phase.FORWARD: "#4C9BE81C",
+        Phase.BACKWARD: "#E84C4C18",
+        Phase.RECOMPUTE: "#D55E0040",
+        Phase.OPTIMIZER: "#2CA02C1C",
+    },
+    recompute_tint="#D55E0050",
+    overview_region="#1F77B440",
+)
+
+DARK = Theme(
+    name="dark",
+    background="#1E1F22",
+    foreground="#E6E6E6",
+    grid_alpha=0.2,
+    phase_tints={
+        Phase.FORWARD: "#4C9BE830",
+        Phase.BACKWARD: "#E84C4C2C",
+        Phase.RECOMPUTE: "#FF8C4060",
+        Phase.OPTIMIZER: "#2CA02C30",
+    },
+    recompute_tint="#FF8C4070",
+    overview_region="#6FB1FF50",
+)
+
+THEMES = {t.name: t for t in (LIGHT, DARK)}
