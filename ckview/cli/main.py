@@ -8,10 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from ckview import __version__
-from ckview.cli import plan, project, record, summary, validate, verify
+from ckview.cli import export, plan, project, record, summary, validate, verify
 from ckview.cli.errors import EXIT_USAGE, CLIError
 
-VERBS = (record, summary, validate, project, verify, plan)
+VERBS = (record, summary, validate, project, verify, plan, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,11 +23,19 @@ FACTOR = 4
 
 @dataclass(frozen=True)
 class Visible:
-    """A slice of one envelope level: ``x`` (m,), ``y`` (k, m)."""
+    """A slice of one envelope level: bin ``j`` holds ``y[:, j]`` from ``edges[j]`` to
+    ``edges[j + 1]`` (the last bin ends at the next bin's start, or at the last point)."""
 
-    x: np.ndarray
+    edges: np.ndarray
+    """(m+1,) x of the bins' starts, then where the last one ends."""
     y: np.ndarray
+    """(k, m) the curves' maxima over each bin."""
     level: int
+
+    @property
+    def x(self) -> np.ndarray:
+        """(m,) x of each bin's start."""
+        return self.edges[:-1]
 
 
 class Envelope:
@@ -61,7 +69,7 @@ class Envelope:
         per pixel, plus one bin either side so steps run to the edges."""
         x = self.levels_x[0]
         if x.size == 0:
-            return Visible(x, self.levels_y[0], 0)
+            return Visible(np.zeros(1), self.levels_y[0], 0)
         first = max(int(np.searchsorted(x, x0, side="right")) - 1, 0)
         stop = min(int(np.searchsorted(x, x1, side="left")) + 1, x.size)
         budget = max(int(pixels * per_pixel), 2)
@@ -70,4 +78,6 @@ class Envelope:
             level += 1
         scale = FACTOR**level
         a, b = first // scale, -(-stop // scale)
-        return Visible(self.levels_x[level][a:b], self.levels_y[level][:, a:b], level)
+        xs = self.levels_x[level]
+        end = xs[b] if b < xs.size else x[-1]
+        return Visible(np.append(xs[a:b], end), self.levels_y[level][:, a:b], level)

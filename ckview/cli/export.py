@@ -1,0 +1,199 @@
+"""``ckview export``: a report-ready figure (PNG or SVG) of traces and projected plans, and their
+memory curves as CSV, without a display and without torch.
+
+The figure is drawn by ``ckview.gui.report`` on Qt's offscreen platform; plans are resolved
+like ``ckview project`` does (``read_plan``) and projected over the first trace's baseline run
+with the explorer's ``PlanSession``, so the report shows the numbers the GUI shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckview.cli.errors import CLIError
+from ckview.cli.project import _one_line, pick_run, read_plan
+
+if TYPE_CHECKING:
+    from ckview.gui.report import PlanCurve
+    from ckview.gui.rundata import RunData, TraceData
+
+OUTPUTS = (".png", ".svg", ".csv")
+MIN_WIDTH, MAX_WIDTH = 400, 10000
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "export",
+        help="write a report figure (PNG/SVG) and the memory curves (CSV)",
+        description=(
+            "Draw every run of each TRACE (total memory compared, then live memory by category "
+            "per run) and the projection of each PLAN over the first trace's baseline run, into "
+            "one PNG or SVG figure; optionally write the curves as CSV. Needs no display."
+        ),
+    )
+    p.add_argument("traces", type=Path, nargs="+", metavar="TRACE")
+    p.add_argument(
+        "--plan",
+        dest="plans",
+        action="append",
+        default=[],
+        metavar="PLAN",
+        help="a plan file or a preset (none, all, every:K, sqrt) to project; repeatable",
+    )
+    p.add_argument("--run", help="only the run of this name in each trace (default: every run)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="report.png",
+        help="the figure: .png or .svg (or .csv for the curves only); default report.png",
+    )
+    p.add_argument("--csv", type=Path, help="also write the curves to this CSV file")
+    p.add_argument("--width", type=int, default=1600, help="figure width in pixels (default 1600)")
+    p.add_argument("--theme", choices=("light", "dark"), default="light")
+    p.add_argument(
+        "--x",
+        dest="axis",
+        choices=("time", "op"),
+        default="time",
+        help="x axis: milliseconds since each run's start, or op index (default time)",
+    )
+    p.add_argument("--title", help="title line (default: the trace file names)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ckview.gui.rundata import Axis
+
+    figure, csv_paths = _outputs(args.output, args.csv)
+    if figure is not None and not MIN_WIDTH <= args.width <= MAX_WIDTH:
+        raise CLIError(f"--width {args.width} is out of range; use {MIN_WIDTH} to {MAX_WIDTH}")
+    traces = _load(args.traces)
+    runs = _select_runs(traces, args.run)
+    plans = _project(traces[0], args.plans)
+    axis = Axis(args.axis)
+    done = []
+    if figure is not None:
+        size = _render(figure, runs, plans, traces, args, axis)
+        done.append(f"{figure} ({size[0]}x{size[1]}, {_count(runs, 'run')}, {_count(plans, 'plan')})")
+    for path in csv_paths:
+        from ckview.gui.report import write_csv
+
+        try:
+            rows = write_csv(runs, plans, path)
+        except OSError as exc:
+            raise CLIError(f"cannot write {path}: {_one_line(exc)}") from None
+        done.append(f"{path} ({rows} rows)")
+    print("wrote " + ", ".join(done))
+    return 0
+
+
+def _outputs(output: str, csv_path: Path | None) -> tuple[str | None, list[str]]:
+    """The figure to draw (None for a CSV-only export) and the CSV files to write."""
+    ext = os.path.splitext(output)[1].lower()
+    if ext not in OUTPUTS:
+        raise CLIError(
+            f"cannot tell the format of {output!r} from its extension; "
+            f"use one of {', '.join(OUTPUTS)}"
+        )
+    csvs = [output] if ext == ".csv" else []
+    if csv_path is not None:
+        csvs.append(str(csv_path))
+    return (None if ext == ".csv" else output), csvs
+
+
+def _count(items: list[Any], what: str) -> str:
+    return f"{len(items)} {what}{'' if len(items) == 1 else 's'}"
+
+
+def _load(paths: list[Path]) -> list[TraceData]:
+    """Every trace, fully read (a bad file raises TraceError: one line, exit 2)."""
+    from ckview.gui.rundata import load_trace
+
+    return [load_trace(path) for path in paths]
+
+
+def _select_runs(traces: list[TraceData], wanted: str | None) -> list[RunData]:
+    """Every run of every trace, or only the runs named ``wanted``."""
+    if wanted is None:
+        return [run for trace in traces for run in trace.runs]
+    runs = []
+    for trace in traces:
+        match = [r for r in trace.runs if r.name == wanted]
+        if not match:
+            names = ", ".join(r.name for r in trace.runs) or "none"
+            raise CLIError(f"{trace.path} has no run {wanted!r}; runs: {names}")
+        runs += match
+    return runs
+
+
+def _project(trace: TraceData, sources: list[str]) -> list[PlanCurve]:
+    """Each plan projected over the trace's baseline run ('baseline', else 'main')."""
+    if not sources:
+        return []
+    from ckview.analysis import plan_name, regions_from_plan
+    from ckview.gui.planning import PlanSession
+
+    names = [r.name for r in trace.runs]
+    base = trace.runs[names.index(pick_run(names, None, Path(trace.path)))]
+    session = PlanSession(base)
+    session.prepare()
+    t = base.tables
+    curves = []
+    for source in sources:
+        plan = read_plan(source)
+        try:
+            session.set_selection(regions_from_plan(plan, t["modules"], t["strings"]))
+            name = plan_name(plan)
+        except ValueError as exc:
+            raise CLIError(f"plan {source}: {_one_line(exc)}") from None
+        curves.append((name, session.outcome(), base))
+    return curves
+
+
+def _render(
+    path: str,
+    runs: list[RunData],
+    plans: list[PlanCurve],
+    traces: list[TraceData],
+    args: argparse.Namespace,
+    axis: Any,
+) -> tuple[int, int]:
+    # Before the QApplication exists: the report must work with no display.
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from pyqtgraph.Qt import QtWidgets
+
+    from ckview.gui.report import render_report
+    from ckview.gui.style import THEMES
+
+    _app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(["ckview"])
+    try:
+        return render_report(
+            runs,
+            plans,
+            path,
+            width=args.width,
+            theme=THEMES[args.theme],
+            axis=axis,
+            title=args.title,
+            subtitle=_subtitle(traces),
+        )
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {_one_line(exc)}") from None
+
+
+def _subtitle(traces: list[TraceData]) -> str:
+    """Where and when each trace was recorded; one entry if all traces agree."""
+    parts = [_recorded(t.meta) for t in traces]
+    if len(set(parts)) == 1:
+        return parts[0]
+    return "   |   ".join(
+        f"{os.path.basename(t.path)}: {p}" for t, p in zip(traces, parts, strict=True)
+    )
+
+
+def _recorded(meta: dict[str, Any]) -> str:
+    start = str(meta.get("start_time", "")).replace("T", " ")[:16]
+    return f"{meta.get('device', '?')}, torch {meta.get('torch_version', '?')}, recorded {start}"

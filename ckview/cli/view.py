@@ -1,0 +1,50 @@
+"""``ckview view`` (and plain ``ckview TRACE``): open traces in the desktop explorer."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ckview.cli.errors import CLIError
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "view",
+        help="open traces in the desktop explorer",
+        description=(
+            "Open TRACE files in the explorer: memory over time by category, recompute regions, "
+            "the tensors live at any moment, and checkpoint plans projected as you click."
+        ),
+    )
+    p.add_argument("traces", type=Path, nargs="*", metavar="TRACE")
+    p.add_argument("--theme", choices=("light", "dark"), help="colour theme (default: last used)")
+    p.add_argument("--x", dest="axis", choices=("time", "op"), help="x axis (default: time)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    for path in args.traces:
+        check_trace(path)
+    from ckview.gui.display import display_problem
+
+    problem = display_problem()
+    if problem is not None:
+        raise CLIError(problem)
+    try:
+        from ckview.gui.app import run as run_app
+    except ImportError as exc:
+        raise CLIError(
+            f"the explorer needs PyQt6 and pyqtgraph ({exc}); install them: "
+            "pip install 'ckview[gui]'"
+        ) from None
+    return run_app([str(p) for p in args.traces], theme=args.theme, axis=args.axis)
+
+
+def check_trace(path: Path) -> None:
+    """Fail before any window opens if ``path`` is not a readable trace (one-line error)."""
+    from ckview.trace import open_trace
+
+    with open_trace(path):
+        pass

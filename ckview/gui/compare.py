@@ -1,0 +1,177 @@
+"""Comparison of runs: the runs of one trace (baseline, checkpointed, plans) and of several
+traces, overlaid on one plot or side by side with linked x axes, aligned at their first event.
+
+The projected curve of the plan being built joins the overlay as one more (dashed) entry.
+"""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PyQt6.QtCore import Qt
+from PyQt6.QtGui import QBrush
+from PyQt6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from ckview.analysis import format_bytes
+from ckview.gui.axes import BytesAxis
+from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
+from ckview.gui.envelope import Envelope
+from ckview.gui.planning import PlanOutcome
+from ckview.gui.rundata import STACK_ORDER, Axis, RunData
+from ckview.gui.style import CATEGORY_COLORS, LIGHT, PROJECTION_COLOR, RUN_COLORS, Theme
+
+
+def peak_difference(run: RunData, reference: RunData) -> str:
+    """``-58.8% vs baseline`` (empty for the reference itself)."""
+    if run is reference or reference.peak.bytes == 0:
+        return ""
+    change = run.peak.bytes / reference.peak.bytes - 1
+    return f"{change:+.1%} vs {reference.name}".replace("-", "−")
+
+
+class CompareView(QWidget):
+    """Overlay (``side_by_side=False``) or one stacked plot per run with a shared x range."""
+
+    def __init__(self, parent: QWidget | None = None, theme: Theme = LIGHT) -> None:
+        super().__init__(parent)
+        self.theme = theme
+        self.runs: list[RunData] = []
+        self.outcome: tuple[PlanOutcome, RunData] | None = None
+        self.axis = Axis.TIME
+        self.side_by_side = False
+        self.summary = QLabel()
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setWordWrap(True)
+        self.plots = pg.GraphicsLayoutWidget()
+        self._curves: list[tuple[pg.PlotItem, EnvelopeCurves]] = []
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.plots, stretch=1)
+
+    def set_runs(
+        self,
+        runs: list[RunData],
+        outcome: tuple[PlanOutcome, RunData] | None = None,
+        axis: Axis | None = None,
+        side_by_side: bool | None = None,
+    ) -> None:
+        """Compare ``runs`` (the first is the reference) and, if given, a projected plan."""
+        self.runs = runs
+        self.outcome = outcome
+        self.axis = axis or self.axis
+        if side_by_side is not None:
+            self.side_by_side = side_by_side
+        self._rebuild()
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.plots.clear()
+        self._curves = []
+        self.plots.setBackground(self.theme.background)
+        if not self.runs:
+            self.summary.setText("Open traces to compare their runs.")
+            return
+        self.summary.setText(self._summary_html())
+        if self.side_by_side:
+            self._build_panels()
+        else:
+            self._build_overlay()
+        self._redraw()
+
+    def _summary_html(self) -> str:
+        ref = self.runs[0]
+        rows = [
+            f"<span style='color:{RUN_COLORS[i % len(RUN_COLORS)]}'>■</span> {run.label}: "
+            f"<b>{format_bytes(run.peak.bytes)}</b> {peak_difference(run, ref)}"
+            for i, run in enumerate(self.runs)
+        ]
+        if self.outcome is not None:
+            plan, over = self.outcome
+            change = plan.peak_bytes / ref.peak.bytes - 1 if ref.peak.bytes else 0.0
+            rows.append(
+                f"<span style='color:{PROJECTION_COLOR}'>┅</span> plan over {over.label}: "
+                f"<b>{format_bytes(plan.peak_bytes)}</b> "
+                f"{change:+.1%} vs {ref.name}".replace("-", "−")
+            )
+        return " &nbsp;·&nbsp; ".join(rows)
+
+    def _new_plot(self, row: int, title: str | None = None) -> pg.PlotItem:
+        plot = self.plots.addPlot(row=row, col=0, axisItems={"left": BytesAxis("left")})
+        plot.setMouseEnabled(x=True, y=False)
+        plot.hideButtons()
+        plot.setMenuEnabled(False)
+        plot.showGrid(x=True, y=True, alpha=self.theme.grid_alpha)
+        plot.setLabel("bottom", self.axis.label)
+        for name in ("left", "bottom"):
+            plot.getAxis(name).setPen(pg.mkPen(self.theme.foreground))
+            plot.getAxis(name).setTextPen(pg.mkPen(self.theme.foreground))
+        if title:
+            plot.setTitle(title, color=self.theme.foreground, size="10pt")
+        plot.getViewBox().sigXRangeChanged.connect(self._redraw)
+        return plot
+
+    def _build_overlay(self) -> None:
+        plot = self._new_plot(0)
+        legend = plot.addLegend(offset=(10, 10), labelTextSize="9pt")
+        legend.setLabelTextColor(self.theme.foreground)
+        for i, run in enumerate(self.runs):
+            tone = RUN_COLORS[i % len(RUN_COLORS)]
+            name = f"{run.label} ({format_bytes(run.peak.bytes)})"
+            env = Envelope(run.x(self.axis), run.timeline.total)
+            curves = EnvelopeCurves(plot, env, [pg.mkPen(tone, width=2)], z=10 + i, names=[name])
+            self._curves.append((plot, curves))
+            self._mark_peak(plot, float(run.x(self.axis)[run.peak.point]), run.peak.bytes, tone)
+        if self.outcome is not None:
+            plan, over = self.outcome
+            xs = over.x_of_time_ns(plan.time_ns) if self.axis is Axis.TIME else over.x_op[plan.point]
+            pen = pg.mkPen(PROJECTION_COLOR, width=2, style=Qt.PenStyle.DashLine)
+            name = f"plan over {over.name} ({format_bytes(plan.peak_bytes)})"
+            curves = EnvelopeCurves(plot, Envelope(xs, plan.total), [pen], z=30, names=[name])
+            self._curves.append((plot, curves))
+            peak_x = float(xs[int(plan.total.argmax())])
+            self._mark_peak(plot, peak_x, plan.peak_bytes, PROJECTION_COLOR)
+        self._fit(plot)
+
+    def _build_panels(self) -> None:
+        first: pg.PlotItem | None = None
+        for i, run in enumerate(self.runs):
+            title = f"{run.label}: peak {format_bytes(run.peak.bytes)} " + peak_difference(
+                run, self.runs[0]
+            )
+            plot = self._new_plot(i, title)
+            env = Envelope(run.x(self.axis), run.stacked)
+            brushes = [QBrush(color(CATEGORY_COLORS[c], 235)) for c in STACK_ORDER]
+            pens = [pg.mkPen(color(CATEGORY_COLORS[c]).darker(130)) for c in STACK_ORDER]
+            self._curves.append((plot, EnvelopeCurves(plot, env, pens, brushes)))
+            tone = RUN_COLORS[i % len(RUN_COLORS)]
+            self._mark_peak(plot, float(run.x(self.axis)[run.peak.point]), run.peak.bytes, tone)
+            if first is None:
+                first = plot
+            else:
+                plot.setXLink(first)
+            self._fit(plot)
+
+    def _mark_peak(self, plot: pg.PlotItem, x: float, y: int, tone: str) -> None:
+        dot = pg.ScatterPlotItem([x], [y], size=10, brush=pg.mkBrush(tone), pen=pg.mkPen("w"))
+        dot.setZValue(60)
+        label = pg.TextItem(format_bytes(y), color=tone, anchor=(0.5, 1.2))
+        label.setZValue(60)
+        label.setPos(x, y)
+        plot.addItem(dot, ignoreBounds=True)
+        plot.addItem(label, ignoreBounds=True)
+
+    def _fit(self, plot: pg.PlotItem) -> None:
+        high = max(run.peak.bytes for run in self.runs)
+        if self.outcome is not None:
+            high = max(high, self.outcome[0].peak_bytes)
+        plot.setYRange(0, high * 1.12, padding=0)
+        right = max(float(run.x(self.axis)[-1]) for run in self.runs)
+        plot.setXRange(0, right, padding=0.01)
+
+    def _redraw(self) -> None:
+        for plot, curves in self._curves:
+            (x0, x1), _ = plot.getViewBox().viewRange()
+            curves.update(x0, x1, visible_pixels(plot))

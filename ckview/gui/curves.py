@@ -1,0 +1,86 @@
+"""Step curves drawn from an ``Envelope``: only the visible slice, about two bins per pixel.
+
+``EnvelopeCurves`` owns one ``PlotCurveItem`` per curve of an envelope and redraws them when the
+view's x range or size changes (NOTE [ Max envelope ] in ``ckview.gui.envelope``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyqtgraph as pg
+from PyQt6.QtGui import QBrush, QColor, QPen
+
+from ckview.gui.envelope import Envelope
+
+
+def color(hex_color: str, alpha: int | None = None) -> QColor:
+    """A QColor from ``#RRGGBB`` or ``#RRGGBBAA`` (alpha overrides)."""
+    c = QColor(hex_color[:7])
+    if len(hex_color) == 9:
+        c.setAlpha(int(hex_color[7:], 16))
+    if alpha is not None:
+        c.setAlpha(alpha)
+    return c
+
+
+class EnvelopeCurves:
+    """The curves of one envelope on one plot, as filled areas or lines."""
+
+    def __init__(
+        self,
+        plot: pg.PlotItem,
+        envelope: Envelope,
+        pens: Sequence[QPen | None],
+        brushes: Sequence[QBrush | None] | None = None,
+        z: float = 0.0,
+        names: Sequence[str | None] | None = None,
+    ) -> None:
+        """Curve ``i`` of ``envelope`` gets ``pens[i]`` and, if given, ``brushes[i]`` (filled
+        down to 0). Filled curves stack: each is a cumulative sum, so lower layers paint on top
+        of the higher ones they sit under."""
+        self.plot, self.envelope = plot, envelope
+        k = envelope.levels_y[0].shape[0]
+        fills = brushes or [None] * k
+        labels = names or [None] * k
+        self.items: list[pg.PlotCurveItem] = []
+        for i in range(k):
+            item = pg.PlotCurveItem(
+                x=np.zeros(1),
+                y=np.zeros(0),
+                pen=pens[i] if pens[i] is not None else pg.mkPen(None),
+                brush=fills[i],
+                fillLevel=0 if fills[i] is not None else None,
+                stepMode="center",
+                skipFiniteCheck=True,
+                name=labels[i],
+            )
+            item.setZValue(z - i * 0.01 if brushes else z + i * 0.01)
+            self.items.append(item)
+            plot.addItem(item)
+
+    def update(self, x0: float, x1: float, pixels: int) -> int:
+        """Redraw for the visible ``[x0, x1]`` over ``pixels`` pixels; returns points drawn."""
+        vis = self.envelope.visible(x0, x1, pixels)
+        if vis.x.size == 0:
+            for item in self.items:
+                item.setData(np.zeros(1), np.zeros(0))
+            return 0
+        for item, y in zip(self.items, vis.y, strict=True):
+            item.setData(vis.edges, y)
+        return int(vis.x.size)
+
+    def remove(self) -> None:
+        for item in self.items:
+            self.plot.removeItem(item)
+        self.items = []
+
+    def set_visible(self, visible: bool) -> None:
+        for item in self.items:
+            item.setVisible(visible)
+
+
+def visible_pixels(plot: pg.PlotItem) -> int:
+    """Width of the plot's view box in device pixels (at least 100)."""
+    return max(int(plot.getViewBox().width()), 100)

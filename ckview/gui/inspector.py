@@ -1,0 +1,99 @@
+"""The inspector: the tensors live at the clicked moment, largest first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PyQt6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
+from PyQt6.QtWidgets import QHeaderView, QLabel, QLineEdit, QTableView, QVBoxLayout, QWidget
+
+from ckview.analysis import format_bytes
+from ckview.gui.rundata import LiveTensor, RunData
+
+COLUMNS = ("bytes", "category", "shape", "dtype", "op", "module", "device", "storage")
+
+
+class LiveTensorModel(QAbstractTableModel):
+    """Rows of ``LiveTensor``; sorting by bytes sorts by the number, not its text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[LiveTensor] = []
+
+    def set_rows(self, rows: list[LiveTensor]) -> None:
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+
+    def rowCount(self, parent: QModelIndex | None = None) -> int:  # noqa: N802
+        return len(self.rows)
+
+    def columnCount(self, parent: QModelIndex | None = None) -> int:  # noqa: N802
+        return len(COLUMNS)
+
+    def headerData(  # noqa: N802
+        self, section: int, orientation: Qt.Orientation, role: int = 0
+    ) -> Any:
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return COLUMNS[section]
+        return None
+
+    def data(self, index: QModelIndex, role: int = 0) -> Any:
+        row = self.rows[index.row()]
+        name = COLUMNS[index.column()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return format_bytes(row.nbytes) if name == "bytes" else str(getattr(row, name))
+        if role == Qt.ItemDataRole.UserRole:  # sort key
+            return getattr(row, "nbytes" if name == "bytes" else name)
+        if role == Qt.ItemDataRole.TextAlignmentRole and name in ("bytes", "storage"):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return f"{row.category} {row.shape} {row.dtype}, made by {row.op} in {row.module}"
+        return None
+
+
+class Inspector(QWidget):
+    """A header line, a filter box and the table of live tensors."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.header = QLabel("Click the timeline to list the tensors live at that moment.")
+        self.header.setWordWrap(True)
+        self.filter = QLineEdit()
+        self.filter.setPlaceholderText("filter by module, op, shape, category…")
+        self.filter.setToolTip("Show only the rows whose text contains this (any column)")
+        self.filter.setClearButtonEnabled(True)
+        self.model = LiveTensorModel()
+        self.proxy = QSortFilterProxyModel()
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setSortRole(Qt.ItemDataRole.UserRole)
+        self.proxy.setFilterKeyColumn(-1)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        self.filter.textChanged.connect(self.proxy.setFilterFixedString)
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.setAlternatingRowColors(True)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.header)
+        layout.addWidget(self.filter)
+        layout.addWidget(self.table)
+
+    def show_point(self, run: RunData, point: int) -> None:
+        """List what is live at timeline ``point`` of ``run``."""
+        rows = run.live_tensors(point)
+        self.model.set_rows(rows)
+        self.table.sortByColumn(0, Qt.SortOrder.DescendingOrder)
+        for column, width in enumerate((90, 110, 120, 80, 240, 300, 60)):
+            self.table.setColumnWidth(column, width)
+        total = sum(r.nbytes for r in rows)
+        peak = " (the peak)" if point == run.peak.point else ""
+        self.header.setText(
+            f"<b>{len(rows)} tensors, {format_bytes(total)}</b> live at "
+            f"{run.x_time[point]:.3f} ms, op {int(run.x_op[point])}{peak}: "
+            f"{run.op_name(run.op_at(point))} in {run.module_of_op(run.op_at(point))}"
+        )

@@ -1,0 +1,520 @@
+"""The explorer's main window: open traces, the timeline, the plan panel, the inspector and the
+comparison, with menus, shortcuts, recent files, drag and drop and a status bar."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+
+from PyQt6.QtCore import QSettings, Qt, pyqtSignal
+from PyQt6.QtGui import (
+    QAction,
+    QActionGroup,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QKeySequence,
+    QPainter,
+)
+from PyQt6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressDialog,
+    QTabWidget,
+    QToolBar,
+    QWidget,
+)
+
+from ckview import __version__
+from ckview.analysis import format_bytes
+from ckview.gui.compare import CompareView
+from ckview.gui.inspector import Inspector
+from ckview.gui.plan_panel import PlanPanel
+from ckview.gui.planning import PlanOutcome, PlanSession
+from ckview.gui.rundata import Axis, RunData, TraceData, load_trace
+from ckview.gui.style import DARK, LIGHT, THEMES, Theme
+from ckview.gui.themes import apply_qt_theme
+
+MAX_RECENT = 10
+TRACE_FILTER = "ckview traces (*.h5 *.hdf5);;All files (*)"
+
+SHORTCUTS = (
+    ("Ctrl+O", "open a trace"),
+    ("Ctrl+E", "export the current view (PNG or SVG)"),
+    ("Ctrl+S / Ctrl+L", "save / load a plan"),
+    ("P", "jump to the peak"),
+    ("F or Home", "zoom to fit"),
+    ("+ / −", "zoom in / out"),
+    ("← / →", "pan"),
+    ("T", "switch the x axis: time / op index"),
+    ("Ctrl+1 / Ctrl+2", "timeline / comparison"),
+    ("S", "comparison: overlay / side by side"),
+    ("Ctrl+D", "light / dark theme"),
+    ("Ctrl+Q", "quit"),
+)
+
+
+class MainWindow(QMainWindow):
+    """The ckview explorer."""
+
+    loaded = pyqtSignal(object)  # TraceData, from the loading thread
+    load_failed = pyqtSignal(str, str)  # path, one-line message
+    _progress = pyqtSignal(float, str)
+
+    def __init__(self, theme: Theme = LIGHT, settings: QSettings | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("ckview")
+        self.resize(1500, 900)
+        self.setAcceptDrops(True)
+        self.settings = settings or QSettings("ckview", "ckview")
+        self.theme = theme
+        self.traces: list[TraceData] = []
+        self.axis = Axis.TIME
+        self.outcome: PlanOutcome | None = None
+        self.last_error: str | None = None
+        self._loading: dict[str, QProgressDialog] = {}
+
+        from ckview.gui.timeline import TimelineView
+
+        self.timeline = TimelineView(theme=theme)
+        self.compare = CompareView(theme=theme)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.timeline, "Timeline")
+        self.tabs.addTab(self.compare, "Compare")
+        self.tabs.currentChanged.connect(lambda _: self._refresh_compare())
+        self.setCentralWidget(self.tabs)
+        self.plan = PlanPanel()
+        self.inspector = Inspector()
+        self._dock("Plan", self.plan, Qt.DockWidgetArea.RightDockWidgetArea)
+        self._dock("Live tensors", self.inspector, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.run_box = QComboBox()
+        self.run_box.setToolTip("The run shown on the timeline and planned over")
+        self.run_box.setMinimumContentsLength(28)
+        self.run_box.currentIndexChanged.connect(self._on_run_chosen)
+        self.status_run = QLabel()
+        self.status_point = QLabel()
+        self.statusBar().addPermanentWidget(self.status_point, stretch=1)
+        self.statusBar().addPermanentWidget(self.status_run)
+        self._build_actions()
+
+        self.timeline.pointClicked.connect(self._on_point)
+        self.timeline.hovered.connect(self.status_point.setText)
+        self.plan.outcomeChanged.connect(self._on_outcome)
+        self.plan.message.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        self.plan.error.connect(self.show_error)
+        self.loaded.connect(self._on_loaded)
+        self.load_failed.connect(self._on_load_failed)
+        self._progress.connect(self._on_progress)
+        self.set_theme(theme)
+        self._update_enabled()
+        self.statusBar().showMessage("Open a trace (Ctrl+O) or drop one here.")
+
+    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(title)
+        dock.setWidget(widget)
+        dock.setFeatures(
+            QDockWidget.DockWidgetFeature.DockWidgetMovable
+            | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+        )
+        self.addDockWidget(area, dock)
+        return dock
+
+    # -- actions
+
+    def _action(self, text: str, shortcut: str | Sequence[str] | None, slot: object,
+                tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if isinstance(shortcut, str):
+            action.setShortcut(QKeySequence(shortcut))
+        elif shortcut:
+            action.setShortcuts([QKeySequence(s) for s in shortcut])
+        action.setToolTip(tip or text)
+        action.setStatusTip(tip or text)
+        action.triggered.connect(slot)  # type: ignore[arg-type]
+        self.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        menu = self.menuBar()
+        file = menu.addMenu("&File")
+        file.addAction(self._action("&Open…", "Ctrl+O", self.open_dialog, "Open trace files"))
+        self.recent_menu = file.addMenu("Open &Recent")
+        self._fill_recent()
+        file.addSeparator()
+        self.export_action = self._action(
+            "&Export View…", "Ctrl+E", self.export_dialog, "Save the current view as PNG or SVG"
+        )
+        self.csv_action = self._action(
+            "Export &CSV…", None, self.export_csv_dialog, "Save the shown curves as CSV"
+        )
+        self.save_plan_action = self._action(
+            "&Save Plan…", "Ctrl+S", self.save_plan_dialog, "Save the selection as a plan"
+        )
+        self.load_plan_action = self._action(
+            "&Load Plan…", "Ctrl+L", self.load_plan_dialog, "Select what a plan file checkpoints"
+        )
+        for action in (self.export_action, self.csv_action):
+            file.addAction(action)
+        file.addSeparator()
+        file.addAction(self.save_plan_action)
+        file.addAction(self.load_plan_action)
+        file.addSeparator()
+        file.addAction(self._action("&Close All", "Ctrl+W", self.close_all))
+        file.addAction(self._action("&Quit", "Ctrl+Q", self.close))
+
+        view = menu.addMenu("&View")
+        self.peak_action = self._action(
+            "Jump to &Peak", "P", self.timeline.jump_to_peak, "Centre the view on the peak"
+        )
+        view.addAction(self.peak_action)
+        view.addAction(self._action("Zoom to &Fit", ("F", "Home"), self.timeline.zoom_to_fit))
+        view.addAction(self._action("Zoom &In", ("+", "="), lambda: self.timeline.zoom(0.5)))
+        view.addAction(self._action("Zoom &Out", "-", lambda: self.timeline.zoom(2.0)))
+        view.addAction(self._action("Pan Left", "Left", lambda: self.timeline.pan(-0.25)))
+        view.addAction(self._action("Pan Right", "Right", lambda: self.timeline.pan(0.25)))
+        view.addSeparator()
+        self.axis_action = self._action(
+            "Op &Index Axis", "T", self.toggle_axis, "Place points by op index instead of time"
+        )
+        self.axis_action.setCheckable(True)
+        view.addAction(self.axis_action)
+        view.addAction(self._action("&Timeline", "Ctrl+1", lambda: self.tabs.setCurrentIndex(0)))
+        view.addAction(self._action("&Compare", "Ctrl+2", lambda: self.tabs.setCurrentIndex(1)))
+        self.side_action = self._action(
+            "Compare &Side by Side", "S", self._refresh_compare,
+            "Show compared runs as separate stacked plots instead of overlaid",
+        )
+        self.side_action.setCheckable(True)
+        view.addAction(self.side_action)
+        view.addSeparator()
+        themes = QActionGroup(self)
+        self.theme_actions = {}
+        for theme in THEMES.values():
+            action = QAction(f"{theme.name.title()} Theme", self, checkable=True)
+            action.triggered.connect(lambda _=False, t=theme: self.set_theme(t))
+            themes.addAction(action)
+            view.addAction(action)
+            self.theme_actions[theme.name] = action
+        view.addAction(self._action("Toggle Theme", "Ctrl+D", self.toggle_theme))
+
+        help_menu = menu.addMenu("&Help")
+        help_menu.addAction(self._action("&Keyboard Shortcuts", "F1", self.show_shortcuts))
+        help_menu.addAction(self._action("&About ckview", None, self.show_about))
+
+        bar = QToolBar("Main")
+        bar.setObjectName("main toolbar")
+        bar.setMovable(False)
+        self.addToolBar(bar)
+        bar.addWidget(QLabel(" Run: "))
+        bar.addWidget(self.run_box)
+        bar.addSeparator()
+        bar.addAction(self.peak_action)
+        bar.addAction(self.axis_action)
+        bar.addAction(self.side_action)
+        bar.addAction(self.export_action)
+
+    # -- opening
+
+    def open_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Open traces", "", TRACE_FILTER)
+        self.open_paths(paths)
+
+    def open_paths(self, paths: Sequence[str]) -> None:
+        """Load traces on a worker thread, with a progress dialog; errors open a dialog."""
+        for path in paths:
+            self._load(os.path.abspath(path))
+
+    def _load(self, path: str) -> None:
+        if path in self._loading:
+            return
+        dialog = QProgressDialog(f"Loading {os.path.basename(path)}…", "", 0, 100, self)
+        dialog.setCancelButton(None)
+        dialog.setWindowTitle("ckview")
+        dialog.setMinimumDuration(400)
+        dialog.setWindowModality(Qt.WindowModality.WindowModal)
+        self._loading[path] = dialog
+
+        def work() -> None:
+            from ckview.trace.errors import TraceError
+
+            try:
+                data = load_trace(path, lambda f, what: self._progress.emit(f, path))
+            except TraceError as exc:
+                self.load_failed.emit(path, str(exc))
+            except OSError as exc:
+                self.load_failed.emit(path, f"cannot read {path}: {exc.strerror or exc}")
+            else:
+                self.loaded.emit(data)
+
+        threading.Thread(target=work, daemon=True).start()
+
+    def _on_progress(self, fraction: float, path: str) -> None:
+        dialog = self._loading.get(path)
+        if dialog is not None:
+            dialog.setValue(int(fraction * 100))
+
+    def _finish_loading(self, path: str) -> None:
+        dialog = self._loading.pop(path, None)
+        if dialog is not None:
+            dialog.reset()
+            dialog.deleteLater()
+
+    def _on_loaded(self, data: TraceData) -> None:
+        self._finish_loading(data.path)
+        self.traces = [t for t in self.traces if t.path != data.path] + [data]
+        self._remember(data.path)
+        first_new = len(self.runs()) - len(data.runs)
+        self._fill_run_box(select=first_new if len(self.traces) == 1 else None)
+        self.statusBar().showMessage(
+            f"opened {data.path}: {len(data.runs)} run(s), "
+            f"{sum(r.n_events for r in data.runs):,} memory events", 8000
+        )
+        self._refresh_compare()
+
+    def _on_load_failed(self, path: str, message: str) -> None:
+        self._finish_loading(path)
+        self._forget(path)
+        self.show_error(message)
+
+    def close_all(self) -> None:
+        self.traces = []
+        self._fill_run_box()
+
+    def runs(self) -> list[RunData]:
+        """Every run of every open trace, in opening order."""
+        return [run for trace in self.traces for run in trace.runs]
+
+    def current_run(self) -> RunData | None:
+        index = self.run_box.currentIndex()
+        runs = self.runs()
+        return runs[index] if 0 <= index < len(runs) else None
+
+    def _fill_run_box(self, select: int | None = None) -> None:
+        keep = self.run_box.currentIndex()
+        self.run_box.blockSignals(True)
+        self.run_box.clear()
+        for run in self.runs():
+            self.run_box.addItem(f"{run.label}  ({format_bytes(run.peak.bytes)})")
+        self.run_box.blockSignals(False)
+        index = select if select is not None else keep
+        if self.runs():
+            self.run_box.setCurrentIndex(max(0, min(index, len(self.runs()) - 1)))
+        self._on_run_chosen()
+
+    def _on_run_chosen(self) -> None:
+        run = self.current_run()
+        self.outcome = None
+        self._update_enabled()
+        if run is None:
+            self.plan.set_session(None)
+            self.status_run.setText("")
+            self.setWindowTitle("ckview")
+            return
+        self.setWindowTitle(f"{run.label} — ckview")
+        self.timeline.set_run(run, self.axis)
+        self.plan.set_session(PlanSession(run))
+        self.status_run.setText(
+            f"{run.label} · {run.n_events:,} events · peak {format_bytes(run.peak.bytes)}"
+        )
+        self._refresh_compare()
+
+    def _update_enabled(self) -> None:
+        has = self.current_run() is not None
+        for action in (
+            self.export_action, self.csv_action, self.save_plan_action,
+            self.load_plan_action, self.peak_action,
+        ):
+            action.setEnabled(has)
+
+    # -- recent files
+
+    def recent_files(self) -> list[str]:
+        value = self.settings.value("recent", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def _remember(self, path: str) -> None:
+        recent = [path] + [p for p in self.recent_files() if p != path]
+        self.settings.setValue("recent", recent[:MAX_RECENT])
+        self._fill_recent()
+
+    def _forget(self, path: str) -> None:
+        self.settings.setValue("recent", [p for p in self.recent_files() if p != path])
+        self._fill_recent()
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        for path in self.recent_files():
+            action = self.recent_menu.addAction(path)
+            assert action is not None
+            action.triggered.connect(lambda _=False, p=path: self.open_paths([p]))
+        self.recent_menu.setEnabled(bool(self.recent_files()))
+
+    # -- drag and drop
+
+    def dragEnterEvent(self, event: QDragEnterEvent | None) -> None:  # noqa: N802
+        mime = event.mimeData() if event is not None else None
+        if event is not None and mime is not None and mime.hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent | None) -> None:  # noqa: N802
+        mime = event.mimeData() if event is not None else None
+        if event is None or mime is None:
+            return
+        paths = [url.toLocalFile() for url in mime.urls() if url.isLocalFile()]
+        if paths:
+            self.open_paths(paths)
+            event.acceptProposedAction()
+
+    # -- the timeline, the plan, the comparison
+
+    def _on_point(self, point: int) -> None:
+        run = self.current_run()
+        if run is not None:
+            self.inspector.show_point(run, point)
+
+    def _on_outcome(self, outcome: PlanOutcome | None) -> None:
+        self.outcome = outcome
+        self.timeline.set_outcome(outcome)
+        if self.tabs.currentWidget() is self.compare:
+            self._refresh_compare()
+
+    def _refresh_compare(self) -> None:
+        if self.tabs.currentWidget() is not self.compare:
+            return
+        run = self.current_run()
+        plan = (self.outcome, run) if self.outcome is not None and run is not None else None
+        self.compare.set_runs(
+            self.runs(), plan, axis=self.axis, side_by_side=self.side_action.isChecked()
+        )
+
+    def toggle_axis(self) -> None:
+        self.set_axis(Axis.OP if self.axis is Axis.TIME else Axis.TIME)
+
+    def set_axis(self, axis: Axis) -> None:
+        self.axis = axis
+        self.axis_action.setChecked(axis is Axis.OP)
+        self.timeline.set_axis(axis)
+        self._refresh_compare()
+
+    # -- export
+
+    def export_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export view", "ckview.png", "PNG image (*.png);;SVG image (*.svg)"
+        )
+        if path:
+            self.export_view(path)
+
+    def export_view(self, path: str) -> None:
+        """Save the visible tab (timeline or comparison) as PNG or SVG, by extension."""
+        widget = self.tabs.currentWidget()
+        assert widget is not None
+        try:
+            if path.lower().endswith(".svg"):
+                _save_svg(widget, path)
+            elif path.lower().endswith(".png"):
+                if not widget.grab().save(path, "PNG"):
+                    raise OSError(f"cannot write {path}")
+            else:
+                raise ValueError(f"cannot export to {path!r}: use a .png or .svg file name")
+        except (OSError, ValueError) as exc:
+            self.show_error(str(exc))
+            return
+        self.statusBar().showMessage(f"exported {path}", 8000)
+
+    def export_csv_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export CSV", "ckview.csv", "CSV (*.csv)")
+        if path:
+            self.export_csv(path)
+
+    def export_csv(self, path: str) -> None:
+        """The shown runs' curves (and the projected plan's) as CSV."""
+        from ckview.gui.report import write_csv
+
+        run = self.current_run()
+        runs = self.runs() if self.tabs.currentWidget() is self.compare else [run]
+        plans = [("plan", self.outcome, run)] if self.outcome is not None and run else []
+        try:
+            write_csv([r for r in runs if r is not None], plans, path)
+        except OSError as exc:
+            self.show_error(f"cannot write {path}: {exc.strerror or exc}")
+            return
+        self.statusBar().showMessage(f"exported {path}", 8000)
+
+    # -- plans
+
+    def save_plan_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save plan", "plan.json", "Plans (*.json)")
+        if path:
+            try:
+                self.plan.save_plan(path)
+            except (OSError, ValueError) as exc:
+                self.show_error(f"cannot save the plan: {exc}")
+
+    def load_plan_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load plan", "", "Plans (*.json)")
+        if path:
+            self.plan.load_plan(path)
+
+    # -- look and feel
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            apply_qt_theme(app, theme)
+        self.theme_actions[theme.name].setChecked(True)
+        self.timeline.set_theme(theme)
+        self.compare.set_theme(theme)
+        self.settings.setValue("theme", theme.name)
+
+    def toggle_theme(self) -> None:
+        self.set_theme(DARK if self.theme is LIGHT else LIGHT)
+
+    def show_error(self, message: str) -> None:
+        """A one-line problem in a dialog that does not block (the app never crashes on it)."""
+        self.last_error = message
+        self.statusBar().showMessage(message, 10000)
+        box = QMessageBox(QMessageBox.Icon.Warning, "ckview", message, parent=self)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+
+    def show_shortcuts(self) -> None:
+        rows = "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in SHORTCUTS)
+        QMessageBox.information(self, "Keyboard shortcuts", f"<table>{rows}</table>")
+
+    def show_about(self) -> None:
+        QMessageBox.about(
+            self,
+            "About ckview",
+            f"ckview {__version__}: see what fills memory in a PyTorch training step and what "
+            "gradient checkpointing would change.",
+        )
+
+    def closeEvent(self, event: QCloseEvent | None) -> None:  # noqa: N802
+        self.settings.sync()
+        super().closeEvent(event)
+
+
+def _save_svg(widget: QWidget, path: str) -> None:
+    from PyQt6.QtSvg import QSvgGenerator
+
+    generator = QSvgGenerator()
+    generator.setFileName(path)
+    generator.setSize(widget.size())
+    generator.setViewBox(widget.rect())
+    generator.setTitle("ckview")
+    painter = QPainter(generator)
+    widget.render(painter)
+    painter.end()
+    if not os.path.exists(path):
+        raise OSError(f"cannot write {path}")

@@ -1,0 +1,425 @@
+"""The plan panel: module tree with checkboxes, the chain strip, presets, a budget, and the
+projected peak / saving / extra compute of what is selected.
+
+Owns a ``PlanSession``; every toggle re-projects and emits ``outcomeChanged``. Building the
+incremental model (and the planner) can take a second on a big run, so it runs on a worker
+thread; until it is ready the exact projection answers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from PyQt6.QtCore import QPoint, QRect, QSize, Qt, pyqtSignal
+from PyQt6.QtGui import QColor, QMouseEvent, QPainter, QPaintEvent, QPen
+from PyQt6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSizePolicy,
+    QToolTip,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ckview.analysis import ModuleRegion, PlannerResult, format_bytes, parse_bytes
+from ckview.gui.planning import PlanOutcome, PlanSession
+from ckview.gui.style import PROJECTION_COLOR
+
+TREE_COLUMNS = ("module", "type", "activations", "forward", "recompute")
+
+
+def _ms(ns: int | None) -> str:
+    return "…" if ns is None else f"{ns / 1e6:.1f} ms"
+
+
+class ChainStrip(QWidget):
+    """The chain of blocks: click a block to checkpoint its segment, a gap to cut or join
+    segments (NOTE [ Chain strip ] in ``planning``)."""
+
+    blockClicked = pyqtSignal(int)  # noqa: N815
+    gapClicked = pyqtSignal(int)  # noqa: N815
+
+    GAP = 6
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.session: PlanSession | None = None
+        self.setMinimumHeight(46)
+        self.setMouseTracking(True)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(400, 46)
+
+    def set_session(self, session: PlanSession | None) -> None:
+        self.session = session
+        self.setVisible(session is not None and session.chain is not None)
+        self.update()
+
+    def _geometry(self) -> list[QRect]:
+        """Rectangle of every block."""
+        assert self.session is not None and self.session.chain is not None
+        n = len(self.session.chain.blocks)
+        width = max(self.width() - 2, n)
+        rects = []
+        for i in range(n):
+            x0 = 1 + i * width // n
+            x1 = 1 + (i + 1) * width // n - self.GAP // 2
+            rects.append(QRect(x0 + self.GAP // 2, 14, max(x1 - x0 - self.GAP // 2, 1), 28))
+        return rects
+
+    def hit(self, pos: QPoint) -> tuple[str, int] | None:
+        """('block', i) or ('gap', i) (gap i: before block i) under ``pos``."""
+        if self.session is None or self.session.chain is None:
+            return None
+        rects = self._geometry()
+        for i, rect in enumerate(rects):
+            if i and abs(pos.x() - (rects[i - 1].right() + rect.left()) / 2) <= self.GAP:
+                return "gap", i
+            if rect.left() <= pos.x() <= rect.right():
+                return "block", i
+        return None
+
+    def paintEvent(self, event: QPaintEvent | None) -> None:  # noqa: N802
+        session = self.session
+        if session is None or session.chain is None:
+            return
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        chain = session.chain
+        rects = self._geometry()
+        fg = self.palette().windowText().color()
+        painter.setPen(fg)
+        kind = "Sequential" if chain.sequential else "ModuleList"
+        painter.drawText(2, 11, f"{chain.path} ({kind}, {len(chain.blocks)} blocks)")
+        on = QColor(PROJECTION_COLOR)
+        for start, stop in session.segments():
+            selected = session.segment_selected(start, stop)
+            for i in range(start, stop):
+                painter.setBrush(on if selected else self.palette().base().color())
+                painter.setPen(QPen(fg, 1))
+                painter.drawRoundedRect(rects[i], 3, 3)
+                if rects[i].width() > 18:
+                    painter.setPen(QColor("white") if selected else fg)
+                    painter.drawText(rects[i], Qt.AlignmentFlag.AlignCenter, str(i))
+        painter.setPen(QPen(fg, 3))
+        for gap in sorted(session.boundaries):
+            x = (rects[gap - 1].right() + rects[gap].left()) // 2
+            painter.drawLine(x, 12, x, 44)
+        painter.end()
+
+    def mousePressEvent(self, event: QMouseEvent | None) -> None:  # noqa: N802
+        if event is None or event.button() != Qt.MouseButton.LeftButton:
+            return
+        hit = self.hit(event.position().toPoint())
+        if hit is None:
+            return
+        (self.blockClicked if hit[0] == "block" else self.gapClicked).emit(hit[1])
+
+    def mouseMoveEvent(self, event: QMouseEvent | None) -> None:  # noqa: N802
+        if event is None or self.session is None or self.session.chain is None:
+            return
+        hit = self.hit(event.position().toPoint())
+        text = ""
+        if hit is not None and hit[0] == "block":
+            row = self.session.chain.blocks[hit[1]]
+            info = self.session.modules[row]
+            text = f"{info.path}: {format_bytes(info.activation_bytes)} of activations"
+        elif hit is not None:
+            text = (
+                f"click to cut or join segments before block {hit[1]}"
+                if self.session.chain.sequential
+                else "a ModuleList's blocks are called one by one: each is its own segment"
+            )
+        QToolTip.showText(event.globalPosition().toPoint(), text, self)
+
+
+class PlanPanel(QWidget):
+    """Everything about the plan being built over the baseline run."""
+
+    outcomeChanged = pyqtSignal(object)  # noqa: N815  (PlanOutcome or None)
+    message = pyqtSignal(str)
+    error = pyqtSignal(str)
+    _ready = pyqtSignal(object)  # a PlanSession whose model is built (from the worker thread)
+    _planned = pyqtSignal(object)  # PlannerResult or an error message
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.session: PlanSession | None = None
+        self.readout = QLabel("Open a trace to plan checkpointing.")
+        self.readout.setWordWrap(True)
+        self.readout.setTextFormat(Qt.TextFormat.RichText)
+        self.readout.setMinimumHeight(58)
+        self.presets = {
+            "none": self._button("None", "Checkpoint nothing (the recorded baseline)"),
+            "all": self._button("Every block", "Checkpoint every block of the chain"),
+            "sqrt": self._button("√n", "Checkpoint √n segments of the chain (Chen et al.)"),
+        }
+        for name, button in self.presets.items():
+            button.clicked.connect(lambda _=False, n=name: self.apply_preset(n))
+        self.budget = QLineEdit()
+        self.budget.setPlaceholderText("budget, e.g. 60 MiB or 70%")
+        self.budget.setToolTip(
+            "Memory budget for the planner: bytes with a unit (KiB, MiB, GiB) or a percentage "
+            "of the recorded peak. Enter finds the plan with the least extra compute that fits."
+        )
+        self.budget.returnPressed.connect(self.plan_for_budget)
+        self.plan_button = self._button("Best plan", "Find the cheapest plan for the budget")
+        self.plan_button.clicked.connect(self.plan_for_budget)
+        self.strip = ChainStrip()
+        self.strip.blockClicked.connect(self._toggle_block)
+        self.strip.gapClicked.connect(self._toggle_gap)
+        self.tree = QTreeWidget()
+        self.tree.setHeaderLabels(list(TREE_COLUMNS))
+        self.tree.setToolTip("Tick a module to checkpoint every call of it")
+        self.tree.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.tree.header().setStretchLastSection(False)
+        self.tree.itemChanged.connect(self._on_item_changed)
+        self._items: dict[int, QTreeWidgetItem] = {}
+
+        presets = QHBoxLayout()
+        for button in self.presets.values():
+            presets.addWidget(button)
+        budget = QHBoxLayout()
+        budget.addWidget(self.budget, stretch=1)
+        budget.addWidget(self.plan_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.readout)
+        layout.addLayout(presets)
+        layout.addLayout(budget)
+        layout.addWidget(self.strip)
+        layout.addWidget(self.tree, stretch=1)
+        self._ready.connect(self._on_ready)
+        self._planned.connect(self._on_planned)
+        self.set_session(None)
+
+    @staticmethod
+    def _button(text: str, tip: str) -> QPushButton:
+        button = QPushButton(text)
+        button.setToolTip(tip)
+        return button
+
+    # -- session
+
+    def set_session(self, session: PlanSession | None) -> None:
+        """Plan over a new baseline run (None: nothing open)."""
+        self.session = session
+        self.strip.set_session(session)
+        self._fill_tree()
+        for w in (*self.presets.values(), self.budget, self.plan_button, self.tree):
+            w.setEnabled(session is not None)
+        if session is None:
+            self.readout.setText("Open a trace to plan checkpointing.")
+            return
+        self._refresh()
+        self._in_background(session.prepare, lambda: self._ready.emit(session))
+
+    def _in_background(self, work: Callable[[], Any], done: Callable[[], None]) -> None:
+        def run() -> None:
+            work()
+            done()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def _on_ready(self, session: PlanSession) -> None:
+        if session is not self.session:
+            return
+        for row, item in self._items.items():
+            item.setText(4, _ms(session.recompute_cost_ns(row)))
+        self._refresh()
+
+    def is_ready(self) -> bool:
+        """True once the incremental model is built (toggles then take milliseconds)."""
+        return self.session is not None and self.session.model is not None
+
+    # -- user actions
+
+    def toggle_module(self, row: int) -> None:
+        assert self.session is not None
+        self.session.toggle_module(row)
+        self._refresh()
+
+    def _toggle_block(self, block: int) -> None:
+        assert self.session is not None
+        self.session.toggle_block(block)
+        self._refresh()
+
+    def _toggle_gap(self, gap: int) -> None:
+        assert self.session is not None
+        try:
+            self.session.toggle_boundary(gap)
+        except ValueError as exc:
+            self.message.emit(str(exc))
+            return
+        self._refresh()
+
+    def toggle_boundary(self, gap: int) -> None:
+        self._toggle_gap(gap)
+
+    def toggle_block(self, block: int) -> None:
+        self._toggle_block(block)
+
+    def apply_preset(self, name: str) -> None:
+        assert self.session is not None
+        try:
+            self.session.apply_preset(name)
+        except ValueError as exc:
+            self.error.emit(f"preset {name!r}: {exc}")
+            return
+        self._refresh()
+
+    def plan_for_budget(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        text = self.budget.text().strip()
+        try:
+            budget = _budget_bytes(text, session.run.peak.bytes)
+        except ValueError as exc:
+            self.error.emit(f"budget {text!r}: {exc}")
+            return
+        self.plan_button.setEnabled(False)
+        self.message.emit(f"planning for {format_bytes(budget)}…")
+
+        def work() -> None:
+            try:
+                result: object = session.planner().for_budget(budget)
+            except ValueError as exc:
+                result = str(exc)
+            self._planned.emit(result)
+
+        threading.Thread(target=work, daemon=True).start()
+
+    def _on_planned(self, result: PlannerResult | str) -> None:
+        self.plan_button.setEnabled(True)
+        if isinstance(result, str):
+            self.error.emit(f"planner: {result}")
+            return
+        assert self.session is not None
+        self.session.apply_planner(result)
+        picked = ", ".join(self.session.region_label(r) for r in self.session.regions())
+        verdict = "fits" if result.fits else "does not fit: this is the lowest peak found"
+        self.message.emit(
+            f"budget {format_bytes(result.budget_bytes)}: {picked or 'nothing'} → "
+            f"{format_bytes(result.peak_bytes)}, +{result.extra_compute_ns / 1e6:.1f} ms "
+            f"({verdict})"
+        )
+        self._refresh()
+
+    def save_plan(self, path: str) -> None:
+        assert self.session is not None
+        self.session.save_plan(path)
+        self.message.emit(f"saved plan {path}")
+
+    def load_plan(self, path: str) -> None:
+        """Select what a plan file checkpoints; errors go to ``error``."""
+        assert self.session is not None
+        try:
+            self.session.load_plan(path)
+        except ValueError as exc:
+            self.error.emit(str(exc))
+            return
+        self.message.emit(f"loaded plan {path}")
+        self._refresh()
+
+    # -- display
+
+    def _fill_tree(self) -> None:
+        self.tree.blockSignals(True)
+        self.tree.clear()
+        self._items = {}
+        session = self.session
+        if session is not None:
+            for info in session.modules:
+                parent = self._items.get(info.parent)
+                item = QTreeWidgetItem(parent if parent is not None else self.tree)
+                item.setText(0, info.name)
+                item.setText(1, info.type)
+                item.setText(2, format_bytes(info.activation_bytes))
+                item.setText(3, _ms(info.forward_ns))
+                item.setText(4, _ms(session.recompute_cost_ns(info.row)))
+                item.setToolTip(0, f"{info.path}: {info.calls} forward call(s)")
+                for column in (2, 3, 4):
+                    item.setTextAlignment(column, Qt.AlignmentFlag.AlignRight)
+                if info.calls:
+                    item.setCheckState(0, Qt.CheckState.Unchecked)
+                item.setData(0, Qt.ItemDataRole.UserRole, info.row)
+                self._items[info.row] = item
+            self.tree.expandToDepth(2)
+            for column in range(1, len(TREE_COLUMNS)):
+                self.tree.resizeColumnToContents(column)
+        self.tree.blockSignals(False)
+
+    def _on_item_changed(self, item: QTreeWidgetItem, column: int) -> None:
+        if column != 0 or self.session is None:
+            return
+        row = int(item.data(0, Qt.ItemDataRole.UserRole))
+        wanted = item.checkState(0) == Qt.CheckState.Checked
+        if wanted != (ModuleRegion(row) in self.session.selection):
+            self.toggle_module(row)
+
+    def _sync_checks(self) -> None:
+        session = self.session
+        assert session is not None
+        shadowed = session.shadowed()
+        self.tree.blockSignals(True)
+        for row, item in self._items.items():
+            if session.modules[row].calls == 0:
+                continue
+            on = ModuleRegion(row) in session.selection
+            item.setCheckState(0, Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
+            italic = item.font(0)
+            italic.setItalic(row in shadowed)
+            item.setFont(0, italic)
+            if row in shadowed:
+                item.setToolTip(0, "inside another checkpointed module: the outer one wins")
+        self.tree.blockSignals(False)
+
+    def _refresh(self) -> None:
+        """Re-project the selection and show it everywhere."""
+        session = self.session
+        assert session is not None
+        outcome = session.outcome()
+        self._sync_checks()
+        self.strip.update()
+        self.readout.setText(readout_html(outcome, len(session.selection)))
+        self.outcomeChanged.emit(outcome if session.selection else None)
+
+
+def readout_html(outcome: PlanOutcome, regions: int) -> str:
+    """The readout: projected peak, saving and extra compute."""
+    base = format_bytes(outcome.baseline_peak_bytes)
+    if not regions:
+        return (
+            f"<b>Recorded peak {base}</b><br>Tick modules, click blocks or pick a preset "
+            "to project a checkpoint plan."
+        )
+    sign = "−" if outcome.saving_bytes >= 0 else "+"
+    return (
+        f"<span style='font-size:13pt'><b>Projected peak {format_bytes(outcome.peak_bytes)}"
+        f"</b></span> &nbsp; {sign}{format_bytes(abs(outcome.saving_bytes))} "
+        f"({sign}{abs(outcome.saving_share):.1%} of {base})<br>"
+        f"extra compute +{outcome.extra_compute_ns / 1e6:.1f} ms "
+        f"({outcome.extra_share:.1%} of the step) · {regions} region(s), "
+        f"{len(outcome.recomputes)} recompute(s)"
+    )
+
+
+def _budget_bytes(text: str, peak: int) -> int:
+    """``'60%'`` of the recorded peak, or bytes with a unit (``parse_bytes``)."""
+    if not text:
+        raise ValueError("type a budget such as 60 MiB or 70%")
+    if text.endswith("%"):
+        share = float(text[:-1])
+        if not 0 < share <= 1000:
+            raise ValueError("a percentage of the recorded peak must be above 0")
+        return int(peak * share / 100)
+    return parse_bytes(text)

@@ -1,0 +1,436 @@
+"""The memory timeline: live bytes stacked by category, phases, recomputes, the peak, the
+projected curve of the plan being built, and an overview strip to pan and zoom with.
+
+Draws what ``RunData`` and ``PlanOutcome`` hold; computes nothing but screen geometry.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PyQt6.QtCore import QPointF, Qt, pyqtSignal
+from PyQt6.QtGui import QBrush, QFont, QPen
+from PyQt6.QtWidgets import QVBoxLayout, QWidget
+
+from ckview.analysis import format_bytes
+from ckview.gui.axes import BytesAxis
+from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
+from ckview.gui.envelope import Envelope
+from ckview.gui.planning import PlanOutcome
+from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData
+from ckview.gui.style import CATEGORY_COLORS, LIGHT, PEAK_COLOR, PROJECTION_COLOR, Theme
+
+MAX_MARK_LABELS = 24
+"""Recompute marks beyond this many are drawn without labels (they would overlap)."""
+
+
+class TimelineView(QWidget):
+    """Main memory plot over an overview strip whose region selects the visible x range."""
+
+    pointClicked = pyqtSignal(int)  # noqa: N815 (Qt signal naming)
+    """A timeline point the user clicked (baseline run points)."""
+    hovered = pyqtSignal(str)
+    """One-line description of the point under the mouse (for the status bar)."""
+
+    def __init__(self, parent: QWidget | None = None, theme: Theme = LIGHT) -> None:
+        super().__init__(parent)
+        self.theme = theme
+        self.run: RunData | None = None
+        self.axis = Axis.TIME
+        self.outcome: PlanOutcome | None = None
+        self.selected_point: int | None = None
+        self._layers: EnvelopeCurves | None = None
+        self._projected: EnvelopeCurves | None = None
+        self._overview_curve: EnvelopeCurves | None = None
+        self._decor: list[pg.GraphicsObject] = []
+        self._plan_decor: list[pg.GraphicsObject] = []
+
+        self.main = pg.PlotWidget(axisItems={"left": BytesAxis(orientation="left")})
+        self.overview = pg.PlotWidget(axisItems={"left": BytesAxis(orientation="left")})
+        self.overview.setFixedHeight(110)
+        for w in (self.main, self.overview):
+            w.setMouseEnabled(x=True, y=False)
+            w.getPlotItem().hideButtons()
+            w.getPlotItem().setMenuEnabled(False)
+        self.overview.setMouseEnabled(x=False, y=False)
+        self.main.getPlotItem().addLegend(offset=(10, 10), labelTextSize="9pt")
+        self.region = pg.LinearRegionItem(swapMode="sort")
+        self.region.setZValue(10)
+        self.overview.addItem(self.region)
+        self.cursor = pg.InfiniteLine(angle=90, movable=False)
+        self.cursor.setVisible(False)
+        self.main.addItem(self.cursor, ignoreBounds=True)
+        self.hover_line = pg.InfiniteLine(angle=90, movable=False)
+        self.hover_line.setVisible(False)
+        self.main.addItem(self.hover_line, ignoreBounds=True)
+        self.hover_text = pg.TextItem(anchor=(0, 0))
+        self.hover_text.setZValue(100)
+        self.hover_text.setVisible(False)
+        self.main.addItem(self.hover_text, ignoreBounds=True)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addWidget(self.main, stretch=1)
+        layout.addWidget(self.overview)
+
+        self.main.getPlotItem().getViewBox().sigXRangeChanged.connect(self._on_range)
+        self.main.getPlotItem().getViewBox().sigResized.connect(self._redraw)
+        self.region.sigRegionChanged.connect(self._on_region)
+        self._proxy = pg.SignalProxy(
+            self.main.scene().sigMouseMoved, rateLimit=60, slot=self._on_mouse_moved
+        )
+        self.main.scene().sigMouseClicked.connect(self._on_click)
+        self.set_theme(theme)
+
+    # -- public
+
+    def set_run(self, run: RunData, axis: Axis | None = None) -> None:
+        """Show ``run`` (its stacked categories, phases and peak), zoomed out."""
+        self.run = run
+        self.axis = axis or self.axis
+        self.outcome = None
+        self.selected_point = None
+        self._rebuild()
+
+    def set_axis(self, axis: Axis) -> None:
+        """Place points by time or by op index (NOTE [ Two x axes ] in ``rundata``)."""
+        if axis is self.axis:
+            return
+        point_range = self._visible_points()
+        self.axis = axis
+        self._rebuild()
+        if point_range is not None:
+            self._show_points(*point_range)
+
+    def set_outcome(self, outcome: PlanOutcome | None) -> None:
+        """Draw the projected curve of the plan being built (None: hide it)."""
+        self.outcome = outcome
+        self._draw_projection()
+        self._fit_y()
+        self._redraw()
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        for w in (self.main, self.overview):
+            w.setBackground(theme.background)
+            for name in ("left", "bottom"):
+                axis = w.getPlotItem().getAxis(name)
+                axis.setPen(pg.mkPen(theme.foreground))
+                axis.setTextPen(pg.mkPen(theme.foreground))
+            w.getPlotItem().showGrid(x=True, y=True, alpha=theme.grid_alpha)
+        self.region.setBrush(pg.mkBrush(color(theme.overview_region)))
+        self.cursor.setPen(pg.mkPen(theme.foreground, width=1.5))
+        self.hover_line.setPen(pg.mkPen(theme.foreground, width=1, style=Qt.PenStyle.DotLine))
+        self.hover_text.fill = pg.mkBrush(color(theme.background, 225))
+        self.hover_text.border = pg.mkPen(theme.foreground)
+        self.hover_text.setColor(theme.foreground)
+        if self.run is not None:
+            self._rebuild(keep_range=True)
+
+    def jump_to_peak(self) -> None:
+        """Centre the view on the peak (the projected one if a plan is shown), zoomed to a
+        tenth of the run, and select it."""
+        run = self.run
+        if run is None:
+            return
+        point = run.peak.point
+        if self.outcome is not None and self.outcome.peak_bytes < run.peak.bytes:
+            point = self.outcome.peak_point
+        xs = run.x(self.axis)
+        centre = float(xs[point])
+        width = max((float(xs[-1]) - float(xs[0])) / 10, 1e-6)
+        self.main.setXRange(centre - width / 2, centre + width / 2, padding=0)
+        self.select_point(point)
+
+    def select_point(self, point: int) -> None:
+        """Mark a timeline point and tell the inspector (``pointClicked``)."""
+        if self.run is None:
+            return
+        self.selected_point = point
+        self.cursor.setValue(float(self.run.x(self.axis)[point]))
+        self.cursor.setVisible(True)
+        self.pointClicked.emit(point)
+
+    def zoom_to_fit(self) -> None:
+        if self.run is not None:
+            xs = self.run.x(self.axis)
+            self.main.setXRange(float(xs[0]), float(xs[-1]), padding=0.01)
+
+    def zoom(self, factor: float) -> None:
+        """Zoom the x range about its centre (factor < 1 zooms in)."""
+        (x0, x1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        c, half = (x0 + x1) / 2, (x1 - x0) * factor / 2
+        self.main.setXRange(c - half, c + half, padding=0)
+
+    def pan(self, fraction: float) -> None:
+        """Move the x range by a fraction of its width."""
+        (x0, x1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        d = (x1 - x0) * fraction
+        self.main.setXRange(x0 + d, x1 + d, padding=0)
+
+    # -- building
+
+    def _rebuild(self, keep_range: bool = False) -> None:
+        run = self.run
+        if run is None:
+            return
+        view = self.main.getPlotItem().getViewBox().viewRange()[0] if keep_range else None
+        self._clear()
+        xs = run.x(self.axis)
+        env = Envelope(xs, run.stacked)
+        brushes = [QBrush(color(CATEGORY_COLORS[c], 235)) for c in STACK_ORDER]
+        pens = [pg.mkPen(color(CATEGORY_COLORS[c]).darker(130), width=1) for c in STACK_ORDER]
+        self._layers = EnvelopeCurves(self.main.getPlotItem(), env, pens, brushes)
+        self._fill_legend(run, pens, brushes)
+        total = Envelope(xs, run.stacked[-1])
+        self._overview_curve = EnvelopeCurves(
+            self.overview.getPlotItem(),
+            total,
+            [pg.mkPen(self.theme.foreground, width=1)],
+            [QBrush(color(CATEGORY_COLORS[STACK_ORDER[4]], 120))],
+        )
+        self._overview_curve.update(float(xs[0]), float(xs[-1]), 1600)
+        self._draw_bands(run)
+        self._draw_peak(run)
+        self._draw_projection()
+        for w in (self.main, self.overview):
+            w.getPlotItem().setLabel("bottom", self.axis.label)
+        self.overview.setXRange(float(xs[0]), float(xs[-1]), padding=0.01)
+        self._fit_y()
+        if view is not None:
+            self.main.setXRange(*view, padding=0)
+        else:
+            self.zoom_to_fit()
+        if self.selected_point is not None:
+            self.cursor.setValue(float(xs[self.selected_point]))
+        self._redraw()
+
+    def _fill_legend(self, run: RunData, pens: list[QPen], brushes: list[QBrush]) -> None:
+        """Filled swatches, top layer first, for the categories that ever hold bytes."""
+        legend = self.main.getPlotItem().legend
+        legend.setLabelTextColor(self.theme.foreground)
+        for i in reversed(range(len(STACK_ORDER))):
+            category = STACK_ORDER[i]
+            if run.timeline.by_category[category].any():
+                sample = pg.PlotDataItem(
+                    [0], [0], pen=pens[i], fillLevel=0, fillBrush=brushes[i]
+                )
+                legend.addItem(sample, CATEGORY_LABELS[category])
+
+    def _clear(self) -> None:
+        for curves in (self._layers, self._projected, self._overview_curve):
+            if curves is not None:
+                curves.remove()
+        self._layers = self._projected = self._overview_curve = None
+        legend = self.main.getPlotItem().legend
+        if legend is not None:
+            legend.clear()
+        for item in self._decor:
+            self.main.removeItem(item)
+        self._decor = []
+        self._clear_plan_decor()
+
+    def _clear_plan_decor(self) -> None:
+        for item in self._plan_decor:
+            self.main.removeItem(item)
+        self._plan_decor = []
+
+    def _draw_bands(self, run: RunData) -> None:
+        top = self._y_top()
+        for span in run.phases:
+            x0, x1 = span.x_range(self.axis)
+            band = pg.LinearRegionItem(
+                (x0, x1),
+                movable=False,
+                brush=pg.mkBrush(color(self.theme.phase_tints[span.kind])),
+                pen=pg.mkPen(None),
+            )
+            band.setZValue(-20)
+            label = pg.TextItem(span.label, color=self.theme.foreground, anchor=(0, 0))
+            label.setFont(_font(9))
+            label.setPos(x0, top)
+            self._add_decor(band, label)
+        for span in run.recomputes:
+            x0, x1 = span.x_range(self.axis)
+            brush = QBrush(color(self.theme.recompute_tint), Qt.BrushStyle.BDiagPattern)
+            band = pg.LinearRegionItem(
+                (x0, x1), movable=False, brush=brush, pen=pg.mkPen(None)
+            )
+            band.setZValue(5)
+            band.setToolTip(span.label)
+            self._add_decor(band)
+
+    def _draw_peak(self, run: RunData) -> None:
+        x = float(run.x(self.axis)[run.peak.point])
+        dot = pg.ScatterPlotItem(
+            [x], [run.peak.bytes], size=11, brush=pg.mkBrush(PEAK_COLOR), pen=pg.mkPen("w")
+        )
+        dot.setZValue(50)
+        label = pg.TextItem(
+            f"peak {format_bytes(run.peak.bytes)}", color=PEAK_COLOR, anchor=(0.5, 1.2)
+        )
+        label.setFont(_font(10, bold=True))
+        label.setPos(x, run.peak.bytes)
+        label.setZValue(50)
+        self._add_decor(dot, label)
+
+    def _draw_projection(self) -> None:
+        if self._projected is not None:
+            self._projected.remove()
+            self._projected = None
+        self._clear_plan_decor()
+        run, outcome = self.run, self.outcome
+        if run is None or outcome is None:
+            return
+        xs = self._projected_x(run, outcome)
+        pen = pg.mkPen(PROJECTION_COLOR, width=2.2, style=Qt.PenStyle.DashLine)
+        self._projected = EnvelopeCurves(
+            self.main.getPlotItem(), Envelope(xs, outcome.total), [pen], z=40,
+            names=[f"projected ({format_bytes(outcome.peak_bytes)})"],
+        )
+        peak_at = int(np.argmax(outcome.total))
+        dot = pg.ScatterPlotItem(
+            [float(xs[peak_at])], [outcome.peak_bytes], size=10, symbol="d",
+            brush=pg.mkBrush(PROJECTION_COLOR), pen=pg.mkPen("w"),
+        )
+        dot.setZValue(51)
+        label = pg.TextItem(
+            f"projected {format_bytes(outcome.peak_bytes)}", color=PROJECTION_COLOR,
+            anchor=(0.5, -0.3),
+        )
+        label.setFont(_font(10, bold=True))
+        label.setPos(float(xs[peak_at]), outcome.peak_bytes)
+        label.setZValue(52)
+        self._plan_decor += [dot, label]
+        self.main.addItem(dot)
+        self.main.addItem(label)
+        self._draw_recompute_marks(run, outcome)
+
+    def _draw_recompute_marks(self, run: RunData, outcome: PlanOutcome) -> None:
+        labelled = len(outcome.recomputes) <= MAX_MARK_LABELS
+        for mark in outcome.recomputes:
+            if self.axis is Axis.TIME:
+                x = float(run.x_of_time_ns(np.asarray([mark.time_ns]))[0])
+            else:
+                x = float(run.x_op[min(mark.point, len(run.x_op) - 1)])
+            line = pg.InfiniteLine(
+                x, angle=90, movable=False,
+                pen=pg.mkPen(PROJECTION_COLOR, width=1, style=Qt.PenStyle.DotLine),
+                label=f"↻ {'.'.join(mark.label.split('.')[-2:])}" if labelled else None,
+                labelOpts={"position": 0.93, "color": PROJECTION_COLOR, "rotateAxis": (1, 0)},
+            )
+            line.setToolTip(f"recompute {mark.label}: +{mark.compute_ns / 1e6:.1f} ms")
+            line.setZValue(30)
+            self._plan_decor.append(line)
+            self.main.addItem(line, ignoreBounds=True)
+
+    def _add_decor(self, *items: pg.GraphicsObject) -> None:
+        for item in items:
+            self.main.addItem(item, ignoreBounds=True)
+            self._decor.append(item)
+
+    def _projected_x(self, run: RunData, outcome: PlanOutcome) -> np.ndarray:
+        """x of the projected states; both orders are non-decreasing (NOTE [ Two x axes ])."""
+        if self.axis is Axis.TIME:
+            return run.x_of_time_ns(outcome.time_ns)
+        return run.x_op[outcome.point]
+
+    # -- view range
+
+    def _y_top(self) -> float:
+        run = self.run
+        high = run.peak.bytes if run is not None else 1
+        if self.outcome is not None:
+            high = max(high, self.outcome.peak_bytes)
+        return max(float(high) * 1.14, 1.0)
+
+    def _fit_y(self) -> None:
+        top = self._y_top()
+        self.main.setYRange(0, top, padding=0)
+        self.overview.setYRange(0, top, padding=0)
+        for item in self._decor:
+            if isinstance(item, pg.TextItem) and item.anchor == pg.Point(0, 0):
+                item.setPos(item.pos().x(), top)
+
+    def _visible_points(self) -> tuple[int, int] | None:
+        if self.run is None:
+            return None
+        (x0, x1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        return self.run.point_at(self.axis, x0), self.run.point_at(self.axis, x1)
+
+    def _show_points(self, first: int, last: int) -> None:
+        assert self.run is not None
+        xs = self.run.x(self.axis)
+        self.main.setXRange(float(xs[first]), float(xs[last]), padding=0)
+
+    def _on_range(self) -> None:
+        (x0, x1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        self.region.blockSignals(True)
+        self.region.setRegion((x0, x1))
+        self.region.blockSignals(False)
+        self._redraw()
+
+    def _on_region(self) -> None:
+        x0, x1 = self.region.getRegion()
+        if x1 > x0:
+            self.main.setXRange(x0, x1, padding=0)
+
+    def _redraw(self) -> None:
+        """Redraw the visible slice of every curve (NOTE [ Max envelope ])."""
+        (x0, x1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        pixels = visible_pixels(self.main.getPlotItem())
+        for curves in (self._layers, self._projected):
+            if curves is not None:
+                curves.update(x0, x1, pixels)
+
+    # -- mouse
+
+    def _on_mouse_moved(self, event: tuple[QPointF]) -> None:
+        run = self.run
+        pos = event[0]
+        vb = self.main.getPlotItem().getViewBox()
+        if run is None or not vb.sceneBoundingRect().contains(pos):
+            self.hover_text.setVisible(False)
+            self.hover_line.setVisible(False)
+            return
+        p = vb.mapSceneToView(pos)
+        point = run.point_at(self.axis, p.x())
+        text = run.describe_point(point)
+        if self.outcome is not None:
+            text += self._projected_line(run, point)
+        self.hover_text.setText(text)
+        (x0, x1), (_, y1) = vb.viewRange()
+        anchor_x = 1.0 if p.x() > (x0 + x1) / 2 else 0.0
+        self.hover_text.setAnchor((anchor_x, 0))
+        self.hover_text.setPos(p.x(), y1)
+        self.hover_text.setVisible(True)
+        self.hover_line.setValue(float(run.x(self.axis)[point]))
+        self.hover_line.setVisible(True)
+        self.hovered.emit(text.splitlines()[0] + " · " + text.splitlines()[2])
+
+    def _projected_line(self, run: RunData, point: int) -> str:
+        outcome = self.outcome
+        assert outcome is not None
+        at = int(np.searchsorted(outcome.point, point, side="right")) - 1
+        if at < 0:
+            return ""
+        return f"\nprojected {format_bytes(int(outcome.total[at]))}"
+
+    def _on_click(self, event: object) -> None:
+        run = self.run
+        vb = self.main.getPlotItem().getViewBox()
+        pos = event.scenePos()  # type: ignore[attr-defined]
+        button = event.button()  # type: ignore[attr-defined]
+        if run is None or button != Qt.MouseButton.LeftButton:
+            return
+        if not vb.sceneBoundingRect().contains(pos):
+            return
+        self.select_point(run.point_at(self.axis, vb.mapSceneToView(pos).x()))
+
+
+def _font(points: int, bold: bool = False) -> QFont:
+    font = QFont()
+    font.setPointSize(points)
+    font.setBold(bold)
+    return font
