@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     done = []
     if figure is not None:
         size = _render(figure, runs, plans, traces, args, axis)
-        done.append(f"{figure} ({size[0]}x{size[1]}, {_count(runs, 'run')}, {_count(plans, 'plan')})")
+        done.append(
+            f"{figure} ({size[0]}x{size[1]}, {_count(runs, 'run')}, {_count(plans, 'plan')})"
+        )
     for path in csv_paths:
         from ckview.gui.report import write_csv
 

@@ -8,10 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from ckview import __version__
-from ckview.cli import export, plan, project, record, summary, validate, verify
+from ckview.cli import export, plan, project, record, summary, validate, verify, view
 from ckview.cli.errors import EXIT_USAGE, CLIError
 
-VERBS = (record, summary, validate, project, verify, plan, export)
+VERBS = (record, summary, view, export, validate, project, verify, plan)
+TRACE_SUFFIXES = (".h5", ".hdf5")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ckview`` command line; return the process exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_with_verb(sys.argv[1:] if argv is None else list(argv)))
     from ckview.trace.errors import TraceError
 
     try:
@@ -44,6 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+
+
+def _with_verb(argv: list[str]) -> list[str]:
+    """``ckview TRACE…`` means ``ckview view TRACE…`` (a first argument that names a trace)."""
+    if argv and argv[0].lower().endswith(TRACE_SUFFIXES):
+        return ["view", *argv]
+    return argv
 
 
 if __name__ == "__main__":

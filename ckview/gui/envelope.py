@@ -70,8 +70,9 @@ class Envelope:
         x = self.levels_x[0]
         if x.size == 0:
             return Visible(np.zeros(1), self.levels_y[0], 0)
-        first = max(int(np.searchsorted(x, x0, side="right")) - 1, 0)
-        stop = min(int(np.searchsorted(x, x1, side="left")) + 1, x.size)
+        # From the point holding the value at x0 to the last point at or before x1.
+        first = max(int(np.searchsorted(x, x0, side="left")) - 1, 0)
+        stop = max(min(int(np.searchsorted(x, x1, side="right")), x.size), first + 1)
         budget = max(int(pixels * per_pixel), 2)
         level = 0
         while level + 1 < len(self.levels_x) and (stop - first) / FACTOR**level > budget:

@@ -10,7 +10,7 @@ from PyQt6.QtWidgets import QHeaderView, QLabel, QLineEdit, QTableView, QVBoxLay
 from ckview.analysis import format_bytes
 from ckview.gui.rundata import LiveTensor, RunData
 
-COLUMNS = ("bytes", "category", "shape", "dtype", "op", "module", "device", "storage")
+COLUMNS = ("bytes", "category", "shape", "dtype", "device", "storage", "op", "module")
 
 
 class LiveTensorModel(QAbstractTableModel):
@@ -88,7 +88,7 @@ class Inspector(QWidget):
         rows = run.live_tensors(point)
         self.model.set_rows(rows)
         self.table.sortByColumn(0, Qt.SortOrder.DescendingOrder)
-        for column, width in enumerate((90, 110, 120, 80, 240, 300, 60)):
+        for column, width in enumerate((90, 110, 120, 80, 60, 70, 260)):
             self.table.setColumnWidth(column, width)
         total = sum(r.nbytes for r in rows)
         peak = " (the peak)" if point == run.peak.point else ""

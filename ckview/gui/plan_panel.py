@@ -179,8 +179,12 @@ class PlanPanel(QWidget):
         self.tree = QTreeWidget()
         self.tree.setHeaderLabels(list(TREE_COLUMNS))
         self.tree.setToolTip("Tick a module to checkpoint every call of it")
-        self.tree.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        self.tree.header().setStretchLastSection(False)
+        header = self.tree.header()
+        assert header is not None
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for column in range(1, len(TREE_COLUMNS)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         self.tree.itemChanged.connect(self._on_item_changed)
         self._items: dict[int, QTreeWidgetItem] = {}
 
@@ -354,8 +358,6 @@ class PlanPanel(QWidget):
                 item.setData(0, Qt.ItemDataRole.UserRole, info.row)
                 self._items[info.row] = item
             self.tree.expandToDepth(2)
-            for column in range(1, len(TREE_COLUMNS)):
-                self.tree.resizeColumnToContents(column)
         self.tree.blockSignals(False)
 
     def _on_item_changed(self, item: QTreeWidgetItem, column: int) -> None:

@@ -12,8 +12,9 @@ NOTE [ Chain strip ]
     instances). A ``ModuleList`` is called block by block by its owner, so there every block is
     its own segment and its gaps are fixed boundaries. Merging two segments keeps the merged
     one checkpointed if either was; splitting one keeps both halves as it was. The selection is
-    the one source of truth: the strip's checkpointed segments are the selected chain regions,
-    and a preset or a loaded plan moves the boundaries to their edges.
+    the one source of truth: the strip's checkpointed segments are the selected chain regions;
+    a preset, a loaded plan or the planner sets the selection, and then every block outside
+    a selected segment is a segment of its own.
 """
 
 from __future__ import annotations
@@ -167,15 +168,17 @@ class PlanSession:
     # -- the selection
 
     def set_selection(self, regions: Iterable[Region]) -> None:
-        """Select exactly ``regions``; the strip's boundaries move to the chain regions' edges."""
+        """Select exactly ``regions``; the strip then shows the selected chain segments and
+        every other block as a segment of its own."""
         self.selection = {self._normal(r) for r in regions}
         if self.chain is not None and self.chain.sequential:
-            edges = set()
+            # Every gap is a boundary but those inside a selected segment.
+            inside: set[int] = set()
             for region in self.selection:
                 span = self.chain.block_range(region)
                 if span is not None:
-                    edges.update(span)
-            self.boundaries = {e for e in edges if 0 < e < len(self.chain.blocks)}
+                    inside.update(range(span[0] + 1, span[1]))
+            self.boundaries = set(range(1, len(self.chain.blocks))) - inside
 
     def _normal(self, region: Region) -> Region:
         """A one-block segment is its block's module region (the same instances)."""

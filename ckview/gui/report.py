@@ -3,23 +3,28 @@ plans, and the same curves as CSV.
 
 The figure is a pyqtgraph scene rendered offscreen, so it needs a ``QApplication`` but no
 display (the CLI sets ``QT_QPA_PLATFORM=offscreen`` before creating one). Every number comes
-from ``RunData`` and ``PlanOutcome``; this module only lays them out:
+from ``RunData`` and ``PlanOutcome``; this module only lays them out, top to bottom:
 
     title, subtitle
+    legend of the comparison: each curve's peak and its change against the first run
     comparison panel: total live memory of every run (solid) and plan (dashed), peaks marked
-    category legend
-    one stacked-area panel per run: live bytes by category over shaded phases
+    category and phase legend
+    one stacked-area panel per run: live bytes by category over its shaded phases
 
 Text sizes are in pixels, not points, so the figure reads the same whatever the paint device's
-resolution (a QImage and a QSvgGenerator disagree about points).
+resolution (a QImage and a QSvgGenerator disagree about points). Plots have fixed heights;
+text rows take the height their (possibly wrapped) text needs.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -31,26 +36,27 @@ from ckview.gui.envelope import Envelope
 from ckview.gui.planning import PlanOutcome
 from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData, Span
 from ckview.gui.style import CATEGORY_COLORS, LIGHT, PEAK_COLOR, RUN_COLORS, Theme
-from ckview.trace.schema import Phase
+from ckview.trace.schema import Category, Phase
 
 PlanCurve = tuple[str, PlanOutcome, RunData]
 """A projected plan: its name, its outcome and the baseline run it was projected over."""
 
 IMAGE_FORMATS = (".png", ".svg")
 
-# Pixel sizes at any width; 15 px is 11 pt at 96 dpi, the smallest text in the figure.
+# Pixel sizes whatever the width; 15 px is 11 pt at 96 dpi, the smallest text of the figure.
 TEXT_PX = 15
 TITLE_PX = 26
 PANEL_TITLE_PX = 17
 MARGINS = (16, 14, 30, 14)  # left, top, right, bottom
-SPACING = 6
-TITLE_H = 40
-SUBTITLE_H = 26
-LEGEND_ROW_H = 28
+SPACING = 8
 COMPARISON_H = 420
 RUN_H = 260
 X_LABEL_H = 26
 LEFT_AXIS_W = 100
+LEGEND_INDENT = LEFT_AXIS_W - 40  # swatches end where the plots' data area begins
+SWATCH_W, SWATCH_H = 40, 18
+LEGEND_GAP = 24
+PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER)
 
 
 @dataclass(frozen=True)
@@ -86,28 +92,45 @@ def render_report(
         raise ValueError(f"cannot write {path!r}: supported formats are {', '.join(IMAGE_FORMATS)}")
     if not runs:
         raise ValueError("a report needs at least one run")
-    view, height = _build(runs, plans, width, theme, axis, title, subtitle)
+    title = title or default_title(runs)
+    view, height = _build(runs, plans, width, theme, axis, title, subtitle or "")
     try:
         if ext == ".png":
             _save_png(view, path, width, height, theme)
         else:
-            _save_svg(view, path, width, height, theme, title or _default_title(runs))
+            _save_svg(view, path, width, height, theme, title)
     finally:
         view.close()
         view.deleteLater()
     return width, height
 
 
-def report_height(n_runs: int, n_plans: int) -> int:
-    """Height in pixels of the report of ``n_runs`` runs and ``n_plans`` plans."""
-    return sum(h for h in _row_heights(n_runs, n_plans)) + _padding(
-        len(_row_heights(n_runs, n_plans))
-    )
+def default_title(runs: Sequence[RunData]) -> str:
+    """``Memory of a training step: a.h5, b.h5`` (the trace files, in order)."""
+    names = dict.fromkeys(os.path.basename(r.source) for r in runs)
+    return "Memory of a training step: " + ", ".join(names)
 
 
-def category_column(category: object) -> str:
-    """CSV column of a category: ``optimizer state`` -> ``optimizer_state_bytes``."""
-    return CATEGORY_LABELS[category].replace(" ", "_") + "_bytes"  # type: ignore[index]
+def short_names(runs: Sequence[RunData]) -> list[str]:
+    """Names that tell ``runs`` apart: the run name if all come from one file, the file name
+    for a 'main' run, else ``file · run``."""
+    one_file = len(runs) > 1 and len({r.source for r in runs}) == 1
+    names = []
+    for r in runs:
+        if one_file:
+            names.append(r.name)
+        elif r.name == "main":
+            names.append(os.path.basename(r.source))
+        else:
+            names.append(r.label)
+    return names
+
+
+def plan_x(outcome: PlanOutcome, run: RunData, axis: Axis) -> np.ndarray:
+    """x of each state of a projected curve, on the axis of the run it was projected over."""
+    if axis is Axis.TIME:
+        return run.x_of_time_ns(outcome.time_ns)
+    return run.x_op[np.asarray(outcome.point, dtype=np.int64)]
 
 
 def plan_label(name: str, run: RunData) -> str:
@@ -115,15 +138,29 @@ def plan_label(name: str, run: RunData) -> str:
     return f"plan:{name} over {run.label}"
 
 
+def category_column(category: Category) -> str:
+    """CSV column of a category: 'optimizer state' -> ``optimizer_state_bytes``."""
+    return CATEGORY_LABELS[category].replace(" ", "_") + "_bytes"
+
+
+CSV_COLUMNS = (
+    "run",
+    "point",
+    "time_ms",
+    "op_index",
+    "total_bytes",
+    *(category_column(c) for c in STACK_ORDER),
+)
+
+
 def write_csv(runs: Sequence[RunData], plans: Sequence[PlanCurve], path: str) -> int:
-    """Write every run's timeline and every plan's projected curve to ``path`` as long CSV
-    (one row per point); returns the number of data rows."""
-    header = ["run", "point", "time_ms", "op_index", "total_bytes"]
-    header += [category_column(c) for c in STACK_ORDER]
+    """Write every run's timeline (all n+1 points) and every plan's projected curve to ``path``
+    as long-format CSV (``CSV_COLUMNS``; a plan's category cells are empty); returns the number
+    of data rows."""
     rows = 0
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(header)
+        writer.writerow(CSV_COLUMNS)
         for run in runs:
             rows += _write_run_rows(writer, run)
         for name, outcome, run in plans:
@@ -131,19 +168,12 @@ def write_csv(runs: Sequence[RunData], plans: Sequence[PlanCurve], path: str) ->
     return rows
 
 
-def plan_x(outcome: PlanOutcome, run: RunData, axis: Axis) -> np.ndarray:
-    """x of each state of a projected curve, on the baseline run's axis."""
-    if axis is Axis.TIME:
-        return run.x_of_time_ns(outcome.time_ns)
-    return run.x_op[np.asarray(outcome.point, dtype=np.int64)]
-
-
 # ----------------------------------------------------------------------------- CSV
 
 
-def _write_run_rows(writer: csv.DictWriter | object, run: RunData) -> int:
+def _write_run_rows(writer: Any, run: RunData) -> int:
     n = run.n_events + 1
-    columns = [
+    columns: list[Any] = [
         [run.label] * n,
         range(n),
         [f"{v:.6f}" for v in run.x_time.tolist()],
@@ -151,13 +181,12 @@ def _write_run_rows(writer: csv.DictWriter | object, run: RunData) -> int:
         run.timeline.total.astype(np.int64).tolist(),
     ]
     columns += [run.timeline.by_category[c].astype(np.int64).tolist() for c in STACK_ORDER]
-    writer.writerows(zip(*columns, strict=True))  # type: ignore[attr-defined]
+    writer.writerows(zip(*columns, strict=True))
     return n
 
 
-def _write_plan_rows(writer: object, label: str, outcome: PlanOutcome, run: RunData) -> int:
+def _write_plan_rows(writer: Any, label: str, outcome: PlanOutcome, run: RunData) -> int:
     point = np.asarray(outcome.point, dtype=np.int64)
-    n = len(point)
     empty = [""] * len(STACK_ORDER)
     rows = zip(
         point.tolist(),
@@ -166,25 +195,11 @@ def _write_plan_rows(writer: object, label: str, outcome: PlanOutcome, run: RunD
         np.asarray(outcome.total, dtype=np.int64).tolist(),
         strict=True,
     )
-    writer.writerows([label, p, f"{t:.6f}", op, total, *empty] for p, t, op, total in rows)  # type: ignore[attr-defined]
-    return n
+    writer.writerows([label, p, f"{t:.6f}", op, total, *empty] for p, t, op, total in rows)
+    return len(point)
 
 
 # ----------------------------------------------------------------------------- layout
-
-
-def _row_heights(n_runs: int, n_plans: int) -> list[int]:
-    """Fixed height of every row of the layout, top to bottom."""
-    legend_rows = -(-(n_runs + n_plans) // 2)
-    heights = [TITLE_H, SUBTITLE_H, LEGEND_ROW_H * legend_rows, COMPARISON_H]
-    heights.append(LEGEND_ROW_H * 2)  # categories, then phases
-    heights += [RUN_H] * n_runs
-    heights[-1] += X_LABEL_H  # only the last run panel names its x axis
-    return heights
-
-
-def _padding(n_rows: int) -> int:
-    return MARGINS[1] + MARGINS[3] + SPACING * (n_rows - 1)
 
 
 def _build(
@@ -193,40 +208,42 @@ def _build(
     width: int,
     theme: Theme,
     axis: Axis,
-    title: str | None,
-    subtitle: str | None,
+    title: str,
+    subtitle: str,
 ) -> tuple[pg.GraphicsLayoutWidget, int]:
     """The laid-out figure in an offscreen widget, and its height."""
+    text_w = width - MARGINS[0] - MARGINS[2]
+    curves = _comparison_curves(runs, plans, axis)
+    x_range = _x_range(runs, plans, axis)
+    comparison = _plot(theme, axis, text_w, show_x_label=True)
+    _fill_comparison(comparison, curves, x_range, width, theme)
+    y_max = max(float(r.timeline.total.max()) for r in runs) * 1.06
+    panels = [_plot(theme, axis, text_w, show_x_label=i == len(runs) - 1) for i in range(len(runs))]
+    for run, panel, name in zip(runs, panels, short_names(runs), strict=True):
+        _fill_run(panel, run, name, x_range, y_max, width, theme, axis)
+    lines = [(_LineSwatch(c.color, c.dashed), c.label) for c in curves]
+    rows: list[tuple[Any, int | None]] = [
+        (_text(title, theme.foreground, TITLE_PX, text_w, bold=True), None),
+        (_text(subtitle, _muted(theme), TEXT_PX, text_w), None),
+        (_legend([lines], text_w, theme, max_columns=1 if len(lines) <= 4 else 2), None),
+        (comparison, COMPARISON_H),
+        (_category_legend(text_w, theme), None),
+    ]
+    rows += [(p, RUN_H) for p in panels]
+    rows[-1] = (panels[-1], RUN_H + X_LABEL_H)  # only the last run panel names its x axis
+
     view = pg.GraphicsLayoutWidget()
     view.setAttribute(QtCore.Qt.WidgetAttribute.WA_DontShowOnScreen)
     view.setBackground(theme.background)
     layout = view.ci
     layout.setContentsMargins(*MARGINS)
     layout.setSpacing(SPACING)
-    heights = _row_heights(len(runs), len(plans))
-    height = sum(heights) + _padding(len(heights))
-
-    curves = _comparison_curves(runs, plans, axis)
-    x_range = _x_range(runs, plans, axis)
-    items: list[QtWidgets.QGraphicsLayoutItem] = [
-        _label(title or _default_title(runs), theme.foreground, TITLE_PX, bold=True),
-        _label(subtitle or "", _muted(theme), TEXT_PX),
-        _legend([(_LineSwatch(c.color, c.dashed), c.label) for c in curves], 2, theme),
-    ]
-    comparison = _plot(theme, axis, show_x_label=True)
-    _fill_comparison(comparison, curves, x_range, width, theme, axis)
-    items += [comparison, _category_legend(theme)]
-    y_max = max(float(r.timeline.total.max()) for r in runs) * 1.06
-    panels = []
-    for i, run in enumerate(runs):
-        panel = _plot(theme, axis, show_x_label=i == len(runs) - 1)
-        _fill_run(panel, run, runs, x_range, y_max, width, theme, axis)
-        panels.append(panel)
-    items += panels
-    for row, (item, h) in enumerate(zip(items, heights, strict=True)):
-        layout.addItem(item, row=row, col=0)
-        layout.layout.setRowFixedHeight(row, h)
-
+    height = MARGINS[1] + MARGINS[3] + SPACING * (len(rows) - 1)
+    for i, (item, fixed) in enumerate(rows):
+        h = fixed if fixed is not None else _needed_height(item)
+        layout.addItem(item, row=i, col=0)
+        layout.layout.setRowFixedHeight(i, h)
+        height += h
     view.resize(width, height)
     view.show()  # offscreen (WA_DontShowOnScreen): lays the scene out
     QtWidgets.QApplication.processEvents()
@@ -236,16 +253,16 @@ def _build(
     return view, height
 
 
-def _default_title(runs: Sequence[RunData]) -> str:
-    names = list(dict.fromkeys(os.path.basename(r.source) for r in runs))
-    return "Memory of a training step: " + ", ".join(names)
+def _needed_height(item: QtWidgets.QGraphicsWidget) -> int:
+    hint = item.effectiveSizeHint(QtCore.Qt.SizeHint.PreferredSize)
+    return max(math.ceil(hint.height()), 1)
 
 
 def _muted(theme: Theme) -> str:
     """The foreground half-way to the background, for secondary text."""
     a, b = QtGui.QColor(theme.foreground), QtGui.QColor(theme.background)
     mix = [(x + y) // 2 for x, y in zip(a.getRgb()[:3], b.getRgb()[:3], strict=True)]
-    return QtGui.QColor(*mix).name()
+    return str(QtGui.QColor(*mix).name())
 
 
 def _font(px: int, *, bold: bool = False) -> QtGui.QFont:
@@ -255,12 +272,22 @@ def _font(px: int, *, bold: bool = False) -> QtGui.QFont:
     return font
 
 
-def _label(text: str, color: str, px: int, *, bold: bool = False) -> pg.LabelItem:
+def _text(text: str, color: str, px: int, max_width: float, *, bold: bool = False) -> pg.LabelItem:
+    """A left-aligned line of text, wrapped to ``max_width`` if longer."""
     label = pg.LabelItem(text, color=color, size=f"{px}px", bold=bold, justify="left")
+    if label.itemRect().width() > max_width:
+        label.item.setTextWidth(max_width)
+        label.updateMin()
     return label
 
 
-def _plot(theme: Theme, axis: Axis, *, show_x_label: bool) -> pg.PlotItem:
+def _fit(text: str, px: int, max_width: float, *, bold: bool = False) -> str:
+    """``text`` elided at the end to fit ``max_width`` (a plot title cannot wrap)."""
+    metrics = QtGui.QFontMetricsF(_font(px, bold=bold))
+    return str(metrics.elidedText(text, QtCore.Qt.TextElideMode.ElideRight, max_width))
+
+
+def _plot(theme: Theme, axis: Axis, text_w: float, *, show_x_label: bool) -> pg.PlotItem:
     """An empty plot with the theme's axes: bytes on y, ``axis`` on x."""
     plot = pg.PlotItem(axisItems={"left": BytesAxis(orientation="left")})
     plot.setMenuEnabled(False)
@@ -270,12 +297,24 @@ def _plot(theme: Theme, axis: Axis, *, show_x_label: bool) -> pg.PlotItem:
         ax = plot.getAxis(name)
         ax.setPen(pg.mkPen(theme.foreground))
         ax.setTextPen(pg.mkPen(theme.foreground))
-        ax.setStyle(tickFont=_font(TEXT_PX), tickTextOffset=6, tickLength=-6)
+        # Major ticks only: minor grid lines every few ms turn the background into a mesh.
+        ax.setStyle(tickFont=_font(TEXT_PX), tickTextOffset=6, tickLength=-6, maxTickLevel=0)
     plot.getAxis("left").setWidth(LEFT_AXIS_W)
     if show_x_label:
         plot.setLabel("bottom", axis.label, color=theme.foreground, **{"font-size": f"{TEXT_PX}px"})
     plot.vb.setMouseEnabled(False, False)
+    plot.setProperty("text_width", text_w)
     return plot
+
+
+def _set_title(plot: pg.PlotItem, text: str, theme: Theme, *, bold: bool) -> None:
+    width = float(plot.property("text_width")) - LEFT_AXIS_W
+    plot.setTitle(
+        _fit(text, PANEL_TITLE_PX, width, bold=bold),
+        color=theme.foreground,
+        size=f"{PANEL_TITLE_PX}px",
+        bold=bold,
+    )
 
 
 def _set_ranges(plot: pg.PlotItem, x_range: tuple[float, float], y_max: float) -> None:
@@ -285,38 +324,24 @@ def _set_ranges(plot: pg.PlotItem, x_range: tuple[float, float], y_max: float) -
 
 
 def _plot_pixels(width: int) -> int:
-    """Approximate width of a plot's data area: the envelope's resolution."""
-    return max(width - LEFT_AXIS_W - MARGINS[0] - MARGINS[2] - 20, 100)
+    """About the width of a plot's data area: the resolution the envelopes are cut at."""
+    return max(width - LEFT_AXIS_W - MARGINS[0] - MARGINS[2], 100)
 
 
-def _x_range(runs: Sequence[RunData], plans: Sequence[PlanCurve], axis: Axis) -> tuple[float, float]:
-    """Common x range of every panel: from 0 to the end of the longest curve."""
+def _x_range(
+    runs: Sequence[RunData], plans: Sequence[PlanCurve], axis: Axis
+) -> tuple[float, float]:
+    """The x range of every panel: from 0 (each run's start) to the end of the longest curve."""
     ends = [float(r.x(axis)[-1]) for r in runs]
     ends += [float(plan_x(o, r, axis)[-1]) for _, o, r in plans if len(o.total)]
-    end = max(max(ends), 1e-9)
-    return 0.0, end * 1.01
+    return 0.0, max(max(ends), 1e-6) * 1.01
 
 
 # ----------------------------------------------------------------------------- comparison
 
 
-def short_names(runs: Sequence[RunData]) -> list[str]:
-    """Names that tell ``runs`` apart: the run name if all come from one file, the file name
-    for a 'main' run, else ``file · run``."""
-    one_file = len({r.source for r in runs}) == 1
-    names = []
-    for r in runs:
-        if one_file and len(runs) > 1:
-            names.append(r.name)
-        elif r.name == "main":
-            names.append(os.path.basename(r.source))
-        else:
-            names.append(r.label)
-    return names
-
-
 def _change(value: int, ref: int) -> str:
-    """``-58.8%`` with a real minus sign (reads better in a figure)."""
+    """``−58.8%`` with a real minus sign (it reads better in a figure)."""
     share = (value - ref) / ref if ref else 0.0
     return f"{share:+.1%}".replace("-", "−")
 
@@ -336,12 +361,16 @@ def _comparison_curves(
         color = RUN_COLORS[i % len(RUN_COLORS)]
         curves.append(_Curve(label, color, False, run.x(axis), run.timeline.total))
     for j, (name, outcome, run) in enumerate(plans):
-        base = names[runs.index(run)] if run in runs else short_names([run])[0]
+        # Identity, not ==: RunData holds arrays.
+        base = next((n for r, n in zip(runs, names, strict=True) if r is run), None)
+        base = base or short_names([run])[0]
         label = (
             f"plan {name} over {base} (projected): peak {format_bytes(outcome.peak_bytes)} "
             f"({_change(outcome.peak_bytes, ref_peak)} vs {ref}), "
             f"+{outcome.extra_share:.0%} compute"
         )
+        # Plans continue the run palette: the GUI's single projection colour is too close to
+        # the second run's red for a figure that compares several curves.
         color = RUN_COLORS[(len(runs) + j) % len(RUN_COLORS)]
         total = np.asarray(outcome.total, dtype=np.float64)
         curves.append(_Curve(label, color, True, plan_x(outcome, run, axis), total))
@@ -354,23 +383,19 @@ def _fill_comparison(
     x_range: tuple[float, float],
     width: int,
     theme: Theme,
-    axis: Axis,
 ) -> None:
-    plot.setTitle(
-        "Total live memory, runs aligned at their start"
-        + (" (dashed: projected)" if any(c.dashed for c in curves) else ""),
-        color=theme.foreground,
-        size=f"{PANEL_TITLE_PX}px",
-        bold=True,
-    )
+    solid = sum(not c.dashed for c in curves)
+    title = "Total live memory"
+    title += ", runs aligned at their start" if solid > 1 else ""
+    title += " (dashed: projected)" if solid < len(curves) else ""
+    _set_title(plot, title, theme, bold=True)
     top = max((float(c.y.max()) for c in curves if c.y.size), default=1.0)
     _set_ranges(plot, x_range, max(top, 1.0) * 1.18)  # headroom for the peak labels
-    pixels = _plot_pixels(width)
     # Dashed projections under the solid runs, so a measured curve is never hidden.
     for curve in sorted(curves, key=lambda c: not c.dashed):
         if not curve.y.size:
             continue
-        seen = Envelope(curve.x, curve.y).visible(*x_range, pixels)
+        seen = Envelope(curve.x, curve.y).visible(*x_range, _plot_pixels(width))
         style = QtCore.Qt.PenStyle.DashLine if curve.dashed else QtCore.Qt.PenStyle.SolidLine
         pen = pg.mkPen(curve.color, width=2.5, style=style)
         plot.addItem(pg.PlotCurveItem(seen.x, seen.y[0], pen=pen, stepMode="right", antialias=True))
@@ -382,24 +407,34 @@ def _peak_of(curve: _Curve) -> tuple[float, float]:
 
 
 def _annotate_peaks(plot: pg.PlotItem, curves: Sequence[_Curve], theme: Theme) -> None:
-    """A dot on every curve's peak and its value beside it, placed where no other label is."""
+    """A dot on every curve's peak and its value beside it, where no other label or dot is
+    (needs the laid-out scene: places labels in scene pixels). Curves that peak at the same
+    spot with the same value (a plan that changes nothing) share one label."""
     vb = plot.vb
     peaks = [(_peak_of(c), c) for c in curves if c.y.size]
     dots = [_dot_box(vb.mapViewToScene(QtCore.QPointF(x, y))) for (x, y), _ in peaks]
     labels: list[QtCore.QRectF] = []
+    shown: list[tuple[QtCore.QRectF, str]] = []
     for i, ((x, y), curve) in enumerate(peaks):
-        plot.addItem(
-            pg.ScatterPlotItem(
-                [x], [y], size=11, brush=pg.mkBrush(curve.color), pen=pg.mkPen(theme.background)
-            )
+        dot = pg.ScatterPlotItem(
+            [x], [y], size=11, brush=pg.mkBrush(curve.color), pen=pg.mkPen(theme.background)
         )
-        text = pg.TextItem(format_bytes(int(y)), color=curve.color)
+        dot.setZValue(len(peaks) - i)  # the first curve's dot on top, like its shared label
+        plot.addItem(dot)
+        value = format_bytes(int(y))
+        if any(v == value and box.intersects(dots[i]) for box, v in shown):
+            continue
+        shown.append((dots[i], value))
+        background = QtGui.QColor(theme.background)
+        background.setAlpha(210)  # readable over the curves it may cross
+        text = pg.TextItem(value, color=curve.color, fill=pg.mkBrush(background))
         text.setFont(_font(TEXT_PX, bold=True))
         others = labels + dots[:i] + dots[i + 1 :]
         anchor, box = _free_spot(dots[i].center(), text.boundingRect().size(), others, vb)
         labels.append(box)
         text.setAnchor(anchor)
         text.setPos(x, y)
+        text.setZValue(len(peaks) + 1)
         plot.addItem(text)
 
 
@@ -414,8 +449,8 @@ _ANCHORS = ((0.5, 1.3), (1.05, 1.1), (-0.05, 1.1), (-0.1, 0.5), (1.1, 0.5), (0.5
 def _free_spot(
     dot: QtCore.QPointF, size: QtCore.QSizeF, taken: Sequence[QtCore.QRectF], vb: pg.ViewBox
 ) -> tuple[tuple[float, float], QtCore.QRectF]:
-    """The first anchor whose label box (scene coordinates) stays inside the view box and
-    overlaps nothing in ``taken``; else the first that stays inside; else 'above'."""
+    """The first anchor whose label box (scene pixels) stays inside the view box and overlaps
+    nothing in ``taken``; else the first that stays inside; else 'above'."""
     area = vb.sceneBoundingRect()
     inside = []
     for ax, ay in _ANCHORS:
@@ -435,7 +470,7 @@ def _free_spot(
 def _fill_run(
     plot: pg.PlotItem,
     run: RunData,
-    runs: Sequence[RunData],
+    name: str,
     x_range: tuple[float, float],
     y_max: float,
     width: int,
@@ -443,15 +478,15 @@ def _fill_run(
     axis: Axis,
 ) -> None:
     """Stacked categories of one run over its shaded phases, with the peak marked."""
-    name = short_names(runs)[runs.index(run)]
     peak_x = float(run.x(axis)[run.peak.point])
     where = f"{peak_x:.1f} ms" if axis is Axis.TIME else f"op {int(peak_x)}"
     phase = run.phase_of_op(run.op_at(run.peak.point))
-    plot.setTitle(
+    _set_title(
+        plot,
         f"{name}: live memory by category; peak {format_bytes(run.peak.bytes)} at {where} "
         f"({phase})",
-        color=theme.foreground,
-        size=f"{PANEL_TITLE_PX}px",
+        theme,
+        bold=False,
     )
     _set_ranges(plot, x_range, y_max)
     for span in _bands(run):
@@ -465,24 +500,22 @@ def _fill_run(
     # Top layer first: each cumulative layer fills down to 0 over the ones above it.
     for k in reversed(range(len(STACK_ORDER))):
         color = CATEGORY_COLORS[STACK_ORDER[k]]
-        plot.addItem(
-            pg.PlotCurveItem(
-                seen.x,
-                seen.y[k],
-                stepMode="right",
-                fillLevel=0,
-                brush=pg.mkBrush(color),
-                pen=pg.mkPen(QtGui.QColor(color).darker(115), width=1),
-            )
+        layer = pg.PlotCurveItem(
+            seen.x,
+            seen.y[k],
+            stepMode="right",
+            fillLevel=0,
+            brush=pg.mkBrush(color),
+            pen=pg.mkPen(QtGui.QColor(color).darker(115), width=1),
         )
+        plot.addItem(layer)
     line = pg.InfiniteLine(peak_x, angle=90, pen=pg.mkPen(PEAK_COLOR, width=1.5, dash=[4, 3]))
     plot.addItem(line, ignoreBounds=True)
 
 
 def _tint(theme: Theme, kind: Phase) -> str:
-    """#RRGGBBAA band tint as Qt's #AARRGGBB."""
-    tint = theme.phase_tints.get(kind, theme.recompute_tint)
-    return "#" + tint[7:9] + tint[1:7] if len(tint) == 9 else tint
+    """The band colour of a phase (#RRGGBBAA, as ``pg.mkBrush`` reads it)."""
+    return theme.phase_tints.get(kind, theme.recompute_tint)
 
 
 def _bands(run: RunData) -> list[Span]:
@@ -500,8 +533,7 @@ def _label_bands(plot: pg.PlotItem, bands: Sequence[Span], axis: Axis, theme: Th
     """Name each band at the top of its panel where the name fits inside it."""
     vb = plot.vb
     metrics = QtGui.QFontMetricsF(_font(TEXT_PX))
-    x_min, x_max = vb.viewRange()[0]
-    y_top = vb.viewRange()[1][1]
+    (x_min, x_max), (_, y_top) = vb.viewRange()
     for span in bands:
         x0, x1 = span.x_range(axis)
         x0, x1 = max(x0, x_min), min(x1, x_max)
@@ -516,33 +548,32 @@ def _label_bands(plot: pg.PlotItem, bands: Sequence[Span], axis: Axis, theme: Th
         plot.addItem(text, ignoreBounds=True)
 
 
-def _category_legend(theme: Theme) -> pg.GraphicsLayout:
-    """One legend for every run panel: the categories, then the phase bands."""
+def _category_legend(text_w: float, theme: Theme) -> pg.GraphicsLayout:
+    """One legend for every run panel: the categories (top of the stack first), then the phase
+    bands on their own line."""
     categories = [
         (_FillSwatch(CATEGORY_COLORS[c]), CATEGORY_LABELS[c]) for c in reversed(STACK_ORDER)
     ]
     phases = [
         (_FillSwatch(_tint(theme, p), outline=_muted(theme)), f"{p.name.lower()} phase")
-        for p in (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER)
+        for p in PHASES
     ]
-    return _legend(categories + phases, len(categories), theme)
+    return _legend([categories, phases], text_w, theme, max_columns=len(categories))
 
 
 # ----------------------------------------------------------------------------- legends
 
 
 class _Swatch(pg.GraphicsWidget):
-    """A legend sample drawn with a painter (works the same in PNG and SVG)."""
-
-    W, H = 40, 18
+    """A legend sample drawn with a painter (the same in PNG and SVG)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.setFixedWidth(self.W)
-        self.setFixedHeight(self.H)
+        self.setFixedWidth(SWATCH_W)
+        self.setFixedHeight(SWATCH_H)
 
-    def boundingRect(self) -> QtCore.QRectF:  # noqa: N802
-        return QtCore.QRectF(0, 0, self.W, self.H)
+    def boundingRect(self) -> QtCore.QRectF:
+        return QtCore.QRectF(0, 0, SWATCH_W, SWATCH_H)
 
 
 class _LineSwatch(_Swatch):
@@ -551,9 +582,11 @@ class _LineSwatch(_Swatch):
         style = QtCore.Qt.PenStyle.DashLine if dashed else QtCore.Qt.PenStyle.SolidLine
         self.pen = pg.mkPen(color, width=3, style=style)
 
-    def paint(self, painter: QtGui.QPainter, *args: object) -> None:
+    def paint(self, painter: QtGui.QPainter, *args: Any) -> None:
         painter.setPen(self.pen)
-        painter.drawLine(QtCore.QPointF(2, self.H / 2), QtCore.QPointF(self.W - 2, self.H / 2))
+        painter.drawLine(
+            QtCore.QPointF(2, SWATCH_H / 2), QtCore.QPointF(SWATCH_W - 2, SWATCH_H / 2)
+        )
 
 
 class _FillSwatch(_Swatch):
@@ -562,36 +595,52 @@ class _FillSwatch(_Swatch):
         self.brush = pg.mkBrush(color)
         self.pen = pg.mkPen(outline or QtGui.QColor(color).darker(120), width=1)
 
-    def paint(self, painter: QtGui.QPainter, *args: object) -> None:
+    def paint(self, painter: QtGui.QPainter, *args: Any) -> None:
         painter.setPen(self.pen)
         painter.setBrush(self.brush)
-        painter.drawRect(QtCore.QRectF(6, 1, self.W - 12, self.H - 2))
+        painter.drawRect(QtCore.QRectF(6, 1, SWATCH_W - 12, SWATCH_H - 2))
 
 
 def _legend(
-    entries: Sequence[tuple[_Swatch, str]], columns: int, theme: Theme
+    groups: Sequence[Sequence[tuple[_Swatch, str]]],
+    text_w: float,
+    theme: Theme,
+    *,
+    max_columns: int,
 ) -> pg.GraphicsLayout:
-    """Swatch and label pairs in a grid of ``columns``, filled row by row."""
+    """Swatch and label pairs in a grid, row by row, each group starting a new row; as many
+    columns (up to ``max_columns``) as the widest label allows, labels wrapped if one column
+    is still too narrow."""
     grid = pg.GraphicsLayout()
-    grid.setContentsMargins(LEFT_AXIS_W - 40, 0, 0, 0)  # line up with the plots' data area
+    grid.setContentsMargins(LEGEND_INDENT, 0, 0, 0)
     grid.setSpacing(2)
-    for i, (swatch, text) in enumerate(entries):
-        row, col = divmod(i, columns)
-        grid.addItem(swatch, row=row, col=2 * col)
-        grid.addItem(_label(text, theme.foreground, TEXT_PX), row=row, col=2 * col + 1)
-    for col in range(columns):
-        grid.layout.setColumnStretchFactor(2 * col + 1, 1)
+    available = text_w - LEGEND_INDENT
+    labels = [
+        [_text(t, theme.foreground, TEXT_PX, available - SWATCH_W) for _, t in g] for g in groups
+    ]
+    widest = max((lbl.itemRect().width() for g in labels for lbl in g), default=0.0)
+    columns = int(max(1, min(max_columns, available // (SWATCH_W + widest + LEGEND_GAP))))
+    row = 0
+    for group, group_labels in zip(groups, labels, strict=True):
+        for i, ((swatch, _), label) in enumerate(zip(group, group_labels, strict=True)):
+            r, c = divmod(i, columns)
+            grid.addItem(swatch, row=row + r, col=2 * c)
+            grid.addItem(label, row=row + r, col=2 * c + 1)
+        row += -(-len(group) // columns)
+    for c in range(columns):
+        grid.layout.setColumnFixedWidth(2 * c + 1, min(widest + LEGEND_GAP, available - SWATCH_W))
     return grid
 
 
 # ----------------------------------------------------------------------------- saving
 
 
-def _save_png(view: pg.GraphicsLayoutWidget, path: str, width: int, height: int, theme: Theme) -> None:
+def _save_png(
+    view: pg.GraphicsLayoutWidget, path: str, width: int, height: int, theme: Theme
+) -> None:
     image = QtGui.QImage(width, height, QtGui.QImage.Format.Format_ARGB32)
     image.fill(QtGui.QColor(theme.background))
-    painter = QtGui.QPainter(image)
-    _render(view, painter, width, height)
+    _render(view, QtGui.QPainter(image), width, height)
     if not image.save(path, "PNG"):
         raise OSError(f"cannot write {path}")
 
@@ -615,12 +664,29 @@ def _save_svg(
     _render(view, painter, width, height)
 
 
-def _render(view: pg.GraphicsLayoutWidget, painter: QtGui.QPainter, width: int, height: int) -> None:
-    """Render the whole scene 1:1 into ``painter`` and end it."""
+def _render(
+    view: pg.GraphicsLayoutWidget, painter: QtGui.QPainter, width: int, height: int
+) -> None:
+    """Render the whole scene 1:1 into ``painter``, then end it."""
     painter.setRenderHint(QtGui.QPainter.RenderHint.Antialiasing)
     painter.setRenderHint(QtGui.QPainter.RenderHint.TextAntialiasing)
     rect = QtCore.QRectF(0, 0, width, height)
     try:
-        view.scene().render(painter, rect, rect)
+        with _export_mode(view.scene(), painter):
+            view.scene().render(painter, rect, rect)
     finally:
         painter.end()
+
+
+@contextmanager
+def _export_mode(scene: QtWidgets.QGraphicsScene, painter: QtGui.QPainter) -> Iterator[None]:
+    """Tell pyqtgraph items they are being exported, as its exporters do: scatter dots then
+    draw as vector shapes instead of cached pixmaps, and curves antialiased."""
+    items = [i for i in scene.items() if hasattr(i, "setExportMode")]
+    for item in items:
+        item.setExportMode(True, {"antialias": True, "painter": painter})
+    try:
+        yield
+    finally:
+        for item in items:
+            item.setExportMode(False)

@@ -22,7 +22,19 @@ _DARK_ROLES = {
     QPalette.ColorRole.HighlightedText: "#FFFFFF",
     QPalette.ColorRole.Link: "#6FB1FF",
     QPalette.ColorRole.PlaceholderText: "#8C8C8C",
+    QPalette.ColorRole.Light: "#5A5D61",
+    QPalette.ColorRole.Midlight: "#46494D",
+    QPalette.ColorRole.Mid: "#6E7276",
+    QPalette.ColorRole.Dark: "#191A1C",
+    QPalette.ColorRole.Shadow: "#0E0E0F",
 }
+
+
+_DARK_INDICATORS = """
+QTreeView::indicator { width: 12px; height: 12px; border: 1px solid #9A9DA1;
+                       border-radius: 2px; background: #1E1F22; }
+QTreeView::indicator:checked { background: #D55E00; border-color: #F08A4B; }
+"""
 
 
 def apply_qt_theme(app: QApplication, theme: Theme) -> None:
@@ -38,6 +50,8 @@ def apply_qt_theme(app: QApplication, theme: Theme) -> None:
                      QPalette.ColorRole.WindowText):
             palette.setColor(QPalette.ColorGroup.Disabled, role, disabled)
     app.setPalette(palette)
+    # Fusion outlines check boxes a shade darker than the window: invisible on a dark one.
+    app.setStyleSheet(_DARK_INDICATORS if theme.name == "dark" else "")
     font = app.font()
     if font.pointSize() < 10:
         font.setPointSize(10)
