@@ -221,7 +221,9 @@ def test_axis_theme_and_export(qtbot: QtBot, window: MainWindow, tmp_path: Path)
     window.export_view(str(svg))
     image = QImage(str(png))
     assert image.width() == window.tabs.currentWidget().width()
-    colors = {image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, image.height(), 7)}
+    colors = {
+        image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, image.height(), 7)
+    }
     assert len(colors) > 30
     assert ET.parse(svg).getroot().tag.endswith("svg")
     window.export_view(str(tmp_path / "view.gif"))
@@ -246,7 +248,10 @@ def test_recent_files_and_drop(qtbot: QtBot, window: MainWindow) -> None:
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(path)])
     drop = QDropEvent(
-        QPointF(50, 50), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+        QPointF(50, 50),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
         Qt.KeyboardModifier.NoModifier,
     )
     with qtbot.waitSignal(window.loaded, timeout=10000):
@@ -270,20 +275,22 @@ from PyQt6.QtCore import QSettings
 from PyQt6.QtWidgets import QApplication
 app = QApplication([])
 from ckview.gui.main_window import MainWindow
-w = MainWindow(settings=QSettings({str(tmp_path / 's.ini')!r}, QSettings.Format.IniFormat))
+w = MainWindow(settings=QSettings({str(tmp_path / "s.ini")!r}, QSettings.Format.IniFormat))
 w.show()
-w.open_paths([{str(SAMPLES / 'transformer_compare.h5')!r}])
+w.open_paths([{str(SAMPLES / "transformer_compare.h5")!r}])
 end = time.time() + 30
 while not (w.runs() and w.plan.is_ready()) and time.time() < end:
     app.processEvents(); time.sleep(0.01)
 w.plan.apply_preset("sqrt"); w.timeline.jump_to_peak(); w.tabs.setCurrentIndex(1)
 app.processEvents()
-w.export_view({str(tmp_path / 'v.png')!r})
+w.export_view({str(tmp_path / "v.png")!r})
 assert w.runs() and w.inspector.model.rows, "nothing shown"
 assert "torch" not in sys.modules, "torch was imported"
 print("ok")
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
 

@@ -184,7 +184,9 @@ def test_plan_files_round_trip(transformer: PlanSession, tmp_path: Path) -> None
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         session.load_plan(str(bad))
-    bad.write_text(json.dumps({"format": "ckview-plan", "version": 1, "regions": [{"module": "x"}]}))
+    bad.write_text(
+        json.dumps({"format": "ckview-plan", "version": 1, "regions": [{"module": "x"}]})
+    )
     with pytest.raises(ValueError):
         session.load_plan(str(bad))
     session.set_selection([])

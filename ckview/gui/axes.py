@@ -30,9 +30,9 @@ def byte_ticks(low: float, high: float, target: int = 6) -> list[float]:
 class BytesAxis(pg.AxisItem):
     """Left axis of a memory plot."""
 
-    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[Any]:  # noqa: N802
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[Any]:
         target = max(2, int(size / 45))
         return [(0, byte_ticks(minVal, maxVal, target))]
 
-    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:  # noqa: N802
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
         return [format_bytes(round(v)) for v in values]

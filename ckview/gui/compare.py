@@ -126,7 +126,9 @@ class CompareView(QWidget):
             self._mark_peak(plot, float(run.x(self.axis)[run.peak.point]), run.peak.bytes, tone)
         if self.outcome is not None:
             plan, over = self.outcome
-            xs = over.x_of_time_ns(plan.time_ns) if self.axis is Axis.TIME else over.x_op[plan.point]
+            xs = (
+                over.x_of_time_ns(plan.time_ns) if self.axis is Axis.TIME else over.x_op[plan.point]
+            )
             pen = pg.mkPen(PROJECTION_COLOR, width=2, style=Qt.PenStyle.DashLine)
             name = f"plan over {over.name} ({format_bytes(plan.peak_bytes)})"
             curves = EnvelopeCurves(plot, Envelope(xs, plan.total), [pen], z=30, names=[name])

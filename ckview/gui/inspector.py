@@ -25,15 +25,13 @@ class LiveTensorModel(QAbstractTableModel):
         self.rows = rows
         self.endResetModel()
 
-    def rowCount(self, parent: QModelIndex | None = None) -> int:  # noqa: N802
+    def rowCount(self, parent: QModelIndex | None = None) -> int:
         return len(self.rows)
 
-    def columnCount(self, parent: QModelIndex | None = None) -> int:  # noqa: N802
+    def columnCount(self, parent: QModelIndex | None = None) -> int:
         return len(COLUMNS)
 
-    def headerData(  # noqa: N802
-        self, section: int, orientation: Qt.Orientation, role: int = 0
-    ) -> Any:
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = 0) -> Any:
         if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
             return COLUMNS[section]
         return None
@@ -74,9 +72,11 @@ class Inspector(QWidget):
         self.table.setModel(self.proxy)
         self.table.setSortingEnabled(True)
         self.table.setAlternatingRowColors(True)
-        self.table.verticalHeader().setVisible(False)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        rows, columns = self.table.verticalHeader(), self.table.horizontalHeader()
+        assert rows is not None and columns is not None
+        rows.setVisible(False)
+        columns.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        columns.setStretchLastSection(True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.header)

@@ -24,8 +24,11 @@ from PyQt6.QtWidgets import (
     QFileDialog,
     QLabel,
     QMainWindow,
+    QMenu,
+    QMenuBar,
     QMessageBox,
     QProgressDialog,
+    QStatusBar,
     QTabWidget,
     QToolBar,
     QWidget,
@@ -92,7 +95,9 @@ class MainWindow(QMainWindow):
         self.plan = PlanPanel()
         self.inspector = Inspector()
         plan_dock = self._dock("Plan", self.plan, Qt.DockWidgetArea.RightDockWidgetArea)
-        live_dock = self._dock("Live tensors", self.inspector, Qt.DockWidgetArea.BottomDockWidgetArea)
+        live_dock = self._dock(
+            "Live tensors", self.inspector, Qt.DockWidgetArea.BottomDockWidgetArea
+        )
         self.resizeDocks([plan_dock], [560], Qt.Orientation.Horizontal)
         self.resizeDocks([live_dock], [250], Qt.Orientation.Vertical)
         self.run_box = QComboBox()
@@ -101,21 +106,21 @@ class MainWindow(QMainWindow):
         self.run_box.currentIndexChanged.connect(self._on_run_chosen)
         self.status_run = QLabel()
         self.status_point = QLabel()
-        self.statusBar().addPermanentWidget(self.status_point, stretch=1)
-        self.statusBar().addPermanentWidget(self.status_run)
+        self._status().addPermanentWidget(self.status_point, stretch=1)
+        self._status().addPermanentWidget(self.status_run)
         self._build_actions()
 
         self.timeline.pointClicked.connect(self._on_point)
         self.timeline.hovered.connect(self.status_point.setText)
         self.plan.outcomeChanged.connect(self._on_outcome)
-        self.plan.message.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        self.plan.message.connect(lambda text: self._status().showMessage(text, 8000))
         self.plan.error.connect(self.show_error)
         self.loaded.connect(self._on_loaded)
         self.load_failed.connect(self._on_load_failed)
         self._progress.connect(self._on_progress)
         self.set_theme(theme)
         self._update_enabled()
-        self.statusBar().showMessage("Open a trace (Ctrl+O) or drop one here.")
+        self._status().showMessage("Open a trace (Ctrl+O) or drop one here.")
 
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -130,8 +135,9 @@ class MainWindow(QMainWindow):
 
     # -- actions
 
-    def _action(self, text: str, shortcut: str | Sequence[str] | None, slot: object,
-                tip: str = "") -> QAction:
+    def _action(
+        self, text: str, shortcut: str | Sequence[str] | None, slot: object, tip: str = ""
+    ) -> QAction:
         action = QAction(text, self)
         if isinstance(shortcut, str):
             action.setShortcut(QKeySequence(shortcut))
@@ -144,10 +150,9 @@ class MainWindow(QMainWindow):
         return action
 
     def _build_actions(self) -> None:
-        menu = self.menuBar()
-        file = menu.addMenu("&File")
+        file = self._menu("&File")
         file.addAction(self._action("&Open…", "Ctrl+O", self.open_dialog, "Open trace files"))
-        self.recent_menu = file.addMenu("Open &Recent")
+        self.recent_menu = _submenu(file, "Open &Recent")
         self._fill_recent()
         file.addSeparator()
         self.export_action = self._action(
@@ -171,7 +176,7 @@ class MainWindow(QMainWindow):
         file.addAction(self._action("&Close All", "Ctrl+W", self.close_all))
         file.addAction(self._action("&Quit", "Ctrl+Q", self.close))
 
-        view = menu.addMenu("&View")
+        view = self._menu("&View")
         self.peak_action = self._action(
             "Jump to &Peak", "P", self.timeline.jump_to_peak, "Centre the view on the peak"
         )
@@ -190,7 +195,9 @@ class MainWindow(QMainWindow):
         view.addAction(self._action("&Timeline", "Ctrl+1", lambda: self.tabs.setCurrentIndex(0)))
         view.addAction(self._action("&Compare", "Ctrl+2", lambda: self.tabs.setCurrentIndex(1)))
         self.side_action = self._action(
-            "Compare &Side by Side", "S", self._refresh_compare,
+            "Compare &Side by Side",
+            "S",
+            self._refresh_compare,
             "Show compared runs as separate stacked plots instead of overlaid",
         )
         self.side_action.setCheckable(True)
@@ -199,14 +206,15 @@ class MainWindow(QMainWindow):
         themes = QActionGroup(self)
         self.theme_actions = {}
         for theme in THEMES.values():
-            action = QAction(f"{theme.name.title()} Theme", self, checkable=True)
+            action = QAction(f"{theme.name.title()} Theme", self)
+            action.setCheckable(True)
             action.triggered.connect(lambda _=False, t=theme: self.set_theme(t))
             themes.addAction(action)
             view.addAction(action)
             self.theme_actions[theme.name] = action
         view.addAction(self._action("Toggle Theme", "Ctrl+D", self.toggle_theme))
 
-        help_menu = menu.addMenu("&Help")
+        help_menu = self._menu("&Help")
         help_menu.addAction(self._action("&Keyboard Shortcuts", "F1", self.show_shortcuts))
         help_menu.addAction(self._action("&About ckview", None, self.show_about))
 
@@ -221,6 +229,16 @@ class MainWindow(QMainWindow):
         bar.addAction(self.axis_action)
         bar.addAction(self.side_action)
         bar.addAction(self.export_action)
+
+    def _menu(self, title: str) -> QMenu:
+        bar = self.menuBar()
+        assert bar is not None
+        return _submenu(bar, title)
+
+    def _status(self) -> QStatusBar:
+        bar = self.statusBar()
+        assert bar is not None
+        return bar
 
     # -- opening
 
@@ -274,9 +292,10 @@ class MainWindow(QMainWindow):
         self._remember(data.path)
         first_new = len(self.runs()) - len(data.runs)
         self._fill_run_box(select=first_new if len(self.traces) == 1 else None)
-        self.statusBar().showMessage(
+        self._status().showMessage(
             f"opened {data.path}: {len(data.runs)} run(s), "
-            f"{sum(r.n_events for r in data.runs):,} memory events", 8000
+            f"{sum(r.n_events for r in data.runs):,} memory events",
+            8000,
         )
         self._refresh_compare()
 
@@ -330,8 +349,11 @@ class MainWindow(QMainWindow):
     def _update_enabled(self) -> None:
         has = self.current_run() is not None
         for action in (
-            self.export_action, self.csv_action, self.save_plan_action,
-            self.load_plan_action, self.peak_action,
+            self.export_action,
+            self.csv_action,
+            self.save_plan_action,
+            self.load_plan_action,
+            self.peak_action,
         ):
             action.setEnabled(has)
 
@@ -362,12 +384,12 @@ class MainWindow(QMainWindow):
 
     # -- drag and drop
 
-    def dragEnterEvent(self, event: QDragEnterEvent | None) -> None:  # noqa: N802
+    def dragEnterEvent(self, event: QDragEnterEvent | None) -> None:
         mime = event.mimeData() if event is not None else None
         if event is not None and mime is not None and mime.hasUrls():
             event.acceptProposedAction()
 
-    def dropEvent(self, event: QDropEvent | None) -> None:  # noqa: N802
+    def dropEvent(self, event: QDropEvent | None) -> None:
         mime = event.mimeData() if event is not None else None
         if event is None or mime is None:
             return
@@ -431,7 +453,7 @@ class MainWindow(QMainWindow):
         except (OSError, ValueError) as exc:
             self.show_error(str(exc))
             return
-        self.statusBar().showMessage(f"exported {path}", 8000)
+        self._status().showMessage(f"exported {path}", 8000)
 
     def export_csv_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export CSV", "ckview.csv", "CSV (*.csv)")
@@ -450,7 +472,7 @@ class MainWindow(QMainWindow):
         except OSError as exc:
             self.show_error(f"cannot write {path}: {exc.strerror or exc}")
             return
-        self.statusBar().showMessage(f"exported {path}", 8000)
+        self._status().showMessage(f"exported {path}", 8000)
 
     # -- plans
 
@@ -485,7 +507,7 @@ class MainWindow(QMainWindow):
     def show_error(self, message: str) -> None:
         """A one-line problem in a dialog that does not block (the app never crashes on it)."""
         self.last_error = message
-        self.statusBar().showMessage(message, 10000)
+        self._status().showMessage(message, 10000)
         box = QMessageBox(QMessageBox.Icon.Warning, "ckview", message, parent=self)
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
@@ -502,9 +524,15 @@ class MainWindow(QMainWindow):
             "gradient checkpointing would change.",
         )
 
-    def closeEvent(self, event: QCloseEvent | None) -> None:  # noqa: N802
+    def closeEvent(self, event: QCloseEvent | None) -> None:
         self.settings.sync()
         super().closeEvent(event)
+
+
+def _submenu(parent: QMenu | QMenuBar, title: str) -> QMenu:
+    menu = parent.addMenu(title)
+    assert menu is not None
+    return menu
 
 
 def _save_svg(widget: QWidget, path: str) -> None:

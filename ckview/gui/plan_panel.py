@@ -43,8 +43,8 @@ class ChainStrip(QWidget):
     """The chain of blocks: click a block to checkpoint its segment, a gap to cut or join
     segments (NOTE [ Chain strip ] in ``planning``)."""
 
-    blockClicked = pyqtSignal(int)  # noqa: N815
-    gapClicked = pyqtSignal(int)  # noqa: N815
+    blockClicked = pyqtSignal(int)
+    gapClicked = pyqtSignal(int)
 
     GAP = 6
 
@@ -55,7 +55,7 @@ class ChainStrip(QWidget):
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         return QSize(400, 46)
 
     def set_session(self, session: PlanSession | None) -> None:
@@ -87,7 +87,7 @@ class ChainStrip(QWidget):
                 return "block", i
         return None
 
-    def paintEvent(self, event: QPaintEvent | None) -> None:  # noqa: N802
+    def paintEvent(self, event: QPaintEvent | None) -> None:
         session = self.session
         if session is None or session.chain is None:
             return
@@ -115,7 +115,7 @@ class ChainStrip(QWidget):
             painter.drawLine(x, 12, x, 44)
         painter.end()
 
-    def mousePressEvent(self, event: QMouseEvent | None) -> None:  # noqa: N802
+    def mousePressEvent(self, event: QMouseEvent | None) -> None:
         if event is None or event.button() != Qt.MouseButton.LeftButton:
             return
         hit = self.hit(event.position().toPoint())
@@ -123,7 +123,7 @@ class ChainStrip(QWidget):
             return
         (self.blockClicked if hit[0] == "block" else self.gapClicked).emit(hit[1])
 
-    def mouseMoveEvent(self, event: QMouseEvent | None) -> None:  # noqa: N802
+    def mouseMoveEvent(self, event: QMouseEvent | None) -> None:
         if event is None or self.session is None or self.session.chain is None:
             return
         hit = self.hit(event.position().toPoint())
@@ -144,7 +144,7 @@ class ChainStrip(QWidget):
 class PlanPanel(QWidget):
     """Everything about the plan being built over the baseline run."""
 
-    outcomeChanged = pyqtSignal(object)  # noqa: N815  (PlanOutcome or None)
+    outcomeChanged = pyqtSignal(object)
     message = pyqtSignal(str)
     error = pyqtSignal(str)
     _ready = pyqtSignal(object)  # a PlanSession whose model is built (from the worker thread)

@@ -19,6 +19,7 @@ NOTE [ Chain strip ]
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -206,7 +207,7 @@ class PlanSession:
         if self.chain is None:
             return []
         cuts = [0, *sorted(self.boundaries), len(self.chain.blocks)]
-        return list(zip(cuts[:-1], cuts[1:], strict=True))
+        return list(itertools.pairwise(cuts))
 
     def segment_selected(self, start: int, stop: int) -> bool:
         assert self.chain is not None
@@ -240,7 +241,7 @@ class PlanSession:
             self.boundaries.discard(gap)
         else:
             self.boundaries.add(gap)
-        for s, on in before.items():
+        for s in before:
             self.selection.discard(self.chain.region(*s))
         for start, stop in self.segments():
             if any(on and a < stop and start < b for (a, b), on in before.items()):

@@ -46,8 +46,11 @@ def apply_qt_theme(app: QApplication, theme: Theme) -> None:
         for role, value in _DARK_ROLES.items():
             palette.setColor(role, QColor(value))
         disabled = QColor("#7A7A7A")
-        for role in (QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText,
-                     QPalette.ColorRole.WindowText):
+        for role in (
+            QPalette.ColorRole.Text,
+            QPalette.ColorRole.ButtonText,
+            QPalette.ColorRole.WindowText,
+        ):
             palette.setColor(QPalette.ColorGroup.Disabled, role, disabled)
     app.setPalette(palette)
     # Fusion outlines check boxes a shade darker than the window: invisible on a dark one.

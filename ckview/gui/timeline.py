@@ -27,7 +27,7 @@ MAX_MARK_LABELS = 24
 class TimelineView(QWidget):
     """Main memory plot over an overview strip whose region selects the visible x range."""
 
-    pointClicked = pyqtSignal(int)  # noqa: N815 (Qt signal naming)
+    pointClicked = pyqtSignal(int)
     """A timeline point the user clicked (baseline run points)."""
     hovered = pyqtSignal(str)
     """One-line description of the point under the mouse (for the status bar)."""
@@ -57,9 +57,9 @@ class TimelineView(QWidget):
         self.region = pg.LinearRegionItem(swapMode="sort")
         self.region.setZValue(10)
         self.overview.addItem(self.region)
-        self.cursor = pg.InfiniteLine(angle=90, movable=False)
-        self.cursor.setVisible(False)
-        self.main.addItem(self.cursor, ignoreBounds=True)
+        self.selection_line = pg.InfiniteLine(angle=90, movable=False)
+        self.selection_line.setVisible(False)
+        self.main.addItem(self.selection_line, ignoreBounds=True)
         self.hover_line = pg.InfiniteLine(angle=90, movable=False)
         self.hover_line.setVisible(False)
         self.main.addItem(self.hover_line, ignoreBounds=True)
@@ -120,7 +120,7 @@ class TimelineView(QWidget):
                 axis.setTextPen(pg.mkPen(theme.foreground))
             w.getPlotItem().showGrid(x=True, y=True, alpha=theme.grid_alpha)
         self.region.setBrush(pg.mkBrush(color(theme.overview_region)))
-        self.cursor.setPen(pg.mkPen(theme.foreground, width=1.5))
+        self.selection_line.setPen(pg.mkPen(theme.foreground, width=1.5))
         self.hover_line.setPen(pg.mkPen(theme.foreground, width=1, style=Qt.PenStyle.DotLine))
         self.hover_text.fill = pg.mkBrush(color(theme.background, 225))
         self.hover_text.border = pg.mkPen(theme.foreground)
@@ -148,8 +148,8 @@ class TimelineView(QWidget):
         if self.run is None:
             return
         self.selected_point = point
-        self.cursor.setValue(float(self.run.x(self.axis)[point]))
-        self.cursor.setVisible(True)
+        self.selection_line.setValue(float(self.run.x(self.axis)[point]))
+        self.selection_line.setVisible(True)
         self.pointClicked.emit(point)
 
     def zoom_to_fit(self) -> None:
@@ -203,7 +203,7 @@ class TimelineView(QWidget):
         else:
             self.zoom_to_fit()
         if self.selected_point is not None:
-            self.cursor.setValue(float(xs[self.selected_point]))
+            self.selection_line.setValue(float(xs[self.selected_point]))
         self._redraw()
 
     def _fill_legend(self, run: RunData, pens: list[QPen], brushes: list[QBrush]) -> None:
@@ -213,9 +213,7 @@ class TimelineView(QWidget):
         for i in reversed(range(len(STACK_ORDER))):
             category = STACK_ORDER[i]
             if run.timeline.by_category[category].any():
-                sample = pg.PlotDataItem(
-                    [0], [0], pen=pens[i], fillLevel=0, fillBrush=brushes[i]
-                )
+                sample = pg.PlotDataItem([0], [0], pen=pens[i], fillLevel=0, fillBrush=brushes[i])
                 legend.addItem(sample, CATEGORY_LABELS[category])
 
     def _clear(self) -> None:
@@ -254,9 +252,7 @@ class TimelineView(QWidget):
         for span in run.recomputes:
             x0, x1 = span.x_range(self.axis)
             brush = QBrush(color(self.theme.recompute_tint), Qt.BrushStyle.BDiagPattern)
-            band = pg.LinearRegionItem(
-                (x0, x1), movable=False, brush=brush, pen=pg.mkPen(None)
-            )
+            band = pg.LinearRegionItem((x0, x1), movable=False, brush=brush, pen=pg.mkPen(None))
             band.setZValue(5)
             band.setToolTip(span.label)
             self._add_decor(band)
@@ -286,17 +282,25 @@ class TimelineView(QWidget):
         xs = self._projected_x(run, outcome)
         pen = pg.mkPen(PROJECTION_COLOR, width=2.2, style=Qt.PenStyle.DashLine)
         self._projected = EnvelopeCurves(
-            self.main.getPlotItem(), Envelope(xs, outcome.total), [pen], z=40,
+            self.main.getPlotItem(),
+            Envelope(xs, outcome.total),
+            [pen],
+            z=40,
             names=[f"projected ({format_bytes(outcome.peak_bytes)})"],
         )
         peak_at = int(np.argmax(outcome.total))
         dot = pg.ScatterPlotItem(
-            [float(xs[peak_at])], [outcome.peak_bytes], size=10, symbol="d",
-            brush=pg.mkBrush(PROJECTION_COLOR), pen=pg.mkPen("w"),
+            [float(xs[peak_at])],
+            [outcome.peak_bytes],
+            size=10,
+            symbol="d",
+            brush=pg.mkBrush(PROJECTION_COLOR),
+            pen=pg.mkPen("w"),
         )
         dot.setZValue(51)
         label = pg.TextItem(
-            f"projected {format_bytes(outcome.peak_bytes)}", color=PROJECTION_COLOR,
+            f"projected {format_bytes(outcome.peak_bytes)}",
+            color=PROJECTION_COLOR,
             anchor=(0.5, -0.3),
         )
         label.setFont(_font(10, bold=True))
@@ -315,7 +319,9 @@ class TimelineView(QWidget):
             else:
                 x = float(run.x_op[min(mark.point, len(run.x_op) - 1)])
             line = pg.InfiniteLine(
-                x, angle=90, movable=False,
+                x,
+                angle=90,
+                movable=False,
                 pen=pg.mkPen(PROJECTION_COLOR, width=1, style=Qt.PenStyle.DotLine),
                 label=f"↻ {'.'.join(mark.label.split('.')[-2:])}" if labelled else None,
                 labelOpts={"position": 0.93, "color": PROJECTION_COLOR, "rotateAxis": (1, 0)},

@@ -1,0 +1,695 @@
+"""How fast the explorer opens, redraws, answers a toggle and exports, against the GUI targets.
+
+    QT_QPA_PLATFORM=offscreen python benchmarks/gui_performance.py [--events N] [--points M]
+        [--rounds R] [--toggles T] [--blocks B]
+
+Writes a one-run trace ('main') of the synthetic training step of
+``projection_speed.synthetic_run`` (about N memory events, B blocks in a ModuleList) to a
+temporary directory and measures, in this process, with real widgets (the ``offscreen`` Qt
+platform unless ``QT_QPA_PLATFORM`` says otherwise):
+
+1. open to first paint (target 1 s): a fresh, shown ``MainWindow`` (settings in a temporary
+   INI file) from ``open_paths([path])`` until the trace is loaded (``loaded``), the window has
+   handled it and the timeline's plot has painted the run's stacked curves; R rounds. How long
+   until the plan panel's background model is built (``PlanPanel.is_ready``) is shown beside it
+   and not counted;
+2. pan/zoom redraw (target 16 ms): a 1600x900 ``TimelineView`` on a run of M memory events,
+   zoomed out so all M points are in view, then a sequence of 50 ``setXRange`` calls (zoom in
+   by 2x steps, pan by 10%, zoom out, pan) each followed by a synchronous repaint of the plot;
+   R passes. A paint counter on the plot's viewport checks every step really painted;
+3. toggle to redraw (target 50 ms): in the window of 1, once the model is built,
+   ``PlanPanel.toggle_module`` of T random blocks, each followed by a synchronous repaint of
+   the timeline; one toggle is checked against ``ProjectionModel.peak`` and the exact
+   ``project`` of the same selection (the readout must show the fast path's peak);
+4. PNG export (target 100 ms): ``MainWindow.export_view`` of the same window (1600x1000), R
+   rounds; the file must exist and be over 10 kB.
+
+Prints one line per measurement as it goes, then one table: median (p90 where there are many
+samples), target, median / target, MET or MISSED, and the machine (cores, Qt, pyqtgraph).
+The measuring functions are importable (``tests/test_gui_benchmark.py`` runs them tiny).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import numpy as np  # noqa: E402
+
+if TYPE_CHECKING:
+    from PyQt6.QtWidgets import QApplication
+
+    from ckview.gui.main_window import MainWindow
+    from ckview.gui.rundata import RunData
+    from ckview.gui.timeline import TimelineView
+
+FIRST_PAINT_S = 1.0
+REDRAW_S = 0.016
+TOGGLE_S = 0.050
+EXPORT_S = 0.100
+MIN_PNG_BYTES = 10_000
+WINDOW_SIZE = (1600, 1000)
+TIMELINE_SIZE = (1600, 900)
+TIMEOUT_S = 120.0
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class Result:
+    """Seconds of every sample of one measurement, against its target."""
+
+    name: str
+    target_s: float
+    samples: list[float]
+    informative: bool = False
+    """Shown for context; no target, never MISSED."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def p90(self) -> float | None:
+        """The 90th percentile, for measurements with at least 5 samples."""
+        return float(np.percentile(self.samples, 90)) if len(self.samples) >= 5 else None
+
+    @property
+    def ratio(self) -> float:
+        return self.median / self.target_s if self.target_s else float("nan")
+
+    @property
+    def met(self) -> bool:
+        return self.median <= self.target_s
+
+    @property
+    def verdict(self) -> str:
+        if self.informative:
+            return "(info)"
+        return "MET" if self.met else "MISSED"
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """The results as an aligned text table."""
+    header = ("measurement", "median", "p90", "target", "median/target", "")
+    rows = [
+        (
+            r.name,
+            _fmt(r.median),
+            _fmt(r.p90),
+            "-" if r.informative else _fmt(r.target_s),
+            "-" if r.informative else f"{r.ratio:.2f}x",
+            r.verdict,
+        )
+        for r in results
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    lines = []
+    for row in (header, *rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def machine_info() -> str:
+    """One line about where this ran."""
+    import pyqtgraph as pg
+    from PyQt6.QtCore import PYQT_VERSION_STR, QT_VERSION_STR
+    from PyQt6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    qpa = app.platformName() if isinstance(app, QApplication) else "?"
+    return (
+        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
+        f"Python {platform.python_version()}, Qt {QT_VERSION_STR} (PyQt {PYQT_VERSION_STR}, "
+        f"platform {qpa}), pyqtgraph {pg.__version__}, numpy {np.__version__}"
+    )
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _projection_speed() -> Any:
+    path = Path(__file__).with_name("projection_speed.py")
+    spec = importlib.util.spec_from_file_location("projection_speed", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def synthetic_tables(events: int, blocks: int, seed: int = 0) -> dict[str, Any]:
+    """``projection_speed.synthetic_run``: run tables plus ``modules`` and ``strings``."""
+    tables: dict[str, Any] = _projection_speed().synthetic_run(events, blocks, seed)
+    return tables
+
+
+def write_tables(path: str | os.PathLike[str], tables: dict[str, Any], run: str = "main") -> None:
+    """Write ``tables`` (as ``synthetic_tables`` makes them) as a complete one-run trace."""
+    from ckview.trace import TraceWriter
+    from ckview.trace.schema import RUN_TABLES
+
+    with TraceWriter(path, meta={"device": "cpu", "command": ["synthetic"]}) as writer:
+        ids = [writer.intern(text) for text in tables["strings"]]
+        if ids != list(range(len(tables["strings"]))):
+            raise ValueError("the strings of the tables are not distinct")
+        writer.append_modules(tables["modules"])
+        runner = writer.run(run)
+        for table in RUN_TABLES:
+            runner.append(table, tables[table])
+        runner.set_attrs(steps_recorded=len(tables["steps"]["step"]))
+        runner.close(complete=True)
+
+
+def write_synthetic_trace(
+    path: str | os.PathLike[str], events: int = 1_000_000, blocks: int = 200, seed: int = 0
+) -> int:
+    """Write the synthetic step of about ``events`` memory events and ``blocks`` blocks as a
+    one-run trace ('main') at ``path``; returns the number of memory events written."""
+    tables = synthetic_tables(events, blocks, seed)
+    write_tables(path, tables)
+    return len(tables["memory_events"]["kind"])
+
+
+def synthetic_run_data(points: int, blocks: int = 200, seed: int = 0) -> RunData:
+    """A ``RunData`` of about ``points`` memory events (timeline points), without a file."""
+    from ckview.gui.rundata import run_data
+
+    return run_data("synthetic.h5", "main", synthetic_tables(points, blocks, seed))
+
+
+# ----------------------------------------------------------------------------- Qt helpers
+
+
+def qt_app() -> QApplication:
+    """The QApplication, created (as ``ckview view`` does) if there is none yet."""
+    import pyqtgraph as pg
+    from PyQt6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    if app is None:
+        pg.setConfigOptions(antialias=False, useNumba=False)
+        app = QApplication(sys.argv[:1])
+        app.setApplicationName("ckview-benchmark")
+    assert isinstance(app, QApplication)
+    return app
+
+
+class PaintCounter:
+    """Counts the paint events a widget receives (an event filter; ``count`` so far)."""
+
+    def __init__(self, widget: Any) -> None:
+        from PyQt6.QtCore import QEvent, QObject
+
+        paint = QEvent.Type.Paint
+        counter = self
+
+        class _Filter(QObject):
+            def eventFilter(self, obj: Any, event: Any) -> bool:  # noqa: N802
+                if event is not None and event.type() == paint:
+                    counter.count += 1
+                return False
+
+        self.count = 0
+        self.widget = widget
+        self._filter = _Filter()
+        widget.installEventFilter(self._filter)
+
+    def remove(self) -> None:
+        self.widget.removeEventFilter(self._filter)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> float:
+    """Process events until ``predicate()``; returns the seconds waited (TimeoutError)."""
+    app = qt_app()
+    start = time.perf_counter()
+    while not predicate():
+        if time.perf_counter() - start > timeout_s:
+            raise TimeoutError(f"still waiting after {timeout_s:.0f} s")
+        app.processEvents()
+        time.sleep(0.001)
+    return time.perf_counter() - start
+
+
+def new_window(settings_dir: str, size: tuple[int, int] = WINDOW_SIZE) -> MainWindow:
+    """A fresh explorer window with its settings in ``settings_dir``, shown and laid out."""
+    from PyQt6.QtCore import QSettings
+
+    from ckview.gui.main_window import MainWindow
+
+    app = qt_app()
+    settings = QSettings(os.path.join(settings_dir, "ckview.ini"), QSettings.Format.IniFormat)
+    window = MainWindow(settings=settings)
+    window.resize(*size)
+    window.show()
+    app.processEvents()
+    return window
+
+
+def close_window(window: Any) -> None:
+    """Close and delete a window (waits for its plan model first, so no thread outlives it)."""
+    from PyQt6.QtCore import QCoreApplication, QEvent
+
+    plan = getattr(window, "plan", None)
+    if plan is not None and plan.session is not None:
+        wait_until(plan.is_ready)
+    window.close()
+    window.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete.value)
+    qt_app().processEvents()
+    gc.collect()
+
+
+def repaint_timeline(timeline: TimelineView) -> None:
+    """Paint the timeline's main plot now (what the event loop does after an update)."""
+    viewport = timeline.main.viewport()
+    assert viewport is not None
+    viewport.repaint()
+
+
+def curves_shown(timeline: TimelineView) -> bool:
+    """True once the timeline holds the stacked curves of a run, with data in view."""
+    layers = timeline._layers
+    if timeline.run is None or layers is None or not layers.items:
+        return False
+    x = layers.items[0].xData
+    return x is not None and len(x) > 1
+
+
+# ----------------------------------------------------------------------------- 1. first paint
+
+
+@dataclass
+class FirstPaint:
+    """One open: seconds to the ``loaded`` signal, to the first paint, to ``is_ready``."""
+
+    loaded_s: float
+    first_paint_s: float
+    ready_s: float
+    paints: int
+    """Paint events the timeline's plot received up to and including the first paint."""
+
+
+def open_to_first_paint(window: MainWindow, path: str) -> FirstPaint:
+    """Open ``path`` in a shown, empty ``window`` and time it to the timeline's first paint
+    of the run, then to the plan model being built."""
+    from PyQt6.QtCore import QEventLoop, QTimer
+
+    app = qt_app()
+    viewport = window.timeline.main.viewport()
+    counter = PaintCounter(viewport)
+    loop = QEventLoop()
+    seen: dict[str, Any] = {}
+
+    def on_loaded(data: object) -> None:
+        seen["loaded"] = time.perf_counter()
+        loop.quit()
+
+    def on_failed(path: str, message: str) -> None:
+        seen["failed"] = message
+        loop.quit()
+
+    window.loaded.connect(on_loaded)
+    window.load_failed.connect(on_failed)
+    QTimer.singleShot(int(TIMEOUT_S * 1e3), loop.quit)
+    try:
+        start = time.perf_counter()
+        window.open_paths([path])
+        loop.exec()
+        if "failed" in seen:
+            raise RuntimeError(f"cannot open {path}: {seen['failed']}")
+        if "loaded" not in seen:
+            raise TimeoutError(f"{path} did not load in {TIMEOUT_S:.0f} s")
+        # The window's own handler (connected first) has run: the run is set on the timeline.
+        app.processEvents()
+        repaint_timeline(window.timeline)
+        painted = time.perf_counter()
+        if not curves_shown(window.timeline) or counter.count == 0:
+            raise RuntimeError("the timeline did not paint the run's curves")
+        paints = counter.count
+        wait_until(window.plan.is_ready)
+        ready = time.perf_counter()
+    finally:
+        counter.remove()
+        window.loaded.disconnect(on_loaded)
+        window.load_failed.disconnect(on_failed)
+    return FirstPaint(seen["loaded"] - start, painted - start, ready - start, paints)
+
+
+def measure_first_paint(
+    path: str, rounds: int, settings_dir: str, size: tuple[int, int] = WINDOW_SIZE
+) -> list[FirstPaint]:
+    """``rounds`` opens of ``path``, each in a fresh window."""
+    out = []
+    for _ in range(rounds):
+        window = new_window(settings_dir, size)
+        try:
+            out.append(open_to_first_paint(window, path))
+        finally:
+            close_window(window)
+    return out
+
+
+# ----------------------------------------------------------------------------- 2. pan/zoom
+
+
+def pan_zoom_ranges(
+    x0: float, x1: float, zooms: int = 12, pans: int = 6
+) -> list[tuple[float, float]]:
+    """The x ranges of a pan/zoom session from the whole ``[x0, x1]``: zoom in by 2x
+    ``zooms`` times about the middle, pan right then left by 10% ``pans`` times each, zoom
+    back out by 2x, then pan the 2x-zoomed view right and left by 10% (50 ranges by default)."""
+    ranges: list[tuple[float, float]] = []
+    centre, half = (x0 + x1) / 2, (x1 - x0) / 2
+
+    def pan_around(half: float) -> None:
+        c = centre
+        for step in [1] * pans + [-1] * pans:
+            c += step * 0.2 * half
+            ranges.append((c - half, c + half))
+
+    for _ in range(zooms):
+        half /= 2
+        ranges.append((centre - half, centre + half))
+    pan_around(half)
+    for _ in range(zooms):
+        half *= 2
+        ranges.append((centre - half, centre + half))
+    pan_around(half / 2)
+    return ranges
+
+
+@dataclass
+class Redraws:
+    """Seconds per redraw (range change + synchronous paint) and what was drawn."""
+
+    seconds: list[float]
+    update_seconds: list[float]
+    """The ``setXRange`` part alone (curve slices recomputed, no painting)."""
+    paint_seconds: list[float]
+    points_in_view: int
+    """Timeline points in view when zoomed out."""
+    drawn_zoomed_out: int
+    """Envelope bins drawn per curve when zoomed out."""
+    set_run_s: float
+
+
+def measure_redraws(
+    run: RunData, passes: int = 1, size: tuple[int, int] = TIMELINE_SIZE
+) -> Redraws:
+    """Show ``run`` on a ``TimelineView`` of ``size``, zoomed out, and time ``passes`` passes
+    of ``pan_zoom_ranges``: each ``setXRange`` followed by a synchronous repaint."""
+    from ckview.gui.timeline import TimelineView
+
+    app = qt_app()
+    timeline = TimelineView()
+    timeline.resize(*size)
+    timeline.show()
+    app.processEvents()
+    started = time.perf_counter()
+    timeline.set_run(run)
+    app.processEvents()
+    repaint_timeline(timeline)
+    set_run_s = time.perf_counter() - started
+    viewport = timeline.main.viewport()
+    counter = PaintCounter(viewport)
+    try:
+        xs = run.x(timeline.axis)
+        (v0, v1), _ = timeline.main.getPlotItem().getViewBox().viewRange()
+        in_view = int(np.count_nonzero((xs >= v0) & (xs <= v1)))
+        assert timeline._layers is not None
+        drawn = len(timeline._layers.items[0].yData)
+        seconds, updates, paints = [], [], []
+        for _ in range(passes):
+            for a, b in pan_zoom_ranges(float(xs[0]), float(xs[-1])):
+                app.processEvents()  # what the event loop does between two mouse events
+                before = counter.count
+                t0 = time.perf_counter()
+                timeline.main.setXRange(a, b, padding=0)
+                t1 = time.perf_counter()
+                repaint_timeline(timeline)
+                t2 = time.perf_counter()
+                if counter.count == before:
+                    raise RuntimeError("a redraw did not paint the plot")
+                seconds.append(t2 - t0)
+                updates.append(t1 - t0)
+                paints.append(t2 - t1)
+        timeline.zoom_to_fit()
+    finally:
+        counter.remove()
+        timeline.close()
+        timeline.deleteLater()
+        app.processEvents()
+    return Redraws(seconds, updates, paints, in_view, drawn, set_run_s)
+
+
+# ----------------------------------------------------------------------------- 3. toggles
+
+
+def block_rows(window: MainWindow) -> list[int]:
+    """Module rows of the blocks of the chain (called in forward), else every called module
+    below the root."""
+    session = window.plan.session
+    assert session is not None
+    if session.chain is not None:
+        return [r for r in session.chain.blocks if session.modules[r].calls]
+    return [m.row for m in session.modules if m.calls and m.parent >= 0]
+
+
+def toggle_and_paint(window: MainWindow, row: int) -> float:
+    """Seconds from ``PlanPanel.toggle_module(row)`` to the timeline repainted."""
+    counter = PaintCounter(window.timeline.main.viewport())
+    try:
+        start = time.perf_counter()
+        window.plan.toggle_module(row)
+        repaint_timeline(window.timeline)
+        elapsed = time.perf_counter() - start
+        if counter.count == 0:
+            raise RuntimeError("the toggle did not repaint the timeline")
+    finally:
+        counter.remove()
+    return elapsed
+
+
+def measure_toggles(window: MainWindow, toggles: int, seed: int = 1) -> list[float]:
+    """Toggle ``toggles`` random blocks of the open run, once its model is built; the
+    selection is left as it ends."""
+    wait_until(window.plan.is_ready)
+    app = qt_app()
+    app.processEvents()
+    rows = block_rows(window)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(toggles):
+        app.processEvents()
+        out.append(toggle_and_paint(window, int(rows[rng.integers(len(rows))])))
+    return out
+
+
+@dataclass
+class ToggleCheck:
+    """What one toggle showed against what the model and the exact projection say."""
+
+    readout_peak: int
+    model_peak: int
+    exact_peak: int
+    incremental: bool
+    readout_shows_it: bool
+    drawn: bool
+    """The timeline's projected curve is the outcome's."""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.incremental
+            and self.readout_shows_it
+            and self.drawn
+            and self.readout_peak == self.model_peak == self.exact_peak
+        )
+
+
+def check_toggle(window: MainWindow, row: int) -> ToggleCheck:
+    """Toggle ``row`` (so something is selected) and compare the readout's projected peak
+    with ``ProjectionModel.peak`` and ``project`` of the same selection."""
+    from ckview.analysis import format_bytes, project
+
+    wait_until(window.plan.is_ready)
+    session = window.plan.session
+    assert session is not None and session.model is not None
+    window.plan.toggle_module(row)
+    if not session.selection:
+        window.plan.toggle_module(row)
+    repaint_timeline(window.timeline)
+    outcome = window.outcome
+    assert outcome is not None
+    regions = session.regions()
+    model_peak = session.model.peak([session.index[r] for r in regions]).bytes
+    exact = project(session.run.tables, regions).projected_peak.bytes
+    return ToggleCheck(
+        readout_peak=outcome.peak_bytes,
+        model_peak=model_peak,
+        exact_peak=exact,
+        incremental=outcome.incremental,
+        readout_shows_it=f"Projected peak {format_bytes(outcome.peak_bytes)}"
+        in window.plan.readout.text(),
+        drawn=window.timeline.outcome is outcome,
+    )
+
+
+# ----------------------------------------------------------------------------- 4. export
+
+
+def measure_export(window: MainWindow, directory: str, rounds: int) -> list[float]:
+    """Seconds of ``export_view`` to a PNG, ``rounds`` times; checks each file."""
+    app = qt_app()
+    out = []
+    for i in range(rounds):
+        path = os.path.join(directory, f"view{i}.png")
+        app.processEvents()
+        start = time.perf_counter()
+        window.export_view(path)
+        out.append(time.perf_counter() - start)
+        if window.last_error is not None:
+            raise RuntimeError(f"export failed: {window.last_error}")
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        if size <= MIN_PNG_BYTES:
+            raise RuntimeError(f"{path} holds {size} bytes, expected over {MIN_PNG_BYTES}")
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="events of the trace")
+    parser.add_argument("--points", type=int, default=10_000_000, help="points of the pan run")
+    parser.add_argument("--rounds", type=int, default=5, help="opens, pan passes, exports")
+    parser.add_argument("--toggles", type=int, default=40)
+    parser.add_argument("--blocks", type=int, default=200)
+    return parser
+
+
+def run_benchmark(args: argparse.Namespace, out: Callable[[str], None] = print) -> list[Result]:
+    """Run all four measurements; prints progress lines with ``out``, returns the results."""
+    qt_app()
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="ckview-gui-bench-") as tmp:
+        path = os.path.join(tmp, "synthetic.h5")
+        t0 = time.perf_counter()
+        n_events = write_synthetic_trace(path, args.events, args.blocks)
+        out(
+            f"trace: {n_events:,} memory events, {args.blocks} blocks, "
+            f"{os.path.getsize(path) / 2**20:.1f} MiB, written in {time.perf_counter() - t0:.1f} s"
+        )
+
+        # 1. open to first paint, in fresh windows; the last round's window stays open.
+        opens = measure_first_paint(path, max(args.rounds - 1, 0), tmp)
+        window = new_window(tmp)
+        opens.append(open_to_first_paint(window, path))
+        first = Result("1. open 1e6 events -> first paint", FIRST_PAINT_S,
+                       [o.first_paint_s for o in opens])
+        loaded = Result("   (of which: load on the worker)", 0, [o.loaded_s for o in opens],
+                        informative=True)
+        ready = Result("   (plan model ready, background)", 0, [o.ready_s for o in opens],
+                       informative=True)
+        out(
+            f"first paint: median {_fmt(first.median)} over {len(opens)} opens (first "
+            f"{_fmt(opens[0].first_paint_s)}); loaded {_fmt(loaded.median)}; "
+            f"plan ready {_fmt(ready.median)}; {first.ratio:.2f}x the 1 s target"
+        )
+        results += [first, loaded, ready]
+
+        # 3. toggles, in the open window.
+        rows = block_rows(window)
+        check = check_toggle(window, rows[len(rows) // 2])
+        toggles = measure_toggles(window, args.toggles)
+        toggle = Result("3. toggle -> redraw (1e6 events)", TOGGLE_S, toggles)
+        toggle.notes.append(
+            f"check: readout {check.readout_peak:,} B, ProjectionModel.peak "
+            f"{check.model_peak:,} B, exact project {check.exact_peak:,} B, incremental "
+            f"{check.incremental}, readout shows it {check.readout_shows_it}: "
+            f"{'OK' if check.ok else 'MISMATCH'}"
+        )
+        out(
+            f"toggle -> redraw: median {_fmt(toggle.median)} (p90 {_fmt(toggle.p90)}) over "
+            f"{len(toggles)} toggles of {len(rows)} blocks; {toggle.ratio:.2f}x the 50 ms target"
+        )
+        out("  " + toggle.notes[0])
+
+        # 4. PNG export of the same window.
+        export = Result("4. PNG export (1600x1000)", EXPORT_S, measure_export(window, tmp,
+                                                                            args.rounds))
+        out(
+            f"PNG export: median {_fmt(export.median)} over {args.rounds} exports; "
+            f"{export.ratio:.2f}x the 100 ms target"
+        )
+        close_window(window)
+        del window
+        gc.collect()
+
+    # 2. pan/zoom over M points.
+    t0 = time.perf_counter()
+    run = synthetic_run_data(args.points, args.blocks)
+    built = time.perf_counter() - t0
+    redraws = measure_redraws(run, passes=args.rounds)
+    del run
+    gc.collect()
+    redraw = Result(f"2. pan/zoom redraw ({redraws.points_in_view:.0e} pts)", REDRAW_S,
+                    redraws.seconds)
+    update = Result("   (of which: setXRange, no paint)", 0, redraws.update_seconds,
+                    informative=True)
+    paint = Result("   (of which: paint)", 0, redraws.paint_seconds, informative=True)
+    out(
+        f"pan/zoom: {redraws.points_in_view:,} points in view (run built in {built:.1f} s, "
+        f"set_run + first paint {_fmt(redraws.set_run_s)}), {redraws.drawn_zoomed_out:,} bins "
+        f"drawn per curve; median {_fmt(redraw.median)} (p90 {_fmt(redraw.p90)}) over "
+        f"{len(redraws.seconds)} redraws; {redraw.ratio:.2f}x the 16 ms target"
+    )
+    results[1:1] = []
+    results = [*results[:3], redraw, update, paint, *results[3:], toggle, export]
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    started = time.perf_counter()
+    results = run_benchmark(args)
+    print()
+    print(format_table(results))
+    for r in results:
+        for note in r.notes:
+            print(f"{r.name.strip()}: {note}")
+    print(f"machine: {machine_info()}")
+    print(f"benchmark took {time.perf_counter() - started:.0f} s")
+    missed = [r.name.strip() for r in results if not r.informative and not r.met]
+    print("all targets MET" if not missed else f"MISSED: {', '.join(missed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
