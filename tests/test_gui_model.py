@@ -207,3 +207,12 @@ def test_module_table_numbers(transformer: PlanSession) -> None:
         assert infos[row].forward_ns > 0
         cost = session.recompute_cost_ns(row)
         assert cost is not None and 0 < cost <= infos[row].forward_ns
+
+
+def test_loading_reports_progress() -> None:
+    seen: list[tuple[float, str]] = []
+    data = load_trace(SAMPLES / "transformer_compare.h5", lambda f, what: seen.append((f, what)))
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert any("memory_events" in what for _, what in seen)
+    assert [r.name for r in data.runs] == ["baseline", "checkpointed"]

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckview.cli.errors import CLIError
-from ckview.cli.project import _one_line, pick_run, read_plan
+from ckview.cli.project import read_plan
 
 if TYPE_CHECKING:
     from ckview.gui.report import PlanCurve
-    from ckview.gui.rundata import RunData, TraceData
+    from ckview.gui.rundata import Axis, RunData, TraceData
 
 OUTPUTS = (".png", ".svg", ".csv")
 MIN_WIDTH, MAX_WIDTH = 400, 10000
@@ -34,7 +34,9 @@ def add_parser(verbs: Any) -> None:
             "one PNG or SVG figure; optionally write the curves as CSV. Needs no display."
         ),
     )
-    p.add_argument("traces", type=Path, nargs="+", metavar="TRACE")
+    p.add_argument(
+        "traces", type=Path, nargs="+", metavar="TRACE", help="trace files from ckview record"
+    )
     p.add_argument(
         "--plan",
         dest="plans",
@@ -52,7 +54,9 @@ def add_parser(verbs: Any) -> None:
     )
     p.add_argument("--csv", type=Path, help="also write the curves to this CSV file")
     p.add_argument("--width", type=int, default=1600, help="figure width in pixels (default 1600)")
-    p.add_argument("--theme", choices=("light", "dark"), default="light")
+    p.add_argument(
+        "--theme", choices=("light", "dark"), default="light", help="colours (default light)"
+    )
     p.add_argument(
         "--x",
         dest="axis",
@@ -103,7 +107,12 @@ def _outputs(output: str, csv_path: Path | None) -> tuple[str | None, list[str]]
     csvs = [output] if ext == ".csv" else []
     if csv_path is not None:
         csvs.append(str(csv_path))
-    return (None if ext == ".csv" else output), csvs
+    figure = None if ext == ".csv" else output
+    for path in [figure, *csvs]:
+        folder = os.path.dirname(path or "") or "."
+        if not os.path.isdir(folder):
+            raise CLIError(f"cannot write {path}: no directory {folder}")
+    return figure, csvs
 
 
 def _count(items: list[Any], what: str) -> str:
@@ -139,7 +148,13 @@ def _project(trace: TraceData, sources: list[str]) -> list[PlanCurve]:
     from ckview.gui.planning import PlanSession
 
     names = [r.name for r in trace.runs]
-    base = trace.runs[names.index(pick_run(names, None, Path(trace.path)))]
+    wanted = "baseline" if "baseline" in names else "main"  # as ``ckview project`` picks
+    if wanted not in names:
+        raise CLIError(
+            f"{trace.path} has no 'baseline' or 'main' run to project the plans over; "
+            f"runs: {', '.join(names) or 'none'}"
+        )
+    base = trace.runs[names.index(wanted)]
     session = PlanSession(base)
     session.prepare()
     t = base.tables
@@ -161,7 +176,7 @@ def _render(
     plans: list[PlanCurve],
     traces: list[TraceData],
     args: argparse.Namespace,
-    axis: Any,
+    axis: Axis,
 ) -> tuple[int, int]:
     # Before the QApplication exists: the report must work with no display.
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -170,7 +185,8 @@ def _render(
     from ckview.gui.report import render_report
     from ckview.gui.style import THEMES
 
-    _app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(["ckview"])
+    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(["ckview"])
+    assert app is not None  # and referenced until the figure is saved
     try:
         return render_report(
             runs,
@@ -186,6 +202,10 @@ def _render(
         raise CLIError(f"cannot write {path}: {_one_line(exc)}") from None
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
 def _subtitle(traces: list[TraceData]) -> str:
     """Where and when each trace was recorded; one entry if all traces agree."""
     parts = [_recorded(t.meta) for t in traces]
@@ -198,4 +218,7 @@ def _subtitle(traces: list[TraceData]) -> str:
 
 def _recorded(meta: dict[str, Any]) -> str:
     start = str(meta.get("start_time", "")).replace("T", " ")[:16]
-    return f"{meta.get('device', '?')}, torch {meta.get('torch_version', '?')}, recorded {start}"
+    text = f"{meta.get('device', '?')}, torch {meta.get('torch_version', '?')}, recorded {start}"
+    if not meta.get("complete", True):
+        text += " (INCOMPLETE recording)"
+    return text

@@ -25,7 +25,12 @@ def peak_difference(run: RunData, reference: RunData) -> str:
     if run is reference or reference.peak.bytes == 0:
         return ""
     change = run.peak.bytes / reference.peak.bytes - 1
-    return f"{change:+.1%} vs {reference.name}".replace("-", "−")
+    return f"{change:+.1%} vs {_short_label(reference, run)}".replace("-", "−")
+
+
+def _short_label(reference: RunData, other: RunData) -> str:
+    """The reference's run name, with its file when the two come from different traces."""
+    return reference.name if reference.source == other.source else reference.label
 
 
 class CompareView(QWidget):
@@ -94,7 +99,7 @@ class CompareView(QWidget):
             rows.append(
                 f"<span style='color:{PROJECTION_COLOR}'>┅</span> plan over {over.label}: "
                 f"<b>{format_bytes(plan.peak_bytes)}</b> "
-                f"{change:+.1%} vs {ref.name}".replace("-", "−")
+                f"{change:+.1%} vs {_short_label(ref, over)}".replace("-", "−")
             )
         return " &nbsp;·&nbsp; ".join(rows)
 
@@ -125,17 +130,21 @@ class CompareView(QWidget):
             self._curves.append((plot, curves))
             self._mark_peak(plot, float(run.x(self.axis)[run.peak.point]), run.peak.bytes, tone)
         if self.outcome is not None:
-            plan, over = self.outcome
-            xs = (
-                over.x_of_time_ns(plan.time_ns) if self.axis is Axis.TIME else over.x_op[plan.point]
-            )
-            pen = pg.mkPen(PROJECTION_COLOR, width=2, style=Qt.PenStyle.DashLine)
-            name = f"plan over {over.name} ({format_bytes(plan.peak_bytes)})"
-            curves = EnvelopeCurves(plot, Envelope(xs, plan.total), [pen], z=30, names=[name])
-            self._curves.append((plot, curves))
-            peak_x = float(xs[int(plan.total.argmax())])
-            self._mark_peak(plot, peak_x, plan.peak_bytes, PROJECTION_COLOR)
+            self._add_projection(plot)
         self._fit(plot)
+
+    def _add_projection(self, plot: pg.PlotItem) -> None:
+        """The plan's projected total, dashed, with its peak."""
+        assert self.outcome is not None
+        plan, over = self.outcome
+        time_axis = self.axis is Axis.TIME
+        xs = over.x_of_time_ns(plan.time_ns) if time_axis else over.x_op[plan.point]
+        pen = pg.mkPen(PROJECTION_COLOR, width=2, style=Qt.PenStyle.DashLine)
+        name = f"plan over {over.name} ({format_bytes(plan.peak_bytes)})"
+        curves = EnvelopeCurves(plot, Envelope(xs, plan.total), [pen], z=30, names=[name])
+        self._curves.append((plot, curves))
+        peak_x = float(xs[int(plan.total.argmax())])
+        self._mark_peak(plot, peak_x, plan.peak_bytes, PROJECTION_COLOR)
 
     def _build_panels(self) -> None:
         first: pg.PlotItem | None = None
@@ -150,6 +159,8 @@ class CompareView(QWidget):
             self._curves.append((plot, EnvelopeCurves(plot, env, pens, brushes)))
             tone = RUN_COLORS[i % len(RUN_COLORS)]
             self._mark_peak(plot, float(run.x(self.axis)[run.peak.point]), run.peak.bytes, tone)
+            if self.outcome is not None and self.outcome[1] is run:
+                self._add_projection(plot)
             if first is None:
                 first = plot
             else:

@@ -68,7 +68,7 @@ class MainWindow(QMainWindow):
 
     loaded = pyqtSignal(object)  # TraceData, from the loading thread
     load_failed = pyqtSignal(str, str)  # path, one-line message
-    _progress = pyqtSignal(float, str)
+    _progress = pyqtSignal(float, str, str)  # fraction, path, what
 
     def __init__(self, theme: Theme = LIGHT, settings: QSettings | None = None) -> None:
         super().__init__()
@@ -103,6 +103,7 @@ class MainWindow(QMainWindow):
         self.run_box = QComboBox()
         self.run_box.setToolTip("The run shown on the timeline and planned over")
         self.run_box.setMinimumContentsLength(28)
+        self.run_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.run_box.currentIndexChanged.connect(self._on_run_chosen)
         self.status_run = QLabel()
         self.status_point = QLabel()
@@ -258,14 +259,16 @@ class MainWindow(QMainWindow):
         dialog.setCancelButton(None)
         dialog.setWindowTitle("ckview")
         dialog.setMinimumDuration(400)
-        dialog.setWindowModality(Qt.WindowModality.WindowModal)
+        # Not modal: a modal QProgressDialog.setValue runs the event loop, which can deliver
+        # `loaded` and delete the dialog inside its own setValue.
+        dialog.setWindowModality(Qt.WindowModality.NonModal)
         self._loading[path] = dialog
 
         def work() -> None:
             from ckview.trace.errors import TraceError
 
             try:
-                data = load_trace(path, lambda f, what: self._progress.emit(f, path))
+                data = load_trace(path, lambda f, what: self._progress.emit(f, path, what))
             except TraceError as exc:
                 self.load_failed.emit(path, str(exc))
             except OSError as exc:
@@ -275,9 +278,10 @@ class MainWindow(QMainWindow):
 
         threading.Thread(target=work, daemon=True).start()
 
-    def _on_progress(self, fraction: float, path: str) -> None:
+    def _on_progress(self, fraction: float, path: str, what: str) -> None:
         dialog = self._loading.get(path)
         if dialog is not None:
+            dialog.setLabelText(f"Loading {os.path.basename(path)}: {what}…")
             dialog.setValue(int(fraction * 100))
 
     def _finish_loading(self, path: str) -> None:

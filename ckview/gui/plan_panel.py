@@ -39,6 +39,13 @@ def _ms(ns: int | None) -> str:
     return "…" if ns is None else f"{ns / 1e6:.1f} ms"
 
 
+def _cost(session: PlanSession, row: int) -> str:
+    """Recompute cost of a module: '—' if it is never called (nothing to checkpoint)."""
+    if not session.modules[row].calls:
+        return "—"
+    return _ms(session.recompute_cost_ns(row))
+
+
 class ChainStrip(QWidget):
     """The chain of blocks: click a block to checkpoint its segment, a gap to cut or join
     segments (NOTE [ Chain strip ] in ``planning``)."""
@@ -237,7 +244,7 @@ class PlanPanel(QWidget):
         if session is not self.session:
             return
         for row, item in self._items.items():
-            item.setText(4, _ms(session.recompute_cost_ns(row)))
+            item.setText(4, _cost(session, row))
         self._refresh()
 
     def is_ready(self) -> bool:
@@ -348,8 +355,8 @@ class PlanPanel(QWidget):
                 item.setText(0, info.name)
                 item.setText(1, info.type)
                 item.setText(2, format_bytes(info.activation_bytes))
-                item.setText(3, _ms(info.forward_ns))
-                item.setText(4, _ms(session.recompute_cost_ns(info.row)))
+                item.setText(3, _ms(info.forward_ns) if info.calls else "—")
+                item.setText(4, _cost(session, info.row))
                 item.setToolTip(0, f"{info.path}: {info.calls} forward call(s)")
                 for column in (2, 3, 4):
                     item.setTextAlignment(column, Qt.AlignmentFlag.AlignRight)
@@ -404,7 +411,7 @@ def readout_html(outcome: PlanOutcome, regions: int) -> str:
             f"<b>Recorded peak {base}</b><br>Tick modules, click blocks or pick a preset "
             "to project a checkpoint plan."
         )
-    sign = "−" if outcome.saving_bytes >= 0 else "+"
+    sign = "−" if outcome.saving_bytes > 0 else "+" if outcome.saving_bytes < 0 else "±"
     return (
         f"<span style='font-size:13pt'><b>Projected peak {format_bytes(outcome.peak_bytes)}"
         f"</b></span> &nbsp; {sign}{format_bytes(abs(outcome.saving_bytes))} "

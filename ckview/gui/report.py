@@ -19,6 +19,7 @@ text rows take the height their (possibly wrapped) text needs.
 from __future__ import annotations
 
 import csv
+import html
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -31,7 +32,7 @@ import pyqtgraph as pg
 from pyqtgraph.Qt import QtCore, QtGui, QtWidgets
 
 from ckview.analysis import format_bytes
-from ckview.gui.axes import BytesAxis
+from ckview.gui.axes import BytesAxis, byte_ticks
 from ckview.gui.envelope import Envelope
 from ckview.gui.planning import PlanOutcome
 from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData, Span
@@ -215,10 +216,11 @@ def _build(
     text_w = width - MARGINS[0] - MARGINS[2]
     curves = _comparison_curves(runs, plans, axis)
     x_range = _x_range(runs, plans, axis)
-    comparison = _plot(theme, axis, text_w, show_x_label=True)
+    comparison = _plot(theme, axis, show_x_label=True)
     _fill_comparison(comparison, curves, x_range, width, theme)
-    y_max = max(float(r.timeline.total.max()) for r in runs) * 1.06
-    panels = [_plot(theme, axis, text_w, show_x_label=i == len(runs) - 1) for i in range(len(runs))]
+    # Headroom above the highest stack for the band names.
+    y_max = max(float(r.timeline.total.max()) for r in runs) * 1.14
+    panels = [_plot(theme, axis, show_x_label=i == len(runs) - 1) for i in range(len(runs))]
     for run, panel, name in zip(runs, panels, short_names(runs), strict=True):
         _fill_run(panel, run, name, x_range, y_max, width, theme, axis)
     lines = [(_LineSwatch(c.color, c.dashed), c.label) for c in curves]
@@ -274,6 +276,7 @@ def _font(px: int, *, bold: bool = False) -> QtGui.QFont:
 
 def _text(text: str, color: str, px: int, max_width: float, *, bold: bool = False) -> pg.LabelItem:
     """A left-aligned line of text, wrapped to ``max_width`` if longer."""
+    text = html.escape(text, quote=False)  # LabelItem takes HTML; file names are not
     label = pg.LabelItem(text, color=color, size=f"{px}px", bold=bold, justify="left")
     if label.itemRect().width() > max_width:
         label.item.setTextWidth(max_width)
@@ -287,9 +290,9 @@ def _fit(text: str, px: int, max_width: float, *, bold: bool = False) -> str:
     return str(metrics.elidedText(text, QtCore.Qt.TextElideMode.ElideRight, max_width))
 
 
-def _plot(theme: Theme, axis: Axis, text_w: float, *, show_x_label: bool) -> pg.PlotItem:
+def _plot(theme: Theme, axis: Axis, *, show_x_label: bool) -> pg.PlotItem:
     """An empty plot with the theme's axes: bytes on y, ``axis`` on x."""
-    plot = pg.PlotItem(axisItems={"left": BytesAxis(orientation="left")})
+    plot = pg.PlotItem(axisItems={"left": _BytesAxis(orientation="left")})
     plot.setMenuEnabled(False)
     plot.hideButtons()
     plot.showGrid(x=True, y=True, alpha=theme.grid_alpha)
@@ -299,18 +302,26 @@ def _plot(theme: Theme, axis: Axis, text_w: float, *, show_x_label: bool) -> pg.
         ax.setTextPen(pg.mkPen(theme.foreground))
         # Major ticks only: minor grid lines every few ms turn the background into a mesh.
         ax.setStyle(tickFont=_font(TEXT_PX), tickTextOffset=6, tickLength=-6, maxTickLevel=0)
+        ax.setZValue(-1)  # the grid it draws goes under the data
     plot.getAxis("left").setWidth(LEFT_AXIS_W)
     if show_x_label:
         plot.setLabel("bottom", axis.label, color=theme.foreground, **{"font-size": f"{TEXT_PX}px"})
     plot.vb.setMouseEnabled(False, False)
-    plot.setProperty("text_width", text_w)
     return plot
 
 
-def _set_title(plot: pg.PlotItem, text: str, theme: Theme, *, bold: bool) -> None:
-    width = float(plot.property("text_width")) - LEFT_AXIS_W
+class _BytesAxis(BytesAxis):
+    """``BytesAxis`` with a tick every ~32 px instead of ~45: a 180 px run panel gets 3 or 4
+    labelled values, not 1."""
+
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[Any]:
+        return [(0, byte_ticks(minVal, maxVal, max(2, int(size / 32))))]
+
+
+def _set_title(plot: pg.PlotItem, text: str, theme: Theme, width: int, *, bold: bool) -> None:
+    """A plot's title, elided to the width of its data area (``width``: the figure's)."""
     plot.setTitle(
-        _fit(text, PANEL_TITLE_PX, width, bold=bold),
+        html.escape(_fit(text, PANEL_TITLE_PX, _plot_pixels(width), bold=bold), quote=False),
         color=theme.foreground,
         size=f"{PANEL_TITLE_PX}px",
         bold=bold,
@@ -388,7 +399,7 @@ def _fill_comparison(
     title = "Total live memory"
     title += ", runs aligned at their start" if solid > 1 else ""
     title += " (dashed: projected)" if solid < len(curves) else ""
-    _set_title(plot, title, theme, bold=True)
+    _set_title(plot, title, theme, width, bold=True)
     top = max((float(c.y.max()) for c in curves if c.y.size), default=1.0)
     _set_ranges(plot, x_range, max(top, 1.0) * 1.18)  # headroom for the peak labels
     # Dashed projections under the solid runs, so a measured curve is never hidden.
@@ -486,6 +497,7 @@ def _fill_run(
         f"{name}: live memory by category; peak {format_bytes(run.peak.bytes)} at {where} "
         f"({phase})",
         theme,
+        width,
         bold=False,
     )
     _set_ranges(plot, x_range, y_max)
@@ -500,17 +512,24 @@ def _fill_run(
     # Top layer first: each cumulative layer fills down to 0 over the ones above it.
     for k in reversed(range(len(STACK_ORDER))):
         color = CATEGORY_COLORS[STACK_ORDER[k]]
-        layer = pg.PlotCurveItem(
-            seen.x,
-            seen.y[k],
-            stepMode="right",
-            fillLevel=0,
-            brush=pg.mkBrush(color),
-            pen=pg.mkPen(QtGui.QColor(color).darker(115), width=1),
-        )
-        plot.addItem(layer)
+        plot.addItem(_step_area(seen.x, seen.y[k], color), ignoreBounds=True)
     line = pg.InfiniteLine(peak_x, angle=90, pen=pg.mkPen(PEAK_COLOR, width=1.5, dash=[4, 3]))
     plot.addItem(line, ignoreBounds=True)
+
+
+def _step_area(x: np.ndarray, y: np.ndarray, color: str) -> QtWidgets.QGraphicsPathItem:
+    """The area under a step curve (each value holds until the next x) as ONE filled path.
+
+    Not ``PlotCurveItem(fillLevel=0)``: it fills in chunks of 50 points, whose antialiased
+    seams show as pale vertical lines and multiply the shapes of an SVG."""
+    xs = np.concatenate([np.repeat(x, 2)[1:], [x[-1], x[0]]])
+    ys = np.concatenate([np.repeat(y, 2)[:-1], [0.0, 0.0]])
+    path = pg.arrayToQPath(xs, ys, connect="all")
+    path.closeSubpath()
+    area = QtWidgets.QGraphicsPathItem(path)
+    area.setBrush(pg.mkBrush(color))
+    area.setPen(pg.mkPen(QtGui.QColor(color).darker(115), width=1))  # cosmetic: 1 px at any zoom
+    return area
 
 
 def _tint(theme: Theme, kind: Phase) -> str:
@@ -625,6 +644,7 @@ def _legend(
         for i, ((swatch, _), label) in enumerate(zip(group, group_labels, strict=True)):
             r, c = divmod(i, columns)
             grid.addItem(swatch, row=row + r, col=2 * c)
+            grid.layout.setAlignment(swatch, QtCore.Qt.AlignmentFlag.AlignVCenter)
             grid.addItem(label, row=row + r, col=2 * c + 1)
         row += -(-len(group) // columns)
     for c in range(columns):

@@ -239,10 +239,13 @@ def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -
         strings = list(trace.strings)
         meta = _meta_dict(trace.meta)
         runs = []
+        steps = max(len(names), 1) * (len(RUN_TABLES) + 1)
         for i, name in enumerate(names):
-            report(i / max(len(names), 1), f"reading run {name!r}")
-            tables: dict[str, Any] = {t: trace.run(name).table(t).read() for t in RUN_TABLES}
-            tables["modules"], tables["strings"] = modules, strings
+            tables: dict[str, Any] = {"modules": modules, "strings": strings}
+            for j, table in enumerate(RUN_TABLES):
+                report((i * (len(RUN_TABLES) + 1) + j) / steps, f"run {name!r}: {table}")
+                tables[table] = trace.run(name).table(table).read()
+            report((i + 1) * (len(RUN_TABLES) + 1) / steps - 0.5 / steps, f"run {name!r}: curves")
             runs.append(run_data(path, name, tables))
     report(1.0, "done")
     return TraceData(path=path, meta=meta, runs=runs)

@@ -236,6 +236,8 @@ class TimelineView(QWidget):
 
     def _draw_bands(self, run: RunData) -> None:
         top = self._y_top()
+        xs = run.x(self.axis)
+        min_label_width = (float(xs[-1]) - float(xs[0])) / 25  # narrower bands go unlabelled
         for span in run.phases:
             x0, x1 = span.x_range(self.axis)
             band = pg.LinearRegionItem(
@@ -245,10 +247,12 @@ class TimelineView(QWidget):
                 pen=pg.mkPen(None),
             )
             band.setZValue(-20)
-            label = pg.TextItem(span.label, color=self.theme.foreground, anchor=(0, 0))
-            label.setFont(_font(9))
-            label.setPos(x0, top)
-            self._add_decor(band, label)
+            self._add_decor(band)
+            if x1 - x0 >= min_label_width:
+                label = pg.TextItem(span.label, color=self.theme.foreground, anchor=(0, 0))
+                label.setFont(_font(9))
+                label.setPos(x0, top)
+                self._add_decor(label)
         for span in run.recomputes:
             x0, x1 = span.x_range(self.axis)
             brush = QBrush(color(self.theme.recompute_tint), Qt.BrushStyle.BDiagPattern)
@@ -264,7 +268,10 @@ class TimelineView(QWidget):
         )
         dot.setZValue(50)
         label = pg.TextItem(
-            f"peak {format_bytes(run.peak.bytes)}", color=PEAK_COLOR, anchor=(0.5, 1.2)
+            f"peak {format_bytes(run.peak.bytes)}",
+            color=PEAK_COLOR,
+            anchor=(0.5, 1.2),
+            fill=pg.mkBrush(color(self.theme.background, 200)),
         )
         label.setFont(_font(10, bold=True))
         label.setPos(x, run.peak.bytes)
@@ -302,6 +309,7 @@ class TimelineView(QWidget):
             f"projected {format_bytes(outcome.peak_bytes)}",
             color=PROJECTION_COLOR,
             anchor=(0.5, -0.3),
+            fill=pg.mkBrush(color(self.theme.background, 200)),
         )
         label.setFont(_font(10, bold=True))
         label.setPos(float(xs[peak_at]), outcome.peak_bytes)

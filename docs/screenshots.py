@@ -1,0 +1,84 @@
+"""Take the explorer screenshots shown in the README, offscreen, from the real app.
+
+    QT_QPA_PLATFORM=offscreen python docs/screenshots.py
+
+Writes docs/images/explorer-*.png from the sample traces.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PyQt6.QtCore import QSettings  # noqa: E402
+from PyQt6.QtWidgets import QApplication  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_traces"
+OUT = ROOT / "docs" / "images"
+
+
+def main() -> int:
+    app = QApplication(sys.argv[:1])
+    from ckview.gui.main_window import MainWindow
+    from ckview.gui.style import DARK
+
+    def window(*traces: str) -> MainWindow:
+        settings = QSettings(tempfile.mktemp(suffix=".ini"), QSettings.Format.IniFormat)
+        w = MainWindow(settings=settings)
+        w.resize(1600, 1000)
+        w.show()
+        w.open_paths([str(SAMPLES / t) for t in traces])
+        settle(lambda: len(w.traces) == len(traces) and w.plan.is_ready())
+        return w
+
+    def settle(done: object = None, timeout: float = 30.0) -> None:
+        end = time.time() + timeout
+        while time.time() < end and not (done() if callable(done) else True):
+            app.processEvents()
+            time.sleep(0.01)
+        for _ in range(5):
+            app.processEvents()
+
+    def save(w: MainWindow, name: str) -> None:
+        settle()
+        w.grab().save(str(OUT / name))
+        print(f"wrote docs/images/{name}")
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    w = window("transformer_compare.h5")
+    w.plan.apply_preset("sqrt")
+    w.timeline.select_point(w.runs()[0].peak.point)
+    save(w, "explorer-timeline.png")
+
+    w = window("gpt2_compare.h5")
+    w.plan.budget.setText("60%")
+    w.plan.plan_for_budget()
+    settle(lambda: w.plan.plan_button.isEnabled())
+    w.timeline.jump_to_peak()
+    save(w, "explorer-plan.png")
+
+    w = window("transformer_compare.h5")
+    w.plan.apply_preset("all")
+    w.tabs.setCurrentIndex(1)
+    save(w, "explorer-compare.png")
+
+    w = window("cnn.h5", "mlp.h5")
+    w.set_theme(DARK)
+    w.plan.toggle_block(1)
+    w.plan.toggle_boundary(2)
+    w.side_action.setChecked(True)
+    w.tabs.setCurrentIndex(1)
+    save(w, "explorer-dark-side-by-side.png")
+    w.tabs.setCurrentIndex(0)
+    save(w, "explorer-dark-segments.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
