@@ -166,7 +166,9 @@ def test_svg_is_vector_xml(tmp_path: Path) -> None:
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     assert root.get("viewBox", "").split()[2] == "1600"
     paths = root.findall(".//{http://www.w3.org/2000/svg}path")
-    assert len(paths) > 50
+    assert len(paths) >= 2 * 7  # one filled path per category per run, at least
+    assert sum(len(p.get("d", "")) for p in paths) > 20_000  # the curves, not just boxes
+    assert root.find(".//{http://www.w3.org/2000/svg}image") is None  # all vector
     texts = "".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
     assert "baseline" in texts and "checkpointed" in texts
     assert stdout.startswith(f"wrote {out} (1600x")
@@ -254,6 +256,16 @@ def test_errors_are_one_line(run_cli: Any, tmp_path: Path, argv: list[str], mess
     assert message in lines[0]
     assert "Traceback" not in err
     assert not list(tmp_path.glob("r.*"))
+
+
+def test_damaged_trace_is_one_line(run_cli: Any, tmp_path: Path) -> None:
+    data = (SAMPLES / "mlp.h5").read_bytes()
+    quarter = len(data) // 4
+    damaged = tmp_path / "damaged.h5"
+    damaged.write_bytes(data[:quarter] + bytes(2 * quarter) + data[3 * quarter :])
+    code, _, err = run_cli("export", str(damaged), "-o", str(tmp_path / "r.png"))
+    assert code == 2
+    assert err.startswith("ckview: error: ") and err.count("\n") == 1, err
 
 
 def test_export_never_imports_torch_and_needs_no_display(tmp_path: Path) -> None:

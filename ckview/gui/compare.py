@@ -120,7 +120,7 @@ class CompareView(QWidget):
 
     def _build_overlay(self) -> None:
         plot = self._new_plot(0)
-        legend = plot.addLegend(offset=(10, 10), labelTextSize="9pt")
+        legend = plot.addLegend(offset=(-10, 10), labelTextSize="9pt")
         legend.setLabelTextColor(self.theme.foreground)
         for i, run in enumerate(self.runs):
             tone = RUN_COLORS[i % len(RUN_COLORS)]

@@ -4,7 +4,6 @@ comparison, with menus, shortcuts, recent files, drag and drop and a status bar.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 
 from PyQt6.QtCore import QSettings, Qt, pyqtSignal
@@ -36,6 +35,7 @@ from PyQt6.QtWidgets import (
 
 from ckview import __version__
 from ckview.analysis import format_bytes
+from ckview.gui.background import in_background
 from ckview.gui.compare import CompareView
 from ckview.gui.inspector import Inspector
 from ckview.gui.plan_panel import PlanPanel
@@ -264,19 +264,23 @@ class MainWindow(QMainWindow):
         dialog.setWindowModality(Qt.WindowModality.NonModal)
         self._loading[path] = dialog
 
-        def work() -> None:
-            from ckview.trace.errors import TraceError
+        def report(fraction: float, what: str) -> None:
+            self._progress.emit(fraction, path, what)
 
-            try:
-                data = load_trace(path, lambda f, what: self._progress.emit(f, path, what))
-            except TraceError as exc:
-                self.load_failed.emit(path, str(exc))
-            except OSError as exc:
-                self.load_failed.emit(path, f"cannot read {path}: {exc.strerror or exc}")
-            else:
-                self.loaded.emit(data)
+        in_background(lambda: load_trace(path, report), lambda r: self._loaded(path, r))
 
-        threading.Thread(target=work, daemon=True).start()
+    def _loaded(self, path: str, result: TraceData | Exception) -> None:
+        """On the loading thread: hand the trace, or a one-line error, to the UI thread."""
+        from ckview.trace.errors import TraceError
+
+        if isinstance(result, TraceData):
+            self.loaded.emit(result)
+        elif isinstance(result, TraceError):
+            self.load_failed.emit(path, str(result))
+        elif isinstance(result, OSError):
+            self.load_failed.emit(path, f"cannot read {path}: {result.strerror or result}")
+        else:
+            self.load_failed.emit(path, f"cannot show {path}: {type(result).__name__}: {result}")
 
     def _on_progress(self, fraction: float, path: str, what: str) -> None:
         dialog = self._loading.get(path)

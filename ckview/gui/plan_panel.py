@@ -8,10 +8,6 @@ thread; until it is ready the exact projection answers.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import Any
-
 from PyQt6.QtCore import QPoint, QRect, QSize, Qt, pyqtSignal
 from PyQt6.QtGui import QColor, QMouseEvent, QPainter, QPaintEvent, QPen
 from PyQt6.QtWidgets import (
@@ -29,6 +25,7 @@ from PyQt6.QtWidgets import (
 )
 
 from ckview.analysis import ModuleRegion, PlannerResult, format_bytes, parse_bytes
+from ckview.gui.background import in_background
 from ckview.gui.planning import PlanOutcome, PlanSession
 from ckview.gui.style import PROJECTION_COLOR
 
@@ -231,16 +228,12 @@ class PlanPanel(QWidget):
             self.readout.setText("Open a trace to plan checkpointing.")
             return
         self._refresh()
-        self._in_background(session.prepare, lambda: self._ready.emit(session))
+        in_background(lambda: _prepared(session), self._ready.emit)
 
-    def _in_background(self, work: Callable[[], Any], done: Callable[[], None]) -> None:
-        def run() -> None:
-            work()
-            done()
-
-        threading.Thread(target=run, daemon=True).start()
-
-    def _on_ready(self, session: PlanSession) -> None:
+    def _on_ready(self, session: PlanSession | Exception) -> None:
+        if isinstance(session, Exception):
+            self.error.emit(f"cannot project plans on this run: {session}")
+            return
         if session is not self.session:
             return
         for row, item in self._items.items():
@@ -300,18 +293,11 @@ class PlanPanel(QWidget):
         self.plan_button.setEnabled(False)
         self.message.emit(f"planning for {format_bytes(budget)}…")
 
-        def work() -> None:
-            try:
-                result: object = session.planner().for_budget(budget)
-            except ValueError as exc:
-                result = str(exc)
-            self._planned.emit(result)
+        in_background(lambda: session.planner().for_budget(budget), self._planned.emit)
 
-        threading.Thread(target=work, daemon=True).start()
-
-    def _on_planned(self, result: PlannerResult | str) -> None:
+    def _on_planned(self, result: PlannerResult | Exception) -> None:
         self.plan_button.setEnabled(True)
-        if isinstance(result, str):
+        if isinstance(result, Exception):
             self.error.emit(f"planner: {result}")
             return
         assert self.session is not None
@@ -401,6 +387,11 @@ class PlanPanel(QWidget):
         self.strip.update()
         self.readout.setText(readout_html(outcome, len(session.selection)))
         self.outcomeChanged.emit(outcome if session.selection else None)
+
+
+def _prepared(session: PlanSession) -> PlanSession:
+    session.prepare()
+    return session
 
 
 def readout_html(outcome: PlanOutcome, regions: int) -> str:
