@@ -29,7 +29,7 @@ from ckview.analysis import (
     memory_timeline,
     module_paths,
 )
-from ckview.trace.schema import RUN_TABLES, Category, Phase
+from ckview.trace.schema import CATEGORY_PRIORITY, RUN_TABLES, Category, Phase
 
 Progress = Callable[[float, str], None]
 """``progress(fraction, what)``: called while a trace loads (fraction in [0, 1])."""
@@ -43,16 +43,9 @@ CATEGORY_LABELS: dict[Category, str] = {
     Category.INPUT: "inputs",
     Category.OTHER: "other",
 }
-STACK_ORDER: tuple[Category, ...] = (
-    Category.PARAMETER,
-    Category.GRADIENT,
-    Category.OPTIMIZER_STATE,
-    Category.INPUT,
-    Category.ACTIVATION,
-    Category.TEMPORARY,
-    Category.OTHER,
-)
-"""Bottom to top: what stays all step at the bottom, what comes and goes on top."""
+STACK_ORDER: tuple[Category, ...] = CATEGORY_PRIORITY
+"""Bottom to top: what stays all step at the bottom (parameters, gradients, optimizer state,
+inputs), what comes and goes on top; the order that also settles a storage's category."""
 
 SHOWN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER)
 
