@@ -334,21 +334,29 @@ class FirstPaint:
 
 
 class PaintDone:
-    """Calls ``callback()`` at the end of every paint of a ``QGraphicsView`` (after its items
-    are drawn: from ``drawForeground``, the last step of ``QGraphicsView.paintEvent``)."""
+    """Calls ``callback()`` at the end of every paint of a ``QGraphicsView``'s items: through
+    an invisible item over the whole scene, above every other item, so painted last."""
 
     def __init__(self, view: Any, callback: Callable[[], None]) -> None:
-        self.view = view
-        default = type(view).drawForeground
+        from PyQt6.QtCore import QRectF
+        from PyQt6.QtWidgets import QGraphicsItem
 
-        def draw_foreground(painter: Any, rect: Any) -> None:
-            default(view, painter, rect)
-            callback()
+        everywhere = QRectF(-1e7, -1e7, 2e7, 2e7)
 
-        view.drawForeground = draw_foreground  # sip calls an instance's override too
+        class _Last(QGraphicsItem):
+            def boundingRect(self) -> QRectF:
+                return everywhere
+
+            def paint(self, painter: Any, option: Any, widget: Any = None) -> None:
+                callback()
+
+        self.scene = view.scene()
+        self.item = _Last()
+        self.item.setZValue(1e12)
+        self.scene.addItem(self.item)
 
     def remove(self) -> None:
-        del self.view.drawForeground
+        self.scene.removeItem(self.item)
 
 
 def open_to_first_paint(window: MainWindow, path: str) -> FirstPaint:

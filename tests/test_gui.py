@@ -56,7 +56,9 @@ def readout_peak(w: MainWindow) -> str:
 
 
 def test_open_shows_runs_timeline_and_peak(qtbot: QtBot, window: MainWindow) -> None:
-    open_traces(qtbot, window, "transformer_compare.h5")
+    with qtbot.waitSignals([window._progress, window.loaded], timeout=20000):
+        window.open_paths([str(SAMPLES / "transformer_compare.h5")])
+    qtbot.waitUntil(window.plan.is_ready, timeout=20000)
     assert [window.run_box.itemText(i).split("  ")[0] for i in range(window.run_box.count())] == [
         "transformer_compare.h5 · baseline",
         "transformer_compare.h5 · checkpointed",
@@ -305,3 +307,19 @@ def test_view_command_errors(run_cli: object, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(sys, "platform", "linux")
     code, _, err = run_cli(str(SAMPLES / "mlp.h5"))  # type: ignore[operator]
     assert code == 2 and "no display" in err and "ckview export" in err
+
+
+def test_a_bug_in_a_slot_opens_a_dialog(
+    window: MainWindow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The app's excepthook: traceback on stderr, a dialog, the window lives on."""
+    from ckview.gui.app import error_hook
+
+    try:
+        raise IndexError("index 0 is out of bounds")
+    except IndexError as exc:
+        error_hook(window)(IndexError, exc, exc.__traceback__)
+    assert window.last_error is not None
+    assert window.last_error.startswith("unexpected error: IndexError: index 0")
+    assert "Traceback" in capsys.readouterr().err
+    assert window.isVisible()

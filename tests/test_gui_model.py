@@ -216,3 +216,20 @@ def test_loading_reports_progress() -> None:
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
     assert any("memory_events" in what for _, what in seen)
     assert [r.name for r in data.runs] == ["baseline", "checkpointed"]
+
+
+def test_a_run_without_ops_shows_and_projects(cnn: PlanSession) -> None:
+    """A recording stopped before the first op: only pre-existing storages. The explorer still
+    shows it and every plan projects to its (flat) baseline."""
+    from ckview.gui.rundata import run_data
+
+    t = dict(cnn.run.tables)
+    for name in ("memory_events", "ops", "module_calls", "module_io", "saved_events", "steps"):
+        t[name] = {k: v[:0] for k, v in t[name].items()}
+    old = np.asarray(t["storages"]["op"]) < 0
+    t["storages"] = {k: v[old] for k, v in t["storages"].items()}
+    run = run_data("empty.h5", "main", t)
+    assert run.n_events == 0 and run.phases == []
+    session = PlanSession(run)
+    session.apply_preset("all")
+    assert session.outcome().peak_bytes == run.peak.bytes

@@ -407,7 +407,9 @@ def _created_inside(tables: RunTables, inst: RegionInstances) -> tuple[np.ndarra
     fixed categories (NOTE [ Fixed categories ])."""
     storages, ops = tables["storages"], tables["ops"]
     op = np.asarray(storages["op"], dtype=np.int64)
-    forward = (op >= 0) & (np.asarray(ops["phase"])[np.maximum(op, 0)] == Phase.FORWARD)
+    forward = np.zeros(op.shape, dtype=bool)
+    made = np.flatnonzero(op >= 0)  # a run without ops has no storage made by one
+    forward[made] = np.asarray(ops["phase"])[op[made]] == Phase.FORWARD
     movable = forward & ~np.isin(np.asarray(storages["category"]), _FIXED)
     return _calls_in(storages["module_call"], movable, inst)
 

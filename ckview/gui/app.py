@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ckview.gui.main_window import MainWindow
+
+ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], None]
 
 
 def run(paths: Sequence[str], theme: str | None = None, axis: str | None = None) -> int:
@@ -20,6 +28,7 @@ def run(paths: Sequence[str], theme: str | None = None, axis: str | None = None)
     app.setApplicationName("ckview")
     app.setOrganizationName("ckview")
     window = MainWindow()
+    sys.excepthook = error_hook(window)
     saved = str(window.settings.value("theme", LIGHT.name))
     window.set_theme(THEMES.get(theme or saved, LIGHT))
     if axis is not None:
@@ -27,3 +36,17 @@ def run(paths: Sequence[str], theme: str | None = None, axis: str | None = None)
     window.show()
     window.open_paths(paths)
     return int(app.exec())
+
+
+def error_hook(window: MainWindow) -> ExceptHook:
+    """An excepthook for the event loop: a bug in a slot prints its traceback and opens an
+    error dialog instead of aborting the app (PyQt6's default for unhandled exceptions)."""
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        traceback.print_exception(kind, value, tb)
+        window.show_error(
+            f"unexpected error: {kind.__name__}: {value} (the traceback is on the terminal; "
+            "please report it)"
+        )
+
+    return hook
