@@ -15,8 +15,8 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PyQt6.QtCore import QSettings  # noqa: E402
-from PyQt6.QtWidgets import QApplication  # noqa: E402
+from PyQt6.QtCore import QSettings
+from PyQt6.QtWidgets import QApplication
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
@@ -75,8 +75,6 @@ def main() -> int:
     w.side_action.setChecked(True)
     w.tabs.setCurrentIndex(1)
     save(w, "explorer-dark-side-by-side.png")
-    w.tabs.setCurrentIndex(0)
-    save(w, "explorer-dark-segments.png")
     return 0
 
 

@@ -39,6 +39,9 @@ def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
     qtbot.addWidget(w)
     w.resize(1400, 900)
     w.show()
+    # Shortcuts (Qt.WindowShortcut) fire only in the active window.
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow)
     yield w
     w.set_theme(LIGHT)
 

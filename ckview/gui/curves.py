@@ -25,6 +25,15 @@ def color(hex_color: str, alpha: int | None = None) -> QColor:
     return c
 
 
+class _StepCurve(pg.PlotCurveItem):
+    """A ``PlotCurveItem`` that fills with one path. pyqtgraph (0.13.4+) cuts a fill into
+    50-point pieces, one ``QPainter.fillPath`` each: on Qt's raster engine the hundreds of
+    calls per paint of a few thousand step points cost more than the pixels."""
+
+    def _shouldUseFillPathList(self) -> bool:
+        return False
+
+
 class EnvelopeCurves:
     """The curves of one envelope on one plot, as filled areas or lines."""
 
@@ -46,7 +55,7 @@ class EnvelopeCurves:
         labels = names or [None] * k
         self.items: list[pg.PlotCurveItem] = []
         for i in range(k):
-            item = pg.PlotCurveItem(
+            item = _StepCurve(
                 x=np.zeros(1),
                 y=np.zeros(0),
                 pen=pens[i] if pens[i] is not None else pg.mkPen(None),
@@ -70,6 +79,12 @@ class EnvelopeCurves:
         for item, y in zip(self.items, vis.y, strict=True):
             item.setData(vis.edges, y)
         return int(vis.x.size)
+
+    def set_envelope(self, envelope: Envelope) -> None:
+        """Draw another envelope of as many curves with the same items (call ``update``)."""
+        if envelope.levels_y[0].shape[0] != len(self.items):
+            raise ValueError("the new envelope has another number of curves")
+        self.envelope = envelope
 
     def remove(self) -> None:
         for item in self.items:

@@ -14,6 +14,7 @@ NOTE [ Max envelope ]
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,38 +42,69 @@ class Visible:
 class Envelope:
     """Max-envelope pyramid over curves that share one non-decreasing x (NOTE [ Max envelope ])."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, *, smallest: int = 512) -> None:
+    def __init__(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        smallest: int = 512,
+        x_offset: int = 0,
+        x_divisor: float = 1.0,
+    ) -> None:
         """``x``: (n,) non-decreasing; ``y``: (k, n) or (n,) values. Levels stop once a level
-        has at most ``smallest`` bins."""
-        ys = np.atleast_2d(np.asarray(y, dtype=np.float64))
-        xs = np.asarray(x, dtype=np.float64)
+        has at most ``smallest`` bins. ``x`` and ``y`` keep their dtypes (an int64 curve of
+        1e6 points is not copied to float64 on every toggle); the x shown, which ``visible``
+        takes and returns, is ``(x - x_offset) / x_divisor`` (ns to ms: ``t0, 1e6``)."""
+        ys = np.atleast_2d(np.asarray(y))
+        xs = np.asarray(x)
         if ys.shape[1] != xs.shape[0]:
             raise ValueError(f"x has {xs.shape[0]} points but y has {ys.shape[1]}")
+        self.x_offset, self.x_divisor = x_offset, x_divisor
         self.levels_x = [xs]
         self.levels_y = [ys]
         while self.levels_x[-1].size > smallest:
             px, py = self.levels_x[-1], self.levels_y[-1]
             self.levels_x.append(px[::FACTOR])
-            self.levels_y.append(np.maximum.reduceat(py, np.arange(0, px.size, FACTOR), axis=1))
+            self.levels_y.append(_bin_max(py))
 
     @property
     def n(self) -> int:
         return int(self.levels_x[0].size)
 
+    def shown(self, x: np.ndarray) -> np.ndarray:
+        """Stored x as shown (float64)."""
+        out = np.array(x, dtype=np.float64)
+        if self.x_offset or self.x_divisor != 1.0:
+            out -= self.x_offset
+            out /= self.x_divisor
+        return out
+
     @property
     def x_range(self) -> tuple[float, float]:
         x = self.levels_x[0]
-        return (float(x[0]), float(x[-1])) if x.size else (0.0, 0.0)
+        if not x.size:
+            return (0.0, 0.0)
+        ends = self.shown(x[[0, -1]])
+        return float(ends[0]), float(ends[1])
+
+    def _stored(self, x: float, up: bool) -> float | int:
+        """A shown x as a query on the stored x (an int rounded ``up`` or down for integer
+        x, so ``searchsorted`` does not convert the whole level to float)."""
+        value = x * self.x_divisor + self.x_offset
+        if self.levels_x[0].dtype.kind in "iu":
+            return math.ceil(value) if up else math.floor(value)
+        return value
 
     def visible(self, x0: float, x1: float, pixels: int, per_pixel: float = 2.0) -> Visible:
         """The bins covering ``[x0, x1]`` at the finest level with at most ``per_pixel`` bins
         per pixel, plus one bin either side so steps run to the edges."""
         x = self.levels_x[0]
         if x.size == 0:
-            return Visible(np.zeros(1), self.levels_y[0], 0)
+            return Visible(np.zeros(1), self.levels_y[0].astype(np.float64), 0)
         # From the point holding the value at x0 to the last point at or before x1.
-        first = max(int(np.searchsorted(x, x0, side="left")) - 1, 0)
-        stop = max(min(int(np.searchsorted(x, x1, side="right")), x.size), first + 1)
+        first = max(int(np.searchsorted(x, self._stored(x0, True), side="left")) - 1, 0)
+        last = int(np.searchsorted(x, self._stored(x1, False), side="right"))
+        stop = max(min(last, x.size), first + 1)
         budget = max(int(pixels * per_pixel), 2)
         level = 0
         while level + 1 < len(self.levels_x) and (stop - first) / FACTOR**level > budget:
@@ -81,4 +113,21 @@ class Envelope:
         a, b = first // scale, -(-stop // scale)
         xs = self.levels_x[level]
         end = xs[b] if b < xs.size else x[-1]
-        return Visible(np.append(xs[a:b], end), self.levels_y[level][:, a:b], level)
+        edges = self.shown(np.append(xs[a:b], end))
+        return Visible(edges, self.levels_y[level][:, a:b].astype(np.float64), level)
+
+
+def _bin_max(y: np.ndarray) -> np.ndarray:
+    """(k, ceil(n / FACTOR)): the maximum of every FACTOR consecutive columns of ``y`` (k, n),
+    the last bin holding what is left; what ``np.maximum.reduceat`` gives, several times
+    faster: an element-wise maximum of the FACTOR strided slices of the whole bins."""
+    k, n = y.shape
+    whole = n // FACTOR
+    out = np.empty((k, -(-n // FACTOR)), dtype=y.dtype)
+    head = out[:, :whole]
+    np.maximum(y[:, 0 : whole * FACTOR : FACTOR], y[:, 1 : whole * FACTOR : FACTOR], out=head)
+    for i in range(2, FACTOR):
+        np.maximum(head, y[:, i : whole * FACTOR : FACTOR], out=head)
+    if whole < out.shape[1]:
+        out[:, whole] = y[:, whole * FACTOR :].max(axis=1)
+    return out

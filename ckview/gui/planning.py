@@ -322,9 +322,29 @@ class PlanSession:
     def outcome(self) -> PlanOutcome:
         """The projection of the current selection."""
         regions = self.regions()
+        if not regions:
+            return self._recorded()
         if self.model is not None and all(r in self.index for r in regions):
             return self._incremental([self.index[r] for r in regions])
         return self._exact(regions)
+
+    def _recorded(self) -> PlanOutcome:
+        """Nothing checkpointed: the recorded run, what ``project`` of no region gives, without
+        projecting (an exact projection of a 1e6-event run takes ~0.4 s of the UI thread)."""
+        timeline, peak = self.run.timeline, self.run.peak
+        return PlanOutcome(
+            peak_bytes=peak.bytes,
+            baseline_peak_bytes=peak.bytes,
+            extra_compute_ns=0,
+            step_ns=self.step_ns,
+            time_ns=timeline.time_ns,
+            point=np.arange(len(timeline.total)),
+            total=timeline.total,
+            peak_time_ns=peak.time_ns,
+            peak_point=peak.point,
+            recomputes=(),
+            incremental=True,
+        )
 
     def _incremental(self, chosen: list[int]) -> PlanOutcome:
         model = self.model

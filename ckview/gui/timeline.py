@@ -19,6 +19,7 @@ from ckview.gui.envelope import Envelope
 from ckview.gui.planning import PlanOutcome
 from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData
 from ckview.gui.style import CATEGORY_COLORS, LIGHT, PEAK_COLOR, PROJECTION_COLOR, Theme
+from ckview.trace.schema import Category
 
 MAX_MARK_LABELS = 24
 """Recompute marks beyond this many are drawn without labels (they would overlap)."""
@@ -44,6 +45,8 @@ class TimelineView(QWidget):
         self._overview_curve: EnvelopeCurves | None = None
         self._decor: list[pg.GraphicsObject] = []
         self._plan_decor: list[pg.GraphicsObject] = []
+        self._marks: dict[tuple[float, str | None, str], pg.InfiniteLine] = {}
+        """Recompute marks drawn, by (x, label, tooltip): kept from one outcome to the next."""
 
         self.main = pg.PlotWidget(axisItems={"left": BytesAxis(orientation="left")})
         self.overview = pg.PlotWidget(axisItems={"left": BytesAxis(orientation="left")})
@@ -53,6 +56,9 @@ class TimelineView(QWidget):
             w.getPlotItem().hideButtons()
             w.getPlotItem().setMenuEnabled(False)
         self.overview.setMouseEnabled(x=False, y=False)
+        # Major time ticks only: Qt's raster engine draws a line at ~0.1 us a pixel, and the
+        # minor and sub-minor levels add ~90 grid lines across the plot (~10 ms a paint).
+        self.main.getPlotItem().getAxis("bottom").setStyle(maxTickLevel=0)
         self.main.getPlotItem().addLegend(offset=(10, 10), labelTextSize="9pt")
         self.region = pg.LinearRegionItem(swapMode="sort")
         self.region.setZValue(10)
@@ -178,11 +184,15 @@ class TimelineView(QWidget):
         view = self.main.getPlotItem().getViewBox().viewRange()[0] if keep_range else None
         self._clear()
         xs = run.x(self.axis)
-        env = Envelope(xs, run.stacked)
-        brushes = [QBrush(color(CATEGORY_COLORS[c], 235)) for c in STACK_ORDER]
-        pens = [pg.mkPen(color(CATEGORY_COLORS[c]).darker(130), width=1) for c in STACK_ORDER]
+        # A category that never holds bytes adds a layer equal to the one below it: skip it.
+        used = [i for i, c in enumerate(STACK_ORDER) if run.timeline.by_category[c].any()]
+        used = used or [len(STACK_ORDER) - 1]
+        env = Envelope(xs, run.stacked[used])
+        shown = [STACK_ORDER[i] for i in used]
+        brushes = [QBrush(color(CATEGORY_COLORS[c], 235)) for c in shown]
+        pens = [pg.mkPen(color(CATEGORY_COLORS[c]).darker(130), width=1) for c in shown]
         self._layers = EnvelopeCurves(self.main.getPlotItem(), env, pens, brushes)
-        self._fill_legend(run, pens, brushes)
+        self._fill_legend(shown, pens, brushes)
         total = Envelope(xs, run.stacked[-1])
         self._overview_curve = EnvelopeCurves(
             self.overview.getPlotItem(),
@@ -206,15 +216,14 @@ class TimelineView(QWidget):
             self.selection_line.setValue(float(xs[self.selected_point]))
         self._redraw()
 
-    def _fill_legend(self, run: RunData, pens: list[QPen], brushes: list[QBrush]) -> None:
-        """Filled swatches, top layer first, for the categories that ever hold bytes."""
+    def _fill_legend(self, shown: list[Category], pens: list[QPen], brushes: list[QBrush]) -> None:
+        """Filled swatches, top layer first, for the categories drawn (those that ever hold
+        bytes)."""
         legend = self.main.getPlotItem().legend
         legend.setLabelTextColor(self.theme.foreground)
-        for i in reversed(range(len(STACK_ORDER))):
-            category = STACK_ORDER[i]
-            if run.timeline.by_category[category].any():
-                sample = pg.PlotDataItem([0], [0], pen=pens[i], fillLevel=0, fillBrush=brushes[i])
-                legend.addItem(sample, CATEGORY_LABELS[category])
+        for i in reversed(range(len(shown))):
+            sample = pg.PlotDataItem([0], [0], pen=pens[i], fillLevel=0, fillBrush=brushes[i])
+            legend.addItem(sample, CATEGORY_LABELS[shown[i]])
 
     def _clear(self) -> None:
         for curves in (self._layers, self._projected, self._overview_curve):
@@ -228,6 +237,7 @@ class TimelineView(QWidget):
             self.main.removeItem(item)
         self._decor = []
         self._clear_plan_decor()
+        self._keep_marks({})
 
     def _clear_plan_decor(self) -> None:
         for item in self._plan_decor:
@@ -279,76 +289,106 @@ class TimelineView(QWidget):
         self._add_decor(dot, label)
 
     def _draw_projection(self) -> None:
-        if self._projected is not None:
-            self._projected.remove()
-            self._projected = None
-        self._clear_plan_decor()
+        """The projected curve, its peak and recompute marks. A toggle redraws them with the
+        items of the previous outcome: making and adding pyqtgraph items costs milliseconds."""
         run, outcome = self.run, self.outcome
         if run is None or outcome is None:
+            if self._projected is not None:
+                self._projected.remove()
+                self._projected = None
+            self._clear_plan_decor()
+            self._keep_marks({})
             return
-        xs = self._projected_x(run, outcome)
-        pen = pg.mkPen(PROJECTION_COLOR, width=2.2, style=Qt.PenStyle.DashLine)
-        self._projected = EnvelopeCurves(
-            self.main.getPlotItem(),
-            Envelope(xs, outcome.total),
-            [pen],
-            z=40,
-            names=[f"projected ({format_bytes(outcome.peak_bytes)})"],
-        )
+        if self.axis is Axis.TIME:  # times stay int64 ns: only what is drawn becomes ms
+            envelope = Envelope(outcome.time_ns, outcome.total, x_offset=run.t0_ns, x_divisor=1e6)
+        else:
+            envelope = Envelope(run.x_op[outcome.point], outcome.total)
+        name = f"projected ({format_bytes(outcome.peak_bytes)})"
+        if self._projected is None:
+            pen = pg.mkPen(PROJECTION_COLOR, width=2.2, style=Qt.PenStyle.DashLine)
+            plot = self.main.getPlotItem()
+            self._projected = EnvelopeCurves(plot, envelope, [pen], z=40, names=[name])
+        else:
+            self._projected.set_envelope(envelope)
+            legend = self.main.getPlotItem().legend
+            label = legend.getLabel(self._projected.items[0]) if legend is not None else None
+            if label is not None:
+                label.setText(name)
         peak_at = int(np.argmax(outcome.total))
-        dot = pg.ScatterPlotItem(
-            [float(xs[peak_at])],
-            [outcome.peak_bytes],
-            size=10,
-            symbol="d",
-            brush=pg.mkBrush(PROJECTION_COLOR),
-            pen=pg.mkPen("w"),
-        )
-        dot.setZValue(51)
-        label = pg.TextItem(
-            f"projected {format_bytes(outcome.peak_bytes)}",
-            color=PROJECTION_COLOR,
-            anchor=(0.5, -0.3),
-            fill=pg.mkBrush(color(self.theme.background, 200)),
-        )
-        label.setFont(_font(10, bold=True))
-        label.setPos(float(xs[peak_at]), outcome.peak_bytes)
-        label.setZValue(52)
-        self._plan_decor += [dot, label]
-        self.main.addItem(dot)
-        self.main.addItem(label)
+        x = float(envelope.shown(envelope.levels_x[0][peak_at : peak_at + 1])[0])
+        text = f"projected {format_bytes(outcome.peak_bytes)}"
+        if not self._plan_decor:
+            dot = pg.ScatterPlotItem(
+                size=10,
+                symbol="d",
+                brush=pg.mkBrush(PROJECTION_COLOR),
+                pen=pg.mkPen("w"),
+            )
+            dot.setZValue(51)
+            label = pg.TextItem(
+                text,
+                color=PROJECTION_COLOR,
+                anchor=(0.5, -0.3),
+                fill=pg.mkBrush(color(self.theme.background, 200)),
+            )
+            label.setFont(_font(10, bold=True))
+            label.setZValue(52)
+            self._plan_decor += [dot, label]
+            self.main.addItem(dot)
+            self.main.addItem(label)
+        dot, label = self._plan_decor
+        dot.setData([x], [outcome.peak_bytes])
+        label.setText(text)
+        label.setPos(x, outcome.peak_bytes)
         self._draw_recompute_marks(run, outcome)
 
     def _draw_recompute_marks(self, run: RunData, outcome: PlanOutcome) -> None:
+        """A dotted line per recompute. A toggle changes the marks of one region, so the lines
+        of marks already drawn stay: making and adding a line costs ~1 ms."""
         labelled = len(outcome.recomputes) <= MAX_MARK_LABELS
-        for mark in outcome.recomputes:
-            if self.axis is Axis.TIME:
-                x = float(run.x_of_time_ns(np.asarray([mark.time_ns]))[0])
-            else:
-                x = float(run.x_op[min(mark.point, len(run.x_op) - 1)])
-            line = pg.InfiniteLine(
-                x,
-                angle=90,
-                movable=False,
-                pen=pg.mkPen(PROJECTION_COLOR, width=1, style=Qt.PenStyle.DotLine),
-                label=f"↻ {'.'.join(mark.label.split('.')[-2:])}" if labelled else None,
-                labelOpts={"position": 0.93, "color": PROJECTION_COLOR, "rotateAxis": (1, 0)},
-            )
-            line.setToolTip(f"recompute {mark.label}: +{mark.compute_ns / 1e6:.1f} ms")
-            line.setZValue(30)
-            self._plan_decor.append(line)
-            self.main.addItem(line, ignoreBounds=True)
+        if self.axis is Axis.TIME:
+            xs = run.x_of_time_ns(np.asarray([m.time_ns for m in outcome.recomputes]))
+        else:
+            points = np.asarray([m.point for m in outcome.recomputes], dtype=np.int64)
+            xs = run.x_op[np.minimum(points, len(run.x_op) - 1)]
+        wanted: dict[tuple[float, str | None, str], pg.InfiniteLine | None] = {}
+        for mark, x in zip(outcome.recomputes, xs.tolist(), strict=True):
+            label = f"↻ {'.'.join(mark.label.split('.')[-2:])}" if labelled else None
+            tip = f"recompute {mark.label}: +{mark.compute_ns / 1e6:.1f} ms"
+            wanted[(x, label, tip)] = self._marks.get((x, label, tip))
+        for (x, label, tip), line in wanted.items():
+            if line is None:
+                line = pg.InfiniteLine(
+                    x,
+                    angle=90,
+                    movable=False,
+                    pen=pg.mkPen(PROJECTION_COLOR, width=1, style=Qt.PenStyle.DotLine),
+                    label=label,
+                    labelOpts={
+                        "position": 0.93,
+                        "color": PROJECTION_COLOR,
+                        "rotateAxis": (1, 0),
+                    },
+                )
+                line.setToolTip(tip)
+                line.setZValue(30)
+                wanted[(x, label, tip)] = line
+        self._keep_marks(wanted)
+
+    def _keep_marks(self, wanted: dict[tuple[float, str | None, str], pg.InfiniteLine]) -> None:
+        """Show exactly the lines of ``wanted``, removing the others."""
+        for key, line in self._marks.items():
+            if wanted.get(key) is not line:
+                self.main.removeItem(line)
+        for key, line in wanted.items():
+            if self._marks.get(key) is not line:
+                self.main.addItem(line, ignoreBounds=True)
+        self._marks = dict(wanted)
 
     def _add_decor(self, *items: pg.GraphicsObject) -> None:
         for item in items:
             self.main.addItem(item, ignoreBounds=True)
             self._decor.append(item)
-
-    def _projected_x(self, run: RunData, outcome: PlanOutcome) -> np.ndarray:
-        """x of the projected states; both orders are non-decreasing (NOTE [ Two x axes ])."""
-        if self.axis is Axis.TIME:
-            return run.x_of_time_ns(outcome.time_ns)
-        return run.x_op[outcome.point]
 
     # -- view range
 
