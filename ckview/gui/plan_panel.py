@@ -188,8 +188,8 @@ class PlanPanel(QWidget):
         self.plan_button = self._button("Best plan", "Find the cheapest plan for the budget")
         self.plan_button.clicked.connect(self.plan_for_budget)
         self.strip = ChainStrip()
-        self.strip.blockClicked.connect(self._toggle_block)
-        self.strip.gapClicked.connect(self._toggle_gap)
+        self.strip.blockClicked.connect(self.toggle_block)
+        self.strip.gapClicked.connect(self.toggle_boundary)
         self.tree = QTreeWidget()
         self.tree.setHeaderLabels(list(TREE_COLUMNS))
         self.tree.setToolTip("Tick a module to checkpoint every call of it")
@@ -261,12 +261,14 @@ class PlanPanel(QWidget):
         self.session.toggle_module(row)
         self._refresh()
 
-    def _toggle_block(self, block: int) -> None:
+    def toggle_block(self, block: int) -> None:
+        """Checkpoint the strip segment holding ``block``, or stop."""
         assert self.session is not None
         self.session.toggle_block(block)
         self._refresh()
 
-    def _toggle_gap(self, gap: int) -> None:
+    def toggle_boundary(self, gap: int) -> None:
+        """Cut or join strip segments before block ``gap`` (a ModuleList's gaps say why not)."""
         assert self.session is not None
         try:
             self.session.toggle_boundary(gap)
@@ -274,12 +276,6 @@ class PlanPanel(QWidget):
             self.message.emit(str(exc))
             return
         self._refresh()
-
-    def toggle_boundary(self, gap: int) -> None:
-        self._toggle_gap(gap)
-
-    def toggle_block(self, block: int) -> None:
-        self._toggle_block(block)
 
     def apply_preset(self, name: str) -> None:
         assert self.session is not None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -458,15 +458,3 @@ def _module_infos(run: RunData) -> list[ModuleInfo]:
         )
         for row in range(n)
     ]
-
-
-def planner_summary(result: PlannerResult, names: Mapping[Region, str]) -> str:
-    """One line about a planner answer, for the status bar."""
-    from ckview.analysis import format_bytes
-
-    picked = ", ".join(names.get(r, "?") for r in result.regions) or "nothing"
-    verdict = "fits" if result.fits else "does not fit; lowest peak found"
-    return (
-        f"budget {format_bytes(result.budget_bytes)}: {picked} -> "
-        f"{format_bytes(result.peak_bytes)} ({verdict})"
-    )
