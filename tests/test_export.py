@@ -268,7 +268,12 @@ def test_damaged_trace_is_one_line(run_cli: Any, tmp_path: Path) -> None:
     assert err.startswith("ckview: error: ") and err.count("\n") == 1, err
 
 
-def test_export_never_imports_torch_and_needs_no_display(tmp_path: Path) -> None:
+@pytest.mark.parametrize("platform", [None, "", "xcb"])
+def test_export_never_imports_torch_and_needs_no_display(
+    tmp_path: Path, platform: str | None
+) -> None:
+    """Whatever QT_QPA_PLATFORM says (unset, empty, or xcb with a display named but maybe
+    without xcb's system libraries), the report renders offscreen."""
     out = tmp_path / "x.png"
     code = (
         "import sys\n"
@@ -279,6 +284,8 @@ def test_export_never_imports_torch_and_needs_no_display(tmp_path: Path) -> None
     )
     env = {k: v for k, v in os.environ.items() if k not in ("QT_QPA_PLATFORM", "DISPLAY")}
     env.pop("WAYLAND_DISPLAY", None)
+    if platform is not None:
+        env.update(QT_QPA_PLATFORM=platform, DISPLAY=":99")
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env
     )

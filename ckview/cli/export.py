@@ -178,8 +178,10 @@ def _render(
     args: argparse.Namespace,
     axis: Axis,
 ) -> tuple[int, int]:
-    # Before the QApplication exists: the report must work with no display.
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    # Before the QApplication exists. The report opens no window, so it never needs a display;
+    # a platform named by the environment (xcb, or '' meaning the default) could abort the
+    # process for want of system libraries (README: Linux desktop).
+    os.environ["QT_QPA_PLATFORM"] = "offscreen"
     from pyqtgraph.Qt import QtWidgets
 
     from ckview.gui.report import render_report
