@@ -326,3 +326,31 @@ def test_a_bug_in_a_slot_opens_a_dialog(
     assert window.last_error.startswith("unexpected error: IndexError: index 0")
     assert "Traceback" in capsys.readouterr().err
     assert window.isVisible()
+
+
+def test_view_command_opens_the_window(
+    qtbot: QtBot, run_cli: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``ckview TRACE --theme dark`` end to end, with the event loop replaced by a wait for the
+    trace to show (offscreen)."""
+    from PyQt6.QtWidgets import QApplication
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the app installs its own
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    QSettings.setPath(QSettings.Format.NativeFormat, QSettings.Scope.UserScope, str(tmp_path))
+    shown: list[MainWindow] = []
+
+    def event_loop(app: QApplication) -> int:
+        window = next(w for w in app.topLevelWidgets() if isinstance(w, MainWindow))
+        qtbot.waitUntil(lambda: window.current_run() is not None, timeout=20000)
+        shown.append(window)
+        return 0
+
+    monkeypatch.setattr(QApplication, "exec", event_loop)
+    code, _, err = run_cli(str(SAMPLES / "cnn.h5"), "--theme", "dark")  # type: ignore[operator]
+    assert code == 0, err
+    window = shown[0]
+    run = window.current_run()
+    assert window.theme is DARK and run is not None and run.label == "cnn.h5 · main"
+    window.set_theme(LIGHT)
+    window.close()
