@@ -341,7 +341,8 @@ def test_view_command_opens_the_window(
     shown: list[MainWindow] = []
 
     def event_loop(app: QApplication) -> int:
-        window = next(w for w in app.topLevelWidgets() if isinstance(w, MainWindow))
+        windows = [w for w in app.topLevelWidgets() if isinstance(w, MainWindow)]
+        (window,) = [w for w in windows if w.isVisible()]  # earlier tests' windows are closed
         qtbot.waitUntil(lambda: window.current_run() is not None, timeout=20000)
         shown.append(window)
         return 0

@@ -91,10 +91,6 @@ class EnvelopeCurves:
             self.plot.removeItem(item)
         self.items = []
 
-    def set_visible(self, visible: bool) -> None:
-        for item in self.items:
-            item.setVisible(visible)
-
 
 def visible_pixels(plot: pg.PlotItem) -> int:
     """Width of the plot's view box in device pixels (at least 100)."""

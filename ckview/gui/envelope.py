@@ -67,10 +67,6 @@ class Envelope:
             self.levels_x.append(px[::FACTOR])
             self.levels_y.append(_bin_max(py))
 
-    @property
-    def n(self) -> int:
-        return int(self.levels_x[0].size)
-
     def shown(self, x: np.ndarray) -> np.ndarray:
         """Stored x as shown (float64)."""
         out = np.array(x, dtype=np.float64)
@@ -78,14 +74,6 @@ class Envelope:
             out -= self.x_offset
             out /= self.x_divisor
         return out
-
-    @property
-    def x_range(self) -> tuple[float, float]:
-        x = self.levels_x[0]
-        if not x.size:
-            return (0.0, 0.0)
-        ends = self.shown(x[[0, -1]])
-        return float(ends[0]), float(ends[1])
 
     def _stored(self, x: float, up: bool) -> float | int:
         """A shown x as a query on the stored x (an int rounded ``up`` or down for integer
