@@ -68,10 +68,9 @@ def main() -> int:
     w.tabs.setCurrentIndex(1)
     save(w, "explorer-compare.png")
 
-    w = window("cnn.h5", "mlp.h5")
+    w = window("gpt2_compare.h5")
     w.set_theme(DARK)
-    w.plan.toggle_block(1)
-    w.plan.toggle_boundary(2)
+    w.plan.apply_preset("sqrt")
     w.side_action.setChecked(True)
     w.tabs.setCurrentIndex(1)
     save(w, "explorer-dark-side-by-side.png")
