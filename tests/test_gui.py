@@ -54,6 +54,19 @@ def open_traces(qtbot: QtBot, w: MainWindow, *names: str) -> None:
     qtbot.waitUntil(w.plan.is_ready, timeout=20000)
 
 
+def press(
+    qtbot: QtBot,
+    w: MainWindow,
+    key: Qt.Key,
+    modifier: Qt.KeyboardModifier = Qt.KeyboardModifier.NoModifier,
+) -> None:
+    """A shortcut key in the window. Window shortcuts need the window active, which the
+    offscreen platform does not always keep (a progress dialog shown and hidden under load)."""
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow)
+    qtbot.keyClick(w, key, modifier)
+
+
 def readout_peak(w: MainWindow) -> str:
     return w.plan.readout.text()
 
@@ -116,7 +129,7 @@ def test_jump_to_peak_and_inspect(qtbot: QtBot, window: MainWindow) -> None:
     open_traces(qtbot, window, "gpt2.h5")
     run = window.current_run()
     assert run is not None
-    qtbot.keyClick(window, Qt.Key.Key_P)
+    press(qtbot, window, Qt.Key.Key_P)
     assert window.timeline.selected_point == run.peak.point
     (x0, x1), _ = window.timeline.main.getPlotItem().getViewBox().viewRange()
     assert x0 <= run.x_time[run.peak.point] <= x1 and x1 - x0 < run.x_time[-1] / 5
@@ -198,14 +211,14 @@ def test_compare_runs_and_traces(qtbot: QtBot, window: MainWindow) -> None:
     open_traces(qtbot, window, "transformer_compare.h5", "gpt2.h5")
     runs = window.runs()
     assert [r.name for r in runs] == ["baseline", "checkpointed", "main"]
-    qtbot.keyClick(window, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)
+    press(qtbot, window, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)
     assert window.tabs.currentWidget() is window.compare
     change = runs[1].peak.bytes / runs[0].peak.bytes - 1
     text = window.compare.summary.text()
     assert f"{change:+.1%} vs baseline".replace("-", "−") in text
     assert format_bytes(runs[2].peak.bytes) in text
     assert len(window.compare._curves) == 3
-    qtbot.keyClick(window, Qt.Key.Key_S)
+    press(qtbot, window, Qt.Key.Key_S)
     assert window.compare.side_by_side and len(window.compare._curves) == 3
     window.plan.apply_preset("all")
     assert "plan over" in window.compare.summary.text()
@@ -214,12 +227,12 @@ def test_compare_runs_and_traces(qtbot: QtBot, window: MainWindow) -> None:
 def test_axis_theme_and_export(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     open_traces(qtbot, window, "transformer_compare.h5")
     window.plan.apply_preset("sqrt")
-    qtbot.keyClick(window, Qt.Key.Key_T)
+    press(qtbot, window, Qt.Key.Key_T)
     assert window.timeline.axis is Axis.OP
     assert window.timeline.main.getPlotItem().getAxis("bottom").labelText == "op index"
     projected = window.timeline._projected
     assert projected is not None and np.all(np.diff(projected.envelope.levels_x[0]) >= 0)
-    qtbot.keyClick(window, Qt.Key.Key_D, Qt.KeyboardModifier.ControlModifier)
+    press(qtbot, window, Qt.Key.Key_D, Qt.KeyboardModifier.ControlModifier)
     assert window.theme is DARK
     png, svg = tmp_path / "view.png", tmp_path / "view.svg"
     window.export_view(str(png))

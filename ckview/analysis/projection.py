@@ -758,6 +758,7 @@ class ProjectionModel:
         self._base = _baseline(tables, len(self.instances))
         self.effects = _effects(self._base, tables, self.instances)
         self._index = _build_index(self.effects, self._base)
+        self._curve: _CurveIndex | None = None  # built by the first ``curve`` (the GUI's)
 
     def checkpointed(self, selected: Selection) -> np.ndarray:
         """(k,) bool: the instances checkpointed when the ``selected`` candidates are (indices or
@@ -782,7 +783,10 @@ class ProjectionModel:
     def curve(self, selected: Selection) -> ProjectedCurve:
         """The projected total of the ``selected`` candidates at every baseline point, every
         inserted state and every recompute's highest point (NOTE [ Projected curve ])."""
-        return _query_curve(self._index, self.checkpointed(selected))
+        if self._curve is None:
+            timeline = memory_timeline(self._base.storages, self._base.events)
+            self._curve = _curve_index(self.effects, self._base, timeline, self._index.union)
+        return _query_curve(self._index, self._curve, self.checkpointed(selected))
 
 
 def _candidate_mask(selected: Selection, n: int) -> np.ndarray:
@@ -824,7 +828,8 @@ class _Index:
     spike_point: np.ndarray
     spike_call: np.ndarray
     moving: _Moving
-    curve: _CurveIndex
+    union: np.ndarray
+    """Every key a candidate can change the curve at, sorted (the intervals' bounds)."""
 
 
 @dataclass(frozen=True)
@@ -897,7 +902,7 @@ def _build_index(eff: InstanceEffects, base: _Baseline) -> _Index:
         spike_point=at,
         spike_call=eff.instances.first_call[spike_inst],
         moving=_moving(eff, base, storages, ~fixed, union),
-        curve=_curve_index(eff, base, curve, union),
+        union=union,
     )
 
 
@@ -1117,9 +1122,8 @@ def _query_peak(ix: _Index, active: np.ndarray) -> ProjectedPeak:
     )
 
 
-def _query_curve(ix: _Index, active: np.ndarray) -> ProjectedCurve:
+def _query_curve(ix: _Index, c: _CurveIndex, active: np.ndarray) -> ProjectedCurve:
     """See NOTE [ Projected curve ]."""
-    c = ix.curve
     level = np.rint(_levels(ix, active)).astype(np.int64)
     total = c.base + level[c.slot]
     spike = np.flatnonzero(active[ix.spike_instance])

@@ -262,6 +262,8 @@ class MainWindow(QMainWindow):
         # Not modal: a modal QProgressDialog.setValue runs the event loop, which can deliver
         # `loaded` and delete the dialog inside its own setValue.
         dialog.setWindowModality(Qt.WindowModality.NonModal)
+        # Nor active: the main window keeps the keyboard (its shortcuts need it active).
+        dialog.setAttribute(Qt.WidgetAttribute.WA_ShowWithoutActivating)
         self._loading[path] = dialog
 
         def report(fraction: float, what: str) -> None:
@@ -291,8 +293,11 @@ class MainWindow(QMainWindow):
     def _finish_loading(self, path: str) -> None:
         dialog = self._loading.pop(path, None)
         if dialog is not None:
+            shown = dialog.isVisible()
             dialog.reset()
             dialog.deleteLater()
+            if shown:  # give the keyboard (and the shortcuts) back to the window
+                self.activateWindow()
 
     def _on_loaded(self, data: TraceData) -> None:
         self._finish_loading(data.path)

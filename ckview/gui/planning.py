@@ -157,7 +157,9 @@ class PlanSession:
     def prepare(self) -> None:
         """Build the incremental model over every candidate (about 1 s per 1e6 events)."""
         if self.model is None:
-            self.model = ProjectionModel(self.run.tables, self.candidates)
+            model = ProjectionModel(self.run.tables, self.candidates)
+            model.curve([])  # builds the curve index here, not on the first click
+            self.model = model
 
     def recompute_cost_ns(self, row: int) -> int | None:
         """Extra compute of checkpointing module ``row`` alone; None until ``prepare``."""
