@@ -279,6 +279,8 @@ def test_recent_files_and_drop(qtbot: QtBot, window: MainWindow) -> None:
     assert actions and actions[0].text() == path
     window.close_all()
     assert window.current_run() is None
+    assert window.timeline.run is None and window.timeline._layers is None
+    assert not window.inspector.model.rows
     with qtbot.waitSignal(window.loaded, timeout=10000):
         actions[0].trigger()
     assert window.current_run() is not None

@@ -10,6 +10,7 @@ from PyQt6.QtWidgets import QHeaderView, QLabel, QLineEdit, QTableView, QVBoxLay
 from ckview.analysis import format_bytes
 from ckview.gui.rundata import LiveTensor, RunData
 
+PROMPT = "Click the timeline to list the tensors live at that moment."
 COLUMNS = ("bytes", "category", "shape", "dtype", "device", "storage", "op", "module")
 
 
@@ -55,7 +56,7 @@ class Inspector(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.header = QLabel("Click the timeline to list the tensors live at that moment.")
+        self.header = QLabel(PROMPT)
         self.header.setWordWrap(True)
         self.filter = QLineEdit()
         self.filter.setPlaceholderText("filter by module, op, shape, category…")
@@ -82,6 +83,10 @@ class Inspector(QWidget):
         layout.addWidget(self.header)
         layout.addWidget(self.filter)
         layout.addWidget(self.table)
+
+    def clear(self) -> None:
+        self.model.set_rows([])
+        self.header.setText(PROMPT)
 
     def show_point(self, run: RunData, point: int) -> None:
         """List what is live at timeline ``point`` of ``run``."""

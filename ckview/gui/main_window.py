@@ -346,8 +346,11 @@ class MainWindow(QMainWindow):
         run = self.current_run()
         self.outcome = None
         self._update_enabled()
+        self.inspector.clear()
         if run is None:
             self.plan.set_session(None)
+            self.timeline.clear()
+            self.compare.set_runs([])
             self.status_run.setText("")
             self.setWindowTitle("ckview")
             return

@@ -99,6 +99,12 @@ class TimelineView(QWidget):
         self.selected_point = None
         self._rebuild()
 
+    def clear(self) -> None:
+        """Show nothing (every trace closed)."""
+        self.run, self.outcome, self.selected_point = None, None, None
+        self._clear()
+        self.selection_line.setVisible(False)
+
     def set_axis(self, axis: Axis) -> None:
         """Place points by time or by op index (NOTE [ Two x axes ] in ``rundata``)."""
         if axis is self.axis:
