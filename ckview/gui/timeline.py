@@ -14,7 +14,7 @@ from PyQt6.QtWidgets import QVBoxLayout, QWidget
 
 from ckview.analysis import format_bytes
 from ckview.gui.axes import BytesAxis
-from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
+from ckview.gui.curves import EnvelopeCurves, color, over, visible_pixels
 from ckview.gui.envelope import Envelope
 from ckview.gui.planning import PlanOutcome
 from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData
@@ -130,7 +130,9 @@ class TimelineView(QWidget):
                 axis = w.getPlotItem().getAxis(name)
                 axis.setPen(pg.mkPen(theme.foreground))
                 axis.setTextPen(pg.mkPen(theme.foreground))
-            w.getPlotItem().showGrid(x=True, y=True, alpha=theme.grid_alpha)
+            # No vertical grid on the main plot: blended full-height lines are a third of its
+            # paint (benchmarks/gui_performance.py); the hover line and the ticks read time.
+            w.getPlotItem().showGrid(x=w is self.overview, y=True, alpha=theme.grid_alpha)
         self.region.setBrush(pg.mkBrush(color(theme.overview_region)))
         self.selection_line.setPen(pg.mkPen(theme.foreground, width=1.5))
         self.hover_line.setPen(pg.mkPen(theme.foreground, width=1, style=Qt.PenStyle.DotLine))
@@ -195,7 +197,7 @@ class TimelineView(QWidget):
         used = used or [len(STACK_ORDER) - 1]
         env = Envelope(xs, run.stacked[used])
         shown = [STACK_ORDER[i] for i in used]
-        brushes = [QBrush(color(CATEGORY_COLORS[c], 235)) for c in shown]
+        brushes = [QBrush(color(CATEGORY_COLORS[c])) for c in shown]  # opaque: no blending
         pens = [pg.mkPen(color(CATEGORY_COLORS[c]).darker(130), width=1) for c in shown]
         self._layers = EnvelopeCurves(self.main.getPlotItem(), env, pens, brushes)
         self._fill_legend(shown, pens, brushes)
@@ -259,7 +261,7 @@ class TimelineView(QWidget):
             band = pg.LinearRegionItem(
                 (x0, x1),
                 movable=False,
-                brush=pg.mkBrush(color(self.theme.phase_tints[span.kind])),
+                brush=pg.mkBrush(over(self.theme.phase_tints[span.kind], self.theme.background)),
                 pen=pg.mkPen(None),
             )
             band.setZValue(-20)
