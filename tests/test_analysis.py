@@ -413,3 +413,14 @@ def test_parse_bytes_rejects_bad_input_with_help(text: str):
 def test_parse_bytes_reads_back_format_bytes(n: int):
     # Three significant digits: within half a unit of the last digit, i.e. 0.5 %.
     assert abs(parse_bytes(format_bytes(n)) - n) <= 0.005 * n + 1
+
+
+def test_parse_budget() -> None:
+    """One reading of a budget for `ckview plan --budget` and the explorer's budget field."""
+    from ckview.analysis import parse_budget
+
+    assert parse_budget(" 60 % ").bytes(1000) == 600
+    assert parse_budget("1.5 KiB").bytes(10**9) == 1536
+    for bad, why in (("0%", "no memory at all"), ("0", "no memory at all"), ("lots", "size")):
+        with pytest.raises(ValueError, match=why):
+            parse_budget(bad)

@@ -34,10 +34,11 @@ from ckview.analysis.timeline import (
     memory_timeline,
     step_allocated_peaks,
 )
-from ckview.analysis.units import format_bytes, parse_bytes
+from ckview.analysis.units import Budget, format_bytes, parse_budget, parse_bytes
 
 __all__ = [
     "NO_MODULE",
+    "Budget",
     "MemoryTimeline",
     "Peak",
     "RunSummary",
@@ -48,6 +49,7 @@ __all__ = [
     "live_storages",
     "memory_timeline",
     "module_paths",
+    "parse_budget",
     "parse_bytes",
     "phase_time_ns",
     "step_allocated_peaks",

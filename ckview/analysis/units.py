@@ -1,8 +1,10 @@
-"""Byte sizes for people: ``format_bytes(1536) == '1.50 KiB'``, ``parse_bytes('3GiB')``."""
+"""Byte sizes for people: ``format_bytes(1536) == '1.50 KiB'``, ``parse_bytes('3GiB')``, and
+memory budgets (``parse_budget('60%')``)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
@@ -18,6 +20,7 @@ def _unit_bytes() -> dict[str, int]:
 
 
 _UNIT_BYTES = _unit_bytes()
+_SHARE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
 
 
@@ -55,3 +58,35 @@ def parse_bytes(text: str) -> int:
         )
     value = Decimal(match.group(1)) * unit
     return int(value.to_integral_value(rounding=ROUND_HALF_EVEN))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget: a size, or a share of a run's peak (exactly one is set)."""
+
+    size: int | None = None
+    share: float | None = None
+
+    def bytes(self, peak_bytes: int) -> int:
+        """The budget in bytes, for a run whose peak is ``peak_bytes``."""
+        return self.size if self.size is not None else round(peak_bytes * (self.share or 0.0))
+
+
+def parse_budget(text: str) -> Budget:
+    """``'60%'`` (of a run's peak) or a size ``parse_bytes`` reads (``'3GiB'``). Raises
+    ``ValueError`` with a one-line message for anything else or for no memory at all."""
+    match = _SHARE.fullmatch(text)
+    if match is not None:
+        share = float(match.group(1)) / 100
+        if share <= 0:
+            raise ValueError(
+                f"budget {text!r} is no memory at all; give a positive share, e.g. 60%"
+            )
+        return Budget(share=share)
+    try:
+        size = parse_bytes(text)
+    except ValueError as exc:
+        raise ValueError(f"budget: {exc}, or a share of the run's peak such as '60%'") from None
+    if size <= 0:
+        raise ValueError(f"budget {text!r} is no memory at all; give a positive size, e.g. 3GiB")
+    return Budget(size=size)

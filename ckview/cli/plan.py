@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckview.cli.errors import CLIError
+
+if TYPE_CHECKING:
+    from ckview.analysis import Budget
 
 EXIT_UNREACHABLE = 1
 """Exit code when no plan reaches the budget."""
@@ -25,7 +27,6 @@ EXIT_UNREACHABLE = 1
 MAX_LINES = 30
 """Longer region lists and fronts are shortened in text output (JSON has them all)."""
 
-_SHARE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*")
 
 
 def add_parser(verbs: Any) -> None:
@@ -60,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("give a budget (--budget 3GiB or --budget 60%), or ask for --pareto")
     if args.output is not None and args.budget is None:
         raise CLIError("-o writes the plan for a budget; add --budget")
-    share = _parse_share(args.budget) if args.budget is not None else None
-    budget = None if share is not None or args.budget is None else _parse_size(args.budget)
+    wanted = _parse_budget(args.budget) if args.budget is not None else None
     name, tables = _read_run(args.trace, args.run)
     from ckview.analysis import Planner
 
@@ -69,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
         planner = Planner(tables)
     except ValueError as exc:
         raise CLIError(f"{args.trace}, run {name}: {exc}") from None
-    if share is not None:
-        budget = round(planner.baseline_peak * share)
-    result = planner.for_budget(budget) if budget is not None else None
+    result = planner.for_budget(wanted.bytes(planner.baseline_peak)) if wanted else None
     front = planner.pareto() if args.pareto else None
     context = _Context(args.trace, name, tables["modules"], tables["strings"], planner)
     context.json = args.json
@@ -112,27 +110,14 @@ def _finish(result: Any, output: Path | None, context: _Context) -> int:
 # ----------------------------------------------------------------------------- input
 
 
-def _parse_share(text: str) -> float | None:
-    """``'60%'`` -> 0.6; None if ``text`` is not a share. CLIError for a share of 0."""
-    match = _SHARE.fullmatch(text)
-    if match is None:
-        return None
-    share = float(match.group(1)) / 100
-    if share <= 0:
-        raise CLIError(f"budget {text!r} is no memory at all; give a positive share, e.g. 60%")
-    return share
-
-
-def _parse_size(text: str) -> int:
-    from ckview.analysis import parse_bytes
+def _parse_budget(text: str) -> Budget:
+    """The ``--budget`` argument, read before the trace is (CLIError if it is no budget)."""
+    from ckview.analysis import parse_budget
 
     try:
-        size = parse_bytes(text)
+        return parse_budget(text)
     except ValueError as exc:
-        raise CLIError(f"budget: {exc}, or a share of the run's peak such as '60%'") from None
-    if size <= 0:
-        raise CLIError(f"budget {text!r} is no memory at all; give a positive size, e.g. 3GiB")
-    return size
+        raise CLIError(str(exc)) from None
 
 
 def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:

@@ -24,7 +24,7 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from ckview.analysis import ModuleRegion, PlannerResult, format_bytes, parse_bytes
+from ckview.analysis import ModuleRegion, PlannerResult, format_bytes, parse_budget
 from ckview.gui.background import in_background
 from ckview.gui.planning import PlanOutcome, PlanSession
 from ckview.gui.style import PROJECTION_COLOR
@@ -292,7 +292,7 @@ class PlanPanel(QWidget):
             return
         text = self.budget.text().strip()
         try:
-            budget = _budget_bytes(text, session.run.peak.bytes)
+            budget = parse_budget(text).bytes(session.run.peak.bytes)
         except ValueError as exc:
             self.error.emit(f"budget {text!r}: {exc}")
             return
@@ -417,15 +417,3 @@ def readout_html(outcome: PlanOutcome, regions: int) -> str:
         f"({outcome.extra_share:.1%} of the step) · {regions} region(s), "
         f"{len(outcome.recomputes)} recompute(s)"
     )
-
-
-def _budget_bytes(text: str, peak: int) -> int:
-    """``'60%'`` of the recorded peak, or bytes with a unit (``parse_bytes``)."""
-    if not text:
-        raise ValueError("type a budget such as 60 MiB or 70%")
-    if text.endswith("%"):
-        share = float(text[:-1])
-        if not 0 < share <= 1000:
-            raise ValueError("a percentage of the recorded peak must be above 0")
-        return int(peak * share / 100)
-    return parse_bytes(text)
