@@ -12,6 +12,7 @@ NOTE [ Two x axes ]
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -117,7 +118,7 @@ class RunData:
 
     @property
     def label(self) -> str:
-        """``file.h5 · run`` (just the file name for a trace's only 'main' run)."""
+        """``file.h5 · run``."""
         return f"{os.path.basename(self.source)} · {self.name}"
 
     @property
@@ -230,7 +231,7 @@ def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -
         names = trace.run_names
         modules = trace.modules.read()
         strings = list(trace.strings)
-        meta = _meta_dict(trace.meta)
+        meta = dataclasses.asdict(trace.meta)
         runs = []
         steps = max(len(names), 1) * (len(RUN_TABLES) + 1)
         for i, name in enumerate(names):
@@ -261,12 +262,6 @@ def run_data(source: str, name: str, tables: dict[str, Any]) -> RunData:
         recomputes=_recompute_spans(tables, t0),
         paths=module_paths(tables["modules"], tables["strings"]),
     )
-
-
-def _meta_dict(meta: Any) -> dict[str, Any]:
-    if isinstance(meta, dict):
-        return dict(meta)
-    return {k: v for k, v in vars(meta).items() if not k.startswith("_")}
 
 
 def _op_index(event_op: np.ndarray) -> np.ndarray:
