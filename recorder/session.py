@@ -29,6 +29,18 @@ recording, ``saved_tensors_hooks.__init__`` is wrapped so that every hook pair c
 reports to the recorder too: a pack that returns a tensor keeps that tensor for backward, and an
 unpack that returns a tensor (e.g. one recomputed by checkpoint) hands it to backward; both make
 the storage an activation. A pack that returns an opaque holder keeps nothing.
+
+NOTE [ Autograd nodes stay unwrapped ]
+Asking torch for the autograd node that runs a backward op (``_current_autograd_node()``) gives
+the node a Python object, and (torch 2.13) a node keeps its Python object for as long as it
+lives. A graph whose nodes have Python objects is freed recursively, one C stack frame chain per
+node: 40,000 of them in one chain overflow an 8 MiB stack and the process dies with SIGSEGV when
+the graph is dropped (a chain of 100,000 scalar adds, as in a checkpointing tutorial's
+HeavyModel; plain torch does the same to any script that touches ``grad_fn`` of that many
+nodes). So the recorder tells "in backward" by ``_current_graph_task_id()``, which creates
+nothing, and asks for the node, to attribute backward ops to module calls through its sequence
+number, for at most ``_NODE_BUDGET`` nodes per backward pass; past that, ops keep the last
+attribution and ``seq_nr`` -1.
 """
 
 from __future__ import annotations
@@ -50,7 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.utils.checkpoint
-from torch._C import _current_autograd_node, _DisableTorchDispatch
+from torch._C import _current_autograd_node, _current_graph_task_id, _DisableTorchDispatch
 from torch._C._autograd import _get_sequence_nr
 from torch.nn.modules.module import (
     register_module_forward_hook,
@@ -77,6 +89,7 @@ from ckview.trace.schema import (
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.modules import ModuleRegistry
 from recorder.progress import StepProgress
+from recorder.steps import IterationTracker, StepCounts, StepRule
 
 _RANK = [0] * len(Category)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -98,6 +111,7 @@ _INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 _FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_NODE_BUDGET = 8192  # NOTE [ Autograd nodes stay unwrapped ]: 5x below the crash depth
 
 
 class State(Enum):
@@ -158,7 +172,7 @@ class _OpObserver(TorchDispatchMode):
             out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
             rec._on_op(func, args, kwargs, out, t0, perf_counter_ns())
             return out
-        if not rec._in_backward and rec._state is State.WARMUP and _current_autograd_node():
+        if not rec._in_backward and rec._state is State.WARMUP and _current_graph_task_id() >= 0:
             rec._enter_backward()
         return func._op(*args, **kwargs)
 
@@ -169,10 +183,13 @@ class Recorder:
     >>> with Recorder("trace.h5", steps=2, warmup=1):
     ...     train()          # unchanged training code
 
-    Steps end at ``optimizer.step()``, or, for scripts without an optimizer, at the end of
-    backward (a step then ends when the next forward begins). ``warmup`` steps run unrecorded
-    first; after ``steps`` recorded steps the trace is written and closed and the code runs on
-    unrecorded, or stops with :class:`StopScript` if ``stop_after`` is set.
+    A step is one iteration of the loop (NOTE [ Step = one optimizer iteration ]): by default
+    it ends once every optimizer has stepped, or, without an optimizer, at the first forward
+    after a backward; ``step_every`` says it when that cannot be learned (``"optimizer:2"``,
+    ``"backward:4"``, ``"manual"``), and calling :meth:`mark_step` makes it the only boundary.
+    ``warmup`` iterations run unrecorded first; after ``steps`` recorded steps the trace is
+    written and closed and the code runs on unrecorded, or stops with :class:`StopScript` if
+    ``stop_after`` is set.
     """
 
     def __init__(
@@ -185,6 +202,7 @@ class Recorder:
         command: list[str] | None = None,
         runs: Sequence[RunSpec] = (),
         progress: bool = True,
+        step_every: str | StepRule = "auto",
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -202,6 +220,8 @@ class Recorder:
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
         self._progress = StepProgress(warmup, steps * len(self.runs), enabled=progress)
+        rule = step_every if isinstance(step_every, StepRule) else StepRule.parse(step_every)
+        self._tracker = IterationTracker(rule)
         self._state = State.WARMUP
         self._busy = False
         self._warmup_done = 0
@@ -209,11 +229,10 @@ class Recorder:
         self._t0 = 0
         # autograd / phase state
         self._in_backward = False
-        self._in_optimizer = False
+        self._optimizer_depth = 0  # > 0 inside optimizer.step(), 0 again inside its closure
         self._recompute_depth = 0
         self._top_phase = _OTHER
-        self._pending_backward_end = False
-        self._optimizer_seen = False
+        self._node_budget = _NODE_BUDGET  # NOTE [ Autograd nodes stay unwrapped ]
         # open module calls as (module row, call row or -1)
         self._modules: ModuleRegistry | None = None  # made with the trace's string table
         self._open_region = NO_INDEX
@@ -262,7 +281,8 @@ class Recorder:
         self.close(error=None if exc is None else f"{exc_type.__name__}: {exc}")
 
     def mark_step(self) -> None:
-        """End the current step by hand (for loops that the automatic detection misses)."""
+        """End the current step by hand; from then on only ``mark_step`` ends steps."""
+        self._tracker.mark()
         self._end_step()
 
     def close(self, error: str | None = None) -> None:
@@ -270,7 +290,7 @@ class Recorder:
 
         With ``error`` (the script raised or was interrupted) the trace is marked incomplete.
         """
-        if self._state is State.RECORDING and self._pending_backward_end and error is None:
+        if self._state is State.RECORDING and error is None and self._tracker.pending_at_close():
             self._end_step()
         if self._state is not State.DONE:
             self._finish(error or "")
@@ -353,7 +373,7 @@ class Recorder:
             now = perf_counter_ns()
             last = len(self._steps) - 1
             if last >= 0 and self._steps.get(last, "end_ns") == -1:
-                self._steps.set(last, "end_ns", now)
+                self._close_step_row(now, self._tracker.current(), complete=False)
             for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
             for table in (self._storages, self._calls, self._steps, self._regions):
@@ -403,6 +423,7 @@ class Recorder:
         self._hooks_cm = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks_cm.__enter__()
         self._wrap_saved_tensor_hooks()
+        self._wrap_optimizer_init()
         self._wrap_torch_recompute()
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
@@ -428,6 +449,22 @@ class Recorder:
         if self._observer is not None and _get_current_dispatch_mode() is self._observer:
             self._observer.__exit__(None, None, None)
             self._observer = None
+
+    def _wrap_optimizer_init(self) -> None:
+        """Know every optimizer built while recording, before its first step: a GAN's second
+        optimizer must be waited for (NOTE [ Step = one optimizer iteration ])."""
+        cls = torch.optim.Optimizer
+        orig_init = cls.__init__
+        me = weakref.ref(self)
+
+        def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            orig_init(optimizer, *args, **kwargs)
+            rec = me()
+            if rec is not None and rec._state is not State.DONE:
+                rec._on_optimizer_created(optimizer)
+
+        cls.__init__ = init  # type: ignore[method-assign]
+        self._restore.append(lambda: setattr(cls, "__init__", orig_init))
 
     def _wrap_torch_recompute(self) -> None:
         """Bracket torch.utils.checkpoint's recompute (see NOTE [ Recompute regions ])."""
@@ -507,19 +544,29 @@ class Recorder:
         self._open_step(self._t0)
 
     def _open_step(self, now: int) -> None:
-        self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows))
+        self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows, -1, -1, -1, 0))
+
+    def _close_step_row(self, now: int, counts: StepCounts, complete: bool) -> None:
+        row, steps = len(self._steps) - 1, self._steps
+        steps.set(row, "end_ns", now)
+        steps.set(row, "forwards", counts.forwards)
+        steps.set(row, "backwards", counts.backwards)
+        steps.set(row, "optimizer_steps", counts.optimizer_steps)
+        steps.set(row, "complete", int(complete))
 
     def _end_step(self) -> None:
+        """A step boundary (NOTE [ Step = one optimizer iteration ])."""
         now = perf_counter_ns()
-        self._pending_backward_end = False
+        counts = self._tracker.boundary()
         self._top_phase = _OTHER
         if self._state is State.WARMUP:
+            self._tracker.learned = counts
             self._warmup_done += 1
             self._progress.step_done()
             if self._warmup_done >= self.warmup:
                 self._start_recording()
         elif self._state is State.RECORDING:
-            self._steps.set(len(self._steps) - 1, "end_ns", now)
+            self._close_step_row(now, counts, complete=True)
             self._step += 1
             self._steps_in_run += 1
             self.steps_recorded += 1
@@ -544,7 +591,21 @@ class Recorder:
     def _enter_backward(self) -> None:
         self._in_backward = True
         self._top_phase = _BACKWARD
+        self._node_budget = _NODE_BUDGET
         torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _node_seq(self) -> int:
+        """Sequence number of the autograd node running now; -1 if none, or -2 once this
+        backward's node budget is spent (NOTE [ Autograd nodes stay unwrapped ])."""
+        if self._node_budget <= 0:
+            return -2
+        node = _current_autograd_node()
+        if node is None:
+            return -1
+        seq = _seq_nr(node)
+        if seq != self._last_seq:
+            self._node_budget -= 1
+        return seq
 
     # NOTE [ Recompute regions ]
     # A region opens when the recompute depth goes 0 -> 1 and closes at 1 -> 0. Three sources
@@ -603,22 +664,49 @@ class Recorder:
         self._recompute_depth = 0
         self._close_region()
         self._top_phase = _OTHER
-        self._pending_backward_end = True
+        self._tracker.on_backward()
         if self._state is State.RECORDING:
             self._mark_gradients()
 
-    def _pre_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._optimizer_seen = True
+    def _pre_optimizer(
+        self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+    ) -> tuple[Any, Any] | None:
         self._optimizers.add(optimizer)
-        self._in_optimizer = True
+        self._tracker.add_optimizer(optimizer)
+        self._optimizer_depth += 1
         if self._state is State.RECORDING:
             self._mark_gradients()
+        return self._wrap_closure(args, kwargs)
+
+    def _wrap_closure(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """``step(closure)``: the closure's forward and backward are FORWARD and BACKWARD, not
+        OPTIMIZER (Lightning's automatic optimization, LBFGS). Returns the new arguments."""
+        if args and callable(args[0]):
+            return (self._closure(args[0]), *args[1:]), kwargs
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": self._closure(kwargs["closure"])}
+        return None
+
+    def _closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
+        def closure_outside_the_optimizer(*a: Any, **k: Any) -> Any:
+            depth, phase = self._optimizer_depth, self._top_phase
+            self._optimizer_depth, self._top_phase = 0, _OTHER
+            try:
+                return closure(*a, **k)
+            finally:
+                self._optimizer_depth, self._top_phase = depth, phase
+
+        return closure_outside_the_optimizer
 
     def _post_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._in_optimizer = False
+        self._optimizer_depth = max(0, self._optimizer_depth - 1)
         if self._state is State.RECORDING:
             self._mark_optimizer_tensors()
-        self._end_step()
+        if self._tracker.on_optimizer_step(optimizer):
+            self._end_step()
+
+    def _on_optimizer_created(self, optimizer: torch.optim.Optimizer) -> None:
+        self._tracker.add_optimizer(optimizer)
 
     # ----------------------------------------------------------------- modules
 
@@ -626,11 +714,12 @@ class Recorder:
         row = self._registry.row(module)
         if row is None:
             row = self._register_module(module)
-        if not self._in_backward and _current_autograd_node() is not None:
+        if not self._in_backward and _current_graph_task_id() >= 0:
             self._enter_backward()  # a recompute before backward's first op
         if not self._stack and not self._in_backward:
-            if self._pending_backward_end and not self._optimizer_seen:
-                self._end_step()  # a backward-only loop: the next forward starts a step
+            if self._tracker.on_forward():
+                self._end_step()  # e.g. a loop without optimizer: the next forward starts a step
+            self._tracker.forward_begun()
             self._top_phase = _FORWARD
         call = NO_INDEX
         if self._state is State.RECORDING:
@@ -694,18 +783,19 @@ class Recorder:
     def _on_op(self, func: Any, args: Any, kwargs: Any, out: Any, t0: int, t1: int) -> None:
         stack = self._stack
         seq = -1
-        node = _current_autograd_node()
-        if node is not None or self._in_backward:
+        if self._in_backward or _current_graph_task_id() >= 0:
             if not self._in_backward:
                 self._enter_backward()
             if self._recompute_depth:
                 phase, call = _RECOMPUTE, stack[-1][1] if stack else NO_INDEX
             else:
                 phase = _BACKWARD
-                if node is not None:
-                    seq = _seq_nr(node)
-                call = self._backward_call(seq)
-        elif self._in_optimizer:
+                seq = self._node_seq()
+                if seq == -2:
+                    seq, call = -1, self._last_seq_call
+                else:
+                    call = self._backward_call(seq)
+        elif self._optimizer_depth:
             phase, call = _OPTIMIZER, NO_INDEX
         elif stack:
             phase, call = _FORWARD, stack[-1][1]
@@ -908,8 +998,8 @@ class Recorder:
         if kind is SavedEventKind.PACK:
             call = self._stack[-1][1] if self._stack else NO_INDEX
         else:
-            node = _current_autograd_node()
-            call = self._backward_call(_seq_nr(node)) if node is not None else NO_INDEX
+            seq = self._node_seq()
+            call = self._last_seq_call if seq == -2 else self._backward_call(seq)
         dtype_id, shape_id = self._layout_ids(x)
         self._saved.data.extend(
             (int(kind), sid, self._last_op, call, shape_id, dtype_id, x.nbytes, perf_counter_ns())
