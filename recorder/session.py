@@ -132,6 +132,8 @@ class RunSpec:
 
     name: str
     context: Callable[[Recorder], AbstractContextManager[Any]] | None = None
+    checkpointing: str = "script"
+    """What the run does with the script's own checkpointing (schema.CHECKPOINTING)."""
 
 
 class StopScript(BaseException):
@@ -378,7 +380,10 @@ class Recorder:
                 buf.flush()
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
-            self._run.set_attrs(steps_recorded=self._steps_in_run)
+            spec = self.runs[self._run_index]
+            self._run.set_attrs(
+                steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing
+            )
             self._run.close(complete=not error)
         finally:
             self._busy = False
@@ -404,6 +409,7 @@ class Recorder:
             writer.update_meta(
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
+                step_rule=self._tracker.describe(self.warmup),
             )
             writer.close(complete=not error, error=error)
         finally:

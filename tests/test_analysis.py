@@ -257,7 +257,9 @@ STRINGS = ["", "Net", "fc1", "fc2", "Linear", "aten.mm.default", "aten.relu.defa
 
 
 def modules_table(paths: Sequence[int], types: Sequence[int], parents: Sequence[int]) -> Table:
-    columns = {"path": paths, "type": types, "parent": parents, "param_bytes": [0] * len(paths)}
+    n = len(paths)
+    columns = {"path": paths, "type": types, "parent": parents, "param_bytes": [0] * n}
+    columns |= {"container": [0] * n, "sequential_forward": [0] * n}
     return {c.name: np.asarray(columns[c.name], dtype=c.dtype) for c in MODULES}
 
 
