@@ -176,10 +176,12 @@ class IterationTracker:
             text = f"given: backward:{n}, the first forward after every {_nth(n)}backward ends a step"
         elif len(self._ever_stepped) or len(self._known):
             names = sorted(type(o).__name__ for o in self._known)
-            text = (
-                f"auto: a step ends once each of {_n(len(names), 'optimizer')} "
-                f"({', '.join(names)}) has stepped"
+            which = (
+                f"the optimizer ({names[0]}) has"
+                if len(names) == 1
+                else f"each of the {len(names)} optimizers ({', '.join(names)}) has"
             )
+            text = f"auto: a step ends once {which} stepped"
         else:
             text = "auto: no optimizer; the first forward after a backward ends a step"
         if warmup == 0:
