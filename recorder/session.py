@@ -86,7 +86,9 @@ from ckview.trace.schema import (
     Phase,
     SavedEventKind,
 )
+from recorder import buffers, modules, steps
 from recorder.buffers import MutableTable, RowBuffer
+from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
 from recorder.progress import StepProgress
 from recorder.steps import IterationTracker, StepCounts, StepRule
@@ -161,8 +163,8 @@ class _OpObserver(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # Nothing here is ever compiled; skipping torch's per-op dynamo-disable wrapper saves
-        # several microseconds per op.
+        # Dynamo skips this module's code by a flag on each code object (NOTE [ torch.compile
+        # under the recorder ]); torch's per-op dynamo-disable wrapper would cost microseconds.
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -262,6 +264,7 @@ class Recorder:
         self._orig_hooks_init: Any = None
         self._restore: list[Callable[[], None]] = []  # undo what _install patched
         self._observer: _OpObserver | None = None
+        self._eager_compile = EagerWhileRecording()
 
     # ----------------------------------------------------------------- public API
 
@@ -410,6 +413,7 @@ class Recorder:
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
                 step_rule=self._tracker.describe(self.warmup),
+                compiled="no",  # NOTE [ torch.compile under the recorder ]
             )
             writer.close(complete=not error, error=error)
         finally:
@@ -431,6 +435,8 @@ class Recorder:
         self._wrap_saved_tensor_hooks()
         self._wrap_optimizer_init()
         self._wrap_torch_recompute()
+        self._eager_compile.install()
+        self._restore.append(self._eager_compile.uninstall)
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
@@ -686,9 +692,10 @@ class Recorder:
 
     def _wrap_closure(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """``step(closure)``: the closure's forward and backward are FORWARD and BACKWARD, not
-        OPTIMIZER (Lightning's automatic optimization, LBFGS). Returns the new arguments."""
-        if args and callable(args[0]):
-            return (self._closure(args[0]), *args[1:]), kwargs
+        OPTIMIZER (Lightning's automatic optimization, LBFGS). Returns the new arguments;
+        ``args[0]`` is the optimizer itself."""
+        if len(args) > 1 and callable(args[1]):
+            return (args[0], self._closure(args[1]), *args[2:]), kwargs
         if callable(kwargs.get("closure")):
             return args, {**kwargs, "closure": self._closure(kwargs["closure"])}
         return None
@@ -1081,3 +1088,6 @@ def _storage_of(t: torch.Tensor) -> Any:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
+
+
+skip_in_dynamo(sys.modules[__name__], buffers, modules, steps)

@@ -98,9 +98,9 @@ def _header(path: Path, meta: Any, n_runs: int) -> str:
 
 
 _COMPILED = {
-    "no": "no compiled code ran",
-    "yes": "the steps ran compiled code",
-    "partly": "the steps ran partly compiled, partly eager (graph breaks or fallbacks)",
+    "no": "no (ckview runs torch.compile'd code eagerly while it records: eager memory)",
+    "yes": "yes, the steps ran compiled code",
+    "partly": "partly: the steps ran some code compiled, some eagerly",
 }
 
 
