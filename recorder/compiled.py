@@ -99,14 +99,14 @@ class EagerWhileRecording:
         self._orig_compile = torch.compile
         guard = self
 
-        def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 (torch.compile's name)
+        def compile(*args: Any, **kwargs: Any) -> Any:
             compiled = guard._orig_compile(*args, **kwargs)
             if guard._installed:
                 guard._apply()
             return compiled
 
         compile.__doc__ = torch.compile.__doc__
-        torch.compile = compile  # type: ignore[assignment]
+        torch.compile = compile
 
     def uninstall(self) -> None:
         self._installed = False

@@ -30,6 +30,14 @@ reports to the recorder too: a pack that returns a tensor keeps that tensor for 
 unpack that returns a tensor (e.g. one recomputed by checkpoint) hands it to backward; both make
 the storage an activation. A pack that returns an opaque holder keeps nothing.
 
+NOTE [ Inputs and their sources ]
+A storage made outside the step's forward and used by it (or saved by autograd) is an INPUT: a
+batch. Batches are often made from other storages between steps: ``x = data[idx]`` gathers from
+an in-memory dataset, ``x = batch.float() / 255`` converts a loaded one. Ops outside forward,
+backward and optimizer (phase OTHER, few per step) link their new outputs to the storages they
+read, and when an output becomes an INPUT, the OTHER storages it was made from become INPUTs
+too: the dataset tensor a loop indexes is input data, not "other".
+
 NOTE [ Autograd nodes stay unwrapped ]
 Asking torch for the autograd node that runs a backward op (``_current_autograd_node()``) gives
 the node a Python object, and (torch 2.13) a node keeps its Python object for as long as it
@@ -340,6 +348,7 @@ class Recorder:
         self._steps = MutableTable("steps")
         self._regions = MutableTable("recompute_regions")
         self._known.clear()  # storages alive across runs are SEEN again in the next run
+        self._sources: dict[int, list[int]] = {}
         self._step = 0
         self._n_ops = 0
         self._last_op = NO_INDEX
@@ -384,9 +393,7 @@ class Recorder:
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
             spec = self.runs[self._run_index]
-            self._run.set_attrs(
-                steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing
-            )
+            self._run.set_attrs(steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing)
             self._run.close(complete=not error)
         finally:
             self._busy = False
@@ -475,7 +482,7 @@ class Recorder:
             if rec is not None and rec._state is not State.DONE:
                 rec._on_optimizer_created(optimizer)
 
-        cls.__init__ = init  # type: ignore[method-assign]
+        cls.__init__ = init  # type: ignore[method-assign, assignment]
         self._restore.append(lambda: setattr(cls, "__init__", orig_init))
 
     def _wrap_torch_recompute(self) -> None:
@@ -842,8 +849,36 @@ class Recorder:
             for item in out:
                 if isinstance(item, _Tensor):
                     self._see_output(item, row, call, phase, t1)
+        if phase == _OTHER:
+            self._link_sources(args, kwargs, out)
         if row & 4095 == 4095:
             self._flush()
+
+    def _link_sources(self, args: Any, kwargs: Any, out: Any) -> None:
+        """Outside the step's phases (data handling between steps): remember which storages an
+        op's new outputs were made from (NOTE [ Inputs and their sources ])."""
+        made = [s for s in map(self._sid_of, _tensors_in(out)) if s is not None]
+        if not made:
+            return
+        sources = [s for s in map(self._sid_of, _tensors_in(args, kwargs)) if s is not None]
+        for sid in made:
+            if sid not in sources:
+                self._sources.setdefault(sid, []).extend(sources)
+
+    def _sid_of(self, t: torch.Tensor) -> int | None:
+        st = _storage_of(t)
+        ref = None if st is None else self._known.get(st._cdata)
+        return None if ref is None else ref.sid
+
+    def _promote_input(self, sid: int) -> None:
+        """An OTHER storage used by the step's forward is an input, and so is every OTHER
+        storage it was made from (NOTE [ Inputs and their sources ])."""
+        data, todo = self._st_data, [sid]
+        while todo:
+            at = todo.pop() * _ST_WIDTH + _ST_CATEGORY
+            if data[at] == _OTHER_CAT:
+                data[at] = _INPUT
+                todo += self._sources.pop(at // _ST_WIDTH, ())
 
     def _see_input(self, t: torch.Tensor, phase: int, now: int) -> None:
         try:
@@ -853,10 +888,8 @@ class Recorder:
         ref = self._known.get(st._cdata)
         if ref is None:
             self._register_existing(t, st, phase, now)
-        elif phase == _FORWARD:
-            data, at = self._st_data, ref.sid * _ST_WIDTH + _ST_CATEGORY
-            if data[at] == _OTHER_CAT:
-                data[at] = _INPUT  # made outside the forward (a batch), used by it
+        elif phase == _FORWARD and self._st_data[ref.sid * _ST_WIDTH + _ST_CATEGORY] == _OTHER_CAT:
+            self._promote_input(ref.sid)  # made outside the forward (a batch), used by it
 
     def _see_output(self, t: torch.Tensor, op: int, call: int, phase: int, now: int) -> None:
         try:
@@ -1006,8 +1039,10 @@ class Recorder:
         else:
             sid = ref.sid
         # Made outside the step's forward (a batch from the data loader) and saved: an input.
-        current = self._st_data[sid * _ST_WIDTH + _ST_CATEGORY]
-        self._promote(sid, _INPUT if current == _OTHER_CAT else _ACTIVATION)
+        if self._st_data[sid * _ST_WIDTH + _ST_CATEGORY] == _OTHER_CAT:
+            self._promote_input(sid)
+        else:
+            self._promote(sid, _ACTIVATION)
         if kind is SavedEventKind.PACK:
             call = self._stack[-1][1] if self._stack else NO_INDEX
         else:
@@ -1044,9 +1079,11 @@ class Recorder:
         return ids
 
 
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
+def _tensors_in(value: Any, *more: Any) -> Iterator[torch.Tensor]:
     """Tensors in a module's arguments or result: plain, or one level into tuples, lists,
-    dicts (HF ``ModelOutput`` is one) and dataclasses."""
+    dicts (HF ``ModelOutput`` is one) and dataclasses; then those in ``more``."""
+    for other in more:
+        yield from _tensors_in(other)
     if isinstance(value, _Tensor):
         yield value
         return

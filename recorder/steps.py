@@ -173,7 +173,9 @@ class IterationTracker:
         elif kind == "optimizer":
             text = f"given: optimizer:{n}, every {_nth(n)}optimizer step ends a step"
         elif kind == "backward":
-            text = f"given: backward:{n}, the first forward after every {_nth(n)}backward ends a step"
+            text = (
+                f"given: backward:{n}, the first forward after every {_nth(n)}backward ends a step"
+            )
         elif len(self._ever_stepped) or len(self._known):
             names = sorted(type(o).__name__ for o in self._known)
             which = (
