@@ -69,8 +69,9 @@ def naive_live(
     pre: Sequence[int], events: Sequence[Event], categories: Sequence[int]
 ) -> list[set[int]]:
     """Set of live storages at each point, by replaying the events one by one: pre-existing
-    storages are live from the start, inputs from their SEEN (NOTE [ Pre-existing storages ])."""
-    arrives = {s for s in pre if categories[s] == Category.INPUT}
+    storages are live from the start, inputs and others from their SEEN (NOTE [ Pre-existing
+    storages ])."""
+    arrives = {s for s in pre if categories[s] in (Category.INPUT, Category.OTHER)}
     live = set(pre) - arrives
     points = [set(live)]
     for kind, storage in events:
@@ -375,7 +376,7 @@ def test_summary_to_json_is_plain_python():
 def test_summary_peak_at_baseline_has_no_step():
     tables = two_step_run()
     tables["memory_events"]["kind"][:] = SEEN  # nothing is ever allocated or freed
-    tables["storages"]["category"][1] = Category.OTHER  # an input would arrive at its SEEN
+    tables["storages"]["category"][1] = Category.GRADIENT  # an input would arrive at its SEEN
     summary = summarize_run(tables, modules_table([0], [1], [-1]), STRINGS)
     assert (summary.peak_bytes, summary.peak_event, summary.peak_step) == (1100, -1, -1)
 

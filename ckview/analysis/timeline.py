@@ -7,13 +7,14 @@ NOTE [ Pre-existing storages ]
     A storage with ``alloc_ns == -1`` was not allocated by an op the recorder saw: it existed
     before the recording began (parameters, gradients and optimizer state from earlier steps)
     or came from outside any op (a batch from a DataLoader worker process, rebuilt from shared
-    memory). It is counted as live from point 0 of the timeline until its FREE event, if any, and
-    its ``SEEN`` event only marks the first time the recorder noticed it, except for an INPUT:
-    a batch is an input from when it arrives, so a pre-existing INPUT storage is live from its
-    ``SEEN`` event on (``arrives_when_seen``). Counted from point 0, every batch of a run was live
-    at once from the start (two batches at the peak), and "at start" depended on how many
-    batches the workers had made before recording began. A FREE subtracts the bytes like any
-    other FREE, since they were counted from point 0 or from the SEEN.
+    memory). Parameters, gradients, optimizer state, activations and temporaries among them are
+    live from point 0 until their FREE event, if any; their ``SEEN`` only marks the first time
+    the recorder noticed them. INPUT and OTHER storages (batches, a batch a worker delivered
+    early, a dataset, what the loop touches between steps) are live from their ``SEEN`` on
+    (``arrives_when_seen``): a batch is an input from when it arrives. Counted from point 0,
+    every batch of a run was live at once from the start (two batches at the peak), and "at
+    start" depended on how many batches the workers had delivered. A FREE subtracts the bytes
+    like any other FREE, since they were counted from point 0 or from the SEEN.
 
 NOTE [ Event order ]
     ``memory_events`` are in recording order. ``time_ns`` is non-decreasing but several events
@@ -70,15 +71,18 @@ def preexisting(storages: Table) -> np.ndarray:
     return np.asarray(storages["alloc_ns"]) == -1
 
 
+_ARRIVING = np.array([Category.INPUT, Category.OTHER])
+
+
 def arrives_when_seen(storages: Table) -> np.ndarray:
-    """Boolean mask of the pre-existing storages that are live from their SEEN event (inputs),
-    not from point 0. See NOTE [ Pre-existing storages ]."""
-    return preexisting(storages) & (np.asarray(storages["category"]) == Category.INPUT)
+    """Boolean mask of the pre-existing storages that are live from their SEEN event (inputs
+    and others), not from point 0. See NOTE [ Pre-existing storages ]."""
+    return preexisting(storages) & np.isin(np.asarray(storages["category"]), _ARRIVING)
 
 
 def live_at_start(storages: Table) -> np.ndarray:
     """Boolean mask of the storages live at point 0. See NOTE [ Pre-existing storages ]."""
-    return preexisting(storages) & (np.asarray(storages["category"]) != Category.INPUT)
+    return preexisting(storages) & ~arrives_when_seen(storages)
 
 
 def births(storages: Table, kind: np.ndarray, storage: np.ndarray) -> np.ndarray:
