@@ -117,9 +117,9 @@ def test_lightning_like_closure_keyword(tmp_path: Path) -> None:
         model = _mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(3):
-            x, y = _batch()
+            batch = _batch()
 
-            def closure() -> torch.Tensor:
+            def closure(x: torch.Tensor = batch[0], y: torch.Tensor = batch[1]) -> torch.Tensor:
                 loss = ((model(x) - y) ** 2).mean()
                 opt.zero_grad()
                 loss.backward()
