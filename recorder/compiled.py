@@ -30,6 +30,7 @@ timeline would be wrong without saying so. So, while the recorder is installed:
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from collections.abc import Iterator
@@ -99,13 +100,13 @@ class EagerWhileRecording:
         self._orig_compile = torch.compile
         guard = self
 
+        @functools.wraps(torch.compile)
         def compile(*args: Any, **kwargs: Any) -> Any:
             compiled = guard._orig_compile(*args, **kwargs)
             if guard._installed:
                 guard._apply()
             return compiled
 
-        compile.__doc__ = torch.compile.__doc__
         torch.compile = compile
 
     def uninstall(self) -> None:

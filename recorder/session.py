@@ -53,6 +53,7 @@ attribution and ``seq_nr`` -1.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -294,9 +295,15 @@ class Recorder:
         self.close(error=None if exc is None else f"{exc_type.__name__}: {exc}")
 
     def mark_step(self) -> None:
-        """End the current step by hand; from then on only ``mark_step`` ends steps."""
+        """End the current step by hand; from then on only ``mark_step`` ends steps.
+
+        The first call right after an automatic boundary (``opt.step(); rec.mark_step()``)
+        confirms that boundary instead of ending an empty step.
+        """
+        confirms = self._tracker.rule.kind != "manual" and self._tracker.current() == StepCounts()
         self._tracker.mark()
-        self._end_step()
+        if not confirms:
+            self._end_step()
 
     def close(self, error: str | None = None) -> None:
         """Stop recording, write everything recorded so far and close the trace.
@@ -476,6 +483,7 @@ class Recorder:
         orig_init = cls.__init__
         me = weakref.ref(self)
 
+        @functools.wraps(orig_init)  # keeps inspect.signature (libraries read it)
         def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(optimizer, *args, **kwargs)
             rec = me()

@@ -243,6 +243,19 @@ def test_mark_step_is_the_only_boundary(tmp_path: Path) -> None:
     assert tables["meta"].step_rule.startswith("manual")
 
 
+def test_mark_step_after_optimizer_step_confirms_the_boundary(tmp_path: Path) -> None:
+    """``opt.step(); rec.mark_step()`` each iteration: one step per iteration, none empty."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(tmp_path / "t.h5", steps=2, warmup=1, progress=False) as rec:
+        for _ in range(3):
+            x, y = _batch()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+            rec.mark_step()
+    assert _held(read_run(tmp_path / "t.h5")) == [(1, 1, 1, 1), (1, 1, 1, 1)]
+
+
 def test_manual_rule_ignores_optimizer_steps(tmp_path: Path) -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
