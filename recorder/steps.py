@@ -9,15 +9,18 @@ and backward run inside the step). The rule, by ``StepRule.kind``:
 
 * ``auto`` (default) with optimizers: an iteration ends at the optimizer step after which every
   optimizer the recorder knows of has stepped since the iteration began. Known are the
-  optimizers constructed while the recorder is installed, those alive when it is entered, and
-  any that steps. One step of each: a GAN's two steps make one iteration, k micro-batches and one
-  step make one. An optimizer that has never stepped stops being waited for once another steps
-  twice in one iteration (one built and never used would otherwise hold every step open).
+  optimizers constructed while the recorder is installed and any that has stepped (one built
+  before a ``with Recorder`` block is known from its first step on). One step of each: a GAN's
+  two steps make one iteration, k micro-batches and one step make one. An optimizer that has
+  never stepped stops being waited for once another steps twice in one iteration (one built and
+  never used would otherwise hold every step open; a WGAN critic's n steps before the
+  generator's first are then n iterations, until the generator has stepped once).
 * ``auto`` without any optimizer: an iteration ends at the first top-level forward after a
   backward (a manual SGD update under ``no_grad`` then belongs to the step it follows).
 * ``optimizer:N``: every N-th optimizer step ends an iteration (all optimizers count).
 * ``backward:N``: the first top-level forward after every N-th backward ends one.
-* ``manual``: only ``Recorder.mark_step()`` ends a step; calling it switches any rule to this.
+* ``manual``: only ``Recorder.mark_step()`` ends a step; calling it switches any rule to this
+  (a first call right after an automatic boundary confirms that boundary).
 
 Warmup counts iterations by the same rule, and the counts of the last warmup iteration are kept
 to say in the trace what one iteration looked like before recording began.
