@@ -36,7 +36,9 @@ batch. Batches are often made from other storages between steps: ``x = data[idx]
 an in-memory dataset, ``x = batch.float() / 255`` converts a loaded one. Ops outside forward,
 backward and optimizer (phase OTHER, few per step) link their new outputs to the storages they
 read, and when an output becomes an INPUT, the OTHER storages it was made from become INPUTs
-too: the dataset tensor a loop indexes is input data, not "other".
+too: the dataset tensor a loop indexes is input data, not "other". A CPU storage in shared
+memory when first seen came from a DataLoader worker process: an INPUT too, also a batch a
+worker delivered early that the recorded steps never used.
 
 NOTE [ Autograd nodes stay unwrapped ]
 Asking torch for the autograd node that runs a backward op (``_current_autograd_node()``) gives
@@ -920,8 +922,10 @@ class Recorder:
             return None
         if isinstance(t, _Parameter):
             category = _PARAMETER
+        elif phase == _FORWARD or (t.is_cpu and st.is_shared()):
+            category = _INPUT  # NOTE [ Inputs and their sources ]: also a worker's batch
         else:
-            category = _INPUT if phase == _FORWARD else _OTHER_CAT
+            category = _OTHER_CAT
         sid = self._add_storage(t, st, nbytes, category, NO_INDEX, NO_INDEX, -1)
         self._mem.data.extend((_SEEN, sid, self._last_op, now))
         return sid
