@@ -56,9 +56,18 @@ def test_worker_batches_are_inputs_from_when_they_arrive(tmp_path: Path) -> None
     assert np.isin(np.flatnonzero(batch), seen).all()
 
     summary = _summary(tables)
-    # At the peak: the step's batch, and the next one if a worker delivered it early (it is in
-    # this process then); not every batch of the run, as when they counted from the start.
-    assert summary.by_category["input"] in (BATCH_BYTES, 2 * BATCH_BYTES)
+    # At the peak: the batches that had arrived and were not freed yet (the step's own, and
+    # those a worker delivered early: they are in this process), not every batch of the run, as
+    # when they counted from the start.
+    inputs = np.flatnonzero(st["category"] == Category.INPUT)
+    rows = np.arange(len(ev["kind"]))
+    seen_at = {int(s): int(rows[(ev["storage"] == s)][0]) for s in inputs}
+    freed_at = {
+        int(s): int(r[0]) if len(r := rows[(ev["storage"] == s) & (ev["kind"] == MemoryEventKind.FREE)]) else 1 << 62
+        for s in inputs
+    }
+    there = [s for s in seen_at if seen_at[s] <= summary.peak_event < freed_at[s]]
+    assert summary.by_category["input"] == int(st["nbytes"][there].sum()) >= BATCH_BYTES
     # At the start: the parameters and their gradients (recording began at the warmup's
     # optimizer step, before zero_grad), no batch.
     params = int(st["nbytes"][st["category"] == Category.PARAMETER].sum())
