@@ -60,13 +60,12 @@ def test_worker_batches_are_inputs_from_when_they_arrive(tmp_path: Path) -> None
     # those a worker delivered early: they are in this process), not every batch of the run, as
     # when they counted from the start.
     inputs = np.flatnonzero(st["category"] == Category.INPUT)
-    rows = np.arange(len(ev["kind"]))
-    seen_at = {int(s): int(rows[(ev["storage"] == s)][0]) for s in inputs}
-    freed_at = {
-        int(s): int(r[0]) if len(r := rows[(ev["storage"] == s) & (ev["kind"] == MemoryEventKind.FREE)]) else 1 << 62
-        for s in inputs
-    }
-    there = [s for s in seen_at if seen_at[s] <= summary.peak_event < freed_at[s]]
+    seen_at = np.full(len(st["nbytes"]), 1 << 62)
+    freed_at = np.full(len(st["nbytes"]), 1 << 62)
+    for row in range(len(ev["kind"]) - 1, -1, -1):  # backwards: the first event wins
+        kind, storage = ev["kind"][row], ev["storage"][row]
+        (freed_at if kind == MemoryEventKind.FREE else seen_at)[storage] = row
+    there = [s for s in inputs if seen_at[s] <= summary.peak_event < freed_at[s]]
     assert summary.by_category["input"] == int(st["nbytes"][there].sum()) >= BATCH_BYTES
     # At the start: the parameters and their gradients (recording began at the warmup's
     # optimizer step, before zero_grad), no batch.
