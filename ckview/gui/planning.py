@@ -23,7 +23,7 @@ import itertools
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,12 +36,13 @@ from ckview.analysis import (
     Region,
     SegmentRegion,
     chain_candidates,
-    chain_of_blocks,
     plan_from_regions,
+    plan_on_trace,
     project,
-    regions_from_plan,
+    resolve_on_trace,
     sequential_children,
 )
+from ckview.analysis.plans import TraceTree
 from ckview.analysis.regions import subtree_sums
 from ckview.gui.rundata import RunData
 from ckview.trace.schema import Category, Phase
@@ -67,7 +68,7 @@ class ModuleInfo:
 
 @dataclass(frozen=True)
 class Chain:
-    """The run's chain of blocks (``chain_of_blocks``), as the strip shows it."""
+    """The run's chain of blocks (NOTE [ Block chain detection ]), as the strip shows it."""
 
     row: int
     path: str
@@ -118,6 +119,12 @@ class PlanOutcome:
     recomputes: tuple[RecomputeMark, ...]
     incremental: bool
     """True if the fast ``ProjectionModel`` answered, False for the exact fallback."""
+    regions: int = 0
+    """Selected regions (after merging a one-block segment into its block)."""
+    idle_regions: int = 0
+    """Selected regions that cannot take effect in the recorded step."""
+    notes: tuple[str, ...] = ()
+    """Why they cannot (NOTE [ Regions that cannot take effect ] in ckpt_runtime/resolve.py)."""
 
     @property
     def saving_bytes(self) -> int:
@@ -130,6 +137,16 @@ class PlanOutcome:
     @property
     def extra_share(self) -> float:
         return self.extra_compute_ns / self.step_ns if self.step_ns else 0.0
+
+    def idle_summary(self) -> str | None:
+        """One line on the regions that cannot take effect, None if all can (or none)."""
+        if not self.idle_regions:
+            return None
+        if self.idle_regions == self.regions:
+            head = f"none of its {self.regions} region(s) will run in the recorded step"
+        else:
+            head = f"{self.idle_regions} of its {self.regions} regions will not run in the step"
+        return f"{head}: {'; '.join(self.notes)}"
 
 
 class PlanSession:
@@ -145,7 +162,7 @@ class PlanSession:
         self.candidates: list[Region] = list(
             dict.fromkeys(
                 [ModuleRegion(m.row) for m in self.modules if m.calls]
-                + chain_candidates(t["modules"], t["strings"])
+                + chain_candidates(t["modules"], t["strings"], t["module_calls"])
             )
         )
         self.index = {r: i for i, r in enumerate(self.candidates)}
@@ -281,7 +298,7 @@ class PlanSession:
         """Select what a preset (``none``, ``all``, ``sqrt``, ``every:K``) checkpoints; raises
         ``ValueError`` if the model has no chain for it."""
         t = self.run.tables
-        self.set_selection(regions_from_plan(preset, t["modules"], t["strings"]))
+        self.set_selection(resolve_on_trace(preset, t["modules"], t["strings"]).regions)
 
     def plan_document(self, name: str) -> dict[str, Any]:
         """The selection as a plan document (docs/plan-format.md)."""
@@ -310,7 +327,7 @@ class PlanSession:
             raise ValueError(f"plan file {path}: a plan is a JSON object")
         doc.setdefault("name", os.path.splitext(os.path.basename(path))[0] or "plan")
         t = self.run.tables
-        self.set_selection(regions_from_plan(doc, t["modules"], t["strings"]))
+        self.set_selection(resolve_on_trace(doc, t["modules"], t["strings"]).regions)
 
     def planner(self) -> Planner:
         """A planner over the chain of blocks (``ValueError`` without one); slow on big runs."""
@@ -322,13 +339,24 @@ class PlanSession:
     # -- projection
 
     def outcome(self) -> PlanOutcome:
-        """The projection of the current selection."""
+        """The projection of the current selection, with the regions that cannot take effect."""
         regions = self.regions()
         if not regions:
             return self._recorded()
         if self.model is not None and all(r in self.index for r in regions):
-            return self._incremental([self.index[r] for r in regions])
-        return self._exact(regions)
+            outcome = self._incremental([self.index[r] for r in regions])
+        else:
+            outcome = self._exact(regions)
+        t = self.run.tables
+        try:
+            plan = plan_on_trace(
+                regions, t["modules"], t["strings"], "selection", calls=t["module_calls"]
+            )
+        except ValueError:  # a selection no plan can say (saving it says why)
+            return replace(outcome, regions=len(regions))
+        return replace(
+            outcome, regions=len(regions), idle_regions=len(plan.idle), notes=tuple(plan.notes())
+        )
 
     def _recorded(self) -> PlanOutcome:
         """Nothing checkpointed: the recorded run, what ``project`` of no region gives, without
@@ -420,15 +448,19 @@ def _region_key(region: Region) -> tuple[int, int, int]:
 
 
 def _chain(run: RunData) -> Chain | None:
-    modules, strings = run.tables["modules"], run.tables["strings"]
-    row = chain_of_blocks(modules, strings)
-    if row is None:
+    """The chain of blocks; segments only where they take effect (a Sequential running its own
+    forward, which ran in the step)."""
+    t = run.tables
+    tt = TraceTree(t["modules"], t["strings"], t["module_calls"])
+    chain = tt.chain()
+    if chain is None:
         return None
+    row = tt.rows[chain.node]
     return Chain(
         row=row,
         path=run.paths[row],
-        blocks=tuple(sequential_children(modules, strings, row)),
-        sequential=strings[int(modules["type"][row])] == "Sequential",
+        blocks=tuple(tt.rows[b] for b in chain.blocks),
+        sequential=chain.segmentable and tt.tree.ran(chain.node) is not False,
     )
 
 
