@@ -83,6 +83,7 @@ __all__ = [
     "Resolution",
     "Resolved",
     "find_chain",
+    "idle_notes",
     "resolve",
     "resolve_regions",
 ]
@@ -397,9 +398,22 @@ class Resolution:
         return tuple(r for r in self.regions if r.why is not None)
 
     def notes(self) -> list[str]:
-        """One line per distinct reason a region cannot take effect (several regions of one
-        Sequential share a reason)."""
-        return list(dict.fromkeys(r.why for r in self.regions if r.why is not None))
+        """One line per reason some regions cannot take effect (:func:`idle_notes`)."""
+        return idle_notes([str(r) for r in self.plan.regions], [r.why for r in self.regions])
+
+
+def idle_notes(labels: Sequence[str], whys: Sequence[str | None]) -> list[str]:
+    """One line per distinct reason (``why``) that regions cannot take effect, naming the
+    regions it applies to: ``"blocks[0:2], blocks[2:4]: blocks is an nn.Sequential ..."``."""
+    groups: dict[str, list[str]] = {}
+    for label, why in zip(labels, whys, strict=True):
+        if why is not None:
+            groups.setdefault(why, []).append(label or "<model>")
+    out = []
+    for why, names in groups.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        out.append(f"{shown}: {why}")
+    return out
 
 
 def resolve(tree: ModuleTree, plan: Plan) -> Resolution:
@@ -506,29 +520,31 @@ def _check_same_computation(
 
 def _why(tree: ModuleTree, r: Resolved) -> str | None:
     """Why region ``r`` cannot take effect in the recorded step, or None (NOTE [ Regions that
-    cannot take effect ])."""
+    cannot take effect ]). Regions with one cause share one text (``idle_notes`` groups them),
+    so the text names the Sequential of a segment, never the region itself."""
     if tree.ran(r.node) is not False:
         return None
     node = tree.nodes[r.node]
     path = node.path or "<model>"
-    children = join(escape_path(node.path), "*")
     if r.is_segment:
         if tree.ran_below(r.node):
             return (
-                f"segment {_label(tree, r)}: {path} is an nn.Sequential whose forward never ran "
-                "in the recorded step (the model loops over it in Python, or hands it to "
-                "checkpoint_sequential), so a segment plan on it has no effect; checkpoint its "
-                f"blocks as modules: `{children}`"
+                f"{path} is an nn.Sequential whose forward never ran in the recorded step (it "
+                "is looped over in Python, or handed to checkpoint_sequential), so a segment "
+                "plan on it has no effect; checkpoint its blocks as modules: "
+                f"`{join(escape_path(node.path), '*')}`"
             )
-        return f"segment {_label(tree, r)}: {path} never ran in the recorded step"
+        return f"{path} never ran in the recorded step, so a segment of it has no effect"
     if tree.ran_below(r.node):
+        parent = tree.nodes[node.parent] if node.parent >= 0 else None
+        if parent is not None and _is_list_like(parent):  # a block of a chain: all its siblings
+            inside = join(join(escape_path(parent.path), "*"), "*")
+        else:
+            inside = join(escape_path(node.path), "*")
         return (
-            f"{path}: the module was never called in the recorded step, although modules inside "
-            "it ran (its forward is called directly, e.g. checkpoint(module.forward, x) or a "
-            "function around its children), so a module region on it has no effect; "
-            f"checkpoint modules that are called: `{children}`"
+            "the module is never called in the recorded step although modules inside it ran "
+            "(its forward is called directly, e.g. checkpoint(module.forward, x), or a function "
+            "calls its children), so a module region on it has no effect; checkpoint the "
+            f"modules inside it that are called: `{inside}`"
         )
-    return (
-        f"{path}: the module never ran forward in the recorded step, so checkpointing it has no "
-        "effect"
-    )
+    return "the module never ran forward in the recorded step, so checkpointing it has no effect"

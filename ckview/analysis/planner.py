@@ -581,7 +581,7 @@ class _Chain:
         if chain.segmentable and tt.tree.ran(chain.node) is False:
             idle = (
                 f"{chain.path or '<model>'} is an nn.Sequential whose forward never ran in the "
-                "recorded step (the model loops over it in Python, or hands it to "
+                "recorded step (it is looped over in Python, or handed to "
                 "checkpoint_sequential), so its segments cannot take effect: the planner "
                 "checkpoints its blocks one by one"
             )

@@ -33,6 +33,7 @@ from ckpt_runtime.resolve import (
     Node,
     Resolved,
     find_chain,
+    idle_notes,
     resolve,
     resolve_regions,
 )
@@ -208,8 +209,8 @@ class PlanRegions:
         return tuple(r for r, w in zip(self.regions, self.why, strict=True) if w is not None)
 
     def notes(self) -> list[str]:
-        """One line per distinct reason a region cannot take effect."""
-        return list(dict.fromkeys(w for w in self.why if w is not None))
+        """One line per reason some regions cannot take effect, naming them (``idle_notes``)."""
+        return idle_notes(self.labels, self.why)
 
     def summary(self) -> str | None:
         """One line on the regions that cannot take effect, None if all can."""

@@ -103,8 +103,7 @@ class ChainStrip(QWidget):
         rects = self._geometry()
         fg = self.palette().windowText().color()
         painter.setPen(fg)
-        kind = "Sequential" if chain.sequential else "ModuleList"
-        painter.drawText(2, 11, f"{chain.path} ({kind}, {len(chain.blocks)} blocks)")
+        painter.drawText(2, 11, f"{chain.path} ({chain.kind}, {len(chain.blocks)} blocks)")
         on = QColor(PROJECTION_COLOR)
         selected = [False] * len(rects)
         for start, stop in session.segments():
@@ -152,7 +151,7 @@ class ChainStrip(QWidget):
             text = (
                 f"click to cut or join segments before block {hit[1]}"
                 if self.session.chain.sequential
-                else "a ModuleList's blocks are called one by one: each is its own segment"
+                else self.session.chain.fixed
             )
         QToolTip.showText(event.globalPosition().toPoint(), text, self)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ckpt_runtime.resolve import Container
 from ckview.analysis import (
     ModuleRegion,
     Planner,
@@ -74,6 +75,11 @@ class Chain:
     path: str
     blocks: tuple[int, ...]
     sequential: bool
+    """True if blocks can be grouped into segments that take effect."""
+    kind: str = "Sequential"
+    """What the chain is, as the strip names it ("ModuleList", "Sequential, looped over")."""
+    fixed: str = ""
+    """Why each block is its own segment (when not ``sequential``)."""
 
     def region(self, start: int, stop: int) -> Region:
         """The region of blocks ``start .. stop-1`` (NOTE [ Chain strip ])."""
@@ -249,10 +255,7 @@ class PlanSession:
         whether it is now a boundary. Selected segments merge or split (NOTE [ Chain strip ])."""
         assert self.chain is not None
         if not self.chain.sequential:
-            raise ValueError(
-                f"{self.chain.path} is a ModuleList: its blocks are called one by one, so each "
-                "block is its own segment"
-            )
+            raise ValueError(self.chain.fixed)
         if not 0 < gap < len(self.chain.blocks):
             raise ValueError(f"no gap {gap} in a chain of {len(self.chain.blocks)} blocks")
         before = {s: self.segment_selected(*s) for s in self.segments()}
@@ -456,11 +459,26 @@ def _chain(run: RunData) -> Chain | None:
     if chain is None:
         return None
     row = tt.rows[chain.node]
+    node = tt.tree.nodes[chain.node]
+    kind, fixed = node.type, ""
+    if node.container != Container.SEQUENTIAL:
+        fixed = f"a {node.type}'s blocks are called one by one: each is its own segment"
+    elif not chain.segmentable:
+        kind = f"{node.type} with its own forward"
+        fixed = f"{node.type} {chain.path} has its own forward: each block is its own segment"
+    elif tt.tree.ran(chain.node) is False:
+        kind = f"{node.type}, looped over"
+        fixed = (
+            f"{chain.path}'s forward never ran in the recorded step (it is looped over in "
+            "Python, or handed to checkpoint_sequential): each block is its own segment"
+        )
     return Chain(
         row=row,
         path=run.paths[row],
         blocks=tuple(tt.rows[b] for b in chain.blocks),
-        sequential=chain.segmentable and tt.tree.ran(chain.node) is not False,
+        sequential=not fixed,
+        kind=kind,
+        fixed=fixed,
     )
 
 
