@@ -294,7 +294,7 @@ def parse_preset(text: str) -> PresetSpec:
     """Parse ``none``, ``all``, ``sqrt``, ``every:K``, each optionally followed by ``@chain``.
 
     ``@chain`` names the model's chain of blocks explicitly (``sqrt@encoder.layers``) instead of
-    detecting it (NOTE [ Block chain detection ] in ckpt_runtime/presets.py).
+    detecting it (NOTE [ Block chain detection ] in ckpt_runtime/resolve.py).
     """
     match = _PRESET.match(text) if isinstance(text, str) else None
     if match is None:

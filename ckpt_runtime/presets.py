@@ -15,7 +15,14 @@ from torch import nn
 from ckpt_runtime.plan import Plan, PlanOptions
 from ckpt_runtime.resolve import Container, ModuleTree, Node, expand_preset, find_chain, join
 
-__all__ = ["BlockChain", "find_block_chain", "module_tree", "resolve_preset"]
+__all__ = [
+    "BlockChain",
+    "container_kind",
+    "find_block_chain",
+    "module_tree",
+    "resolve_preset",
+    "runs_sequential_forward",
+]
 
 
 def check_model(model: Any) -> nn.Module:
@@ -29,13 +36,17 @@ def has_sequential_forward(seq: nn.Module) -> bool:
     """True if calling ``seq`` runs its children in order: nn.Sequential's own forward, or the
     segment forward ckpt_runtime.apply installs (marked ``ckpt_runtime_segments``).
 
-    The recorder stores this as the trace's ``modules.sequential_forward``, so a plan resolves
-    the same over the live model and over its trace.
     """
     own = vars(seq).get("forward")
     return type(seq).forward is nn.Sequential.forward and (
         own is None or getattr(own, "ckpt_runtime_segments", False)
     )
+
+
+def runs_sequential_forward(module: nn.Module) -> bool:
+    """True if calling ``module`` runs ``nn.Sequential.forward`` (or the segment forward a plan
+    installs): the trace's ``modules.sequential_forward``."""
+    return isinstance(module, nn.Sequential) and has_sequential_forward(module)
 
 
 def container_kind(module: nn.Module) -> Container:
@@ -64,8 +75,7 @@ def module_tree(model: nn.Module) -> ModuleTree:
                 type=type(module).__name__,
                 parent=parent,
                 container=container_kind(module),
-                sequential_forward=isinstance(module, nn.Sequential)
-                and has_sequential_forward(module),
+                sequential_forward=runs_sequential_forward(module),
                 param_bytes=sum(p.nbytes for p in module.parameters(recurse=False)),
             )
         )

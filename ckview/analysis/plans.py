@@ -57,13 +57,6 @@ Table = Mapping[str, np.ndarray]
 PlanLike = Plan | Mapping[str, Any] | str
 """A plan, a plan document (dict or JSON text), or a preset string (``every:2@blocks``)."""
 
-_CONTAINER_NAMES = {
-    "Sequential": Container.SEQUENTIAL,
-    "ModuleList": Container.MODULE_LIST,
-    "ModuleDict": Container.MODULE_DICT,
-}
-
-
 class TraceTree:
     """The main model of a trace's ``modules`` table as a ``ModuleTree``, with the module row of
     each node. With ``calls`` (a run's ``module_calls``), the tree knows each module's forward
@@ -93,20 +86,13 @@ class TraceTree:
     def _node(self, row: int, parent: np.ndarray) -> Node:
         m = self.modules
         type_name = self.strings[int(m["type"][row])]
-        # Trace format v1 has neither column: the migration's defaults, from the type name.
-        if "container" in m:
-            container = Container(int(m["container"][row]))
-            sequential_forward = bool(m["sequential_forward"][row])
-        else:
-            container = _CONTAINER_NAMES.get(type_name, Container.MODULE)
-            sequential_forward = type_name == "Sequential"
         up = int(parent[row])
         return Node(
             path=self.strings[int(m["path"][row])],
             type=type_name,
             parent=-1 if up == NO_INDEX else self.node_of[up],
-            container=container,
-            sequential_forward=sequential_forward,
+            container=Container(int(m["container"][row])),  # ckview.trace.schema.ContainerKind
+            sequential_forward=bool(m["sequential_forward"][row]),
             param_bytes=int(m["param_bytes"][row]),
         )
 
