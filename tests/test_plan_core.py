@@ -334,3 +334,33 @@ def test_container_kinds_agree_with_the_trace_format() -> None:
     from ckview.trace.schema import ContainerKind
 
     assert {k.name: k.value for k in Container} == {k.name: k.value for k in ContainerKind}
+
+
+def test_hf_llama_resolves_the_same_over_the_model_and_its_trace(tmp_path: Path) -> None:
+    """A Hugging Face Llama built from a config (its ModuleList of decoder layers, rotary
+    embedding, norms): presets and patterns resolve the same on both sides."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+        use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+
+    def step(m: nn.Module) -> None:
+        ids = torch.randint(0, 64, (2, 8))
+        m(input_ids=ids, labels=ids).loss.backward()
+
+    tables = read_run(record(model, tmp_path / "t.h5", step))
+    docs: list[Any] = [
+        "sqrt", "all", "every:2", "sqrt@model.layers", "sqrt@model",
+        _doc(_m("model.layers.*.mlp"), _m("**.self_attn")),
+        _doc(_m("model.layers.[02]"), _m("model.layers.0.mlp")),
+        _doc(_m("model.layer.*")),
+    ]  # fmt: skip
+    for doc in docs:
+        live, trace = _both(model, tables, doc)
+        assert live == trace, doc
+    assert _both(model, tables, "every:2")[0] == [_m("model.layers.0"), _m("model.layers.2")]
+    assert "did you mean 'model.layers" in _both(model, tables, docs[-1])[0]

@@ -574,7 +574,8 @@ class _Chain:
         if chain is None:
             raise ValueError(
                 "the run's model has no chain of blocks (no ModuleList or Sequential with 2+ "
-                "children) to plan over; pass the candidate regions explicitly"
+                "children) to plan over; write a plan naming its modules (docs/plan-format.md) "
+                "and project it with ckview project"
             )
         blocks = [tt.rows[b] for b in chain.blocks]
         row = tt.rows[chain.node]

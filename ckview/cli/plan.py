@@ -91,7 +91,11 @@ def _finish(result: Any, output: Path | None, context: _Context) -> int:
         print(
             f"ckview: no plan reaches the budget {fb(result.budget_bytes)}: the lowest projected "
             f"peak is {fb(result.best_reachable_peak)}; "
-            + ("; ".join(result.notes) if result.notes else "raise the budget")
+            + (
+                "; ".join(result.notes)  # nothing could be checkpointed: say why
+                if result.notes and not result.regions
+                else "raise the budget"
+            )
             + (" (no plan file written)" if output is not None else ""),
             file=sys.stderr,
         )
