@@ -1,6 +1,8 @@
 """The checkpointing runtime: checkpoint, checkpoint_sequential, bypass, markers, plans.
 
-Imports torch only (never ckview).
+Imports torch only (never ckview), and only when a name that needs it is first used: the plan
+format (:mod:`ckpt_runtime.plan`, ``load_plan``) and the plan rules (:mod:`ckpt_runtime.resolve`)
+are torch-free, for ckview's analysis (NOTE [ Importing ckpt_runtime does not import torch ]).
 
 - :func:`checkpoint`, :func:`checkpoint_sequential`: drop-ins for ``torch.utils.checkpoint``'s,
   which also keep running statistics (BatchNorm, ...) updated once per step, raise
@@ -11,7 +13,8 @@ Imports torch only (never ckview).
 - :mod:`ckpt_runtime.markers`: :func:`add_listener` to hear when a region recomputes.
 - :func:`apply_plan`, :func:`remove_plan`, :func:`resolve_plan` (:mod:`ckpt_runtime.apply`),
   :class:`Plan` and friends (:mod:`ckpt_runtime.plan`, docs/plan-format.md) and the presets
-  ``none``, ``all``, ``every:K``, ``sqrt`` (:mod:`ckpt_runtime.presets`): checkpoint plans.
+  ``none``, ``all``, ``every:K``, ``sqrt`` (:mod:`ckpt_runtime.resolve`, on a live model through
+  :mod:`ckpt_runtime.presets`): checkpoint plans.
 
 Note that the functions ``checkpoint`` and ``bypass`` shadow their submodules as attributes of
 the package: reach the modules with ``from ckpt_runtime.checkpoint import ...`` or

@@ -20,14 +20,15 @@ NOTE [ Chain strip ]
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ckpt_runtime.plan import Plan, load_plan, save_plan
 from ckpt_runtime.resolve import Container
 from ckview.analysis import (
     ModuleRegion,
@@ -312,25 +313,13 @@ class PlanSession:
     def save_plan(self, path: str, name: str | None = None) -> None:
         """Write the selection as a plan JSON file (named after the file if no ``name``)."""
         stem = os.path.splitext(os.path.basename(path))[0] or "plan"
-        doc = self.plan_document(name or stem)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+        save_plan(Plan.from_json(self.plan_document(name or stem)), path)
 
     def load_plan(self, path: str) -> None:
         """Select what a plan file checkpoints; ``ValueError`` (one line) if it cannot apply."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read plan file {path}: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"plan file {path} is not valid JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"plan file {path}: a plan is a JSON object")
-        doc.setdefault("name", os.path.splitext(os.path.basename(path))[0] or "plan")
+        plan = load_plan(Path(path))  # a path, even one named like a preset
         t = self.run.tables
-        self.set_selection(resolve_on_trace(doc, t["modules"], t["strings"]).regions)
+        self.set_selection(resolve_on_trace(plan, t["modules"], t["strings"]).regions)
 
     def planner(self) -> Planner:
         """A planner over the chain of blocks (``ValueError`` without one); slow on big runs."""
