@@ -72,6 +72,7 @@ from ckpt_runtime.plan import (
     SegmentRegion,
     check_module_path,
     escape_path,
+    match_paths,
     parse_preset,
 )
 
@@ -140,6 +141,7 @@ class ModuleTree:
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _subtree_bytes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _ran_below: tuple[bool, ...] = field(init=False, repr=False, compare=False)
+    _paths: list[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -152,6 +154,7 @@ class ModuleTree:
                 "module tree nodes must list the model first and parents before children"
             )
         object.__setattr__(self, "_index", {n.path: i for i, n in enumerate(self.nodes)})
+        object.__setattr__(self, "_paths", [n.path for n in self.nodes])
         sums = [n.param_bytes for n in self.nodes]
         for i in reversed(range(1, len(self.nodes))):  # a parent comes before its children
             sums[self.nodes[i].parent] += sums[i]
@@ -217,8 +220,8 @@ class ModuleTree:
 
     def matching(self, pattern: str) -> list[int]:
         """Nodes whose path matches ``pattern`` (NOTE [ Module path patterns ] in plan.py)."""
-        region = ModuleRegion(pattern)
-        return [i for i, n in enumerate(self.nodes) if region.matches(n.path)]
+        check_module_path(pattern, "module pattern", glob=True)
+        return match_paths(pattern, self._paths)
 
     def subtree_bytes(self, node: int) -> int:
         """Parameter bytes of ``node`` and everything under it."""

@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from ckview.analysis.plans import TraceTree, plan_from_regions, resolve_on_trace
+from ckview.analysis.plans import TraceTree
 from ckview.analysis.projection import ProjectionModel
 from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, sequential_children
 from ckview.analysis.units import format_bytes
@@ -217,7 +217,7 @@ def chain_candidates(
     Sequential chain its segments (NOTE [ Planner search space ]; with the run's
     ``module_calls``, segments only if the Sequential's forward ran); empty without a chain."""
     try:
-        return _Chain.find(modules, strings, calls).candidates()
+        return _Chain.find(TraceTree(modules, strings, calls)).candidates()
     except ValueError:
         return []
 
@@ -237,8 +237,9 @@ class Planner:
         self.exact_limit, self.max_evaluations = exact_limit, max_evaluations
         self.chain: _Chain | None = None
         self.calls = tables.get("module_calls")
+        self.tree = TraceTree(self.modules, self.strings, self.calls)
         if candidates is None:
-            self.chain = _Chain.find(self.modules, self.strings, self.calls)
+            self.chain = _Chain.find(self.tree)
             candidates = self.chain.candidates()
         self.candidates: list[Region] = list(dict.fromkeys(candidates))
         self.pool = list(self.candidates)
@@ -322,7 +323,7 @@ class Planner:
         self._preset_idle: dict[str, str | None] = {}
         for name in names:
             try:
-                resolved = resolve_on_trace(name, self.modules, self.strings, self.calls)
+                resolved = self.tree.resolve(name)
             except ValueError:
                 continue  # no chain of blocks: the preset does not exist for this model
             regions = resolved.regions
@@ -513,7 +514,7 @@ class Planner:
         name = "budget-" + format_bytes(budget).replace(" ", "")
         return PlannerResult(
             regions=regions,
-            plan=plan_from_regions(regions, self.modules, self.strings, name, meta=meta),
+            plan=self.tree.plan_of(regions, name, meta).plan.to_json(),
             peak_bytes=peak,
             extra_compute_ns=extra,
             fits=fits,
@@ -560,16 +561,10 @@ class _Chain:
         self.index = {r: k for k, r in enumerate(self.ranges)}
 
     @classmethod
-    def find(
-        cls,
-        modules: Mapping[str, np.ndarray],
-        strings: Sequence[str],
-        calls: Mapping[str, np.ndarray] | None = None,
-    ) -> _Chain:
+    def find(cls, tt: TraceTree) -> _Chain:
         """The run's chain of blocks (NOTE [ Block chain detection ]); segments only on a
-        segmentable Sequential whose forward ran (when ``calls`` tell); ``ValueError`` if there
-        is no chain."""
-        tt = TraceTree(modules, strings, calls)
+        segmentable Sequential whose forward ran (when the tree knows the calls);
+        ``ValueError`` if there is no chain."""
         chain = tt.chain()
         if chain is None:
             raise ValueError(

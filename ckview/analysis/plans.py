@@ -37,7 +37,7 @@ from ckpt_runtime.resolve import (
     resolve,
     resolve_regions,
 )
-from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, sequential_children
+from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, all_children
 from ckview.trace.schema import NO_INDEX, Phase
 
 __all__ = [
@@ -67,6 +67,7 @@ class TraceTree:
         parent = np.asarray(modules["parent"], dtype=np.int64)
         self.rows: list[int] = _main_subtree(parent, np.asarray(modules["param_bytes"]))
         self.node_of = {row: node for node, row in enumerate(self.rows)}
+        children = all_children(modules, strings)
         forward = None
         if calls is not None:
             phase = np.asarray(calls["phase"])
@@ -74,27 +75,27 @@ class TraceTree:
             counts = np.bincount(called[called >= 0], minlength=len(parent))
             forward = [int(counts[row]) for row in self.rows]
         self.tree = ModuleTree.build(
-            [self._node(row, parent) for row in self.rows],
+            self._nodes(parent.tolist()),
             forward_calls=forward,
             listing="list all paths with `ckview summary`",
-            order=[
-                [self.node_of[c] for c in sequential_children(modules, strings, row)]
-                for row in self.rows
-            ],
+            order=[[self.node_of[c] for c in children[row]] for row in self.rows],
         )
 
-    def _node(self, row: int, parent: np.ndarray) -> Node:
-        m = self.modules
-        type_name = self.strings[int(m["type"][row])]
-        up = int(parent[row])
-        return Node(
-            path=self.strings[int(m["path"][row])],
-            type=type_name,
-            parent=-1 if up == NO_INDEX else self.node_of[up],
-            container=Container(int(m["container"][row])),  # ckview.trace.schema.ContainerKind
-            sequential_forward=bool(m["sequential_forward"][row]),
-            param_bytes=int(m["param_bytes"][row]),
-        )
+    def _nodes(self, parent: list[int]) -> list[Node]:
+        m, strings = self.modules, self.strings
+        columns = ("path", "type", "container", "sequential_forward", "param_bytes")
+        path, type_, container, sequential, params = (np.asarray(m[c]).tolist() for c in columns)
+        return [
+            Node(
+                path=strings[path[row]],
+                type=strings[type_[row]],
+                parent=-1 if parent[row] == NO_INDEX else self.node_of[parent[row]],
+                container=Container(container[row]),  # ckview.trace.schema.ContainerKind
+                sequential_forward=bool(sequential[row]),
+                param_bytes=params[row],
+            )
+            for row in self.rows
+        ]
 
     def region(self, resolved: Resolved) -> Region:
         """The projection's region (by module row) of a resolved region."""
@@ -114,6 +115,30 @@ class TraceTree:
         if isinstance(region, SegmentRegion):
             return Resolved(node, region.start, region.stop)
         return Resolved(node)
+
+    def resolve(self, plan: PlanLike) -> PlanRegions:
+        """``plan`` resolved over this tree (``resolve_on_trace``)."""
+        resolution = resolve(self.tree, as_plan(plan))
+        return PlanRegions(
+            plan=resolution.plan,
+            regions=tuple(self.region(r) for r in resolution.regions),
+            why=tuple(r.why for r in resolution.regions),
+            labels=tuple(str(region) for region in resolution.plan.regions),
+        )
+
+    def plan_of(
+        self, regions: Sequence[Region], name: str, meta: Mapping[str, Any] | None = None
+    ) -> PlanRegions:
+        """Module-row ``regions`` as a plan over this tree (``plan_on_trace``)."""
+        wanted = [self.resolved(r).region(self.tree) for r in dict.fromkeys(regions)]
+        concrete = resolve_regions(self.tree, wanted)
+        plan = Plan(name, tuple(r.region(self.tree) for r in concrete), meta=dict(meta or {}))
+        return PlanRegions(
+            plan=plan,
+            regions=tuple(self.region(r) for r in concrete),
+            why=tuple(r.why for r in concrete),
+            labels=tuple(str(region) for region in plan.regions),
+        )
 
     def chain(self) -> Chain | None:
         """The model's chain of blocks (NOTE [ Block chain detection ]), None if it has none."""
@@ -224,14 +249,7 @@ def resolve_on_trace(
     resolves it over the live model; with a run's ``module_calls`` as ``calls``, each region
     says whether it takes effect in that run's step. Raises PlanError (a ValueError, one line)
     for a malformed plan, a pattern that matches nothing, or regions the model cannot have."""
-    tt = TraceTree(modules, strings, calls)
-    resolution = resolve(tt.tree, as_plan(plan))
-    return PlanRegions(
-        plan=resolution.plan,
-        regions=tuple(tt.region(r) for r in resolution.regions),
-        why=tuple(r.why for r in resolution.regions),
-        labels=tuple(str(region) for region in resolution.plan.regions),
-    )
+    return TraceTree(modules, strings, calls).resolve(plan)
 
 
 def regions_from_plan(plan: PlanLike, modules: Table, strings: Sequence[str]) -> list[Region]:
@@ -252,16 +270,7 @@ def plan_on_trace(
     """Module-row ``regions`` as a plan over the recorded model (deduplicated, in resolved
     order), each saying whether it takes effect when ``calls`` are given; PlanError for regions
     no plan can express (as ``plan_from_regions``)."""
-    tt = TraceTree(modules, strings, calls)
-    wanted = [tt.resolved(r).region(tt.tree) for r in dict.fromkeys(regions)]
-    concrete = resolve_regions(tt.tree, wanted)
-    plan = Plan(name, tuple(r.region(tt.tree) for r in concrete), meta=dict(meta or {}))
-    return PlanRegions(
-        plan=plan,
-        regions=tuple(tt.region(r) for r in concrete),
-        why=tuple(r.why for r in concrete),
-        labels=tuple(str(region) for region in plan.regions),
-    )
+    return TraceTree(modules, strings, calls).plan_of(regions, name, meta)
 
 
 def plan_from_regions(

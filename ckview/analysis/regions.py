@@ -89,6 +89,20 @@ def sequential_children(modules: Table, strings: Sequence[str], row: int) -> lis
     definition order.
     """
     children = np.flatnonzero(np.asarray(modules["parent"]) == row).tolist()
+    return _in_container_order(modules, strings, children)
+
+
+def all_children(modules: Table, strings: Sequence[str]) -> list[list[int]]:
+    """``sequential_children`` of every row, in one pass over the table."""
+    parent = np.asarray(modules["parent"], dtype=np.int64)
+    kids: list[list[int]] = [[] for _ in range(len(parent))]
+    for child, up in enumerate(parent.tolist()):
+        if up >= 0:
+            kids[up].append(child)
+    return [_in_container_order(modules, strings, c) if len(c) > 1 else c for c in kids]
+
+
+def _in_container_order(modules: Table, strings: Sequence[str], children: list[int]) -> list[int]:
     names = [strings[modules["path"][c]].rpartition(".")[2] for c in children]
     if all(name.isdigit() for name in names):
         return [c for _, c in sorted(zip((int(n) for n in names), children, strict=True))]

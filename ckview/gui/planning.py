@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpt_runtime.plan import Plan, load_plan, save_plan
+from ckpt_runtime.plan import load_plan, save_plan
 from ckpt_runtime.resolve import Container
 from ckview.analysis import (
     ModuleRegion,
@@ -38,10 +38,7 @@ from ckview.analysis import (
     Region,
     SegmentRegion,
     chain_candidates,
-    plan_from_regions,
-    plan_on_trace,
     project,
-    resolve_on_trace,
     sequential_children,
 )
 from ckview.analysis.plans import TraceTree
@@ -163,7 +160,9 @@ class PlanSession:
         self.run = run
         t = run.tables
         self.modules = _module_infos(run)
-        self.chain = _chain(run)
+        self.tree = TraceTree(t["modules"], t["strings"], t["module_calls"])
+        """The run's model for the plan rules, built once (``outcome`` asks it on each click)."""
+        self.chain = _chain(run, self.tree)
         self.boundaries: set[int] = set(range(1, len(self.chain.blocks))) if self.chain else set()
         self.selection: set[Region] = set()
         self.candidates: list[Region] = list(
@@ -301,25 +300,23 @@ class PlanSession:
     def apply_preset(self, preset: str) -> None:
         """Select what a preset (``none``, ``all``, ``sqrt``, ``every:K``) checkpoints; raises
         ``ValueError`` if the model has no chain for it."""
-        t = self.run.tables
-        self.set_selection(resolve_on_trace(preset, t["modules"], t["strings"]).regions)
+        self.set_selection(self.tree.resolve(preset).regions)
 
     def plan_document(self, name: str) -> dict[str, Any]:
         """The selection as a plan document (docs/plan-format.md)."""
-        t = self.run.tables
         meta = {"trace": os.path.basename(self.run.source), "run": self.run.name}
-        return plan_from_regions(self.regions(), t["modules"], t["strings"], name, meta=meta)
+        return self.tree.plan_of(self.regions(), name, meta).plan.to_json()
 
     def save_plan(self, path: str, name: str | None = None) -> None:
         """Write the selection as a plan JSON file (named after the file if no ``name``)."""
         stem = os.path.splitext(os.path.basename(path))[0] or "plan"
-        save_plan(Plan.from_json(self.plan_document(name or stem)), path)
+        meta = {"trace": os.path.basename(self.run.source), "run": self.run.name}
+        save_plan(self.tree.plan_of(self.regions(), name or stem, meta).plan, path)
 
     def load_plan(self, path: str) -> None:
         """Select what a plan file checkpoints; ``ValueError`` (one line) if it cannot apply."""
         plan = load_plan(Path(path))  # a path, even one named like a preset
-        t = self.run.tables
-        self.set_selection(resolve_on_trace(plan, t["modules"], t["strings"]).regions)
+        self.set_selection(self.tree.resolve(plan).regions)
 
     def planner(self) -> Planner:
         """A planner over the chain of blocks (``ValueError`` without one); slow on big runs."""
@@ -339,11 +336,8 @@ class PlanSession:
             outcome = self._incremental([self.index[r] for r in regions])
         else:
             outcome = self._exact(regions)
-        t = self.run.tables
         try:
-            plan = plan_on_trace(
-                regions, t["modules"], t["strings"], "selection", calls=t["module_calls"]
-            )
+            plan = self.tree.plan_of(regions, "selection")
         except ValueError:  # a selection no plan can say (saving it says why)
             return replace(outcome, regions=len(regions))
         return replace(
@@ -439,11 +433,9 @@ def _region_key(region: Region) -> tuple[int, int, int]:
     return region.module, -1, -1
 
 
-def _chain(run: RunData) -> Chain | None:
+def _chain(run: RunData, tt: TraceTree) -> Chain | None:
     """The chain of blocks; segments only where they take effect (a Sequential running its own
     forward, which ran in the step)."""
-    t = run.tables
-    tt = TraceTree(t["modules"], t["strings"], t["module_calls"])
     chain = tt.chain()
     if chain is None:
         return None
