@@ -83,6 +83,7 @@ __all__ = [
     "Node",
     "Resolution",
     "Resolved",
+    "expand_preset",
     "find_chain",
     "idle_notes",
     "resolve",
@@ -194,10 +195,6 @@ class ModuleTree:
     @property
     def model_type(self) -> str:
         return self.nodes[0].type
-
-    def index(self, path: str) -> int | None:
-        """Node at exact ``path``, None if there is none."""
-        return self._index.get(path)
 
     def lookup(self, path: str, what: str) -> int:
         """Node at exact ``path``; a PlanError naming ``what`` and suggesting paths if none."""
@@ -311,19 +308,15 @@ def _chain(tree: ModuleTree, node: int) -> Chain:
     return Chain(node, tree.nodes[node].path, tree.children[node], tree.segmentable(node))
 
 
-def preset_regions(tree: ModuleTree, spec: PresetSpec, chain: str | None) -> tuple[Region, ...]:
-    """The concrete regions of a preset.
+def _preset_regions(tree: ModuleTree, spec: PresetSpec, found: Chain) -> tuple[Region, ...]:
+    """The concrete regions of a preset other than ``none`` on the chain ``found``.
 
-    - ``none``: no regions.
     - ``all``: every block of the chain, each as its own module region.
     - ``every:K``: blocks 0, K, 2K, ... as module regions.
     - ``sqrt`` (Chen et al. 2016): on a segmentable chain of n blocks, ceil(sqrt(n)) contiguous
       segments of near-equal length; otherwise the first n - round(sqrt(n)) blocks as module
       regions (NOTE [ sqrt on a ModuleList ]).
     """
-    if spec.kind == "none":
-        return ()
-    found = find_chain(tree, chain if chain is not None else spec.chain)
     n = len(found)
     if spec.kind == "sqrt" and found.segmentable:
         k = math.ceil(math.sqrt(n))
@@ -355,7 +348,7 @@ def expand_preset(
     if spec.kind == "none":
         return Plan(name, (), options)
     found = find_chain(tree, chain if chain is not None else spec.chain)
-    regions = preset_regions(tree, spec, found.path)
+    regions = _preset_regions(tree, spec, found)
     meta = {"preset": {"name": spec.name, "chain": found.path, "blocks": len(found)}}
     return Plan(name, regions, options, meta=meta)
 
