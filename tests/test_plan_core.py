@@ -61,6 +61,16 @@ print(loaded)
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_layering_contracts_hold() -> None:
+    """The import-linter contracts of pyproject.toml (ckview.trace and ckview.analysis import
+    neither torch nor Qt, the plan core no torch, ...), checked statically."""
+    pytest.importorskip("importlinter")
+    lint = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(lint)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "0 broken" in out.stdout
+
+
 def test_lazy_runtime_names_are_the_functions() -> None:
     """``checkpoint`` and ``bypass`` stay functions although their submodules are imported."""
     import ckpt_runtime.bypass
