@@ -314,7 +314,7 @@ class PlanPanel(QWidget):
         self.message.emit(
             f"budget {format_bytes(result.budget_bytes)}: {picked or 'nothing'} → "
             f"{format_bytes(result.peak_bytes)}, +{result.extra_compute_ns / 1e6:.1f} ms "
-            f"({verdict})"
+            f"({verdict})" + "".join(f"; {note}" for note in result.notes)
         )
         self._refresh()
 
