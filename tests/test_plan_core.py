@@ -374,3 +374,18 @@ def test_hf_llama_resolves_the_same_over_the_model_and_its_trace(tmp_path: Path)
         assert live == trace, doc
     assert _both(model, tables, "every:2")[0] == [_m("model.layers.0"), _m("model.layers.2")]
     assert "did you mean 'model.layers" in _both(model, tables, docs[-1])[0]
+
+
+def test_a_planned_sequential_still_runs_its_children_in_order(tmp_path: Path) -> None:
+    """A plan run's Sequential has ckpt_runtime's segment forward on the instance; the recorder
+    stores it as running nn.Sequential.forward (the live adapter's rule), so the plan resolves
+    over that trace as over the model."""
+    torch.manual_seed(0)
+    model = _sequential()
+    with ckpt_runtime.apply_plan(model, "sqrt"):
+        assert "forward" in vars(model)
+        tables = read_run(record(model, tmp_path / "t.h5"))
+        root = list(tables["modules"]["path"]).index(tables["strings"].index(""))
+        assert tables["modules"]["sequential_forward"][root] == 1
+        live, trace = _both(model, tables, "sqrt")
+    assert live == trace == [_s("", 0, 2), _s("", 2, 5), _s("", 5, 8)]
