@@ -49,8 +49,9 @@ def add_record_options(p: argparse.ArgumentParser) -> None:
         "--plan",
         action="append",
         metavar="PLAN",
-        help="also record a run with this checkpoint plan applied to the script's model: a plan "
-        "file or a preset (none, all, every:K, sqrt); repeatable",
+        help="also record a run with this checkpoint plan applied to the script's model, in place "
+        "of the script's own checkpointing (bypassed): a plan file or a preset (none, all, "
+        "every:K, sqrt); repeatable",
     )
     p.add_argument("--no-progress", action="store_true", help="do not show progress on stderr")
     p.add_argument(
@@ -243,9 +244,18 @@ def load_plan(source: str) -> Any:
 
 
 def plan_context(plan: Any) -> Any:
-    """Apply ``plan`` to the recorder's main model for one run, then remove it."""
+    """Apply ``plan`` to the recorder's main model for one run, in place of the script's own
+    checkpointing, then remove it.
+
+    A plan run means one thing: the script's checkpointing (``torch.utils.checkpoint``, HF's
+    ``gradient_checkpointing_enable``, ``ckpt_runtime``) is bypassed, as in run 'baseline', and
+    the plan's regions checkpoint (NOTE [ A plan that replaces the script's checkpointing ] in
+    ckpt_runtime/bypass.py). So a plan projected over 'baseline' and the plan's run describe
+    the same computation.
+    """
     from contextlib import contextmanager
 
+    from ckpt_runtime import bypass
     from ckpt_runtime.apply import apply_plan, remove_plan
 
     @contextmanager
@@ -253,11 +263,19 @@ def plan_context(plan: Any) -> Any:
         model = recorder.main_model()
         applied_plan = apply_plan(model, plan)
         try:
-            yield applied_plan
+            with bypass(keep=_planned_modules(model, applied_plan)):
+                yield applied_plan
         finally:
             remove_plan(model)
 
     return applied
+
+
+def _planned_modules(model: Any, applied: Any) -> list[Any]:
+    """The modules whose calls ``applied`` checkpoints: its module regions and the
+    ``nn.Sequential`` of each segment."""
+    paths = {*applied.modules, *(segment.sequential for segment in applied.segments)}
+    return [model.get_submodule(path) for path in sorted(paths)]
 
 
 def check_target(target: str, module: bool) -> None:
