@@ -201,6 +201,7 @@ class Recorder:
         self.steps_recorded = 0
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
+        self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
         self._progress = StepProgress(warmup, steps * len(self.runs), enabled=progress)
         self._state = State.WARMUP
         self._busy = False
@@ -372,6 +373,9 @@ class Recorder:
         """End the current run if one is open, then write the modules and close the trace."""
         if self._state is State.RECORDING:
             self._end_run(error)
+        early, self._early_context = self._early_context, None
+        if early is not None:  # the script ended before the run it was entered for
+            early.__exit__(None, None, None)
         self._state = State.DONE
         self._known.clear()
         writer, self._writer = self._writer, None
@@ -495,7 +499,8 @@ class Recorder:
         if self._state is State.BETWEEN_RUNS:
             self._begin_run_tables()
         spec = self.runs[self._run_index]
-        if spec.context is not None:
+        self._run_context, self._early_context = self._early_context, None
+        if spec.context is not None and self._run_context is None:
             self._run_context = spec.context(self)
             self._run_context.__enter__()
         self._state = State.RECORDING
@@ -606,6 +611,39 @@ class Recorder:
         self._pending_backward_end = True
         if self._state is State.RECORDING:
             self._mark_gradients()
+        if not self._optimizer_seen:
+            self._enter_next_context_early()
+
+    # NOTE [ Early run context ]
+    # A loop without optimizer ends its step when the next forward begins: inside the root
+    # module's forward pre-hook, after torch looked up the root's ``forward`` (and while its
+    # ``_call_impl`` runs). A run context entered there (a plan with a segment of the root
+    # nn.Sequential, or a region on the root) would miss that first call. So when such a step
+    # boundary is due to begin a run, the run's context is entered already at the end of the
+    # backward before it (the previous run's context is left then); the run itself still begins
+    # at the boundary. What runs in between (a no_grad parameter update) is not checkpointed
+    # either way.
+
+    def _enter_next_context_early(self) -> None:
+        if self._early_context is not None or not self._next_boundary_starts_run():
+            return
+        spec = self.runs[self._run_index + (self._state is State.RECORDING)]
+        if spec.context is None:
+            return
+        context, self._run_context = self._run_context, None
+        if context is not None:
+            context.__exit__(None, None, None)
+        self._early_context = spec.context(self)
+        self._early_context.__enter__()
+
+    def _next_boundary_starts_run(self) -> bool:
+        if self._state is State.WARMUP:
+            return self._warmup_done + 1 >= self.warmup
+        return (
+            self._state is State.RECORDING
+            and self._steps_in_run + 1 >= self.steps
+            and self._run_index + 1 < len(self.runs)
+        )
 
     def _pre_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._optimizer_seen = True
