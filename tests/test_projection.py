@@ -338,7 +338,8 @@ def test_checkpointing_never_raises_forward_memory(spec: list[Block], picks: lis
 @given(steps, st.lists(st.booleans(), min_size=5, max_size=5))
 def test_projection_is_consistent(spec: list[Block], picks: list[bool]) -> None:
     """The live storages at the peak add up to it, times never go back (NOTE [ Event keys ]),
-    and extra compute is the forward time of the recomputed blocks."""
+    and extra compute is the forward time of the recomputed blocks up to their last save
+    (NOTE [ Early stop ]); blocks that save nothing are not recomputed."""
     tables = training_step(spec)
     projection = project(tables, block_plans(tables, picks))
     nbytes = tables["storages"]["nbytes"]
@@ -346,14 +347,21 @@ def test_projection_is_consistent(spec: list[Block], picks: list[bool]) -> None:
     assert np.all(np.diff(projection.events.time_ns) >= 0)
     ops, inst = tables["ops"], projection.instances
     forward = ops["phase"] == Phase.FORWARD
-    expected = 0
-    for r in projection.recomputes:
-        calls = ops["module_call"]
-        inside = (calls >= inst.first_call[r.instance]) & (calls < inst.call_stop[r.instance])
+    saved = tables["saved_events"]
+    pack = saved["kind"] == SavedEventKind.PACK
+    expected, saving = 0, 0
+    calls = ops["module_call"]
+    for i in np.flatnonzero(projection.checkpointed):
+        first, stop = inst.first_call[i], inst.call_stop[i]
+        packs = pack & (saved["module_call"] >= first) & (saved["module_call"] < stop)
+        saving += bool(packs.any())
+        last = saved["op"][packs].max(initial=-1)
+        inside = (calls >= first) & (calls < stop) & (np.arange(len(calls)) <= last)
         expected += int((ops["end_ns"] - ops["start_ns"])[forward & inside].sum())
+    for r in projection.recomputes:
         assert projection.events.copy[r.point] and projection.events.instance[r.point] == r.instance
     assert projection.extra_compute_ns == expected
-    assert len(projection.recomputes) == sum(picks[: len(spec)])
+    assert len(projection.recomputes) == saving
 
 
 # ----------------------------------------------------------------------------- hand-made
@@ -395,8 +403,8 @@ def three_blocks() -> tuple[Tables, list[int]]:
 
 # Live bytes at each point: 1010 at the start and after the two SEEN events, then one point
 # per event. A checkpointed block loses its 100-byte activation at its end; its replay brings
-# back the temporary (+50), the activation (+100), frees the temporary, brings back the output
-# (+10) and frees it at the end of the replay.
+# back the temporary (+50), the activation (+100) and frees the temporary; it stops there, after
+# the block's last save, so the output is not recomputed (NOTE [ Early stop ]).
 AT_START = (1010, 1010, 1010)
 EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
     (): (
@@ -412,7 +420,7 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
             *(*AT_START, 1060, 1160, 1110, 1120, 1020),  # block 0, minus its activation
             *(1070, 1170, 1120, 1130, 1180, 1280, 1230, 1240, 1244),  # blocks 1, 2, loss
             *(1234, 1254, 1154, 1144, 1164, 1064, 1054),  # backward of loss, blocks 2, 1
-            *(1104, 1204, 1154, 1164, 1154, 1174, 1074),  # replay 0, its backward
+            *(1104, 1204, 1154, 1174, 1074),  # replay 0, its backward
         ],
         1280,
     ),
@@ -420,7 +428,7 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
         [
             *(*AT_START, 1060, 1160, 1110, 1120, 1170, 1270, 1220, 1230, 1130),  # 1, -100
             *(1180, 1280, 1230, 1240, 1244, 1234, 1254, 1154, 1144),
-            *(1194, 1294, 1244, 1254, 1244, 1264, 1164, 1154),  # replay 1, its backward
+            *(1194, 1294, 1244, 1264, 1164, 1154),  # replay 1, its backward
             *(1174, 1074),
         ],
         1294,
@@ -429,7 +437,7 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
         [
             *(*AT_START, 1060, 1160, 1110, 1120, 1170, 1270, 1220, 1230, 1280, 1380, 1330, 1340),
             *(1240, 1244, 1234),  # block 2 -100, the loss and its backward
-            *(1284, 1384, 1334, 1344, 1334, 1354, 1254, 1244),  # replay 2: the peak
+            *(1284, 1384, 1334, 1354, 1254, 1244),  # replay 2: the peak
             *(1264, 1164, 1154, 1174, 1074),
         ],
         1384,
@@ -438,9 +446,9 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
         [
             *(*AT_START, 1060, 1160, 1110, 1120, 1020, 1070, 1170, 1120, 1130, 1030),
             *(1080, 1180, 1130, 1140, 1040, 1044, 1034),
-            *(1084, 1184, 1134, 1144, 1134, 1154, 1054, 1044),  # replay 2, its backward
-            *(1094, 1194, 1144, 1154, 1144, 1164, 1064, 1054),  # replay 1, its backward
-            *(1104, 1204, 1154, 1164, 1154, 1174, 1074),  # replay 0: the peak
+            *(1084, 1184, 1134, 1154, 1054, 1044),  # replay 2, its backward
+            *(1094, 1194, 1144, 1164, 1064, 1054),  # replay 1, its backward
+            *(1104, 1204, 1154, 1174, 1074),  # replay 0: the peak
         ],
         1204,
     ),
@@ -450,9 +458,9 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
 @pytest.mark.parametrize("plan", list(EXPECTED), ids=lambda p: "blocks" + "".join(map(str, p)))
 def test_three_blocks_by_hand(plan: tuple[int, ...]) -> None:
     """The exact projected curve of NOTE [ Checkpointed forward ] (the 100-byte activation
-    goes at the block's end) and NOTE [ Recompute in backward ] (temporary, activation and
-    output come back at the block's first unpack; the output copy goes at the replay's end,
-    the activation copy where the baseline freed the activation)."""
+    goes at the block's end) and NOTE [ Recompute in backward ] (temporary and activation come
+    back at the block's first unpack, the output does not (NOTE [ Early stop ]); the activation
+    copy goes where the baseline freed the activation)."""
     tables, rows = three_blocks()
     curve, peak = EXPECTED[plan]
     projection = project(tables, [ModuleRegion(rows[i]) for i in plan])

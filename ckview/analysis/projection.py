@@ -51,12 +51,21 @@ NOTE [ Kept inputs ]
 NOTE [ Recompute in backward ]
     When backward first needs the instance (its first UNPACK attributed to a call inside it;
     without one, its first BACKWARD op), its forward is recomputed: the ALLOC and FREE events of
-    the storages created inside it, up to the instance's end, are replayed in recorded order as
-    *copies* of those storages. A copy of a storage the instance saved for backward (a PACK
-    inside it) lives until the later of the original's baseline free and the end of the replay;
-    any other copy the replay did not free is freed at the end of the replay. An instance that
-    backward never reaches is not recomputed. The extra compute of a recompute is the summed
-    duration of the instance's forward ops.
+    the storages created inside it are replayed in recorded order as *copies* of those
+    storages, up to its last PACK (NOTE [ Early stop ]). A copy of a storage the instance saved
+    for backward (a PACK inside it) lives until the later of the original's baseline free and
+    the end of the replay; any other copy the replay did not free is freed at the end of the
+    replay. An instance that backward never reaches, or that saved nothing, is not recomputed.
+    The extra compute of a recompute is the summed duration of the forward ops it replays.
+
+NOTE [ Early stop ]
+    Non-reentrant checkpoint (ckpt_runtime's, which plans use, and torch's by default) stops a
+    recompute as soon as the last tensor saved in forward is back: the ops after the
+    instance's last PACK never run again, and the recompute's other locals die with it. An
+    op's inputs are saved before it runs and its outputs after, and the recorder stamps a PACK
+    with the last op that ran, so the replay takes the events of the ops up to that one. (A
+    DenseNet layer's final concatenation, or the last op of a block whose result nobody inside
+    saves, is never recomputed.)
 
 NOTE [ Fixed categories ]
     Parameters, gradients and optimizer state never move: they are never shortened, copied or
@@ -81,8 +90,8 @@ NOTE [ What the projection leaves out ]
     fragmentation and rounding are not modelled. Storages created inside an instance but
     reachable from outside other than through its outputs (a cache on a module, tensors nested
     two levels deep in an output) are freed at the instance's end although they live on.
-    torch's non-reentrant checkpoint stops a recompute early once every saved tensor is back;
-    the replay runs the whole forward of the instance (an upper bound).
+    Reentrant checkpoint runs the whole forward again; the replay stops early as
+    non-reentrant checkpoint does (NOTE [ Early stop ]), a lower bound for reentrant plans.
 """
 
 from __future__ import annotations
@@ -340,25 +349,27 @@ def _effects(tables: RunTables, inst: RegionInstances) -> tuple[_Baseline, Insta
         base, tables, inst, _unique_pairs(out_inst, out_storage), (saved_inst, saved_storage)
     )
     base = replace(base, width=3 * len(inst) + len(released[0]) + 2)
-    moments = _moments(base, tables, inst, end_point, released)
+    last_op, stop = _recompute_stop(base, tables, inst)
+    moments = _moments(base, tables, inst, end_point, released, last_op >= 0)
     free = base.free_row[c_storage]
     alive_at_end = (free >= end_point[c_inst]) | (free < 0)
     drop = ~_pair_in(c_inst, c_storage, out_inst, out_storage) & alive_at_end
     order = np.lexsort((base.alloc_row[c_storage], c_inst))
+    replayed = order[base.alloc_row[c_storage[order]] < stop[c_inst[order]]]
     keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
     return base, InstanceEffects(
         instances=inst,
         **moments,
-        compute_ns=_forward_ns(tables["ops"], inst),
+        compute_ns=_forward_ns(tables["ops"], inst, last_op),
         drop_instance=np.concatenate([c_inst[drop], released[0]]),
         drop_storage=np.concatenate([c_storage[drop], released[1]]),
         drop_key=np.concatenate([moments["end_key"][c_inst[drop]], release_key]),
         drop_ns=np.concatenate([inst.end_ns[c_inst[drop]], release_ns]),
-        copy_instance=c_inst[order],
-        copy_storage=c_storage[order],
-        copy_saved=saved[order],
-        copy_free=np.where(~saved & ~alive_at_end, free, -1)[order],
+        copy_instance=c_inst[replayed],
+        copy_storage=c_storage[replayed],
+        copy_saved=saved[replayed],
+        copy_free=np.where(~saved & ~alive_at_end & (free < stop[c_inst]), free, -1)[replayed],
         keep_instance=keep_inst,
         keep_storage=keep_storage,
     )
@@ -370,12 +381,13 @@ def _moments(
     inst: RegionInstances,
     end_point: np.ndarray,
     released: tuple[np.ndarray, np.ndarray, np.ndarray],
+    saves: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """Keys and times of each instance's end, recompute and end of backward, and of each
     released output's free (NOTE [ Released outputs ])."""
     trigger_ns = _trigger_ns(tables, inst)
     backward_end = _op_times(tables["ops"], inst, Phase.BACKWARD, "end_ns", np.maximum)
-    has_trigger = trigger_ns != _NEVER
+    has_trigger = (trigger_ns != _NEVER) & saves  # NOTE [ Recompute in backward ]
     trigger_ns = np.where(has_trigger, trigger_ns, -1)
     rel_inst, rel_storage, rel_point = released
     release_ns = base.times[rel_point - 1]  # the time of the event it follows
@@ -597,8 +609,28 @@ def _op_times(
     return out
 
 
-def _forward_ns(ops: Table, inst: RegionInstances) -> np.ndarray:
+def _recompute_stop(
+    base: _Baseline, tables: RunTables, inst: RegionInstances
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(last_op, stop)`` per instance: the last op its recompute runs (the op stamped on its
+    last PACK, -1 if it saved nothing) and the baseline event row the replay stops before
+    (NOTE [ Early stop ])."""
+    saved = tables["saved_events"]
+    owner, rows = _calls_in(
+        saved["module_call"], np.asarray(saved["kind"]) == SavedEventKind.PACK, inst
+    )
+    last_op = np.full(len(inst), -1, dtype=np.int64)
+    np.maximum.at(last_op, owner, np.asarray(saved["op"], dtype=np.int64)[rows])
+    event_op = np.maximum.accumulate(np.asarray(base.events["op"], dtype=np.int64))
+    stop = np.searchsorted(event_op, last_op, side="right")
+    return last_op, np.where(last_op >= 0, stop, 0)
+
+
+def _forward_ns(ops: Table, inst: RegionInstances, last_op: np.ndarray) -> np.ndarray:
+    """Summed duration of the forward ops of each instance that its recompute runs."""
     owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == Phase.FORWARD, inst)
+    replayed = rows <= last_op[owner]
+    owner, rows = owner[replayed], rows[replayed]
     duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
     out = np.zeros(len(inst), dtype=np.int64)
     np.add.at(out, owner, duration[rows])

@@ -86,7 +86,31 @@ def run(args: argparse.Namespace) -> int:
     runs = plan_runs(load_plans(args.plan or []), args.compare, args.compare)
     exit_code, steps, error = record_script(args, output, runs)
     report(output, steps, args, error)
+    if steps and len(runs) > 1:
+        for line in leftover_warnings(output):
+            print(f"ckview: warning: {line}", file=sys.stderr)
     return exit_code
+
+
+def leftover_warnings(output: Path) -> list[str]:
+    """One line per run whose script checkpointing was bypassed and that still recomputed
+    (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
+    from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
+    from ckview.trace import open_trace
+
+    lines = []
+    with open_trace(output) as trace:
+        strings = list(trace.strings)
+        for name in trace.run_names:
+            run = trace.run(name)
+            kind = run_checkpointing(name, str(getattr(run, "checkpointing", "") or ""))
+            if kind == SCRIPT or run.steps_recorded == 0:
+                continue
+            tables = {t: run.table(t).read() for t in ("ops", "recompute_regions")}
+            leftover = leftover_recompute(tables, strings, plan_run=kind == PLAN)
+            if leftover is not None:
+                lines.append(leftover.describe(name))
+    return lines
 
 
 def record_script(

@@ -2,11 +2,13 @@
 the projection from the un-checkpointed run predicts what each plan measures.
 
 One run of the script records run ``baseline`` (checkpointing bypassed), then one run
-``plan:<name>`` per plan (applied to the script's model with ``ckpt_runtime``), as
-``ckview record --plan`` does. Each plan is then projected over ``baseline``
-(``ckview project``) and compared with its run: peak memory, and extra time (the plan run's
-recompute ops against the projected recompute). Options and the script's arguments are parsed
-exactly as by ``ckview record``.
+``plan:<name>`` per plan (applied to the script's model with ``ckpt_runtime``, the script's own
+checkpointing bypassed: the plan replaces it), as ``ckview record --plan`` does. Each plan is
+then projected over ``baseline`` (``ckview project``) and compared with its run: peak memory,
+and extra time (the plan run's recompute ops against the projected recompute). Both sides
+describe the same computation; where the script's checkpointing could not be bypassed
+(NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py) the output says so.
+Options and the script's arguments are parsed exactly as by ``ckview record``.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ class Check:
     measured_peak_bytes: int
     measured_extra_ns: int
     """The plan run's RECOMPUTE op time."""
+    checkpointing: str = "plan"
+    """The plan run's ``checkpointing`` (see ckview.analysis.recompute.run_checkpointing)."""
+    leftover: Any = None
+    """Recompute in the plan run outside the plan's regions (LeftoverRecompute), or None."""
 
     @property
     def peak_error(self) -> float:
@@ -105,8 +111,19 @@ class Check:
             "projected_extra_ns": self.projection.extra_compute_ns,
             "measured_extra_ns": self.measured_extra_ns,
             "extra_error_percent": None if extra is None else round(100 * extra, 3),
+            "checkpointing": self.checkpointing,
+            "leftover_recompute": None if self.leftover is None else self.leftover.to_json(),
             "projection": self.projection.to_json(),
         }
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the plans were projected over."""
+
+    checkpointing: str
+    leftover: Any
+    """LeftoverRecompute in the baseline run, or None (NOTE [ Recompute in a bypassed run ])."""
 
 
 # ----------------------------------------------------------------------------- the verb
@@ -125,8 +142,8 @@ def run(args: argparse.Namespace) -> int:
     report(output, steps, args, error)
     if error or steps == 0:
         return exit_code
-    checks, missing = _verify(output, plans)
-    _print(output, checks, missing, args.json)
+    checks, missing, baseline = _verify(output, plans)
+    _print(output, checks, missing, baseline, args.json)
     if missing:
         print(_missing_note(missing, args), file=sys.stderr)
         return exit_code or 1
@@ -158,31 +175,52 @@ def _check_args(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- comparing
 
 
-def _verify(output: Path, plans: Sequence[tuple[str, Any]]) -> tuple[list[Check], list[str]]:
-    """Each recorded plan run against its projection; and the plan runs not recorded."""
+def _verify(
+    output: Path, plans: Sequence[tuple[str, Any]]
+) -> tuple[list[Check], list[str], Baseline | None]:
+    """Each recorded plan run against its projection; the plan runs not recorded; and what
+    the plans were projected over (None without a baseline run)."""
     from ckview.analysis import phase_time_ns
+    from ckview.analysis.recompute import leftover_recompute, run_checkpointing
     from ckview.trace import open_trace
     from ckview.trace.schema import Phase
 
     checks, missing = [], []
     with open_trace(output) as trace:
         if not _has_steps(trace, BASELINE):
-            return [], [f"plan:{plan.name}" for _, plan in plans]
+            return [], [f"plan:{plan.name}" for _, plan in plans], None
         base = proj.read_tables(trace, BASELINE)
+        strings = base["strings"]
+        baseline = Baseline(
+            checkpointing=_checkpointing(trace, BASELINE),
+            leftover=leftover_recompute(base, strings),
+        )
         for source, plan in plans:
             name = f"plan:{plan.name}"
             if not _has_steps(trace, name):
                 missing.append(name)
                 continue
-            run = {t: trace.run(name).table(t).read() for t in ("storages", "memory_events", "ops")}
+            run = {t: trace.run(name).table(t).read() for t in _PLAN_TABLES}
             checks.append(
                 Check(
                     projection=proj.project_plan(base, plan.to_json(), source),
                     measured_peak_bytes=proj.run_peak(run),
                     measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
+                    checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
+                    leftover=leftover_recompute(run, strings, plan_run=True),
                 )
             )
-    return checks, missing
+    return checks, missing, baseline
+
+
+_PLAN_TABLES = ("storages", "memory_events", "ops", "recompute_regions")
+
+
+def _checkpointing(trace: Any, name: str) -> str:
+    """The run's ``checkpointing``: its attribute (trace format v2) or what its name means."""
+    from ckview.analysis.recompute import run_checkpointing
+
+    return run_checkpointing(name, str(getattr(trace.run(name), "checkpointing", "") or ""))
 
 
 def _has_steps(trace: Any, name: str) -> bool:
@@ -201,24 +239,61 @@ def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
 # ----------------------------------------------------------------------------- output
 
 
-def _print(output: Path, checks: Sequence[Check], missing: Sequence[str], as_json: bool) -> None:
+def _print(
+    output: Path,
+    checks: Sequence[Check],
+    missing: Sequence[str],
+    baseline: Baseline | None,
+    as_json: bool,
+) -> None:
     if as_json:
         doc = {
             "trace": str(output),
             "baseline_run": BASELINE,
             "baseline_peak_bytes": checks[0].projection.run_peak_bytes if checks else None,
             "baseline_step_ns": checks[0].projection.step_ns if checks else None,
+            "compared": compared(baseline, checks),
+            "baseline_checkpointing": baseline.checkpointing if baseline else None,
+            "baseline_recompute": (
+                baseline.leftover.to_json() if baseline and baseline.leftover else None
+            ),
             "plans": [c.to_json() for c in checks],
             "missing_runs": list(missing),
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
         return
-    print(format_table(output, checks))
+    print(format_table(output, checks, baseline))
 
 
-def format_table(output: Path, checks: Sequence[Check]) -> str:
-    """Projected vs measured, one line per plan."""
+def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
+    """One sentence: what the projection was made over and what each plan run measured."""
+    from ckview.analysis.recompute import BYPASSED, PLAN, describe_checkpointing
+
+    over = describe_checkpointing(baseline.checkpointing if baseline else BYPASSED)
+    runs = {c.checkpointing for c in checks} or {PLAN}
+    measured = "; ".join(describe_checkpointing(r) for r in sorted(runs))
+    return (
+        f"each plan projected over run {BASELINE!r} ({over}) vs measured in its own run "
+        f"'plan:<name>' ({measured})"
+    )
+
+
+def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
+    """NOTE [ Recompute in a bypassed run ]: one line per run that still recomputes."""
+    lines = []
+    if baseline is not None and baseline.leftover is not None:
+        lines.append("warning: " + baseline.leftover.describe(BASELINE))
+    lines += [
+        "warning: " + c.leftover.describe(f"plan:{c.projection.plan}")
+        for c in checks
+        if c.leftover is not None
+    ]
+    return lines
+
+
+def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | None = None) -> str:
+    """Projected vs measured, one line per plan, then what was compared and any warning."""
     from ckview.analysis import format_bytes as fb
 
     if not checks:
@@ -238,4 +313,6 @@ def format_table(output: Path, checks: Sequence[Check]) -> str:
             f"{c.peak_error:>+9.2%}{p.extra_compute_ns / 1e6:>14.1f} ms"
             f"{c.measured_extra_ns / 1e6:>13.1f} ms"
         )
+    lines.append(f"compared: {compared(baseline, checks)}")
+    lines += _warnings(baseline, checks)
     return "\n".join(lines)
