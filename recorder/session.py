@@ -77,6 +77,7 @@ from ckview.trace.schema import (
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.modules import ModuleRegistry
 from recorder.progress import StepProgress
+from recorder.timing import RunTimes, StepTimer
 
 _RANK = [0] * len(Category)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -103,6 +104,7 @@ _Parameter = torch.nn.Parameter
 class State(Enum):
     WARMUP = "warmup"
     RECORDING = "recording"
+    TIMING = "timing"  # a run's unrecorded plain steps before its recorded ones (timing.py)
     BETWEEN_RUNS = "between runs"  # a run ended, the next begins at once (same step boundary)
     DONE = "done"
 
@@ -185,6 +187,7 @@ class Recorder:
         command: list[str] | None = None,
         runs: Sequence[RunSpec] = (),
         progress: bool = True,
+        timing_steps: int = 0,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -199,6 +202,7 @@ class Recorder:
         if len({r.name for r in self.runs}) != len(self.runs):
             raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
+        self._timer = StepTimer(timing_steps)  # NOTE [ Plain timing steps ] in timing.py
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
         self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
@@ -277,6 +281,11 @@ class Recorder:
             self._finish(error or "")
         self._uninstall()
         self._progress.close()
+
+    @property
+    def timings(self) -> dict[str, RunTimes]:
+        """Plain timing steps per run name (``timing_steps``; NOTE [ Plain timing steps ])."""
+        return self._timer.runs
 
     @property
     def _registry(self) -> ModuleRegistry:
@@ -371,7 +380,9 @@ class Recorder:
 
     def _finish(self, error: str) -> None:
         """End the current run if one is open, then write the modules and close the trace."""
-        if self._state is State.RECORDING:
+        if self._state is State.TIMING:
+            self._timer.stop()
+        if self._state in (State.RECORDING, State.TIMING):
             self._end_run(error)
         early, self._early_context = self._early_context, None
         if early is not None:  # the script ended before the run it was entered for
@@ -503,6 +514,14 @@ class Recorder:
         if spec.context is not None and self._run_context is None:
             self._run_context = spec.context(self)
             self._run_context.__enter__()
+        if self._timer.steps:
+            self._state = State.TIMING
+            self._timer.begin(spec.name, self._observer)
+            return
+        self._begin_recording()
+
+    def _begin_recording(self) -> None:
+        """The run's first recorded step begins: note what exists."""
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
         for p in self._registry.parameters():
@@ -523,6 +542,9 @@ class Recorder:
             self._progress.step_done()
             if self._warmup_done >= self.warmup:
                 self._start_recording()
+        elif self._state is State.TIMING:
+            if self._timer.end_step():
+                self._begin_recording()
         elif self._state is State.RECORDING:
             self._steps.set(len(self._steps) - 1, "end_ns", now)
             self._step += 1
@@ -670,10 +692,24 @@ class Recorder:
             if self._pending_backward_end and not self._optimizer_seen:
                 self._end_step()  # a backward-only loop: the next forward starts a step
             self._top_phase = _FORWARD
+            if self._state is State.TIMING:
+                self._timing_forward()
         call = NO_INDEX
         if self._state is State.RECORDING:
             call = self._open_call(row)
+        elif self._state is State.TIMING and not self._in_backward:
+            self._timer.call_begin(row)
         self._stack.append((row, call))
+
+    def _timing_forward(self) -> None:
+        """A top-level forward in a timing step; without optimizer it ends the step if the step
+        had one already (NOTE [ Plain timing steps ] in timing.py)."""
+        if self._optimizer_seen or not torch.is_grad_enabled():
+            return
+        if self._timer.forwards:
+            self._end_step()
+        if self._state is State.TIMING:
+            self._timer.forwards += 1
 
     def _open_call(self, module_row: int) -> int:
         phase = _RECOMPUTE if self._in_backward else _FORWARD
@@ -695,7 +731,9 @@ class Recorder:
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         if not self._stack or self._stack[-1][0] != self._registry.row(module):
             return  # the matching pre-hook ran before we were installed
-        _, call = self._stack.pop()
+        row, call = self._stack.pop()
+        if self._state is State.TIMING:
+            self._timer.call_end(row)
         if call != NO_INDEX and self._state is State.RECORDING:
             # Inputs are noted here, where keyword arguments are seen too; they are still alive.
             self._note_io(call, args, _INPUT_IO)

@@ -114,12 +114,18 @@ def leftover_warnings(output: Path) -> list[str]:
 
 
 def record_script(
-    args: argparse.Namespace, output: Path, runs: list[Any], stdout_to_stderr: bool = False
+    args: argparse.Namespace,
+    output: Path,
+    runs: list[Any],
+    stdout_to_stderr: bool = False,
+    timing_steps: int = 0,
+    timings: dict[str, Any] | None = None,
 ) -> tuple[int, int, str | None]:
     """Run the script under the recorder: (exit code, steps recorded, error or None).
 
     The trace is closed (incomplete if the script failed) whatever happens, also on Ctrl-C
-    and SIGTERM.
+    and SIGTERM. With ``timing_steps``, each run first runs that many plain timing steps
+    (NOTE [ Plain timing steps ] in recorder/timing.py), handed back in ``timings`` by run.
     """
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
@@ -135,6 +141,7 @@ def record_script(
         command=list(command),
         runs=runs,
         progress=not args.no_progress,
+        timing_steps=timing_steps,
     )
     try:
         recorder.__enter__()
@@ -152,6 +159,8 @@ def record_script(
     finally:
         signal.signal(signal.SIGTERM, previous)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
+        if timings is not None:
+            timings.update(recorder.timings)
     return outcome.exit_code, recorder.steps_recorded, outcome.error
 
 

@@ -34,6 +34,18 @@ from ckview.cli.record import (
 )
 
 BASELINE = "baseline"
+TIMING_STEPS = 3
+"""Plain timing steps per run (NOTE [ Plain timing steps ] in recorder/timing.py)."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What the extra-time comparison reads besides the trace (NOTE [ Extra time, like for
+    like ]): each run's plain timing steps (recorder.timing.RunTimes by run name) and
+    checkpoint's fixed cost per call."""
+
+    runs: dict[str, Any]
+    call_cost_ns: int
 
 
 def add_parser(verbs: Any) -> None:
@@ -86,6 +98,8 @@ class Check:
     """The plan run's ``checkpointing`` (see ckview.analysis.recompute.run_checkpointing)."""
     leftover: Any = None
     """Recompute in the plan run outside the plan's regions (LeftoverRecompute), or None."""
+    time: Any = None
+    """ExtraTime per step, projected vs measured, or None (NOTE [ Extra time, like for like ])."""
 
     @property
     def peak_error(self) -> float:
@@ -113,6 +127,7 @@ class Check:
             "extra_error_percent": None if extra is None else round(100 * extra, 3),
             "checkpointing": self.checkpointing,
             "leftover_recompute": None if self.leftover is None else self.leftover.to_json(),
+            "extra_time_per_step": None if self.time is None else self.time.to_json(),
             "projection": self.projection.to_json(),
         }
 
@@ -138,11 +153,14 @@ def run(args: argparse.Namespace) -> int:
     output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}-verify.h5")
     plans = load_plans(args.plan)
     runs = plan_runs(plans, baseline=True, checkpointed=False)
-    exit_code, steps, error = record_script(args, output, runs, args.json)
+    timings: dict[str, Any] = {}
+    exit_code, steps, error = record_script(
+        args, output, runs, args.json, timing_steps=TIMING_STEPS, timings=timings
+    )
     report(output, steps, args, error)
     if error or steps == 0:
         return exit_code
-    checks, missing, baseline = _verify(output, plans)
+    checks, missing, baseline = _verify(output, plans, Timing(timings, _call_cost_ns()))
     _print(output, checks, missing, baseline, args.json)
     if missing:
         print(_missing_note(missing, args), file=sys.stderr)
@@ -175,11 +193,21 @@ def _check_args(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- comparing
 
 
+def _call_cost_ns() -> int:
+    """Checkpoint's fixed cost per call on this machine (recorder/timing.py), measured after
+    the recording, outside the recorder."""
+    from recorder.timing import checkpoint_call_cost_ns
+
+    return checkpoint_call_cost_ns().median_ns
+
+
 def _verify(
-    output: Path, plans: Sequence[tuple[str, Any]]
+    output: Path, plans: Sequence[tuple[str, Any]], timing: Timing | None = None
 ) -> tuple[list[Check], list[str], Baseline | None]:
     """Each recorded plan run against its projection; the plan runs not recorded; and what
-    the plans were projected over (None without a baseline run)."""
+    the plans were projected over (None without a baseline run). ``timing``: the plain timing
+    steps and checkpoint's cost per call (NOTE [ Extra time, like for like ]); without it,
+    times come from the recorded steps."""
     from ckview.analysis import phase_time_ns
     from ckview.analysis.recompute import leftover_recompute, run_checkpointing
     from ckview.trace import open_trace
@@ -201,19 +229,46 @@ def _verify(
                 missing.append(name)
                 continue
             run = {t: trace.run(name).table(t).read() for t in _PLAN_TABLES}
+            projection = proj.project_plan(base, plan.to_json(), source)
             checks.append(
                 Check(
-                    projection=proj.project_plan(base, plan.to_json(), source),
+                    projection=projection,
                     measured_peak_bytes=proj.run_peak(run),
                     measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
                     checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
                     leftover=leftover_recompute(run, strings, plan_run=True),
+                    time=_extra_time(base, run, plan.to_json(), name, timing),
                 )
             )
     return checks, missing, baseline
 
 
-_PLAN_TABLES = ("storages", "memory_events", "ops", "recompute_regions")
+def _extra_time(
+    base: proj.Tables, run: proj.Tables, plan: Any, name: str, timing: Timing | None
+) -> Any:
+    """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them,
+    else from the recorded steps and op times."""
+    from ckview.analysis import project
+    from ckview.analysis.recompute import extra_time, plain_recompute_ns, step_durations
+
+    projection = project(base, proj.resolve_regions(plan, base, name))
+    recomputes = len(projection.recomputes)
+    n_steps = max(1, len(step_durations(base["steps"])))
+    base_t = timing.runs.get(BASELINE) if timing else None
+    plan_t = timing.runs.get(name) if timing else None
+    if timing is not None and base_t is not None and plan_t is not None and plan_t.steps_ns:
+        plain = plain_recompute_ns(base, projection, base_t.call_medians())
+        if plain is not None:
+            projected = plain + recomputes * timing.call_cost_ns
+            return extra_time(base_t.steps_ns, plan_t.steps_ns, projected // n_steps, True)
+    cost = timing.call_cost_ns if timing else 0
+    projected = projection.extra_compute_ns + recomputes * cost
+    return extra_time(
+        step_durations(base["steps"]), step_durations(run["steps"]), projected // n_steps, False
+    )
+
+
+_PLAN_TABLES = ("storages", "memory_events", "ops", "recompute_regions", "steps")
 
 
 def _checkpointing(trace: Any, name: str) -> str:
@@ -231,8 +286,8 @@ def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
     runs = 1 + len(args.plan)
     return (
         f"ckview: the script ended before run(s) {', '.join(missing)} were recorded; verify "
-        f"needs {args.warmup} warmup + {runs} x {args.steps} steps: let the script run more "
-        "steps (e.g. -- --steps N)"
+        f"needs {args.warmup} warmup + {runs} x ({TIMING_STEPS} timing + {args.steps}) steps: "
+        "let the script run more steps (e.g. -- --steps N)"
     )
 
 
@@ -266,6 +321,15 @@ def _print(
     print(format_table(output, checks, baseline))
 
 
+def _extra_cells(c: Check) -> str:
+    t = c.time
+    if t is None:
+        return f"{'-':>23}{'-':>28}"
+    measured = f"{t.measured_ns / 1e6:.1f} ({t.low_ns / 1e6:.1f}..{t.high_ns / 1e6:.1f}) ms"
+    flag = " MISS" if t.miss else ""
+    return f"{t.projected_ns / 1e6:>20.1f} ms{measured:>28}{flag}"
+
+
 def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
     """One sentence: what the projection was made over and what each plan run measured."""
     from ckview.analysis.recompute import BYPASSED, PLAN, describe_checkpointing
@@ -289,6 +353,25 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
         for c in checks
         if c.leftover is not None
     ]
+    lines += [
+        f"warning: plan {c.projection.plan}: projected extra time {c.time.projected_ns / 1e6:.1f}"
+        f" ms per step is outside the measured {c.time.low_ns / 1e6:.1f} .. "
+        f"{c.time.high_ns / 1e6:.1f} ms (median {c.time.measured_ns / 1e6:.1f} ms)"
+        for c in checks
+        if c.time is not None and c.time.miss
+    ]
+    timed = [c.time for c in checks if c.time is not None]
+    if any(not t.plain for t in timed):
+        lines.append(
+            "note: extra times are from recorded steps (the script ended before the timing "
+            "steps, or they do not match the recorded calls): they carry the recorder's cost"
+        )
+    elif timed:
+        lines.append(
+            f"extra time: median of {min(t.steps for t in timed)} plain steps per run "
+            "(unrecorded), projected from the baseline's plain forward times plus "
+            "checkpoint's fixed cost per call"
+        )
     return lines
 
 
@@ -304,14 +387,13 @@ def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | Non
         f"{output}: plans projected over run {BASELINE!r} (peak {fb(first.run_peak_bytes)}, "
         f"step {first.step_ns / 1e6:.1f} ms) vs measured in their own runs",
         f"{'plan':<{width}}{'projected peak':>15}{'measured peak':>15}{'error':>9}"
-        f"{'projected extra':>17}{'measured extra':>16}",
+        f"{'extra/step: projected':>23}{'measured (low..high)':>28}",
     ]
     for c in checks:
         p = c.projection
         lines.append(
             f"{p.plan:<{width}}{fb(p.peak_bytes):>15}{fb(c.measured_peak_bytes):>15}"
-            f"{c.peak_error:>+9.2%}{p.extra_compute_ns / 1e6:>14.1f} ms"
-            f"{c.measured_extra_ns / 1e6:>13.1f} ms"
+            f"{c.peak_error:>+9.2%}{_extra_cells(c)}"
         )
     lines.append(f"compared: {compared(baseline, checks)}")
     lines += _warnings(baseline, checks)
