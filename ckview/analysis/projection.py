@@ -55,8 +55,8 @@ NOTE [ Recompute in backward ]
     storages, up to its last PACK (NOTE [ Early stop ]). A copy of a storage the instance saved
     for backward (a PACK inside it) lives until the later of the original's baseline free and
     the end of the replay; any other copy the replay did not free is freed at the end of the
-    replay. An instance that backward never reaches, or that saved nothing, is not recomputed.
-    The extra compute of a recompute is the summed duration of the forward ops it replays.
+    replay. An instance that backward never reaches is not recomputed. The extra compute of a
+    recompute is the summed duration of the forward ops it replays.
 
 NOTE [ Early stop ]
     Non-reentrant checkpoint (ckpt_runtime's, which plans use, and torch's by default) stops a
@@ -65,7 +65,8 @@ NOTE [ Early stop ]
     op's inputs are saved before it runs and its outputs after, and the recorder stamps a PACK
     with the last op that ran, so the replay takes the events of the ops up to that one. (A
     DenseNet layer's final concatenation, or the last op of a block whose result nobody inside
-    saves, is never recomputed.)
+    saves, is never recomputed.) An instance without a PACK inside (its saves are hidden, as in
+    a run that checkpoints it already) is replayed whole: an upper bound.
 
 NOTE [ Fixed categories ]
     Parameters, gradients and optimizer state never move: they are never shortened, copied or
@@ -350,7 +351,7 @@ def _effects(tables: RunTables, inst: RegionInstances) -> tuple[_Baseline, Insta
     )
     base = replace(base, width=3 * len(inst) + len(released[0]) + 2)
     last_op, stop = _recompute_stop(base, tables, inst)
-    moments = _moments(base, tables, inst, end_point, released, last_op >= 0)
+    moments = _moments(base, tables, inst, end_point, released)
     free = base.free_row[c_storage]
     alive_at_end = (free >= end_point[c_inst]) | (free < 0)
     drop = ~_pair_in(c_inst, c_storage, out_inst, out_storage) & alive_at_end
@@ -381,13 +382,12 @@ def _moments(
     inst: RegionInstances,
     end_point: np.ndarray,
     released: tuple[np.ndarray, np.ndarray, np.ndarray],
-    saves: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """Keys and times of each instance's end, recompute and end of backward, and of each
     released output's free (NOTE [ Released outputs ])."""
     trigger_ns = _trigger_ns(tables, inst)
     backward_end = _op_times(tables["ops"], inst, Phase.BACKWARD, "end_ns", np.maximum)
-    has_trigger = (trigger_ns != _NEVER) & saves  # NOTE [ Recompute in backward ]
+    has_trigger = trigger_ns != _NEVER
     trigger_ns = np.where(has_trigger, trigger_ns, -1)
     rel_inst, rel_storage, rel_point = released
     release_ns = base.times[rel_point - 1]  # the time of the event it follows
@@ -613,14 +613,19 @@ def _recompute_stop(
     base: _Baseline, tables: RunTables, inst: RegionInstances
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(last_op, stop)`` per instance: the last op its recompute runs (the op stamped on its
-    last PACK, -1 if it saved nothing) and the baseline event row the replay stops before
-    (NOTE [ Early stop ])."""
+    last PACK; without one, its last forward op) and the baseline event row the replay stops
+    before (NOTE [ Early stop ])."""
     saved = tables["saved_events"]
     owner, rows = _calls_in(
         saved["module_call"], np.asarray(saved["kind"]) == SavedEventKind.PACK, inst
     )
     last_op = np.full(len(inst), -1, dtype=np.int64)
     np.maximum.at(last_op, owner, np.asarray(saved["op"], dtype=np.int64)[rows])
+    ops = tables["ops"]
+    owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == Phase.FORWARD, inst)
+    last_forward = np.full(len(inst), -1, dtype=np.int64)
+    np.maximum.at(last_forward, owner, rows)
+    last_op = np.where(last_op >= 0, last_op, last_forward)
     event_op = np.maximum.accumulate(np.asarray(base.events["op"], dtype=np.int64))
     stop = np.searchsorted(event_op, last_op, side="right")
     return last_op, np.where(last_op >= 0, stop, 0)

@@ -24,6 +24,7 @@ from typing import Any
 from ckview.cli import project as proj
 from ckview.cli.errors import CLIError
 from ckview.cli.record import (
+    _non_negative,
     add_record_options,
     check_target,
     load_plans,
@@ -68,6 +69,13 @@ def add_parser(verbs: Any) -> None:
         "repeatable, at least one",
     )
     _set_help(p, "compare", argparse.SUPPRESS)
+    p.add_argument(
+        "--timing-steps",
+        type=_non_negative,
+        default=TIMING_STEPS,
+        help=f"plain unrecorded steps per run, timed for the extra time (default {TIMING_STEPS};"
+        " 0: time the recorded steps, with the recorder's cost)",
+    )
     p.add_argument(
         "--json", action="store_true", help="print JSON (the script's stdout goes to stderr)"
     )
@@ -146,7 +154,7 @@ class Baseline:
 
 def run(args: argparse.Namespace) -> int:
     """Record, project, compare; the script's exit code (1 if a plan run is missing)."""
-    _take_json_flag(args)
+    _take_verify_options(args)
     split_script_args(args)
     _check_args(args)
     check_target(args.target, args.module)
@@ -155,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     runs = plan_runs(plans, baseline=True, checkpointed=False)
     timings: dict[str, Any] = {}
     exit_code, steps, error = record_script(
-        args, output, runs, args.json, timing_steps=TIMING_STEPS, timings=timings
+        args, output, runs, args.json, timing_steps=args.timing_steps, timings=timings
     )
     report(output, steps, args, error)
     if error or steps == 0:
@@ -168,15 +176,18 @@ def run(args: argparse.Namespace) -> int:
     return exit_code
 
 
-def _take_json_flag(args: argparse.Namespace) -> None:
-    """Take ``--json`` (verify's own option, unknown to ``record``'s option set) from the
-    arguments after TARGET and before '--'; ``split_script_args`` takes the rest."""
+def _take_verify_options(args: argparse.Namespace) -> None:
+    """Take verify's own options (``--json``, ``--timing-steps N``: unknown to ``record``'s
+    option set) from the arguments after TARGET and before '--'; ``split_script_args`` takes
+    the rest."""
     rest = list(args.args)
     cut = rest.index("--") if "--" in rest else len(rest)
-    if "--json" in rest[:cut]:
-        args.json = True
-        rest = [a for a in rest[:cut] if a != "--json"] + rest[cut:]
-    args.args = rest
+    own = argparse.ArgumentParser(prog="ckview verify", add_help=False)
+    own.add_argument("--json", action="store_true", default=args.json)
+    own.add_argument("--timing-steps", type=_non_negative, default=args.timing_steps)
+    known, theirs = own.parse_known_args(rest[:cut])
+    args.json, args.timing_steps = known.json, known.timing_steps
+    args.args = theirs + rest[cut:]
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -286,8 +297,8 @@ def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
     runs = 1 + len(args.plan)
     return (
         f"ckview: the script ended before run(s) {', '.join(missing)} were recorded; verify "
-        f"needs {args.warmup} warmup + {runs} x ({TIMING_STEPS} timing + {args.steps}) steps: "
-        "let the script run more steps (e.g. -- --steps N)"
+        f"needs {args.warmup} warmup + {runs} x ({args.timing_steps} timing + {args.steps}) "
+        "steps: let the script run more steps (e.g. -- --steps N), or lower --timing-steps"
     )
 
 
