@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ckview.cli.record import load_plans, plan_runs
-from ckview.cli.verify import Check, _verify
+from ckview.cli.verify import Check, _verify, format_table
 from recorder import Recorder
 
 PLANS = ("none", "sqrt", "all")
@@ -238,3 +238,64 @@ def test_hf_gradient_checkpointing_is_replaced_by_the_plan(tmp_path: Path) -> No
     none = next(c for c in checks if c.projection.plan == "none")
     assert none.measured_peak_bytes == none.projection.run_peak_bytes
     assert_exact(checks)
+
+
+class _Recompute(torch.autograd.Function):
+    """A hand-written checkpoint: forward without grad, forward again in backward (as the
+    efficient DenseNet of csrhddlam/pytorch-checkpoint does); ckpt_runtime cannot bypass it."""
+
+    @staticmethod
+    def forward(ctx: Any, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        ctx.block = block
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return block(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            out = ctx.block(x)
+        torch.autograd.backward(out, grad)
+        return None, x.grad
+
+
+class HandCheckpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(32, 32)
+        self.blocks = nn.ModuleList([MLPBlock(32) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = _Recompute.apply(block, x)
+        return x
+
+
+@pytest.mark.parametrize("hand", [True, False], ids=["hand-written recompute", "plain"])
+def test_recompute_left_in_a_bypassed_run_is_reported(hand: bool, tmp_path: Path) -> None:
+    """NOTE [ Recompute in a bypassed run ]: what bypass cannot reach shows as recompute in
+    'baseline' and in the plan runs, and record / verify / summary say so; a plain model
+    shows none."""
+    from ckview.cli.record import leftover_warnings
+
+    torch.manual_seed(0)
+    model: nn.Module = HandCheckpointed() if hand else nn.Sequential(MLPBlock(32), MLPBlock(32))
+    plans = load_plans(["none", "all"])
+    path = tmp_path / "hand.h5"
+    with Recorder(path, steps=1, warmup=1, runs=plan_runs(plans, True, True), progress=False):
+        train(model, (64, 32), 6, optimizer=True)
+    lines = leftover_warnings(path)
+    checks, missing, baseline = _verify(path, plans)
+    assert not missing and baseline is not None
+    if not hand:
+        assert lines == [] and baseline.leftover is None
+        return
+    # 'checkpointed' runs the script as it is: its recompute is expected there, not reported.
+    assert [line.split("'")[1] for line in lines] == ["baseline", "plan:none", "plan:all"]
+    assert "cannot switch off" in lines[0] and "blocks" in lines[0]
+    assert baseline.leftover is not None and baseline.leftover.ops > 0
+    assert all(c.leftover is not None for c in checks)
+    assert "warning: run 'baseline' still recomputes" in format_table(path, checks, baseline)
