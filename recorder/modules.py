@@ -9,7 +9,13 @@ import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ckview.trace.schema import NO_INDEX
+from ckview.trace.schema import NO_INDEX, ContainerKind
+
+_CONTAINERS = (
+    (torch.nn.Sequential, ContainerKind.SEQUENTIAL),
+    (torch.nn.ModuleList, ContainerKind.MODULE_LIST),
+    (torch.nn.ModuleDict, ContainerKind.MODULE_DICT),
+)
 
 
 class ModuleRegistry:
@@ -28,7 +34,13 @@ class ModuleRegistry:
         self._paths: list[str] = []
         self._types: list[str] = []
         self.parents: list[int] = []
-        self._columns: dict[str, list[int]] = {"path": [], "type": [], "param_bytes": []}
+        self._columns: dict[str, list[int]] = {
+            "path": [],
+            "type": [],
+            "param_bytes": [],
+            "container": [],
+            "sequential_forward": [],
+        }
         self._owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> module row
 
     def row(self, module: object) -> int | None:
@@ -110,6 +122,8 @@ class ModuleRegistry:
             self._columns["path"].append(self._intern(sub_path))
             self._columns["type"].append(self._intern(type(sub).__name__))
             self._columns["param_bytes"].append(sum(p.nbytes for p in params))
+            self._columns["container"].append(_container_kind(sub))
+            self._columns["sequential_forward"].append(int(_runs_sequential_forward(sub)))
             for p in params:
                 if p not in self._owner:
                     self._owner[p] = row
@@ -122,3 +136,17 @@ def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn
     relative = sub_path[len(root_path) + 1 :] if root_path else sub_path
     parent_rel = relative.rpartition(".")[0]
     return root.get_submodule(parent_rel) if parent_rel else root
+
+
+def _container_kind(module: torch.nn.Module) -> int:
+    for cls, kind in _CONTAINERS:
+        if isinstance(module, cls):
+            return int(kind)
+    return int(ContainerKind.MODULE)
+
+
+def _runs_sequential_forward(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` runs ``nn.Sequential.forward`` (its children in order)."""
+    if "forward" in vars(module):
+        return False  # replaced on the instance
+    return getattr(type(module), "forward", None) is torch.nn.Sequential.forward

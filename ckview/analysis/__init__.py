@@ -25,7 +25,14 @@ from ckview.analysis.regions import (
     region_instances,
     sequential_children,
 )
-from ckview.analysis.summary import NO_MODULE, RunSummary, phase_time_ns, summarize_run
+from ckview.analysis.summary import (
+    NO_MODULE,
+    ActivationPeak,
+    RunSummary,
+    activation_peak,
+    phase_time_ns,
+    summarize_run,
+)
 from ckview.analysis.timeline import (
     MemoryTimeline,
     Peak,
@@ -38,10 +45,12 @@ from ckview.analysis.units import Budget, format_bytes, parse_budget, parse_byte
 
 __all__ = [
     "NO_MODULE",
+    "ActivationPeak",
     "Budget",
     "MemoryTimeline",
     "Peak",
     "RunSummary",
+    "activation_peak",
     "bytes_by_category",
     "bytes_by_module",
     "find_peak",

@@ -103,7 +103,7 @@ def leftover_warnings(output: Path) -> list[str]:
         strings = list(trace.strings)
         for name in trace.run_names:
             run = trace.run(name)
-            kind = run_checkpointing(name, str(getattr(run, "checkpointing", "") or ""))
+            kind = run_checkpointing(name, run.checkpointing)
             if kind == SCRIPT or run.steps_recorded == 0:
                 continue
             tables = {t: run.table(t).read() for t in ("ops", "recompute_regions")}
@@ -223,12 +223,15 @@ def plan_runs(plans: list[tuple[str, Any]], baseline: bool, checkpointed: bool) 
 
     runs = []
     if baseline:
-        runs.append(RunSpec("baseline", _bypassed))
+        runs.append(RunSpec("baseline", _bypassed, checkpointing="bypassed"))
     if checkpointed:
-        runs.append(RunSpec("checkpointed"))
-    runs += [RunSpec(f"plan:{plan.name}", plan_context(plan)) for _, plan in plans]
+        runs.append(RunSpec("checkpointed", checkpointing="script"))
+    runs += [
+        RunSpec(f"plan:{plan.name}", plan_context(plan), checkpointing="plan") for _, plan in plans
+    ]
     if plans:
-        runs[0] = RunSpec(runs[0].name, PlanCheck(plans, runs[0].context))
+        first = runs[0]
+        runs[0] = RunSpec(first.name, PlanCheck(plans, first.context), first.checkpointing)
     return runs
 
 

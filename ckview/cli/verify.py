@@ -286,7 +286,7 @@ def _checkpointing(trace: Any, name: str) -> str:
     """The run's ``checkpointing``: its attribute (trace format v2) or what its name means."""
     from ckview.analysis.recompute import run_checkpointing
 
-    return run_checkpointing(name, str(getattr(trace.run(name), "checkpointing", "") or ""))
+    return run_checkpointing(name, trace.run(name).checkpointing)
 
 
 def _has_steps(trace: Any, name: str) -> bool:
