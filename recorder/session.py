@@ -372,9 +372,7 @@ class Recorder:
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
             spec = self.runs[self._run_index]
-            self._run.set_attrs(
-                steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing
-            )
+            self._run.set_attrs(steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing)
             self._run.close(complete=not error)
         finally:
             self._busy = False

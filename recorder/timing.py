@@ -5,9 +5,11 @@ NOTE [ Plain timing steps ]
     The recorder's per-op hook (a TorchDispatchMode) costs microseconds per op, more than many
     ops themselves, and it is paid again by every recomputed op: times from recorded steps
     inflate both the step and its extra compute, unevenly. So with ``timing_steps=k`` each run
-    first runs k unrecorded steps in its own context (a plan applied, or checkpointing
+    first runs 1 + k unrecorded steps in its own context (a plan applied, or checkpointing
     bypassed) with the op hook taken off the dispatch stack: only the global module hooks
-    remain, which take a ``perf_counter_ns`` pair per module call. ``StepTimer`` keeps, per
+    remain, which take a ``perf_counter_ns`` pair per module call. The first of them warms the
+    run up (the first step after a switch of context is the slowest, often by a third) and
+    is not kept. ``StepTimer`` keeps, per
     run, each plain step's duration and the duration of every module call in it (by module
     row, in call order), so that medians over the k steps, with their spread, give the plain
     step time of each run and the plain forward time of each call of the baseline. A loop
@@ -78,6 +80,8 @@ class StepTimer:
         self._observer: Any = None
         self.forwards = 0
         """Top-level forwards begun in the current timing step."""
+        self._warming = False
+        """The current timing step is the run's first: timed, not kept."""
 
     @property
     def active(self) -> bool:
@@ -86,6 +90,7 @@ class StepTimer:
     def begin(self, run: str, observer: Any) -> None:
         """Start ``run``'s timing steps now; take ``observer`` (the op hook) off if on top."""
         self._run = self.runs.setdefault(run, RunTimes())
+        self._warming = True
         if observer is not None and _get_current_dispatch_mode() is observer:
             self._observer = observer
             self._observer.__exit__(None, None, None)
@@ -96,7 +101,11 @@ class StepTimer:
         (the op hook is back on then)."""
         now = perf_counter_ns()
         assert self._run is not None
-        self._run.steps_ns.append(now - self._start)
+        if self._warming:
+            self._warming = False
+            self._run.calls_ns.pop()
+        else:
+            self._run.steps_ns.append(now - self._start)
         if len(self._run.steps_ns) < self.steps:
             self._new_step(now)
             return False

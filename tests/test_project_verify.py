@@ -160,7 +160,7 @@ def test_verify_transformer_end_to_end(tmp_path: Path) -> None:
         "2",
         "--",
         "--steps",
-        "10",
+        "13",
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

@@ -73,8 +73,9 @@ def add_parser(verbs: Any) -> None:
         "--timing-steps",
         type=_non_negative,
         default=TIMING_STEPS,
-        help=f"plain unrecorded steps per run, timed for the extra time (default {TIMING_STEPS};"
-        " 0: time the recorded steps, with the recorder's cost)",
+        help=f"plain unrecorded steps per run, timed for the extra time, after one more that "
+        f"warms the run up (default {TIMING_STEPS}; 0: time the recorded steps, with the "
+        "recorder's cost)",
     )
     p.add_argument(
         "--json", action="store_true", help="print JSON (the script's stdout goes to stderr)"
@@ -190,6 +191,11 @@ def _take_verify_options(args: argparse.Namespace) -> None:
     args.args = theirs + rest[cut:]
 
 
+def _timing(args: argparse.Namespace) -> int:
+    """Unrecorded steps per run: the timing steps and their warm-up step."""
+    return args.timing_steps + 1 if args.timing_steps else 0
+
+
 def _check_args(args: argparse.Namespace) -> None:
     if args.compare:
         raise CLIError("verify records its own 'baseline' run; drop --compare")
@@ -297,7 +303,7 @@ def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
     runs = 1 + len(args.plan)
     return (
         f"ckview: the script ended before run(s) {', '.join(missing)} were recorded; verify "
-        f"needs {args.warmup} warmup + {runs} x ({args.timing_steps} timing + {args.steps}) "
+        f"needs {args.warmup} warmup + {runs} x ({_timing(args)} timing + {args.steps}) "
         "steps: let the script run more steps (e.g. -- --steps N), or lower --timing-steps"
     )
 
