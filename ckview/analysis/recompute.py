@@ -71,7 +71,9 @@ class LeftoverRecompute:
             "checkpointing was bypassed: the script checkpoints in a way ckview cannot switch "
             "off (a hand-written torch.autograd.Function that recomputes in backward?), so this "
             "run is not an un-checkpointed baseline; remove that checkpointing from the script "
-            "to compare like for like"
+            "to compare like for like (if the script has none, a forward checkpointed before "
+            "the run began was recomputed in it: the steps are cut in the wrong place, see "
+            "--steps and mark_step)"
         )
 
     def to_json(self) -> dict[str, Any]:
