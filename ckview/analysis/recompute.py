@@ -72,8 +72,7 @@ class LeftoverRecompute:
             "off (a hand-written torch.autograd.Function that recomputes in backward?), so this "
             "run is not an un-checkpointed baseline; remove that checkpointing from the script "
             "to compare like for like (if the script has none, a forward checkpointed before "
-            "the run began was recomputed in it: the steps are cut in the wrong place, see "
-            "--steps and mark_step)"
+            "the run began was recomputed in it: its steps are not whole iterations)"
         )
 
     def to_json(self) -> dict[str, Any]:
