@@ -496,6 +496,59 @@ def test_kept_input_can_raise_forward_memory() -> None:
     assert before_backward(tables, projection) - baseline_total(tables)[backward] == 40 - 100
 
 
+def two_blocks_saving_their_outputs() -> tuple[Tables, list[int], list[int]]:
+    """2 blocks; each saves its input (a Linear) and its own 100-byte output (a Tanh), so the
+    output of block 0 is saved by both blocks. Returns the tables, the block rows and the
+    outputs' storages."""
+    b = StepBuilder()
+    net = b.module("", "Net")
+    rows = [b.module(f"{i}", "Block", net) for i in range(2)]
+    b.existing(1000, Category.PARAMETER)
+    x = b.existing(10, Category.INPUT)
+    calls, outs, ins = [], [], []
+    with b.call(net) as root:
+        inp = x
+        for row in rows:
+            with b.call(row, inputs=[inp]) as call:
+                (t,) = b.op(alloc=[50], pack=[inp])
+                (out,) = b.op(alloc=[100], free=[t], pack=[])
+                b.save(out)
+                b.output(call, out)
+            calls.append(call)
+            outs.append(out)
+            ins.append(inp)
+            inp = out
+        b.op(alloc=[4], pack=[inp])
+    b.op(Phase.BACKWARD, call=root, unpack=[inp], alloc=[100], category=Category.GRADIENT)
+    b.op(Phase.BACKWARD, call=calls[1], unpack=[outs[1], ins[1]], free=[outs[1]])
+    b.op(Phase.BACKWARD, call=calls[0], unpack=[outs[0], ins[0]], free=[outs[0]])
+    return b.tables(), rows, outs
+
+
+def test_released_output_goes_before_its_recompute() -> None:
+    """NOTE [ Released outputs ]: checkpointed, block 0 no longer holds its output for backward,
+    so the output goes once block 1 (which saved it too) has run backward, before block 0's
+    recompute brings back its copy; without the rule both would be live in the recompute."""
+    tables, rows, outs = two_blocks_saving_their_outputs()
+    projection = project(tables, [ModuleRegion(rows[0])])
+    (recompute,) = projection.recomputes
+    events = projection.events
+
+    def free_of(storage: int) -> int:
+        (row,) = np.flatnonzero((events.storage == storage) & ~events.copy & (events.kind == FREE))
+        return int(row)
+
+    assert free_of(outs[1]) < free_of(outs[0]) < recompute.point
+    copies = events.copy & (events.storage == outs[0]) & (events.kind == ALLOC)
+    assert np.flatnonzero(copies).tolist() == [recompute.point + 1]  # after the temporary's
+    model = ProjectionModel(tables, [ModuleRegion(r) for r in rows])
+    for plan in ([0], [1], [0, 1]):
+        assert (
+            model.peak(plan)
+            == project(tables, [ModuleRegion(rows[i]) for i in plan]).projected_peak
+        )
+
+
 def first_backward_event(tables: Tables) -> int:
     ops, events = tables["ops"], tables["memory_events"]
     return int(np.flatnonzero(ops["phase"][np.maximum(events["op"], 0)] == Phase.BACKWARD)[0])
