@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ckview.cli.record import load_plans, plan_runs
-from ckview.cli.verify import Check, _verify, format_table
+from ckview.cli.verify import Check, Timing, _verify, format_table
 from recorder import Recorder
 
 PLANS = ("none", "sqrt", "all")
@@ -142,16 +142,36 @@ def train(model: nn.Module, shape: tuple[int, ...], steps: int, optimizer: bool)
                     p.grad = None
 
 
+TIMING_STEPS = 2
+
+
 def verify(model: nn.Module, shape: tuple[int, ...], path: Path, optimizer: bool) -> list[Check]:
-    """Record 'baseline' and one run per plan of ``PLANS``; each plan's projected vs measured."""
+    """Record 'baseline' and one run per plan of ``PLANS``, each after its plain timing steps
+    (NOTE [ Plain timing steps ]), as ``ckview verify`` does; each plan's projected vs measured.
+    """
     plans = load_plans(list(PLANS))
+    runs = plan_runs(plans, True, False)
+    recorder = Recorder(
+        path, steps=1, warmup=1, runs=runs, progress=False, timing_steps=TIMING_STEPS
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a segment that does not take effect warns
-        with Recorder(path, steps=1, warmup=1, runs=plan_runs(plans, True, False), progress=False):
-            train(model, shape, 2 + len(PLANS) + 1, optimizer)
-    checks, missing, _ = _verify(path, plans)
+        with recorder:
+            train(model, shape, 1 + len(runs) * (1 + TIMING_STEPS + 1) + 1, optimizer)
+    assert_timed(recorder.timings, [r.name for r in runs])
+    checks, missing, _ = _verify(path, plans, Timing(recorder.timings, 0))
     assert not missing
+    assert all(c.time is not None and c.time.plain for c in checks)
     return checks
+
+
+def assert_timed(timings: dict[str, Any], runs: list[str]) -> None:
+    """Every run kept its timing steps (the warm-up one dropped), each with its module calls."""
+    assert list(timings) == runs
+    for times in timings.values():
+        assert len(times.steps_ns) == len(times.calls_ns) == TIMING_STEPS
+        assert all(ns > 0 for ns in times.steps_ns)
+        assert all(step for step in times.calls_ns)
 
 
 def assert_exact(checks: list[Check]) -> None:
