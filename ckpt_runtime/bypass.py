@@ -18,10 +18,11 @@ hook what torch's ``checkpoint`` calls, looked up as module globals at call time
   ``apply`` calls ``function(*args)`` (set on the class, so the class keeps its identity).
 
 NOTE [ A plan that replaces the script's checkpointing ]
-``bypass(keep=modules)`` bypasses the script's checkpointing but not the regions of a plan that
-``ckpt_runtime.apply_plan`` installed on ``modules``: the recorder's plan runs (``ckview record
---plan``, ``ckview verify``) compare a plan with the un-checkpointed baseline, so the plan must
-replace the script's own checkpointing, not add to it. A plan's region marks its checkpoint
+``bypass(keep=modules)`` bypasses the script's checkpointing but not the regions that
+``ckpt_runtime.apply_plan`` installed on ``modules`` (module regions, segments' Sequentials):
+the recorder's plan runs (``ckview record --plan``, ``ckview verify``) compare a plan with the
+un-checkpointed baseline, so the plan must replace the script's own checkpointing, not add to
+it. A plan's region marks its checkpoint
 call with ``plan_region(module)``; ``checkpoint`` takes that mark (``take_plan_mark``) before
 anything else, so only that one call is exempt: checkpoints the script makes inside the
 region, in its forward or its recompute, are still bypassed. The mark is per thread (a region
@@ -87,9 +88,10 @@ def bypass(torch_checkpoint: bool = True, keep: Iterable[torch.nn.Module] = ()) 
     internals could not be hooked, ``torch_checkpoint=True`` (default) raises a ``RuntimeError``
     saying so, and ``torch_checkpoint=False`` accepts bypassing ``ckpt_runtime``'s only.
     Regions entered inside the block are not checkpointed; regions checkpointed before it still
-    recompute in their backward. The regions of a plan applied with ``apply_plan`` to one of
-    the ``keep`` modules still checkpoint (NOTE [ A plan that replaces the script's
-    checkpointing ]). The state is restored on exit, also on exceptions.
+    recompute in their backward. The regions that ``apply_plan`` installed on the ``keep``
+    modules (a module region's module, a segment's ``nn.Sequential``) still checkpoint
+    (NOTE [ A plan that replaces the script's checkpointing ]). The state is restored on exit,
+    also on exceptions.
     """
     global _depth
     kept = [id(m) for m in keep]

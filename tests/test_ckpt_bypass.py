@@ -230,3 +230,40 @@ def test_hf_gradient_checkpointing_bypassed(use_reentrant: bool) -> None:
     for a, b in zip(checkpointed, bypassed, strict=True):
         assert torch.equal(a, b)
     assert step()[0] == [2, 2]  # restored
+
+
+class ScriptCheckpointed(nn.Module):
+    """A model that checkpoints an inner block itself (the script's checkpointing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outer = nn.Sequential(nn.Linear(8, 8), Counted())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, inner = self.outer
+        return captured_torch_checkpoint(lambda y: inner(first(y)), x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept plan", "plan not kept"])
+def test_bypass_keeps_the_regions_of_a_kept_plan(keep: bool) -> None:
+    """NOTE [ A plan that replaces the script's checkpointing ]: under bypass(keep=[region]) the
+    plan's region still checkpoints (it runs twice: forward and recompute), and the script's
+    own checkpoint is bypassed; without keep the plan is bypassed like the script's
+    checkpointing."""
+    from ckpt_runtime import apply_plan, remove_plan
+
+    model = nn.Sequential(Counted(), Counted())
+    apply_plan(model, {"format": "ckview-plan", "version": 1, "regions": [{"module": "0"}]})
+    try:
+        with bypass(keep=[model[0]] if keep else []):
+            model[0].calls = model[1].calls = 0
+            model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+            assert (model[0].calls, model[1].calls) == ((2, 1) if keep else (1, 1))
+            assert not bypass_module.take_plan_mark()  # the mark never outlives its call
+    finally:
+        remove_plan(model)
+    script = ScriptCheckpointed()
+    with bypass(keep=[script, script.outer]):
+        run_step(script.outer[1], lambda f, x: script(x))
+        assert script.outer[1].calls == 1  # the script's torch checkpoint: bypassed
+    assert not bypass_module._kept
