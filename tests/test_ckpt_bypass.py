@@ -237,11 +237,13 @@ class ScriptCheckpointed(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.outer = nn.Sequential(nn.Linear(8, 8), Counted())
+        self.first = nn.Linear(8, 8)
+        self.inner = Counted()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        first, inner = self.outer
-        return captured_torch_checkpoint(lambda y: inner(first(y)), x, use_reentrant=False)
+        return captured_torch_checkpoint(
+            lambda y: self.inner(self.first(y)), x, use_reentrant=False
+        )
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["kept plan", "plan not kept"])
@@ -252,18 +254,18 @@ def test_bypass_keeps_the_regions_of_a_kept_plan(keep: bool) -> None:
     checkpointing."""
     from ckpt_runtime import apply_plan, remove_plan
 
-    model = nn.Sequential(Counted(), Counted())
+    first, second = Counted(), Counted()
+    model = nn.Sequential(first, second)
     apply_plan(model, {"format": "ckview-plan", "version": 1, "regions": [{"module": "0"}]})
     try:
-        with bypass(keep=[model[0]] if keep else []):
-            model[0].calls = model[1].calls = 0
+        with bypass(keep=[first] if keep else []):
             model(torch.randn(4, 8, requires_grad=True)).sum().backward()
-            assert (model[0].calls, model[1].calls) == ((2, 1) if keep else (1, 1))
+            assert (first.calls, second.calls) == ((2, 1) if keep else (1, 1))
             assert not bypass_module.take_plan_mark()  # the mark never outlives its call
     finally:
         remove_plan(model)
     script = ScriptCheckpointed()
-    with bypass(keep=[script, script.outer]):
-        run_step(script.outer[1], lambda f, x: script(x))
-        assert script.outer[1].calls == 1  # the script's torch checkpoint: bypassed
+    with bypass(keep=[script, script.inner]):
+        run_step(script.inner, lambda f, x: script(x))
+        assert script.inner.calls == 1  # the script's torch checkpoint: bypassed
     assert not bypass_module._kept
