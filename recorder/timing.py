@@ -24,10 +24,13 @@ NOTE [ Fixed cost of a checkpoint call ]
     recompute, unpacks and stops it. For a region of a few tiny ops (a tutorial that
     checkpoints 1,000 small functions) that fixed cost is most of the extra time, and a
     projection that sums only the recomputed ops says +2% where the step runs several times
-    slower. ``checkpoint_call_cost_ns`` measures it on this machine, outside any recorder:
-    the median over ``repeats`` rounds of (forward + backward of ``calls`` checkpointed
-    one-op functions) minus the same without checkpoint, per call, with the spread of the
-    rounds. ``ckview verify`` adds it per recomputed instance to the projected extra time.
+    slower. ``plan_call_cost_ns`` measures it on this machine, outside any recorder, the
+    way plans checkpoint (module regions of ``apply_plan``: the region's module call, hooks
+    and running-statistics guard included): the median over ``repeats`` rounds of (forward +
+    backward of ``calls`` one-op modules, each a region) minus the same without the plan,
+    per call, with the spread of the rounds; ``checkpoint_call_cost_ns`` does the same for a
+    checkpointed function, ckpt_runtime's or torch's. ``ckview verify`` adds the plan cost
+    per recomputed instance to the projected extra time.
 """
 
 from __future__ import annotations
@@ -147,39 +150,65 @@ class CallCost:
     rounds: int
 
 
+def plan_call_cost_ns(calls: int = 100, repeats: int = 7) -> CallCost:
+    """NOTE [ Fixed cost of a checkpoint call ] for a plan's module region, the way ``ckview
+    verify`` applies plans: ``calls`` one-op modules, each a region of ``apply_plan``."""
+    from ckpt_runtime import apply_plan
+
+    model = torch.nn.Sequential(*[_Tiny() for _ in range(calls)])
+    x = torch.ones(8, requires_grad=True)
+    plain = [_time(model, x) for _ in range(repeats)]
+    with apply_plan(model, {"format": "ckview-plan", "version": 1, "regions": [{"module": "*"}]}):
+        planned = [_time(model, x) for _ in range(repeats)]
+    return _per_call(plain, planned, calls)
+
+
 def checkpoint_call_cost_ns(
-    checkpoint: Callable[..., torch.Tensor] | None = None, calls: int = 200, repeats: int = 7
+    checkpoint: Callable[..., torch.Tensor] | None = None, calls: int = 100, repeats: int = 7
 ) -> CallCost:
-    """NOTE [ Fixed cost of a checkpoint call ]: ``checkpoint`` defaults to ckpt_runtime's
-    (what plans use); pass ``torch.utils.checkpoint.checkpoint`` for torch's."""
+    """NOTE [ Fixed cost of a checkpoint call ] for a checkpointed function: ``checkpoint``
+    defaults to ckpt_runtime's; pass ``torch.utils.checkpoint.checkpoint`` for torch's."""
     if checkpoint is None:
         from ckpt_runtime import checkpoint as ckpt_runtime_checkpoint
 
         checkpoint = ckpt_runtime_checkpoint
+    ck = checkpoint
+    tiny = _Tiny()
     x = torch.ones(8, requires_grad=True)
-    plain = [_round(lambda t: _tiny(t), x, calls) for _ in range(repeats)]
+    plain = [_time(_Chain(tiny, calls), x) for _ in range(repeats)]
     checked = [
-        _round(lambda t: checkpoint(_tiny, t, use_reentrant=False), x, calls)
-        for _ in range(repeats)
+        _time(_Chain(lambda t: ck(tiny, t, use_reentrant=False), calls), x) for _ in range(repeats)
     ]
-    per_call = sorted((c - p) // calls for c, p in zip(checked, plain, strict=True))
+    return _per_call(plain, checked, calls)
+
+
+class _Tiny(torch.nn.Module):
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(t)  # saves its output: backward needs the recompute
+
+
+class _Chain:
+    def __init__(self, step: Callable[[torch.Tensor], torch.Tensor], calls: int) -> None:
+        self.step, self.calls = step, calls
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.calls):
+            t = self.step(t)
+        return t
+
+
+def _time(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:
+    """Nanoseconds for one forward and backward of ``run(x)``."""
+    start = perf_counter_ns()
+    run(x).sum().backward()
+    return perf_counter_ns() - start
+
+
+def _per_call(plain: list[int], checked: list[int], calls: int) -> CallCost:
+    per_call = sorted((c - p) // calls for c, p in zip(sorted(checked), sorted(plain), strict=True))
     return CallCost(
         median_ns=max(0, per_call[len(per_call) // 2]),
         low_ns=max(0, per_call[0]),
         high_ns=max(0, per_call[-1]),
-        rounds=repeats,
+        rounds=len(per_call),
     )
-
-
-def _tiny(t: torch.Tensor) -> torch.Tensor:
-    return t * 2.0
-
-
-def _round(call: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, calls: int) -> int:
-    """Nanoseconds for ``calls`` chained calls, forward and backward."""
-    start = perf_counter_ns()
-    y = x
-    for _ in range(calls):
-        y = call(y) * 0.5
-    y.sum().backward()
-    return perf_counter_ns() - start

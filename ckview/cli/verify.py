@@ -213,9 +213,9 @@ def _check_args(args: argparse.Namespace) -> None:
 def _call_cost_ns() -> int:
     """Checkpoint's fixed cost per call on this machine (recorder/timing.py), measured after
     the recording, outside the recorder."""
-    from recorder.timing import checkpoint_call_cost_ns
+    from recorder.timing import plan_call_cost_ns
 
-    return checkpoint_call_cost_ns().median_ns
+    return plan_call_cost_ns().median_ns
 
 
 def _verify(
