@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         strings = trace.strings
         modules = trace.modules.read()
         runs = {}
+        leftovers: dict[str, Any] = {}
         for name in names:
             tables = {t: trace.run(name).table(t).read() for t in _TABLES}
             summary = summarize_run(tables, modules, list(strings), top=args.top)
@@ -48,13 +49,19 @@ def run(args: argparse.Namespace) -> int:
                 _peak_phase(tables, summary.activation_peak.event),
             )
             runs[name] = (summary, phases)
+            leftovers[name] = _leftover(trace.run(name), tables, list(strings))
         meta = trace.meta
     if args.json:
         doc = {
             "trace": str(args.trace),
             "meta": _jsonable(meta),
             "runs": {
-                n: {**s.to_json(), "peak_phase": ph[0], "activation_peak_phase": ph[1]}
+                n: {
+                    **s.to_json(),
+                    "peak_phase": ph[0],
+                    "activation_peak_phase": ph[1],
+                    "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
+                }
                 for n, (s, ph) in runs.items()
             },
         }
@@ -68,10 +75,23 @@ def run(args: argparse.Namespace) -> int:
     for name, (summary, phases) in runs.items():
         print()
         print(_format_run(name, summary, *phases))
+        if leftovers[name] is not None:
+            print(f"  warning: {leftovers[name].describe(name)}")
     return 0
 
 
-_TABLES = ("steps", "module_calls", "ops", "memory_events", "storages")
+_TABLES = ("steps", "module_calls", "ops", "memory_events", "storages", "recompute_regions")
+
+
+def _leftover(run: Any, tables: dict[str, Any], strings: list[str]) -> Any:
+    """Recompute in a run whose script checkpointing was bypassed, or None
+    (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
+    from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
+
+    kind = run_checkpointing(run.name, run.checkpointing)
+    if kind == SCRIPT:
+        return None
+    return leftover_recompute(tables, strings, plan_run=kind == PLAN)
 
 
 def _peak_phase(tables: dict[str, dict[str, Any]], event: int) -> str:
