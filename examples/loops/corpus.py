@@ -32,6 +32,8 @@ class Loop:
     """Preset plans that cannot take effect on this loop as the plain script runs, and why."""
     no_effect_checkpoint: dict[str, str] = field(default_factory=dict)
     """The same with ``--checkpoint``."""
+    plans: tuple[str, ...] = ("none", "sqrt", "all")
+    """The preset plans to verify (a model without a chain of blocks has no sqrt or all)."""
 
     file: str = ""
     """The script's name without ``.py`` when it differs from ``name``."""
@@ -153,5 +155,8 @@ LOOPS: tuple[Loop, ...] = (
         ("--size", "20"),
         optimizer_steps=0,
         checkpoint=True,
+        plans=("none",),
+        no_effect={"sqrt": "no chain of blocks: one function called --size times"},
+        no_effect_checkpoint={"sqrt": "no chain of blocks: one function called --size times"},
     ),
 )

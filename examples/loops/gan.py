@@ -38,9 +38,9 @@ def real_batch(n: int, gen: torch.Generator) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--latent", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

@@ -28,10 +28,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps")
     parser.add_argument("--accumulate", type=int, default=4, help="micro-batches per step")
-    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--micro-batch", type=int, default=512)
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

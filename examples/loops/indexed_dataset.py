@@ -18,10 +18,10 @@ from torch import nn
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--samples", type=int, default=16384)
+    parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

@@ -15,8 +15,8 @@ from torch import nn
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--depth", type=int, default=8, help="Linear/ReLU pairs")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
