@@ -204,6 +204,8 @@ def _modules(blocks: int) -> tuple[dict[str, np.ndarray], list[str]]:
         "type": [1, 3] + [4] * blocks,
         "parent": [-1, 0] + [1] * blocks,
         "param_bytes": [0, 0] + [65536] * blocks,
+        "container": [0, 2] + [0] * blocks,
+        "sequential_forward": [0] * (blocks + 2),
     }
     return {c.name: np.asarray(columns[c.name], dtype=c.dtype) for c in MODULES}, strings
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ckpt_runtime.presets import container_kind, runs_sequential_forward
 from ckview.trace.schema import NO_INDEX
 
 
@@ -28,7 +29,13 @@ class ModuleRegistry:
         self._paths: list[str] = []
         self._types: list[str] = []
         self.parents: list[int] = []
-        self._columns: dict[str, list[int]] = {"path": [], "type": [], "param_bytes": []}
+        self._columns: dict[str, list[int]] = {
+            "path": [],
+            "type": [],
+            "param_bytes": [],
+            "container": [],
+            "sequential_forward": [],
+        }
         self._owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> module row
 
     def row(self, module: object) -> int | None:
@@ -110,6 +117,10 @@ class ModuleRegistry:
             self._columns["path"].append(self._intern(sub_path))
             self._columns["type"].append(self._intern(type(sub).__name__))
             self._columns["param_bytes"].append(sum(p.nbytes for p in params))
+            # The live adapter's rules (ckpt_runtime/presets.py), so that a plan resolves the
+            # same over the model and over this trace.
+            self._columns["container"].append(int(container_kind(sub)))
+            self._columns["sequential_forward"].append(int(runs_sequential_forward(sub)))
             for p in params:
                 if p not in self._owner:
                     self._owner[p] = row
@@ -122,3 +133,4 @@ def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn
     relative = sub_path[len(root_path) + 1 :] if root_path else sub_path
     parent_rel = relative.rpartition(".")[0]
     return root.get_submodule(parent_rel) if parent_rel else root
+

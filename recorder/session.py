@@ -118,6 +118,8 @@ class RunSpec:
 
     name: str
     context: Callable[[Recorder], AbstractContextManager[Any]] | None = None
+    checkpointing: str = "script"
+    """What the run does with the script's own checkpointing (schema.CHECKPOINTING)."""
 
 
 class StopScript(BaseException):
@@ -354,11 +356,15 @@ class Recorder:
             last = len(self._steps) - 1
             if last >= 0 and self._steps.get(last, "end_ns") == -1:
                 self._steps.set(last, "end_ns", now)
+                self._steps.set(last, "complete", 0)
             for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
-            self._run.set_attrs(steps_recorded=self._steps_in_run)
+            spec = self.runs[self._run_index]
+            self._run.set_attrs(
+                steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing
+            )
             self._run.close(complete=not error)
         finally:
             self._busy = False
@@ -507,7 +513,8 @@ class Recorder:
         self._open_step(self._t0)
 
     def _open_step(self, now: int) -> None:
-        self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows))
+        # TODO(recorder helper, this session): count forwards/backwards/optimizer steps.
+        self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows, -1, -1, -1, 1))
 
     def _end_step(self) -> None:
         now = perf_counter_ns()

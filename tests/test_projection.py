@@ -58,7 +58,7 @@ class StepBuilder:
     def __init__(self) -> None:
         self.strings: list[str] = []
         self.rows: dict[str, list[tuple[Any, ...]]] = {name: [] for name in RUN_TABLES}
-        self.modules: list[tuple[int, int, int, int]] = []
+        self.modules: list[tuple[int, int, int, int, int, int]] = []
         self.storage_rows: list[list[int]] = []  # nbytes, category, op, call, module, alloc, free
         self.stack: list[int] = []
         self.clock = 0
@@ -73,7 +73,9 @@ class StepBuilder:
         return self.strings.index(text)
 
     def module(self, path: str, type_: str, parent: int = -1, param_bytes: int = 0) -> int:
-        self.modules.append((self._intern(path), self._intern(type_), parent, param_bytes))
+        container = {"Sequential": 1, "ModuleList": 2, "ModuleDict": 3}.get(type_, 0)
+        row = (self._intern(path), self._intern(type_), parent, param_bytes)
+        self.modules.append((*row, container, int(type_ == "Sequential")))
         return len(self.modules) - 1
 
     def existing(self, nbytes: int, category: Category) -> int:
@@ -149,7 +151,7 @@ class StepBuilder:
         out: Tables = {name: _columns(name, rows) for name, rows in self.rows.items()}
         storages = [(r[0], 0, r[1], 0, 0, r[2], r[3], r[4], r[5], r[6]) for r in self.storage_rows]
         out["storages"] = _columns("storages", storages)
-        out["steps"] = _columns("steps", [(0, 0, self.clock, 0, 0)])
+        out["steps"] = _columns("steps", [(0, 0, self.clock, 0, 0, 1, 1, 1, 1)])
         out["modules"] = {
             c.name: np.asarray([m[i] for m in self.modules], dtype=c.dtype)
             for i, c in enumerate(MODULES)
@@ -727,8 +729,16 @@ def _modules(paths: dict[str, tuple[str, str, int]]) -> tuple[dict[str, np.ndarr
         return strings.index(text)
 
     rows = list(paths)
+    kinds = {"Sequential": 1, "ModuleList": 2, "ModuleDict": 3}
     table = [
-        (sid(p), sid(t), rows.index(parent) if parent in rows and p != "" else -1, nbytes)
+        (
+            sid(p),
+            sid(t),
+            rows.index(parent) if parent in rows and p != "" else -1,
+            nbytes,
+            kinds.get(t, 0),
+            int(t == "Sequential"),
+        )
         for p, (t, parent, nbytes) in paths.items()
     ]
     columns = {

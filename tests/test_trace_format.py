@@ -29,7 +29,6 @@ from ckview.trace import (
     TraceNotFoundError,
     TraceWriter,
     open_trace,
-    reader,
     validate_trace,
 )
 from ckview.trace.schema import (
@@ -61,6 +60,8 @@ def write_valid_trace(path: Path, **writer_options: Any) -> None:
                 "type": [s("Net"), s("Linear")],
                 "parent": [-1, 0],
                 "param_bytes": [0, 64],
+                "container": [0, 0],
+                "sequential_forward": [0, 0],
             }
         )
         run = w.run("main")
@@ -72,6 +73,10 @@ def write_valid_trace(path: Path, **writer_options: Any) -> None:
                 "end_ns": [100],
                 "first_op": [0],
                 "first_memory_event": [0],
+                "forwards": [1],
+                "backwards": [1],
+                "optimizer_steps": [1],
+                "complete": [1],
             },
         )
         run.append(
@@ -405,6 +410,10 @@ def test_several_runs_keep_names_and_order(tmp_path: Path) -> None:
                     "end_ns": [1],
                     "first_op": [0],
                     "first_memory_event": [0],
+                    "forwards": [1],
+                    "backwards": [1],
+                    "optimizer_steps": [1],
+                    "complete": [1],
                 },
             )
             run.set_attrs(steps_recorded=i)
@@ -601,23 +610,47 @@ def test_newer_group_type_version_is_rejected(valid_trace: Path) -> None:
         t.run("main").table("ops")
 
 
-def test_older_versions_go_through_migrations(
-    valid_trace: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    set_attr(valid_trace, "/", "format_version", FORMAT_VERSION - 1)
-    with pytest.raises(CorruptTraceError, match=f"unknown trace format v{FORMAT_VERSION - 1}"):
+def test_a_version_without_migration_is_damaged(valid_trace: Path) -> None:
+    set_attr(valid_trace, "/", "format_version", 0)
+    with pytest.raises(CorruptTraceError, match="unknown trace format v0"):
         open_trace(valid_trace)
-    seen = []
 
-    def migrate(root: h5py.Group) -> h5py.Group:
-        seen.append(root.name)
-        return root
 
-    monkeypatch.setitem(reader.MIGRATIONS, FORMAT_VERSION - 1, migrate)
-    with open_trace(valid_trace) as t:
-        assert t.format_version == FORMAT_VERSION - 1
-        assert t.run_names == ["main"]
-    assert seen == ["/"]
+V1_TRACES = sorted((Path(__file__).parent / "data" / "traces_v1").glob("*.h5"))
+
+
+@pytest.mark.parametrize("path", V1_TRACES, ids=lambda p: p.stem)
+def test_version_1_files_read_through_the_migration(path: Path) -> None:
+    """NOTE [ Migrations build views ]: a v1 file reads as v2, with v2's "unknown" values."""
+    report = validate_trace(path)
+    assert report.ok, report.problems
+    with open_trace(path) as t:
+        assert t.format_version == 1
+        assert (t.meta.step_rule, t.meta.compiled) == ("", "")
+        modules = t.modules.read()
+        types = t.strings.lookup(modules["type"])
+        assert set(modules) == {c.name for c in MODULES}
+        assert all(modules[c.name].dtype == c.dtype for c in MODULES)
+        expected = np.select(
+            [types == "Sequential", types == "ModuleList", types == "ModuleDict"], [1, 2, 3], 0
+        )
+        np.testing.assert_array_equal(modules["container"], expected)
+        np.testing.assert_array_equal(modules["sequential_forward"], types == "Sequential")
+        for name in t.run_names:
+            run = t.run(name)
+            assert run.checkpointing == ""
+            steps = run.table("steps").read()
+            assert len(steps["step"]) == run.steps_recorded
+            for column in ("forwards", "backwards", "optimizer_steps"):
+                assert (steps[column] == -1).all()
+            assert (steps["complete"] == 1).all()
+            assert steps["complete"].dtype == np.uint8
+    with h5py.File(path, "r") as f:  # read-only: nothing was written
+        assert "container" not in f["modules"]
+
+
+def test_version_1_files_are_kept() -> None:
+    assert {p.stem for p in V1_TRACES} >= {"mlp", "transformer_compare"}
 
 
 def test_damaged_meta_is_corrupt(valid_trace: Path) -> None:
@@ -715,6 +748,10 @@ def test_unsorted_steps_are_reported(tmp_path: Path) -> None:
                 "end_ns": [9, 4],
                 "first_op": [0, 0],
                 "first_memory_event": [0, 0],
+                "forwards": [1, 1],
+                "backwards": [1, 1],
+                "optimizer_steps": [1, 1],
+                "complete": [1, 1],
             },
         )
     problems = validate_trace(path).problems

@@ -189,12 +189,13 @@ def plan_runs(plans: list[tuple[str, Any]], baseline: bool, checkpointed: bool) 
 
     runs = []
     if baseline:
-        runs.append(RunSpec("baseline", _bypassed))
+        runs.append(RunSpec("baseline", _bypassed, checkpointing="bypassed"))
     if checkpointed:
-        runs.append(RunSpec("checkpointed"))
+        runs.append(RunSpec("checkpointed", checkpointing="script"))
     runs += [RunSpec(f"plan:{plan.name}", plan_context(plan)) for _, plan in plans]
     if plans:
-        runs[0] = RunSpec(runs[0].name, PlanCheck(plans, runs[0].context))
+        first = runs[0]
+        runs[0] = RunSpec(first.name, PlanCheck(plans, first.context), first.checkpointing)
     return runs
 
 

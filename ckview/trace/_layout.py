@@ -48,6 +48,8 @@ class TraceMeta:
     steps_requested: int
     steps_recorded: int
     warmup: int
+    step_rule: str
+    compiled: str
     complete: bool
     error: str
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 
@@ -27,15 +27,9 @@ from .errors import (
     not_found,
     one_line,
 )
+from .migrations import MIGRATIONS, added_values, computed_column, stored_columns
 from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, MODULES, RUN_TABLES
 from .schema import Column as SchemaColumn
-
-#: A migration turns the root of a version-N file into an object that reads like the root of a
-#: version N+1 file. Files are opened read-only: migrations build views, they never write.
-Migration = Callable[[h5py.Group], h5py.Group]
-
-#: Migrations by the version they read. Empty: v1 is the first format version.
-MIGRATIONS: dict[int, Migration] = {}
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -132,15 +126,6 @@ def _child(parent: h5py.Group, name: str, path: str) -> h5py.HLObject:
     return node
 
 
-def _migrate(root: h5py.Group, version: int, path: str) -> h5py.Group:
-    for v in range(version, FORMAT_VERSION):
-        step = MIGRATIONS.get(v)
-        if step is None:
-            raise corrupt(path, f"unknown trace format v{v}")
-        root = step(root)
-    return root
-
-
 def table_problems(group: h5py.HLObject, columns: tuple[SchemaColumn, ...]) -> list[str]:
     """What is wrong with the structure of a table group: missing columns, dtypes, lengths."""
     if not isinstance(group, h5py.Group):
@@ -162,22 +147,56 @@ def table_problems(group: h5py.HLObject, columns: tuple[SchemaColumn, ...]) -> l
 
 
 def _open_table(
-    path: str, parent: h5py.Group, name: str, kind: str, columns: tuple[SchemaColumn, ...]
+    path: str, parent: h5py.Group, name: str, kind: str, version: int, strings: StringTable
 ) -> Table:
+    """Open table ``name`` (a key of RUN_TABLES, or 'modules') of a version-``version`` file.
+
+    Columns added after ``version`` are computed (NOTE [ Migrations build views ]).
+    """
     with _reading(path):
         group = _child(parent, name, path)
         _check_type(group, kind, path)
-        problems = table_problems(group, columns)
+        stored = stored_columns(name, version)
+        problems = table_problems(group, stored)
         if problems:
             raise corrupt(path, "; ".join(problems))
-        datasets = {c.name: group[c.name] for c in columns}
-        return Table(path, name, datasets)
+        columns: dict[str, h5py.Dataset | _ComputedColumn] = {c.name: group[c.name] for c in stored}
+        schema = MODULES if name == "modules" else RUN_TABLES[name]
+        rows = group[stored[0].name].shape[0]
+        for column in schema:
+            if column.name not in columns:
+                values = computed_column(
+                    name, column.name, version, lambda c: np.asarray(group[c][...]), rows, strings
+                )
+                columns[column.name] = _ComputedColumn(values)
+        return Table(path, name, {c.name: columns[c.name] for c in schema})
+
+
+class _ComputedColumn:
+    """A column an older file lacks, computed on open: reads like the h5py dataset it stands
+    for (``shape``, ``dtype``, ``ndim``, slicing, ``id.valid``)."""
+
+    class _Id:
+        valid = True
+
+    id = _Id()
+
+    def __init__(self, values: np.ndarray) -> None:
+        self._values = values
+        self.shape = values.shape
+        self.dtype = values.dtype
+        self.ndim = values.ndim
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        return self._values[index]
 
 
 class Table:
     """One table: equal-length columns, read lazily (only the slice asked for leaves the disk)."""
 
-    def __init__(self, path: str, name: str, datasets: dict[str, h5py.Dataset]) -> None:
+    def __init__(
+        self, path: str, name: str, datasets: Mapping[str, h5py.Dataset | _ComputedColumn]
+    ) -> None:
         self.name = name
         self.columns: tuple[str, ...] = tuple(datasets)
         self._path = path
@@ -267,13 +286,20 @@ class StringTable:
 class Run:
     """One run of the step (``main``, ``baseline``, ``plan:<name>``...) and its tables."""
 
-    def __init__(self, path: str, group: h5py.Group) -> None:
-        self._path = path
+    def __init__(self, trace: Trace, group: h5py.Group) -> None:
+        self._trace = trace
+        self._path = trace.path
         self._group = group
-        with _reading(path):
-            self.name: str = L.decode_str(group.attrs["name"])
-            self.complete: bool = L.attr_bool("complete", group.attrs["complete"])
-            self.steps_recorded: int = L.attr_int("steps_recorded", group.attrs["steps_recorded"])
+        attrs = {**added_values("run", trace.format_version), **group.attrs}
+        with _reading(self._path):
+            self.name: str = L.decode_str(attrs["name"])
+            self.complete: bool = L.attr_bool("complete", attrs["complete"])
+            self.steps_recorded: int = L.attr_int("steps_recorded", attrs["steps_recorded"])
+            checkpointing = L.decode_str(attrs.get("checkpointing"))
+        if not isinstance(checkpointing, str):
+            raise corrupt(self._path, f"{group.name} has no string 'checkpointing' attribute")
+        self.checkpointing: str = checkpointing
+        """RUN_FIELDS['checkpointing']: 'script', 'bypassed', 'plan', or '' if unknown."""
         self._tables: dict[str, Table] = {}
 
     def __repr__(self) -> str:
@@ -289,8 +315,9 @@ class Run:
                 path=self._path,
             )
         if name not in self._tables:
+            trace = self._trace
             self._tables[name] = _open_table(
-                self._path, self._group, name, "table", RUN_TABLES[name]
+                self._path, self._group, name, "table", trace.format_version, trace.strings
             )
         return self._tables[name]
 
@@ -303,7 +330,7 @@ class Trace:
         self._file = handle
         with _reading(path):
             self.format_version = self._read_format_version()
-            self._root = _migrate(handle, self.format_version, path)
+            self._root = handle
             self.meta = self._read_meta()
             self.strings = self._read_strings()
             self._run_groups = self._find_runs()
@@ -322,7 +349,9 @@ class Trace:
     def modules(self) -> Table:
         """The root ``modules`` table (shared by all runs)."""
         if self._modules is None:
-            self._modules = _open_table(self.path, self._root, L.MODULES, "modules", MODULES)
+            self._modules = _open_table(
+                self.path, self._root, L.MODULES, "modules", self.format_version, self.strings
+            )
         return self._modules
 
     def run(self, name: str) -> Run:
@@ -334,7 +363,7 @@ class Trace:
                 raise TraceKeyError(
                     f"{self.path} has no run {name!r}; its runs are: {known}", path=self.path
                 )
-            self._runs[name] = Run(self.path, group)
+            self._runs[name] = Run(self, group)
         return self._runs[name]
 
     def close(self) -> None:
@@ -364,16 +393,19 @@ class Trace:
         version = L.attr_int(L.FORMAT_VERSION_ATTR, attrs[L.FORMAT_VERSION_ATTR])
         if version > FORMAT_VERSION:
             raise newer(self.path, f"trace format v{version}", FORMAT_VERSION)
+        if any(v not in MIGRATIONS for v in range(version, FORMAT_VERSION)):
+            raise corrupt(self.path, f"unknown trace format v{version}")
         return version
 
     def _read_meta(self) -> TraceMeta:
         group = _child(self._root, L.META, self.path)
         _check_type(group, "meta", self.path)
+        attrs = {**added_values("meta", self.format_version), **group.attrs}
         values = {}
         for name in META_FIELDS:
-            if name not in group.attrs:
+            if name not in attrs:
                 raise corrupt(self.path, f"/meta has no '{name}' attribute")
-            values[name] = L.decode_meta(name, group.attrs[name])
+            values[name] = L.decode_meta(name, attrs[name])
         return TraceMeta(**values)
 
     def _read_strings(self) -> StringTable:

@@ -14,7 +14,7 @@ from enum import IntEnum
 import numpy as np
 
 FORMAT_NAME = "ckview-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 #: Value of the ``ckview_type`` attribute on each kind of group, with its own version.
 GROUP_TYPES: dict[str, tuple[str, int]] = {
@@ -64,6 +64,15 @@ CATEGORY_PRIORITY: tuple[Category, ...] = (
 )
 
 
+class ContainerKind(IntEnum):
+    """What kind of ``torch.nn`` container a module is (``isinstance``: subclasses count)."""
+
+    MODULE = 0  # not a container
+    SEQUENTIAL = 1
+    MODULE_LIST = 2
+    MODULE_DICT = 3
+
+
 class MemoryEventKind(IntEnum):
     ALLOC = 0  # the storage was allocated while recording
     FREE = 1  # the storage was freed
@@ -97,6 +106,13 @@ MODULES: tuple[Column, ...] = (
     _c("type", "<i4", "string id of the module's class name"),
     _c("parent", "<i4", "row of the parent module, -1 for a root"),
     _c("param_bytes", "<i8", "bytes of the parameters the module owns directly"),
+    _c("container", "<u1", "ContainerKind of the module (since v2)"),
+    _c(
+        "sequential_forward",
+        "<u1",
+        "1 if calling the module runs nn.Sequential.forward (its children in order): forward is "
+        "not replaced on the class or the instance (since v2)",
+    ),
 )
 
 #: Tables of each run, by name.
@@ -107,6 +123,10 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         _c("end_ns", "<i8", "time the step ended"),
         _c("first_op", "<i4", "row of the first op of the step in 'ops'"),
         _c("first_memory_event", "<i4", "row of the first event of the step in 'memory_events'"),
+        _c("forwards", "<i4", "top-level forward passes begun in it, -1 if unknown (since v2)"),
+        _c("backwards", "<i4", "backward passes run in the step, -1 if unknown (since v2)"),
+        _c("optimizer_steps", "<i4", "optimizer.step() calls in it, -1 if unknown (since v2)"),
+        _c("complete", "<u1", "1 if the step ended at a step boundary, 0 if it was cut (since v2)"),
     ),
     "module_calls": (
         _c("module", "<i4", "row in the root 'modules' table"),
@@ -188,6 +208,8 @@ META_FIELDS: dict[str, str] = {
     "steps_requested": "number of steps the recorder was asked to record",
     "steps_recorded": "number of steps recorded (in the first run)",
     "warmup": "number of steps skipped before recording",
+    "step_rule": "how steps were delimited, e.g. '1 optimizer step (learned in warmup)' (since v2)",
+    "compiled": "whether the step ran torch.compile'd code: 'no', 'yes', 'partly' (since v2)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
@@ -197,7 +219,14 @@ RUN_FIELDS: dict[str, str] = {
     "name": "run name: 'main', 'baseline', 'checkpointed' or 'plan:<name>'",
     "complete": "true once the run was closed cleanly",
     "steps_recorded": "number of complete steps in the run",
+    "checkpointing": "what the run did with checkpointing: 'script' (the script's own, as it "
+    "runs), 'bypassed' (the script's own bypassed), 'plan' (the script's own bypassed and a "
+    "plan applied); '' if unknown (since v2)",
 }
+
+
+#: Values of the run attribute ``checkpointing`` (RUN_FIELDS), '' aside.
+CHECKPOINTING = ("script", "bypassed", "plan")
 
 
 def table_dtype(columns: tuple[Column, ...]) -> np.dtype:
@@ -236,6 +265,7 @@ STRING_COLUMNS: dict[str, tuple[str, ...]] = {
 
 #: Columns holding enum values, ``(table, column) -> enum``.
 ENUM_COLUMNS: dict[tuple[str, str], type[IntEnum]] = {
+    ("modules", "container"): ContainerKind,
     ("module_calls", "phase"): Phase,
     ("ops", "phase"): Phase,
     ("memory_events", "kind"): MemoryEventKind,
@@ -243,3 +273,8 @@ ENUM_COLUMNS: dict[tuple[str, str], type[IntEnum]] = {
     ("storages", "category"): Category,
     ("saved_events", "kind"): SavedEventKind,
 }
+
+#: Columns holding 0 or 1, ``(table, column)``.
+FLAG_COLUMNS: frozenset[tuple[str, str]] = frozenset(
+    {("modules", "sequential_forward"), ("steps", "complete")}
+)

@@ -13,6 +13,7 @@ from .errors import CorruptTraceError
 from .reader import Run, Table, Trace, open_trace
 from .schema import (
     ENUM_COLUMNS,
+    FLAG_COLUMNS,
     NO_INDEX,
     REFERENCES,
     RUN_TABLES,
@@ -111,6 +112,10 @@ def _check_table(
                 f"{where}.{name} has {{n}} values that are not a {enum.__name__}",
                 values=values,
             )
+    for source, name in FLAG_COLUMNS:
+        if source == table:
+            values = columns[name]
+            _report(report, values > 1, f"{where}.{name} has {{n}} values other than 0 and 1")
 
 
 def _check_range(

@@ -23,6 +23,7 @@ import numpy as np
 from . import _layout as L
 from .errors import TraceError, one_line
 from .schema import (
+    CHECKPOINTING,
     FORMAT_NAME,
     FORMAT_VERSION,
     GROUP_TYPES,
@@ -233,6 +234,7 @@ class RunWriter:
         group.attrs["name"] = name
         group.attrs["complete"] = False
         group.attrs["steps_recorded"] = np.int64(0)
+        group.attrs["checkpointing"] = ""
         self.name = name
         self._trace = trace
         self._group = group
@@ -249,13 +251,19 @@ class RunWriter:
             raise ValueError(f"unknown table {table!r}; run tables: {', '.join(RUN_TABLES)}")
         self._tables[table].append(columns)
 
-    def set_attrs(self, **attrs: int) -> None:
-        """Set run attributes other than ``name`` and ``complete`` (today: ``steps_recorded``)."""
+    def set_attrs(self, **attrs: int | str) -> None:
+        """Set run attributes other than ``name`` and ``complete``: ``steps_recorded`` (int),
+        ``checkpointing`` (str)."""
         self._check_open()
         for key, value in attrs.items():
             if key not in RUN_FIELDS or key in ("name", "complete"):
                 raise ValueError(f"cannot set run attribute {key!r}; use close() for 'complete'")
-            self._group.attrs[key] = np.int64(L.attr_int(key, value))
+            if key == "checkpointing":
+                if value not in CHECKPOINTING:
+                    raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {value!r}")
+                self._group.attrs[key] = value
+            else:
+                self._group.attrs[key] = np.int64(L.attr_int(key, value))
 
     def close(self, complete: bool = True) -> None:
         """Mark the run complete (or not) and refuse further appends. Idempotent."""
