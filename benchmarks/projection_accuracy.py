@@ -10,8 +10,8 @@ blocks; ``planner``: ``ckview.analysis.planner.plan_for_budget`` at 60% of the b
 then run ``ckview verify`` once with plans none, all, sqrt and those files. Per loop of
 ``examples/loops/corpus.py``: ``ckview verify`` with the plans of its manifest (none, sqrt and
 all = every block, where the model has a chain of blocks), on the script as it runs (and, for
-loops with their own checkpointing, once more with ``--checkpoint``). One run of a script records the baseline and every plan, and each plan is
-projected over the baseline.
+loops with their own checkpointing, once more with ``--checkpoint``). One run of a script
+records the baseline and every plan, and each plan is projected over the baseline.
 
 Prints one table: projected vs measured peak (the target is within 2%), and projected vs
 measured extra time (the plan run's recompute; medians and spread when verify reports them,

@@ -170,6 +170,8 @@ def step_contents(trace: Path, run: str, want: StepContents) -> Iterator[tuple[i
     them, else counted from the tables (see NOTE [v1 step contents])."""
     with open_trace(trace) as t:
         steps = t.run(run).table("steps").read()
+        cut = steps["step"][steps["complete"] == 0] if "complete" in steps else []
+        assert len(cut) == 0, f"run {run}: steps {list(cut)} did not end at a step boundary"
         if "forwards" in steps and int(np.min(steps["forwards"], initial=0)) >= 0:
             for i, step in enumerate(steps["step"]):
                 yield (
