@@ -52,25 +52,19 @@ from typing import Any, TypeAlias
 import torch
 from torch import nn
 
+from ckpt_runtime.bypass import plan_region
 from ckpt_runtime.checkpoint import checkpoint, register_module_names
 from ckpt_runtime.plan import (
     ModuleRegion,
     Plan,
     PlanError,
     PlanOptions,
-    Region,
     SegmentRegion,
     escape_path,
     load_plan,
 )
-from ckpt_runtime.presets import (
-    check_model,
-    has_sequential_forward,
-    join,
-    lookup,
-    resolve_preset,
-    suggest,
-)
+from ckpt_runtime.presets import check_model, module_tree
+from ckpt_runtime.resolve import join, resolve
 
 __all__ = ["AppliedPlan", "PlanSource", "apply_plan", "remove_plan", "resolve_plan"]
 
@@ -100,75 +94,15 @@ def _as_plan(source: PlanSource) -> Plan:
 
 
 def _as_sequential(module: nn.Module) -> nn.Sequential:
-    assert isinstance(module, nn.Sequential)  # checked by _resolve
+    assert isinstance(module, nn.Sequential)  # a segment's node is a Sequential (resolve.py)
     return module
 
 
 def _resolve(model: nn.Module, plan: Plan) -> tuple[Plan, dict[str, nn.Module]]:
-    """The concrete plan (exact module paths, model order) and its modules by path."""
-    if plan.is_preset:
-        assert plan.preset is not None
-        resolved = resolve_preset(
-            model, plan.preset, chain=plan.chain, options=plan.options, name=plan.name
-        )
-        plan = Plan(
-            resolved.name, resolved.regions, resolved.options, meta={**plan.meta, **resolved.meta}
-        )
-    named = list(model.named_modules())
-    paths = [p for p, _ in named]
-    by_path = dict(named)
-    order = {p: i for i, p in enumerate(paths)}
-    module_paths: set[str] = set()
-    segments: list[SegmentRegion] = []
-    for region in plan.regions:
-        if isinstance(region, ModuleRegion):
-            hits = [p for p in paths if region.matches(p)]
-            if not hits:
-                raise _fail(
-                    f"module pattern {region.pattern!r} matches no module of "
-                    f"{type(model).__name__}; {suggest(region.pattern, paths)}"
-                )
-            module_paths.update(hits)
-            continue
-        seq = lookup(model, region.sequential, "sequential")
-        if not isinstance(seq, nn.Sequential):
-            raise _fail(
-                f"segment {region}: {region.sequential!r} is a {type(seq).__name__}, not an "
-                "nn.Sequential; its children are called by its parent's code and cannot be "
-                "grouped, so checkpoint them one by one with "
-                f'{{"module": "{join(escape_path(region.sequential), "*")}"}}'
-            )
-        if not has_sequential_forward(seq):
-            raise _fail(
-                f"segment {region}: {type(seq).__name__} {region.sequential!r} has its own "
-                "forward (overridden or replaced), so its children may not run in order; "
-                "checkpoint its children as module regions instead"
-            )
-        if region.stop > len(seq):
-            raise _fail(
-                f"segment {region}: stop {region.stop} is past the end of "
-                f"{region.sequential!r}, which has {len(seq)} children"
-            )
-        segments.append(region)
-    for seg in segments:
-        seq = _as_sequential(by_path[seg.sequential])
-        same: str | None = None
-        if seg.stop - seg.start == 1:
-            child = join(seg.sequential, list(dict(seq.named_children()))[seg.start])
-            same = child if child in module_paths else None
-        if seg.start == 0 and seg.stop == len(seq) and seg.sequential in module_paths:
-            same = seg.sequential
-        if same is not None:
-            raise _fail(
-                f"module region {same or '<model>'!r} and segment {seg} checkpoint the same "
-                "computation; keep one of them (docs/plan-format.md, 3.3)"
-            )
-    regions: list[tuple[tuple[int, int, int], Region]] = [
-        ((order[p], 0, 0), ModuleRegion(escape_path(p))) for p in module_paths
-    ] + [((order[s.sequential], 1, s.start), s) for s in segments]
-    regions.sort(key=lambda kr: kr[0])
-    concrete = Plan(plan.name, tuple(r for _, r in regions), plan.options, meta=plan.meta)
-    return concrete, by_path
+    """The concrete plan (exact module paths, model order) and its modules by path: the rules of
+    :func:`ckpt_runtime.resolve.resolve` over the live model."""
+    resolution = resolve(module_tree(model), plan)
+    return resolution.plan, dict(model.named_modules())
 
 
 def resolve_plan(model: nn.Module, plan: PlanSource) -> Plan:
@@ -208,13 +142,14 @@ class _RegionCall:
         # A bound method of the module (in a partial), so that the recompute markers report
         # the module as the region's target (ckpt_runtime.markers.region_target).
         fn = partial(MethodType(_call_flat, module), tuple(kwargs))
-        return checkpoint(
-            fn,
-            *args,
-            *kwargs.values(),
-            use_reentrant=self.options.use_reentrant,
-            preserve_rng_state=self.options.preserve_rng_state,
-        )
+        with plan_region(module):
+            return checkpoint(
+                fn,
+                *args,
+                *kwargs.values(),
+                use_reentrant=self.options.use_reentrant,
+                preserve_rng_state=self.options.preserve_rng_state,
+            )
 
 
 def _run_segment(seq: nn.Sequential, start: int, stop: int, input: Any) -> Any:
@@ -271,12 +206,13 @@ class _SegmentForward:
                     input = child(input)
                 if grad:
                     self.calls[i] += 1
-                    input = checkpoint(
-                        partial(MethodType(_run_segment, seq), seg.start, seg.stop),
-                        input,
-                        use_reentrant=self.options.use_reentrant,
-                        preserve_rng_state=self.options.preserve_rng_state,
-                    )
+                    with plan_region(seq):
+                        input = checkpoint(
+                            partial(MethodType(_run_segment, seq), seg.start, seg.stop),
+                            input,
+                            use_reentrant=self.options.use_reentrant,
+                            preserve_rng_state=self.options.preserve_rng_state,
+                        )
                 else:
                     input = _run_segment(seq, seg.start, seg.stop, input)
                 done = seg.stop

@@ -47,6 +47,7 @@ __all__ = [
     "is_preset_like",
     "load_plan",
     "match_path",
+    "match_paths",
     "parse_preset",
     "save_plan",
 ]
@@ -124,6 +125,15 @@ def escape_path(path: str) -> str:
 def match_path(pattern: str, path: str) -> bool:
     """True if module path ``path`` matches ``pattern`` (see NOTE [ Module path patterns ])."""
     return _match_parts(_components(path), _components(pattern))
+
+
+def match_paths(pattern: str, paths: list[str]) -> list[int]:
+    """Indices of the ``paths`` that match ``pattern`` (NOTE [ Module path patterns ]); a
+    pattern without glob characters matches its own path only, which is found by equality."""
+    if not _GLOB_CHARS & set(pattern):
+        return [i for i, path in enumerate(paths) if path == pattern]
+    wanted = _components(pattern)
+    return [i for i, path in enumerate(paths) if _match_parts(_components(path), wanted)]
 
 
 def _check_bool(value: Any, what: str) -> bool:
@@ -294,7 +304,7 @@ def parse_preset(text: str) -> PresetSpec:
     """Parse ``none``, ``all``, ``sqrt``, ``every:K``, each optionally followed by ``@chain``.
 
     ``@chain`` names the model's chain of blocks explicitly (``sqrt@encoder.layers``) instead of
-    detecting it (NOTE [ Block chain detection ] in ckpt_runtime/presets.py).
+    detecting it (NOTE [ Block chain detection ] in ckpt_runtime/resolve.py).
     """
     match = _PRESET.match(text) if isinstance(text, str) else None
     if match is None:

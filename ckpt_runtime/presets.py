@@ -1,55 +1,28 @@
-"""Presets: finding the model's chain of blocks, and resolving ``none``, ``all``, ``every:K``
-and ``sqrt`` against a model into concrete plans (docs/plan-format.md, section 5).
-
-NOTE [ Block chain detection ]
-Presets act on "the model's chain of blocks" (``find_block_chain``): the ``nn.ModuleList`` or
-``nn.Sequential`` of repeated blocks that makes up the model's depth. Candidates are the
-ModuleLists and Sequentials (the model itself included) with at least two children, all of one
-class (``transformer.h`` of GPT2Block, ``encoder.layers`` of TransformerEncoderLayer). A
-candidate inside another candidate is dropped (MoE ``experts`` inside each layer, convs inside
-each block): the outermost chain is the model's depth. Of the rest, the one with the most
-children wins, ties broken by the most parameters, then by the first in ``named_modules()``
-order. If no candidate has children of one class, the same rule picks among the
-``nn.Sequential``s with mixed children (a VGG-style ``features``). A plan or preset can name the
-chain instead (``"chain": "encoder.layers"``, ``"sqrt@encoder.layers"``).
-
-NOTE [ sqrt on a ModuleList ]
-Chen et al.'s sqrt(n) segments need the blocks grouped into segments, which only an
-``nn.Sequential`` that the model calls allows. A ModuleList's loop lives in the model's
-forward, so each checkpointed block is its own region. Keeping the LAST round(sqrt(n)) blocks
-un-checkpointed and checkpointing the rest leaves about sqrt(n) blocks' activations live (the
-memory of sqrt(n) segments) while recomputing fewer blocks; the kept blocks are the last ones
-because backward frees them before the first recompute starts. docs/plan-format.md, 5.2, works
-through the trade-off.
+"""The live-model adapter of the plan rules: a ``torch.nn.Module`` described as a
+:class:`~ckpt_runtime.resolve.ModuleTree`, and the presets on it (``find_block_chain``,
+``resolve_preset``). The rules themselves (chain detection, presets, resolution) live once, in
+the torch-free :mod:`ckpt_runtime.resolve` (NOTE [ Block chain detection ], NOTE [ sqrt on a
+ModuleList ]), which ``ckview.analysis.plans`` runs over a trace's module tree.
 """
 
 from __future__ import annotations
 
-import difflib
-import itertools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from ckpt_runtime.plan import (
-    ModuleRegion,
-    Plan,
-    PlanError,
-    PlanOptions,
-    Region,
-    SegmentRegion,
-    check_module_path,
-    escape_path,
-    parse_preset,
-)
+from ckpt_runtime.plan import Plan, PlanOptions
+from ckpt_runtime.resolve import Container, ModuleTree, Node, expand_preset, find_chain, join
 
-__all__ = ["BlockChain", "find_block_chain", "resolve_preset"]
-
-
-def _fail(message: str) -> PlanError:
-    return PlanError(" ".join(message.split()))
+__all__ = [
+    "BlockChain",
+    "container_kind",
+    "find_block_chain",
+    "module_tree",
+    "resolve_preset",
+    "runs_sequential_forward",
+]
 
 
 def check_model(model: Any) -> nn.Module:
@@ -59,42 +32,59 @@ def check_model(model: Any) -> nn.Module:
     return model
 
 
-def join(parent: str, name: str) -> str:
-    """``parent.name`` (``name`` alone under the root path ``""``)."""
-    return f"{parent}.{name}" if parent else name
-
-
-def suggest(wanted: str, paths: list[str]) -> str:
-    """A hint for a module path that does not exist: close paths, else the top-level ones."""
-    close = difflib.get_close_matches(wanted, [p for p in paths if p], n=3, cutoff=0.6)
-    if close:
-        return "did you mean " + " or ".join(repr(p) for p in close) + "?"
-    top = [p for p in paths if p and "." not in p][:8]
-    return f"its top-level modules are {top}; list all paths with model.named_modules()"
-
-
-def lookup(model: nn.Module, path: str, what: str) -> nn.Module:
-    """The module at exact ``path``; a PlanError naming ``what`` and suggesting paths if none."""
-    check_module_path(path, what, glob=False)
-    try:
-        return model.get_submodule(path)
-    except AttributeError:
-        paths = [p for p, _ in model.named_modules()]
-        raise _fail(
-            f"{what} {path!r} is not a module of {type(model).__name__}; {suggest(path, paths)}"
-        ) from None
-
-
 def has_sequential_forward(seq: nn.Module) -> bool:
     """True if calling ``seq`` runs its children in order: nn.Sequential's own forward, or the
-    segment forward ckpt_runtime.apply installs (marked ``ckpt_runtime_segments``)."""
+    segment forward ckpt_runtime.apply installs (marked ``ckpt_runtime_segments``).
+
+    """
     own = vars(seq).get("forward")
     return type(seq).forward is nn.Sequential.forward and (
         own is None or getattr(own, "ckpt_runtime_segments", False)
     )
 
 
-# ----------------------------------------------------------------------------- block chain
+def runs_sequential_forward(module: nn.Module) -> bool:
+    """True if calling ``module`` runs ``nn.Sequential.forward`` (or the segment forward a plan
+    installs): the trace's ``modules.sequential_forward``."""
+    return isinstance(module, nn.Sequential) and has_sequential_forward(module)
+
+
+def container_kind(module: nn.Module) -> Container:
+    """The container kind of ``module`` (``isinstance``: subclasses count)."""
+    if isinstance(module, nn.Sequential):
+        return Container.SEQUENTIAL
+    if isinstance(module, nn.ModuleList):
+        return Container.MODULE_LIST
+    if isinstance(module, nn.ModuleDict):
+        return Container.MODULE_DICT
+    return Container.MODULE
+
+
+def module_tree(model: nn.Module) -> ModuleTree:
+    """``model`` described for the plan rules: its ``named_modules()`` in order (a module
+    shared at several paths once, at its first path), children in ``named_children()`` order."""
+    named = list(check_model(model).named_modules())
+    index = {path: i for i, (path, _) in enumerate(named)}
+    nodes = []
+    children: list[tuple[int, ...]] = []
+    for path, module in named:
+        parent = -1 if path == "" else index[path.rpartition(".")[0]]
+        nodes.append(
+            Node(
+                path=path,
+                type=type(module).__name__,
+                parent=parent,
+                container=container_kind(module),
+                sequential_forward=runs_sequential_forward(module),
+                param_bytes=sum(p.nbytes for p in module.parameters(recurse=False)),
+            )
+        )
+        kids = (index.get(join(path, name)) for name, _ in module.named_children())
+        # A child listed under another path (shared) is not this module's node child.
+        children.append(
+            tuple(k for k in kids if k is not None and named[k][0].rpartition(".")[0] == path)
+        )
+    return ModuleTree(tuple(nodes), tuple(children))
 
 
 @dataclass(frozen=True)
@@ -106,64 +96,26 @@ class BlockChain:
     module: nn.Module = field(repr=False, compare=False)
     names: tuple[str, ...]
     """The blocks' child names (``"0"``, ``"1"``, ... unless built from an OrderedDict)."""
+    segmentable: bool = False
+    """True if blocks can be grouped into segments (an ``nn.Sequential`` with its own
+    forward; a ModuleList's loop lives in the model's forward)."""
 
     def __len__(self) -> int:
         return len(self.names)
-
-    @property
-    def segmentable(self) -> bool:
-        """True if blocks can be grouped into segments (an ``nn.Sequential`` with its own
-        forward; a ModuleList's loop lives in the model's forward)."""
-        return isinstance(self.module, nn.Sequential) and has_sequential_forward(self.module)
 
     def block_path(self, index: int) -> str:
         """Dotted path of block ``index``."""
         return join(self.path, self.names[index])
 
 
-def _n_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
 def find_block_chain(model: nn.Module, path: str | None = None) -> BlockChain:
     """The model's chain of blocks: the one at ``path`` if given, else detected
     (NOTE [ Block chain detection ]). Raises :class:`PlanError` if there is none."""
-    check_model(model)
-    if path is not None:
-        module = lookup(model, path, "chain")
-        if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) == 0:
-            raise _fail(
-                f"chain {path!r} is a {type(module).__name__}"
-                + (" with no children" if isinstance(module, nn.ModuleList | nn.Sequential) else "")
-                + "; a chain of blocks is a non-empty nn.ModuleList or nn.Sequential"
-            )
-        return BlockChain(path, module, tuple(name for name, _ in module.named_children()))
-
-    containers = [
-        (p, m)
-        for p, m in model.named_modules()
-        if isinstance(m, nn.ModuleList | nn.Sequential) and len(m) >= 2
-    ]
-    uniform = [(p, m) for p, m in containers if len({type(c) for c in m}) == 1]
-    uniform_paths = {p for p, _ in uniform}
-    mixed = [
-        (p, m) for p, m in containers if isinstance(m, nn.Sequential) and p not in uniform_paths
-    ]
-    for tier in (uniform, mixed):
-
-        def inside(p: str, q: str) -> bool:  # is path p strictly inside path q?
-            return p != q and (q == "" or p.startswith(q + "."))
-
-        outermost = [(p, m) for p, m in tier if not any(inside(p, q) for q, _ in tier)]
-        if outermost:
-            # max() keeps the first of equal keys: named_modules() order breaks the last tie.
-            p, m = max(outermost, key=lambda pm: (len(pm[1]), _n_params(pm[1])))
-            return BlockChain(p, m, tuple(name for name, _ in m.named_children()))
-    raise _fail(
-        f"found no chain of blocks in {type(model).__name__} (no nn.ModuleList or nn.Sequential "
-        "with 2+ children); name one: 'sqrt@path.to.blocks', resolve_preset(model, 'sqrt', "
-        "chain='path.to.blocks'), or \"chain\" in the plan"
-    )
+    tree = module_tree(model)
+    chain = find_chain(tree, path)
+    cut = len(chain.path) + 1 if chain.path else 0
+    names = tuple(tree.nodes[b].path[cut:] for b in chain.blocks)
+    return BlockChain(chain.path, model.get_submodule(chain.path), names, chain.segmentable)
 
 
 def resolve_preset(
@@ -188,27 +140,4 @@ def resolve_preset(
     ``chain`` (or ``preset@chain``) names the chain; by default it is detected. The plan's
     ``meta["preset"]`` records the preset, the chain path and its length.
     """
-    spec = parse_preset(preset)
-    chain = chain if chain is not None else spec.chain
-    options = options if options is not None else PlanOptions()
-    name = name if name is not None else str(spec)
-    if spec.kind == "none":
-        return Plan(name, (), options)
-    found = find_block_chain(model, chain)
-    n = len(found)
-    regions: list[Region]
-    if spec.kind == "sqrt" and found.segmentable:
-        k = math.ceil(math.sqrt(n))
-        bounds = [(i * n) // k for i in range(k + 1)]
-        regions = [SegmentRegion(found.path, a, b) for a, b in itertools.pairwise(bounds)]
-    else:
-        if spec.kind == "all":
-            blocks = range(n)
-        elif spec.kind == "every":
-            assert spec.k is not None
-            blocks = range(0, n, spec.k)
-        else:  # NOTE [ sqrt on a ModuleList ]
-            blocks = range(n - math.floor(math.sqrt(n) + 0.5))
-        regions = [ModuleRegion(escape_path(found.block_path(i))) for i in blocks]
-    meta = {"preset": {"name": spec.name, "chain": found.path, "blocks": n}}
-    return Plan(name, tuple(regions), options, meta=meta)
+    return expand_preset(module_tree(model), preset, chain=chain, options=options, name=name)

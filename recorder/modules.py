@@ -9,13 +9,8 @@ import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ckview.trace.schema import NO_INDEX, ContainerKind
-
-_CONTAINERS = (
-    (torch.nn.Sequential, ContainerKind.SEQUENTIAL),
-    (torch.nn.ModuleList, ContainerKind.MODULE_LIST),
-    (torch.nn.ModuleDict, ContainerKind.MODULE_DICT),
-)
+from ckpt_runtime.presets import container_kind, runs_sequential_forward
+from ckview.trace.schema import NO_INDEX
 
 
 class ModuleRegistry:
@@ -122,8 +117,10 @@ class ModuleRegistry:
             self._columns["path"].append(self._intern(sub_path))
             self._columns["type"].append(self._intern(type(sub).__name__))
             self._columns["param_bytes"].append(sum(p.nbytes for p in params))
-            self._columns["container"].append(_container_kind(sub))
-            self._columns["sequential_forward"].append(int(_runs_sequential_forward(sub)))
+            # The live adapter's rules (ckpt_runtime/presets.py), so that a plan resolves the
+            # same over the model and over this trace.
+            self._columns["container"].append(int(container_kind(sub)))
+            self._columns["sequential_forward"].append(int(runs_sequential_forward(sub)))
             for p in params:
                 if p not in self._owner:
                     self._owner[p] = row
@@ -137,16 +134,3 @@ def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn
     parent_rel = relative.rpartition(".")[0]
     return root.get_submodule(parent_rel) if parent_rel else root
 
-
-def _container_kind(module: torch.nn.Module) -> int:
-    for cls, kind in _CONTAINERS:
-        if isinstance(module, cls):
-            return int(kind)
-    return int(ContainerKind.MODULE)
-
-
-def _runs_sequential_forward(module: torch.nn.Module) -> bool:
-    """Whether calling ``module`` runs ``nn.Sequential.forward`` (its children in order)."""
-    if "forward" in vars(module):
-        return False  # replaced on the instance
-    return getattr(type(module), "forward", None) is torch.nn.Sequential.forward

@@ -103,6 +103,7 @@ from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
 from recorder.progress import StepProgress
 from recorder.steps import IterationTracker, StepCounts, StepRule
+from recorder.timing import RunTimes, StepTimer
 
 _RANK = [0] * len(Category)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -130,6 +131,7 @@ _NODE_BUDGET = 8192  # NOTE [ Autograd nodes stay unwrapped ]: 5x below the cras
 class State(Enum):
     WARMUP = "warmup"
     RECORDING = "recording"
+    TIMING = "timing"  # a run's unrecorded plain steps before its recorded ones (timing.py)
     BETWEEN_RUNS = "between runs"  # a run ended, the next begins at once (same step boundary)
     DONE = "done"
 
@@ -218,6 +220,7 @@ class Recorder:
         runs: Sequence[RunSpec] = (),
         progress: bool = True,
         step_every: str | StepRule = "auto",
+        timing_steps: int = 0,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -232,8 +235,10 @@ class Recorder:
         if len({r.name for r in self.runs}) != len(self.runs):
             raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
+        self._timer = StepTimer(timing_steps)  # NOTE [ Plain timing steps ] in timing.py
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
+        self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
         self._progress = StepProgress(warmup, steps * len(self.runs), enabled=progress)
         rule = step_every if isinstance(step_every, StepRule) else StepRule.parse(step_every)
         self._tracker = IterationTracker(rule)
@@ -318,6 +323,11 @@ class Recorder:
             self._finish(error or "")
         self._uninstall()
         self._progress.close()
+
+    @property
+    def timings(self) -> dict[str, RunTimes]:
+        """Plain timing steps per run name (``timing_steps``; NOTE [ Plain timing steps ])."""
+        return self._timer.runs
 
     @property
     def _registry(self) -> ModuleRegistry:
@@ -414,8 +424,13 @@ class Recorder:
 
     def _finish(self, error: str) -> None:
         """End the current run if one is open, then write the modules and close the trace."""
-        if self._state is State.RECORDING:
+        if self._state is State.TIMING:
+            self._timer.stop()
+        if self._state in (State.RECORDING, State.TIMING):
             self._end_run(error)
+        early, self._early_context = self._early_context, None
+        if early is not None:  # the script ended before the run it was entered for
+            early.__exit__(None, None, None)
         self._state = State.DONE
         self._known.clear()
         writer, self._writer = self._writer, None
@@ -561,9 +576,18 @@ class Recorder:
         if self._state is State.BETWEEN_RUNS:
             self._begin_run_tables()
         spec = self.runs[self._run_index]
-        if spec.context is not None:
+        self._run_context, self._early_context = self._early_context, None
+        if spec.context is not None and self._run_context is None:
             self._run_context = spec.context(self)
             self._run_context.__enter__()
+        if self._timer.steps:
+            self._state = State.TIMING
+            self._timer.begin(spec.name, self._observer)
+            return
+        self._begin_recording()
+
+    def _begin_recording(self) -> None:
+        """The run's first recorded step begins: note what exists."""
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
         for p in self._registry.parameters():
@@ -594,6 +618,9 @@ class Recorder:
             self._progress.step_done()
             if self._warmup_done >= self.warmup:
                 self._start_recording()
+        elif self._state is State.TIMING:
+            if self._timer.end_step():
+                self._begin_recording()
         elif self._state is State.RECORDING:
             self._close_step_row(now, counts, complete=True)
             self._step += 1
@@ -696,6 +723,39 @@ class Recorder:
         self._tracker.on_backward()
         if self._state is State.RECORDING:
             self._mark_gradients()
+        if self._tracker.boundary_at_next_forward():
+            self._enter_next_context_early()
+
+    # NOTE [ Early run context ]
+    # A loop without optimizer ends its step when the next forward begins: inside the root
+    # module's forward pre-hook, after torch looked up the root's ``forward`` (and while its
+    # ``_call_impl`` runs). A run context entered there (a plan with a segment of the root
+    # nn.Sequential, or a region on the root) would miss that first call. So when such a step
+    # boundary is due to begin a run, the run's context is entered already at the end of the
+    # backward before it (the previous run's context is left then); the run itself still begins
+    # at the boundary. What runs in between (a no_grad parameter update) is not checkpointed
+    # either way.
+
+    def _enter_next_context_early(self) -> None:
+        if self._early_context is not None or not self._next_boundary_starts_run():
+            return
+        spec = self.runs[self._run_index + (self._state is State.RECORDING)]
+        if spec.context is None:
+            return
+        context, self._run_context = self._run_context, None
+        if context is not None:
+            context.__exit__(None, None, None)
+        self._early_context = spec.context(self)
+        self._early_context.__enter__()
+
+    def _next_boundary_starts_run(self) -> bool:
+        if self._state is State.WARMUP:
+            return self._warmup_done + 1 >= self.warmup
+        return (
+            self._state is State.RECORDING
+            and self._steps_in_run + 1 >= self.steps
+            and self._run_index + 1 < len(self.runs)
+        )
 
     def _pre_optimizer(
         self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
@@ -751,10 +811,24 @@ class Recorder:
                 self._end_step()  # e.g. a loop without optimizer: the next forward starts a step
             self._tracker.forward_begun()
             self._top_phase = _FORWARD
+            if self._state is State.TIMING:
+                self._timing_forward()
         call = NO_INDEX
         if self._state is State.RECORDING:
             call = self._open_call(row)
+        elif self._state is State.TIMING and not self._in_backward:
+            self._timer.call_begin(row)
         self._stack.append((row, call))
+
+    def _timing_forward(self) -> None:
+        """A top-level forward in a timing step; without optimizer it ends the step if the step
+        had one already (NOTE [ Plain timing steps ] in timing.py)."""
+        if not self._tracker.ends_at_forward() or not torch.is_grad_enabled():
+            return
+        if self._timer.forwards:
+            self._end_step()
+        if self._state is State.TIMING:
+            self._timer.forwards += 1
 
     def _open_call(self, module_row: int) -> int:
         phase = _RECOMPUTE if self._in_backward else _FORWARD
@@ -776,7 +850,9 @@ class Recorder:
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         if not self._stack or self._stack[-1][0] != self._registry.row(module):
             return  # the matching pre-hook ran before we were installed
-        _, call = self._stack.pop()
+        row, call = self._stack.pop()
+        if self._state is State.TIMING:
+            self._timer.call_end(row)
         if call != NO_INDEX and self._state is State.RECORDING:
             # Inputs are noted here, where keyword arguments are seen too; they are still alive.
             self._note_io(call, args, _INPUT_IO)

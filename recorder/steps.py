@@ -115,7 +115,7 @@ class IterationTracker:
     def on_forward(self) -> bool:
         """A top-level forward is about to begin: True if a step ends just before it. The
         caller ends the step if so, then calls ``forward_begun``."""
-        return self._backward_rule_due()
+        return self.boundary_at_next_forward()
 
     def forward_begun(self) -> None:
         self._forwards += 1
@@ -146,7 +146,7 @@ class IterationTracker:
     def pending_at_close(self) -> bool:
         """At the end of the script: does the open step end at a boundary (a backward-rule
         iteration whose next forward never came)?"""
-        return self._backward_rule_due()
+        return self.boundary_at_next_forward()
 
     def mark(self) -> None:
         """``Recorder.mark_step()`` was called: from now on only it ends steps."""
@@ -195,13 +195,19 @@ class IterationTracker:
             return text + f"; a warmup iteration held {self.learned.describe()}"
         return text
 
-    def _backward_rule_due(self) -> bool:
+    def ends_at_forward(self) -> bool:
+        """Whether steps end where a top-level forward begins (``backward:N``, or ``auto``
+        with no optimizer known), not at an optimizer step."""
         kind = self.rule.kind
-        if kind == "backward":
-            return self._backwards_since_boundary >= self.rule.count
-        if kind == "auto" and not len(self._known):
-            return self._backwards_since_boundary > 0
-        return False
+        return kind == "backward" or (kind == "auto" and not len(self._known))
+
+    def boundary_at_next_forward(self) -> bool:
+        """Whether the next top-level forward will begin a new step."""
+        if not self.ends_at_forward():
+            return False
+        return self._backwards_since_boundary >= (
+            self.rule.count if self.rule.kind == "backward" else 1
+        )
 
 
 def _n(count: int, noun: str) -> str:

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from ckview.analysis import (
     NO_MODULE,
+    ActivationPeak,
+    activation_peak,
     bytes_by_category,
     bytes_by_module,
     find_peak,
@@ -362,6 +364,28 @@ def test_summarize_two_step_run():
          "allocated_peak_bytes": 700},
     ]  # fmt: skip
     assert (summary.n_ops, summary.n_memory_events) == (5, 12)
+    # Storage 2 (fc1, 400 B) is the first activation: the high-water mark, in step 0.
+    assert summary.activation_peak == ActivationPeak(
+        bytes=400, time_ns=200, event=2, step=0, top_modules=[("Net.fc1", 400)]
+    )
+
+
+@given(traces())
+def test_activation_peak_matches_naive_replay(trace: Trace):
+    sizes, events, pre, categories = trace
+    storages, table = make_trace(sizes, events, pre, categories)
+    steps = steps_table([0])
+    tables = {"storages": storages, "memory_events": table, "steps": steps}
+    paths = [""]
+    peak = activation_peak(tables, memory_timeline(storages, table), paths)
+    live_activation = [
+        sum(sizes[s] for s in live if categories[s] == Category.ACTIVATION)
+        for live in naive_live(pre, events)
+    ]
+    highest = max(live_activation)
+    first = live_activation.index(highest)
+    assert (peak.bytes, peak.event) == (highest, first - 1)
+    assert sum(b for _, b in peak.top_modules) == highest
 
 
 def test_summary_to_json_is_plain_python():

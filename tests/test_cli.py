@@ -9,10 +9,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import pytest
 
+from ckview.analysis import format_bytes
 from tests.conftest import EXAMPLES, ROOT
 
 CKVIEW = [sys.executable, "-m", "ckview"]
@@ -216,3 +218,17 @@ def test_summary_into_a_closed_pipe_is_quiet() -> None:
         cwd=ROOT,
     )
     assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_summary_reports_the_activation_high_water_mark(run_cli: Any) -> None:
+    """The MLP peaks on its gradients and optimizer state, when no activation is left: the
+    summary still says how many bytes were saved for backward at most, when, and by whom."""
+    trace = str(ROOT / "sample_traces" / "mlp.h5")
+    code, out, _ = run_cli("summary", trace, "--json")
+    run = json.loads(out)["runs"]["main"]
+    peak = run["activation_peak"]
+    assert code == 0 and run["by_category"]["activation"] == 0 < peak["bytes"]
+    assert run["activation_peak_phase"] == "forward" and peak["step"] == 0
+    assert peak["top_modules"][0][0].startswith("ResidualMLP.blocks.")
+    code, text, _ = run_cli("summary", trace)
+    assert f"activations {format_bytes(peak['bytes']):>11}  at most" in text

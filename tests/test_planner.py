@@ -3,7 +3,8 @@
 
 The planner is checked against brute force: every plan of a small synthetic chain judged by the
 full projection (``project``), which the planner never calls. NOTE names refer to
-ckview/analysis/planner.py and plans.py.
+ckview/analysis/planner.py and ckpt_runtime/resolve.py (the plan core; tests/test_plan_core.py
+checks it through both adapters on recorded models).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ckview.analysis import (
     regions_from_plan,
     sequential_children,
 )
+from ckview.trace.schema import ContainerKind
 from tests.conftest import ROOT, load_example, read_run
 from tests.test_projection import Block, Layer, training_step
 
@@ -59,6 +61,10 @@ def chain(spec: Sequence[Block], sequential: bool) -> Tables:
         strings = list(tables["strings"])
         strings[strings.index("Sequential")] = "ModuleList"
         tables["strings"] = strings
+        modules = {k: np.array(v) for k, v in tables["modules"].items()}
+        modules["container"][1] = ContainerKind.MODULE_LIST
+        modules["sequential_forward"][1] = 0
+        tables["modules"] = modules
     return tables
 
 
@@ -433,12 +439,12 @@ BAD_DOCS: list[tuple[Any, str]] = [
     ({"format": "ckview-plan", "version": 1, "regions": [], "preset": "all"}, "exactly one of"),
     ({"format": "ckview-plan", "version": 1, "region": []}, "unknown key"),
     ({"format": "ckview-plan", "version": 1, "regions": {}}, "JSON array"),
-    (_doc([{"module": "a", "sequential": "b"}]), "exactly one of"),
+    (_doc([{"module": "a", "sequential": "b"}]), "not both"),
     (_doc([{"module": "a..b"}]), "empty component"),
     (_doc([{"module": "a**"}]), "whole component"),
     (_doc([{"module": 3}]), "must be a string"),
     (_doc([{"sequential": "blocks", "start": 0}]), "missing"),
-    (_doc([{"sequential": "blocks", "start": 2, "stop": 2}]), "start < stop"),
+    (_doc([{"sequential": "blocks", "start": 2, "stop": 2}]), "must be less than stop"),
     (_doc([{"sequential": "blocks", "start": True, "stop": 2}]), "integer"),
     (_doc([{"sequential": "bl*", "start": 0, "stop": 2}]), "exact module path"),
     (_doc([], options={"use_reentrnt": True}), "unknown option"),
@@ -464,14 +470,16 @@ BAD_DOCS: list[tuple[Any, str]] = [
 
 @pytest.mark.parametrize(("doc", "match"), BAD_DOCS)
 def test_bad_documents_are_rejected_like_ckpt_runtime(doc: Any, match: str) -> None:
+    """The trace adapter rejects a bad document with the core's own message."""
     from ckpt_runtime.plan import Plan, PlanError
 
     tables = read_run(SAMPLES / "mlp.h5", "main")
     with pytest.raises(ValueError, match=match) as caught:
         regions_from_plan(doc, tables["modules"], tables["strings"])
     assert "\n" not in str(caught.value)
-    with pytest.raises((PlanError, TypeError)):
+    with pytest.raises(PlanError) as core:
         Plan.from_json(doc)
+    assert str(core.value) == str(caught.value) or isinstance(doc, list)
 
 
 BAD_AGAINST_MODEL: list[tuple[Any, str]] = [

@@ -20,12 +20,17 @@ from ckview.analysis.regions import (
     Region,
     RegionInstances,
     SegmentRegion,
-    chain_of_blocks,
-    module_rows_matching,
     region_instances,
     sequential_children,
 )
-from ckview.analysis.summary import NO_MODULE, RunSummary, phase_time_ns, summarize_run
+from ckview.analysis.summary import (
+    NO_MODULE,
+    ActivationPeak,
+    RunSummary,
+    activation_peak,
+    phase_time_ns,
+    summarize_run,
+)
 from ckview.analysis.timeline import (
     MemoryTimeline,
     Peak,
@@ -38,10 +43,12 @@ from ckview.analysis.units import Budget, format_bytes, parse_budget, parse_byte
 
 __all__ = [
     "NO_MODULE",
+    "ActivationPeak",
     "Budget",
     "MemoryTimeline",
     "Peak",
     "RunSummary",
+    "activation_peak",
     "bytes_by_category",
     "bytes_by_module",
     "find_peak",
@@ -77,10 +84,27 @@ __all__ += [
     "sequential_children",
 ]
 
-# Checkpoint plans against a trace's module tree (plans.py).
-from ckview.analysis.plans import plan_from_regions, plan_name, regions_from_plan  # noqa: E402
+# Checkpoint plans against a trace's module tree (plans.py, over the plan core
+# ckpt_runtime.resolve).
+from ckview.analysis.plans import (  # noqa: E402
+    PlanRegions,
+    chain_of_blocks,
+    module_rows_matching,
+    plan_from_regions,
+    plan_name,
+    plan_on_trace,
+    regions_from_plan,
+    resolve_on_trace,
+)
 
-__all__ += ["plan_from_regions", "plan_name", "regions_from_plan"]
+__all__ += [
+    "PlanRegions",
+    "plan_from_regions",
+    "plan_name",
+    "plan_on_trace",
+    "regions_from_plan",
+    "resolve_on_trace",
+]
 
 # The planner: the cheapest plan for a memory budget, and the peak / compute front (planner.py).
 from ckview.analysis.planner import (  # noqa: E402

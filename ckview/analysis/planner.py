@@ -10,17 +10,19 @@ compute. ``Planner`` does both on one ``ProjectionModel`` (the CLI asks for both
 NOTE [ Planner search space ]
     Candidates default to the chain of blocks (``chain_of_blocks``: the ModuleList or Sequential
     presets act on): each block as a ``ModuleRegion`` and, when the chain is an
-    ``nn.Sequential``, its contiguous segments of two or more blocks as ``SegmentRegion``s (a
-    one-block segment is the block's module region: same instances, same projection). A plan is
-    a set of candidates no two of which *conflict*: their instances overlap in call rows (a
-    segment and a block or segment inside or across it). Selecting both of two nested regions
-    is never worth it here: the projection keeps the outer one and ignores the inner one
-    (NOTE [ Nesting: the outer region wins ] in regions.py), so it has the same peak and extra
-    compute as the outer one alone. On a ModuleList chain of n blocks the space is the 2**n
-    subsets of blocks; on a Sequential chain it is every way to mark disjoint runs of blocks as
-    segments, F(2n+1) plans (Fibonacci: 34 for 4 blocks, 1597 for 8). Extra compute is additive
-    over the regions of such a plan (each instance's recompute runs once); the peak is not, so
-    the peak of every plan considered comes from ``ProjectionModel.peak``.
+    ``nn.Sequential`` that runs its own forward and whose forward ran in the step (NOTE [
+    Regions that cannot take effect ] in ckpt_runtime/resolve.py), its contiguous segments of
+    two or more blocks as ``SegmentRegion``s (a one-block segment is the block's module region:
+    same instances, same projection). A plan is a set of candidates no two of which *conflict*:
+    their instances overlap in call rows (a segment and a block or segment inside or across it).
+    Selecting both of two nested regions is never worth it here: the projection keeps the outer
+    one and ignores the inner one (NOTE [ Nesting: the outer region wins ] in regions.py), so it
+    has the same peak and extra compute as the outer one alone. On a ModuleList chain of n
+    blocks the space is the 2**n subsets of blocks; on a Sequential chain it is every way to
+    mark disjoint runs of blocks as segments, F(2n+1) plans (Fibonacci: 34 for 4 blocks, 1597
+    for 8). Extra compute is additive over the regions of such a plan (each instance's recompute
+    runs once); the peak is not, so the peak of every plan considered comes from
+    ``ProjectionModel.peak``.
 
 NOTE [ Planner exactness ]
     When the space holds at most ``exact_limit`` plans (default ``EXACT_LIMIT`` = 4096: chains
@@ -72,15 +74,9 @@ from typing import Any
 
 import numpy as np
 
-from ckview.analysis.plans import plan_from_regions, regions_from_plan
+from ckview.analysis.plans import TraceTree
 from ckview.analysis.projection import ProjectionModel
-from ckview.analysis.regions import (
-    ModuleRegion,
-    Region,
-    SegmentRegion,
-    chain_of_blocks,
-    sequential_children,
-)
+from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, sequential_children
 from ckview.analysis.units import format_bytes
 
 __all__ = [
@@ -127,6 +123,8 @@ class PresetPoint:
     regions: tuple[Region, ...]
     peak_bytes: int
     extra_compute_ns: int
+    idle: str | None = None
+    """Why some of its regions cannot take effect in the step (``PlanRegions.summary``)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +154,8 @@ class PlannerResult:
     """True if every plan of the space was judged (NOTE [ Planner exactness ])."""
     evaluations: int
     """Projection queries the planner has spent so far (each plan is judged once)."""
+    notes: tuple[str, ...] = ()
+    """What limited the search (``Planner.notes``)."""
 
     def preset(self, name: str) -> PresetPoint | None:
         """The preset point named ``name``, or None if the model could not resolve it."""
@@ -208,11 +208,16 @@ def pareto(
     return planner.pareto()
 
 
-def chain_candidates(modules: Mapping[str, np.ndarray], strings: Sequence[str]) -> list[Region]:
+def chain_candidates(
+    modules: Mapping[str, np.ndarray],
+    strings: Sequence[str],
+    calls: Mapping[str, np.ndarray] | None = None,
+) -> list[Region]:
     """The planner's default candidates: each block of the run's chain of blocks, and on a
-    Sequential chain its segments (NOTE [ Planner search space ]); empty without a chain."""
+    Sequential chain its segments (NOTE [ Planner search space ]; with the run's
+    ``module_calls``, segments only if the Sequential's forward ran); empty without a chain."""
     try:
-        return _Chain.find(modules, strings).candidates()
+        return _Chain.find(TraceTree(modules, strings, calls)).candidates()
     except ValueError:
         return []
 
@@ -231,8 +236,10 @@ class Planner:
         self.modules, self.strings = tables["modules"], tables["strings"]
         self.exact_limit, self.max_evaluations = exact_limit, max_evaluations
         self.chain: _Chain | None = None
+        self.calls = tables.get("module_calls")
+        self.tree = TraceTree(self.modules, self.strings, self.calls)
         if candidates is None:
-            self.chain = _Chain.find(self.modules, self.strings)
+            self.chain = _Chain.find(self.tree)
             candidates = self.chain.candidates()
         self.candidates: list[Region] = list(dict.fromkeys(candidates))
         self.pool = list(self.candidates)
@@ -294,17 +301,33 @@ class Planner:
 
     # -- construction
 
+    def notes(self) -> tuple[str, ...]:
+        """What limits the search, in a sentence each: a chain whose segments cannot take
+        effect, no candidate that runs in the step."""
+        out = []
+        if self.chain is not None and self.chain.idle_segments is not None:
+            out.append(self.chain.idle_segments)
+        if not self.search:
+            out.append(
+                "no candidate region ran forward in the recorded step, so no plan can lower "
+                "the peak"
+            )
+        return tuple(out)
+
     def _resolve_presets(self) -> dict[str, tuple[tuple[Region, ...], list[int]]]:
         """Each preset the model resolves: its regions and their pool indices (regions the
         candidates lack are appended to the pool, outside the search)."""
         index = {region: i for i, region in enumerate(self.pool)}
         names = [*PRESET_NAMES, *(f"every:{k}" for k in range(2, 9))]
         out = {}
+        self._preset_idle: dict[str, str | None] = {}
         for name in names:
             try:
-                regions = tuple(regions_from_plan(name, self.modules, self.strings))
+                resolved = self.tree.resolve(name)
             except ValueError:
                 continue  # no chain of blocks: the preset does not exist for this model
+            regions = resolved.regions
+            self._preset_idle[name] = resolved.summary()
             picks = []
             for region in regions:
                 region = self._as_candidate(region, index)
@@ -491,7 +514,7 @@ class Planner:
         name = "budget-" + format_bytes(budget).replace(" ", "")
         return PlannerResult(
             regions=regions,
-            plan=plan_from_regions(regions, self.modules, self.strings, name, meta=meta),
+            plan=self.tree.plan_of(regions, name, meta).plan.to_json(),
             peak_bytes=peak,
             extra_compute_ns=extra,
             fits=fits,
@@ -502,6 +525,7 @@ class Planner:
             presets=self._preset_points(),
             exact=self.exact,
             evaluations=self.evaluations,
+            notes=self.notes(),
         )
 
     def _preset_points(self) -> tuple[PresetPoint, ...]:
@@ -510,7 +534,8 @@ class Planner:
             if name in self._presets:
                 regions, picks = self._presets[name]
                 peak = self.model.peak(picks).bytes
-                points.append(PresetPoint(name, regions, peak, self.model.extra_compute_ns(picks)))
+                extra = self.model.extra_compute_ns(picks)
+                points.append(PresetPoint(name, regions, peak, extra, self._preset_idle[name]))
         return tuple(points)
 
 
@@ -520,8 +545,12 @@ class Planner:
 class _Chain:
     """The chain of blocks the default candidates come from, and their block ranges."""
 
-    def __init__(self, row: int, blocks: Sequence[int], sequential: bool) -> None:
+    def __init__(
+        self, row: int, blocks: Sequence[int], sequential: bool, idle_segments: str | None = None
+    ) -> None:
         self.row, self.blocks, self.sequential = row, tuple(blocks), sequential
+        self.idle_segments = idle_segments
+        """Why a Sequential chain offers no segments (its forward never ran), or None."""
         n = len(self.blocks)
         ranges = [(i, i + 1) for i in range(n)]
         if sequential:
@@ -532,16 +561,28 @@ class _Chain:
         self.index = {r: k for k, r in enumerate(self.ranges)}
 
     @classmethod
-    def find(cls, modules: Mapping[str, np.ndarray], strings: Sequence[str]) -> _Chain:
-        """The run's chain of blocks (``chain_of_blocks``); ``ValueError`` if there is none."""
-        row = chain_of_blocks(modules, strings)
-        if row is None:
+    def find(cls, tt: TraceTree) -> _Chain:
+        """The run's chain of blocks (NOTE [ Block chain detection ]); segments only on a
+        segmentable Sequential whose forward ran (when the tree knows the calls);
+        ``ValueError`` if there is no chain."""
+        chain = tt.chain()
+        if chain is None:
             raise ValueError(
                 "the run's model has no chain of blocks (no ModuleList or Sequential with 2+ "
-                "children) to plan over; pass the candidate regions explicitly"
+                "children) to plan over; write a plan naming its modules (docs/plan-format.md) "
+                "and project it with ckview project"
             )
-        sequential = strings[int(modules["type"][row])] == "Sequential"
-        return cls(row, sequential_children(modules, strings, row), sequential)
+        blocks = [tt.rows[b] for b in chain.blocks]
+        row = tt.rows[chain.node]
+        if chain.segmentable and tt.tree.ran(chain.node) is False:
+            idle = (
+                f"{chain.path or '<model>'} is an nn.Sequential whose forward never ran in the "
+                "recorded step (it is looped over in Python, or handed to "
+                "checkpoint_sequential), so its segments cannot take effect: the planner "
+                "checkpoints its blocks one by one"
+            )
+            return cls(row, blocks, False, idle)
+        return cls(row, blocks, chain.segmentable)
 
     def candidates(self) -> list[Region]:
         return [

@@ -6,9 +6,9 @@ A *region* is what a plan checkpoints (docs/plan-format.md, section 3), here by 
 - ``SegmentRegion(s, start, stop)``: children ``start .. stop-1`` of the ``nn.Sequential`` at row
   ``s``; each forward call of ``s`` gives one instance spanning those children's calls.
 
-The helpers that turn plan patterns into rows (``module_rows_matching``, ``sequential_children``,
-``chain_of_blocks``) are plain Python over the ``modules`` table; ``region_instances`` finds the
-instances in a run's ``module_calls``.
+Which regions a plan names is the plan core's to say (``ckpt_runtime.resolve``, over the trace
+by ``ckview.analysis.plans``); here ``sequential_children`` gives a module's children in order and
+``region_instances`` finds the instances of regions in a run's ``module_calls``.
 
 NOTE [ Call rows of an instance ]
     ``module_calls`` rows are appended when a call begins, so a call's descendants are the rows
@@ -22,15 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
 import numpy as np
 
 from ckview.trace.schema import NO_INDEX, Phase
 
 Table = Mapping[str, np.ndarray]
-
-_CONTAINER_TYPES = frozenset({"ModuleList", "Sequential"})
 
 
 @dataclass(frozen=True)
@@ -84,45 +81,6 @@ class RegionInstances:
 # ----------------------------------------------------------------------------- module rows
 
 
-def module_rows_matching(modules: Table, strings: Sequence[str], pattern: str) -> list[int]:
-    """Rows of the modules whose dotted path (relative to its root) matches ``pattern``.
-
-    Matching is the plan format's (docs/plan-format.md, 3.1): one component at a time with
-    ``fnmatch.fnmatchcase``, ``**`` as a whole component matches zero or more components, and
-    ``""`` is a root module itself. With several roots, each root's modules are matched.
-    Raises ``ValueError`` for a pattern the plan format rejects (an empty component, ``**``
-    inside a component).
-    """
-    wanted = path_components(pattern)
-    for part in wanted:
-        if part == "" or ("**" in part and part != "**"):
-            raise ValueError(
-                f"module pattern {pattern!r}: components must be non-empty and '**' a whole "
-                "component ('a.**.b'); use '*' within a component"
-            )
-    return [
-        row
-        for row, path in enumerate(np.asarray(modules["path"]))
-        if path_matches(path_components(strings[path]), wanted)
-    ]
-
-
-def path_components(path: str) -> list[str]:
-    """``'a.b.c'`` -> ``['a', 'b', 'c']``; the root's empty path has none."""
-    return path.split(".") if path else []
-
-
-def path_matches(parts: list[str], pattern: list[str]) -> bool:
-    """The plan format's matching, component by component: fnmatch within a component,
-    ``'**'`` for any number of components."""
-    if not pattern:
-        return not parts
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":
-        return any(path_matches(parts[i:], rest) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatchcase(parts[0], head) and path_matches(parts[1:], rest)
-
-
 def sequential_children(modules: Table, strings: Sequence[str], row: int) -> list[int]:
     """Rows of the direct children of module ``row``, in the container's order.
 
@@ -131,70 +89,24 @@ def sequential_children(modules: Table, strings: Sequence[str], row: int) -> lis
     definition order.
     """
     children = np.flatnonzero(np.asarray(modules["parent"]) == row).tolist()
-    names = [path_components(strings[modules["path"][c]])[-1] for c in children]
+    return _in_container_order(modules, strings, children)
+
+
+def all_children(modules: Table, strings: Sequence[str]) -> list[list[int]]:
+    """``sequential_children`` of every row, in one pass over the table."""
+    parent = np.asarray(modules["parent"], dtype=np.int64)
+    kids: list[list[int]] = [[] for _ in range(len(parent))]
+    for child, up in enumerate(parent.tolist()):
+        if up >= 0:
+            kids[up].append(child)
+    return [_in_container_order(modules, strings, c) if len(c) > 1 else c for c in kids]
+
+
+def _in_container_order(modules: Table, strings: Sequence[str], children: list[int]) -> list[int]:
+    names = [strings[modules["path"][c]].rpartition(".")[2] for c in children]
     if all(name.isdigit() for name in names):
         return [c for _, c in sorted(zip((int(n) for n in names), children, strict=True))]
     return children
-
-
-def chain_of_blocks(modules: Table, strings: Sequence[str]) -> int | None:
-    """Row of the model's chain of blocks (the ModuleList or Sequential presets act on).
-
-    The rule of ``ckpt_runtime.find_block_chain`` (NOTE [ Block chain detection ] in
-    ``ckpt_runtime/presets.py``), applied to the main model: the root whose subtree owns the most
-    parameter bytes. Candidates are ``ModuleList``/``Sequential`` modules (by type name, so
-    subclasses with other names are not seen) with 2+ children all of one type; a candidate
-    inside another is dropped; the most children wins, then the most parameters (counted in
-    bytes, where presets count elements), then the first row. Without a uniform candidate the
-    same rule picks among Sequentials with mixed children. ``None`` if there is no chain.
-    """
-    parent = np.asarray(modules["parent"], dtype=np.int64)
-    subtree_bytes = subtree_sums(parent, np.asarray(modules["param_bytes"], dtype=np.int64))
-    roots = np.flatnonzero(parent == NO_INDEX)
-    if roots.size == 0:
-        return None
-    main = int(roots[np.argmax(subtree_bytes[roots])])
-    types = [strings[t] for t in np.asarray(modules["type"])]
-    in_main = _subtree_mask(parent, main)
-    containers = [
-        row
-        for row, t in enumerate(types)
-        if t in _CONTAINER_TYPES and in_main[row] and len(_children(parent, row)) >= 2
-    ]
-    uniform = [r for r in containers if len({types[c] for c in _children(parent, r)}) == 1]
-    mixed = [r for r in containers if types[r] == "Sequential" and r not in uniform]
-    for tier in (uniform, mixed):
-        outermost = [r for r in tier if not any(_inside(parent, r, q) for q in tier)]
-        if outermost:
-            # max() keeps the first of equal keys: the lowest row breaks the last tie.
-            return max(outermost, key=lambda r: (len(_children(parent, r)), subtree_bytes[r]))
-    return None
-
-
-def _children(parent: np.ndarray, row: int) -> np.ndarray:
-    return np.flatnonzero(parent == row)
-
-
-def _inside(parent: np.ndarray, row: int, other: int) -> bool:
-    """True if module ``row`` is a strict descendant of module ``other``."""
-    up = int(parent[row])
-    while up != NO_INDEX:
-        if up == other:
-            return True
-        up = int(parent[up])
-    return False
-
-
-def _subtree_mask(parent: np.ndarray, root: int) -> np.ndarray:
-    """Boolean mask of the modules in the subtree of ``root``."""
-    mask = np.zeros(len(parent), dtype=bool)
-    mask[root] = True
-    for _ in range(len(parent)):
-        grown = mask | ((parent >= 0) & mask[np.maximum(parent, 0)])
-        if np.array_equal(grown, mask):
-            break
-        mask = grown
-    return mask
 
 
 def subtree_sums(parent: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -32,6 +32,28 @@ NO_MODULE = "(no module)"
 
 
 @dataclass(frozen=True)
+class ActivationPeak:
+    """The most activation bytes (tensors saved for backward) live at once, and where.
+
+    The overall peak often falls where activations are already gone (the gradients at the end
+    of backward), so this is reported on its own.
+    """
+
+    bytes: int
+    time_ns: int
+    event: int
+    """memory_events row after which it is reached, -1 if at the start (or no activation)."""
+    step: int
+    top_modules: list[tuple[str, int]]
+    """Live activation bytes there by the module that saved them, largest first."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["top_modules"] = [list(pair) for pair in self.top_modules]
+        return out
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """The headline numbers of one run; ``to_json`` gives them as plain Python types."""
 
@@ -54,11 +76,13 @@ class RunSummary:
     """Time spent recomputing checkpointed regions in backward (sum of RECOMPUTE op times)."""
     step_ns: int
     """Total time of the recorded steps."""
+    activation_peak: ActivationPeak
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict (lists instead of tuples)."""
         out = dataclasses.asdict(self)
         out["top_modules"] = [list(pair) for pair in self.top_modules]
+        out["activation_peak"] = self.activation_peak.to_json()
         return out
 
 
@@ -91,6 +115,25 @@ def summarize_run(
         n_memory_events=len(events["kind"]),
         recompute_ns=phase_time_ns(tables["ops"], Phase.RECOMPUTE),
         step_ns=int(np.sum(tables["steps"]["end_ns"] - tables["steps"]["start_ns"])),
+        activation_peak=activation_peak(tables, tl, paths, top),
+    )
+
+
+def activation_peak(
+    tables: Mapping[str, Table], tl: MemoryTimeline, paths: Sequence[str], top: int = 10
+) -> ActivationPeak:
+    """The first moment the most ACTIVATION bytes are live, and those bytes by module."""
+    storages, events = tables["storages"], tables["memory_events"]
+    point = int(np.argmax(tl.by_category[Category.ACTIVATION]))
+    event = int(tl.event[point])
+    live = live_storages(storages, events, event)
+    live = live[np.asarray(storages["category"])[live] == Category.ACTIVATION]
+    return ActivationPeak(
+        bytes=int(tl.by_category[Category.ACTIVATION, point]),
+        time_ns=int(tl.time_ns[point]),
+        event=event,
+        step=_step_of_event(tables["steps"], event),
+        top_modules=[(_label(paths, m), b) for m, b in bytes_by_module(storages, live, top)],
     )
 
 

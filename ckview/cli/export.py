@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"cannot write {path}: {_one_line(exc)}") from None
         done.append(f"{path} ({rows} rows)")
     print("wrote " + ", ".join(done))
+    if plans:
+        from ckview.gui.report import plan_notes
+
+        for note in plan_notes(plans):  # also drawn in the figure
+            print(f"note: {note}")
     return 0
 
 

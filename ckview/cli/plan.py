@@ -28,7 +28,6 @@ MAX_LINES = 30
 """Longer region lists and fronts are shortened in text output (JSON has them all)."""
 
 
-
 def add_parser(verbs: Any) -> None:
     p = verbs.add_parser(
         "plan",
@@ -90,7 +89,12 @@ def _finish(result: Any, output: Path | None, context: _Context) -> int:
     if not result.fits:
         print(
             f"ckview: no plan reaches the budget {fb(result.budget_bytes)}: the lowest projected "
-            f"peak is {fb(result.best_reachable_peak)}; raise the budget"
+            f"peak is {fb(result.best_reachable_peak)}; "
+            + (
+                "; ".join(result.notes)  # nothing could be checkpointed: say why
+                if result.notes and not result.regions
+                else "raise the budget"
+            )
             + (" (no plan file written)" if output is not None else ""),
             file=sys.stderr,
         )
@@ -182,6 +186,7 @@ def _report(context: _Context, result: Any, front: Any, budget_text: str | None)
         f"{context.path}, run {context.run}: peak {fb(planner.baseline_peak)}, "
         f"step {planner.step_ns / 1e6:.1f} ms"
     ]
+    lines += [f"note: {note}" for note in planner.notes()]
     if result is not None:
         lines += [
             "",
@@ -210,7 +215,13 @@ def _plan_lines(context: _Context, result: Any, budget_text: str | None) -> list
     names = context.regions(result.regions)
     if len(names) > MAX_LINES:
         names = [f"{name}  ({len(names)} regions)" for name in [", ".join(_compact(names))]]
-    names = names or ["(nothing: the baseline already fits)"]
+    if not names:
+        # NOTE: never "no plan fits" beside "the baseline already fits" (issue 9, item 4).
+        names = [
+            "(nothing: the baseline already fits)"
+            if result.fits
+            else "(nothing: no plan over the candidates lowers the peak)"
+        ]
     lines += [f"  checkpoint {name}" for name in names]
     verdict = "fits" if result.fits else "does NOT fit"
     lines += [
@@ -236,6 +247,7 @@ def _preset_lines(context: _Context, result: Any) -> list[str]:
             f"  {name:<8}{fb(peak):>11}{context.change(peak):>+13.1%}"
             f"{extra / 1e6:>9.1f} ms {context.share(extra):>5.1%}  {fits}"
         )
+    lines += [f"  {p.name}: {p.idle}" for p in result.presets if p.idle is not None]
     return ["beside the presets:", *lines]
 
 
@@ -271,6 +283,7 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
         "baseline_peak_bytes": planner.baseline_peak,
         "step_ns": planner.step_ns,
         "exact": planner.exact,
+        "notes": list(planner.notes()),
     }
     if result is not None:
         doc |= {
@@ -283,7 +296,10 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             "regions": context.regions(result.regions),
             "plan": result.plan,
             "evaluations": result.evaluations,
-            "presets": [_point_json(context, p, p.name) for p in result.presets],
+            "presets": [
+                _point_json(context, p, p.name) | {"not_in_effect": p.idle}
+                for p in result.presets
+            ],
         }
     if front is not None:
         doc["pareto"] = [_point_json(context, p) for p in front]

@@ -1,8 +1,11 @@
 """``ckview project``: what checkpoint plans would do to a recorded run's peak, without re-running.
 
-Each PLAN (a plan file or a preset) is resolved against the trace's modules the way
-``ckpt_runtime`` resolves it (``ckview.analysis.plans``) and projected over one run
-(``ckview.analysis.project``). Imports no torch: plan files are read here as plain JSON.
+Each PLAN (a plan file or a preset, read by the torch-free ``ckpt_runtime.plan.load_plan``) is
+resolved over the trace's modules by the plan core that ``ckpt_runtime`` resolves it with over
+the live model (``ckview.analysis.plans``), and projected over one run
+(``ckview.analysis.project``). A region that cannot take effect in the recorded step (its
+module, or its Sequential's forward, never ran) is stated with the reason and what to do.
+Imports no torch.
 ``ckview verify`` reuses the helpers below to compare projections with measurements.
 """
 
@@ -10,15 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckview.cli.errors import CLIError
+
+if TYPE_CHECKING:
+    from ckpt_runtime.plan import Plan
+    from ckview.analysis import PlanRegions
 
 Tables = dict[str, Any]
 """A run's tables by name, plus the trace's ``modules`` table and ``strings`` list."""
@@ -76,6 +82,8 @@ class PlanProjection:
     step_ns: int
     """Summed duration of the run's recorded steps."""
     recomputes: tuple[RecomputeRow, ...]
+    regions: PlanRegions
+    """The plan's regions, each saying whether it takes effect in the run's step."""
 
     @property
     def saving_bytes(self) -> int:
@@ -103,6 +111,9 @@ class PlanProjection:
                 {"region": r.region, "count": r.count, "compute_ns": r.compute_ns}
                 for r in self.recomputes
             ],
+            "regions": self.regions.to_json(),
+            "idle_regions": len(self.regions.idle),
+            "notes": self.regions.notes(),
         }
 
 
@@ -162,101 +173,55 @@ def read_tables(trace: Any, name: str) -> Tables:
 # ----------------------------------------------------------------------------- plans
 
 
-def read_plan(source: str) -> Mapping[str, Any] | str:
-    """The plan ``source`` names: a preset string as is, or a plan file's JSON document.
-
-    The rule of ``ckpt_runtime.load_plan``: a string that starts like a preset (``none``,
-    ``all``, ``sqrt``, ``every``, then nothing, ``:`` or ``@``) is a preset, checked when it is
-    resolved; anything else is a file (``./sqrt`` for a file named ``sqrt``). A file without a
-    ``name`` is named after its stem.
-    """
-    if _looks_like_preset(source):
-        return source
-    path = Path(source)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CLIError(
-            f"no plan file {source!r}; pass a plan file (JSON) or a preset: {', '.join(_presets())}"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CLIError(f"cannot read plan file {source!r}: {_one_line(exc)}") from None
-    except json.JSONDecodeError as exc:
-        raise CLIError(f"plan file {source!r} is not valid JSON ({exc}); fix the syntax") from None
-    if not isinstance(doc, dict):
-        raise CLIError(f"plan file {source!r}: a plan is a JSON object, got {type(doc).__name__}")
-    return doc if "name" in doc else {**doc, "name": path.stem or "plan"}
-
-
-def _presets() -> tuple[str, ...]:
-    from ckview.analysis.plans import PRESETS
-
-    return tuple(PRESETS)
-
-
-def _looks_like_preset(source: str) -> bool:
-    """True if ``source`` starts like a preset: ``none``, ``all``, ``sqrt``, ``every:K``..."""
-    head = re.split(r"[:@]", source, maxsplit=1)[0]
-    return head in {p.split(":")[0] for p in _presets()} and (
-        source == head or source[len(head)] in ":@"
-    )
-
-
-def resolve_regions(plan: Mapping[str, Any] | str, tables: Tables, source: str) -> list[Any]:
-    """The analysis regions of ``plan`` in the trace's model; CLIError if it does not apply."""
-    from ckview.analysis.plans import regions_from_plan
+def read_plan(source: str) -> Plan:
+    """The plan ``source`` names: a preset, or a plan file (``ckpt_runtime.load_plan``, which
+    imports no torch: a string that starts like a preset is one, anything else a file, ``./sqrt``
+    for a file named ``sqrt``; a file without a ``name`` is named after its stem)."""
+    from ckpt_runtime.plan import PlanError, load_plan
 
     try:
-        return list(regions_from_plan(plan, tables["modules"], tables["strings"]))
+        return load_plan(source)
+    except PlanError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def resolve_plan(plan: Any, tables: Tables, source: str) -> PlanRegions:
+    """``plan`` resolved over the trace's model, each region saying whether it takes effect in
+    the run's step; CLIError if the plan does not fit the model."""
+    from ckview.analysis import resolve_on_trace
+
+    try:
+        return resolve_on_trace(plan, tables["modules"], tables["strings"], tables["module_calls"])
     except ValueError as exc:
         raise CLIError(f"plan {source}: {_one_line(exc)}") from None
 
 
-def project_plan(tables: Tables, plan: Mapping[str, Any] | str, source: str) -> PlanProjection:
-    """Project ``plan`` over the run ``tables``."""
+def project_plan(tables: Tables, plan: Any, source: str) -> PlanProjection:
+    """Project ``plan`` (a ``Plan``, a plan document or a preset) over the run ``tables``."""
     from ckview.analysis import project
-    from ckview.analysis.plans import plan_name
 
-    regions = resolve_regions(plan, tables, source)
-    try:
-        name = plan_name(plan)
-    except ValueError as exc:
-        raise CLIError(f"plan {source}: {_one_line(exc)}") from None
-    projection = project(tables, regions)
+    resolved = resolve_plan(plan, tables, source)
+    projection = project(tables, list(resolved.regions))
     return PlanProjection(
-        plan=name,
+        plan=resolved.name,
         source=source,
         peak_bytes=int(projection.peak.bytes),
         run_peak_bytes=run_peak(tables),
         extra_compute_ns=int(projection.extra_compute_ns),
         step_ns=step_ns(tables),
-        recomputes=_recompute_rows(projection, regions, tables),
+        recomputes=_recompute_rows(projection, resolved.labels),
+        regions=resolved,
     )
 
 
-def _recompute_rows(
-    projection: Any, regions: Sequence[Any], tables: Tables
-) -> tuple[RecomputeRow, ...]:
+def _recompute_rows(projection: Any, labels: Sequence[str]) -> tuple[RecomputeRow, ...]:
     """The recomputed regions, in plan order, with their count and summed forward time."""
     counts: Counter[int] = Counter()
     times: Counter[int] = Counter()
     for r in projection.recomputes:
         counts[r.region] += 1
         times[r.region] += r.compute_ns
-    return tuple(
-        RecomputeRow(region_label(regions[i], tables), counts[i], int(times[i]))
-        for i in sorted(counts)
-    )
-
-
-def region_label(region: Any, tables: Tables) -> str:
-    """A region as a plan writes it: ``path`` or ``path[start:stop]``."""
-    from ckview.analysis import SegmentRegion
-
-    path = tables["strings"][int(tables["modules"]["path"][region.module])]
-    if isinstance(region, SegmentRegion):
-        return f"{path}[{region.start}:{region.stop}]"
-    return path or "(the model)"
+    return tuple(RecomputeRow(labels[i], counts[i], int(times[i])) for i in sorted(counts))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -312,4 +277,16 @@ def format_projection(p: PlanProjection) -> str:
         f"    {r.region:<{width}}  {r.count:>3}x  {r.compute_ns / 1e6:8.1f} ms"
         for r in p.recomputes
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + idle_lines(p.regions))
+
+
+def idle_lines(regions: PlanRegions, indent: str = "  ") -> list[str]:
+    """The plan's regions that cannot take effect, and why (NOTE [ Regions that cannot take
+    effect ] in ckpt_runtime/resolve.py); nothing if every region takes effect."""
+    idle, n = len(regions.idle), len(regions.regions)
+    if not idle:
+        return []
+    head = f"{indent}not in effect   {idle} of {n} region{'s' if n != 1 else ''} will not run"
+    head += " in this step, so the plan changes nothing:" if idle == n else " in this step:"
+    lines = [head]
+    return lines + [f"{indent}  {note}" for note in regions.notes()]

@@ -40,16 +40,30 @@ def run(args: argparse.Namespace) -> int:
         strings = trace.strings
         modules = trace.modules.read()
         runs = {}
+        leftovers: dict[str, Any] = {}
         for name in names:
             tables = {t: trace.run(name).table(t).read() for t in _TABLES}
             summary = summarize_run(tables, modules, list(strings), top=args.top)
-            runs[name] = (summary, _peak_phase(tables, summary.peak_event))
+            phases = (
+                _peak_phase(tables, summary.peak_event),
+                _peak_phase(tables, summary.activation_peak.event),
+            )
+            runs[name] = (summary, phases)
+            leftovers[name] = _leftover(trace.run(name), tables, list(strings))
         meta = trace.meta
     if args.json:
         doc = {
             "trace": str(args.trace),
             "meta": _jsonable(meta),
-            "runs": {n: {**s.to_json(), "peak_phase": ph} for n, (s, ph) in runs.items()},
+            "runs": {
+                n: {
+                    **s.to_json(),
+                    "peak_phase": ph[0],
+                    "activation_peak_phase": ph[1],
+                    "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
+                }
+                for n, (s, ph) in runs.items()
+            },
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
@@ -58,13 +72,26 @@ def run(args: argparse.Namespace) -> int:
     if len(runs) > 1:
         print()
         print(_comparison({name: summary for name, (summary, _) in runs.items()}))
-    for name, (summary, phase) in runs.items():
+    for name, (summary, phases) in runs.items():
         print()
-        print(_format_run(name, summary, phase))
+        print(_format_run(name, summary, *phases))
+        if leftovers[name] is not None:
+            print(f"  warning: {leftovers[name].describe(name)}")
     return 0
 
 
-_TABLES = ("steps", "module_calls", "ops", "memory_events", "storages")
+_TABLES = ("steps", "module_calls", "ops", "memory_events", "storages", "recompute_regions")
+
+
+def _leftover(run: Any, tables: dict[str, Any], strings: list[str]) -> Any:
+    """Recompute in a run whose script checkpointing was bypassed, or None
+    (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
+    from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
+
+    kind = run_checkpointing(run.name, run.checkpointing)
+    if kind == SCRIPT:
+        return None
+    return leftover_recompute(tables, strings, plan_run=kind == PLAN)
 
 
 def _peak_phase(tables: dict[str, dict[str, Any]], event: int) -> str:
@@ -124,7 +151,21 @@ def _comparison(runs: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _format_run(name: str, s: Any, phase: str) -> str:
+def _activation_lines(peak: Any, phase: str) -> list[str]:
+    """The activation high-water mark and the modules whose saved tensors make it up."""
+    from ckview.analysis import format_bytes as fb
+
+    if peak.bytes == 0:
+        return ["  activations      0 B  (nothing was saved for backward)"]
+    lines = [
+        f"  activations {fb(peak.bytes):>11}  at most, at {peak.time_ns / 1e6:.1f} ms "
+        f"(step {peak.step}, {phase}), saved by:"
+    ]
+    lines += [f"    {fb(b):>11}  {path}" for path, b in peak.top_modules[:3]]
+    return lines
+
+
+def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) -> str:
     from ckview.analysis import format_bytes as fb
 
     lines = [
@@ -132,6 +173,7 @@ def _format_run(name: str, s: Any, phase: str) -> str:
         f"  peak        {fb(s.peak_bytes):>11}  at {s.peak_time_ns / 1e6:.1f} ms "
         f"(step {s.peak_step}, {phase})",
         f"  at start    {fb(s.baseline_bytes):>11}",
+        *_activation_lines(s.activation_peak, phase_at_activation_peak),
         f"  ops {s.n_ops}, memory events {s.n_memory_events}, "
         f"recompute {s.recompute_ns / 1e6:.1f} ms of {s.step_ns / 1e6:.1f} ms",
         "  at the peak, by category:",

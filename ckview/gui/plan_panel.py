@@ -8,6 +8,8 @@ thread; until it is ready the exact projection answers.
 
 from __future__ import annotations
 
+import html
+
 from PyQt6.QtCore import QLine, QPoint, QRect, QSize, Qt, pyqtSignal
 from PyQt6.QtGui import QColor, QMouseEvent, QPainter, QPaintEvent, QPen
 from PyQt6.QtWidgets import (
@@ -27,7 +29,7 @@ from PyQt6.QtWidgets import (
 from ckview.analysis import ModuleRegion, PlannerResult, format_bytes, parse_budget
 from ckview.gui.background import in_background
 from ckview.gui.planning import PlanOutcome, PlanSession
-from ckview.gui.style import PROJECTION_COLOR
+from ckview.gui.style import PEAK_COLOR, PROJECTION_COLOR
 
 TREE_COLUMNS = ("module", "type", "activations", "forward", "recompute")
 
@@ -101,8 +103,7 @@ class ChainStrip(QWidget):
         rects = self._geometry()
         fg = self.palette().windowText().color()
         painter.setPen(fg)
-        kind = "Sequential" if chain.sequential else "ModuleList"
-        painter.drawText(2, 11, f"{chain.path} ({kind}, {len(chain.blocks)} blocks)")
+        painter.drawText(2, 11, f"{chain.path} ({chain.kind}, {len(chain.blocks)} blocks)")
         on = QColor(PROJECTION_COLOR)
         selected = [False] * len(rects)
         for start, stop in session.segments():
@@ -150,7 +151,7 @@ class ChainStrip(QWidget):
             text = (
                 f"click to cut or join segments before block {hit[1]}"
                 if self.session.chain.sequential
-                else "a ModuleList's blocks are called one by one: each is its own segment"
+                else self.session.chain.fixed
             )
         QToolTip.showText(event.globalPosition().toPoint(), text, self)
 
@@ -313,7 +314,7 @@ class PlanPanel(QWidget):
         self.message.emit(
             f"budget {format_bytes(result.budget_bytes)}: {picked or 'nothing'} → "
             f"{format_bytes(result.peak_bytes)}, +{result.extra_compute_ns / 1e6:.1f} ms "
-            f"({verdict})"
+            f"({verdict})" + "".join(f"; {note}" for note in result.notes)
         )
         self._refresh()
 
@@ -415,5 +416,18 @@ def readout_html(outcome: PlanOutcome, regions: int) -> str:
         f"({sign}{abs(outcome.saving_share):.1%} of {base})<br>"
         f"extra compute +{outcome.extra_compute_ns / 1e6:.1f} ms "
         f"({outcome.extra_share:.1%} of the step) · {regions} region(s), "
-        f"{len(outcome.recomputes)} recompute(s)"
+        f"{len(outcome.recomputes)} recompute(s)" + idle_html(outcome, regions)
     )
+
+
+def idle_html(outcome: PlanOutcome, regions: int) -> str:
+    """The selected regions that cannot take effect, and why (NOTE [ Regions that cannot take
+    effect ] in ckpt_runtime/resolve.py); empty if all can."""
+    if not outcome.idle_regions:
+        return ""
+    if outcome.idle_regions == regions:
+        what = "None of them will run in the recorded step: the plan changes nothing"
+    else:
+        what = f"{outcome.idle_regions} of them will not run in the recorded step"
+    notes = "<br>".join(f"· {html.escape(note)}" for note in outcome.notes)
+    return f"<br><span style='color:{PEAK_COLOR}'><b>{what}</b></span><br><small>{notes}</small>"

@@ -20,14 +20,16 @@ NOTE [ Chain strip ]
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ckpt_runtime.plan import load_plan, save_plan
+from ckpt_runtime.resolve import Container
 from ckview.analysis import (
     ModuleRegion,
     Planner,
@@ -36,12 +38,10 @@ from ckview.analysis import (
     Region,
     SegmentRegion,
     chain_candidates,
-    chain_of_blocks,
-    plan_from_regions,
     project,
-    regions_from_plan,
     sequential_children,
 )
+from ckview.analysis.plans import TraceTree
 from ckview.analysis.regions import subtree_sums
 from ckview.gui.rundata import RunData
 from ckview.trace.schema import Category, Phase
@@ -67,12 +67,17 @@ class ModuleInfo:
 
 @dataclass(frozen=True)
 class Chain:
-    """The run's chain of blocks (``chain_of_blocks``), as the strip shows it."""
+    """The run's chain of blocks (NOTE [ Block chain detection ]), as the strip shows it."""
 
     row: int
     path: str
     blocks: tuple[int, ...]
     sequential: bool
+    """True if blocks can be grouped into segments that take effect."""
+    kind: str = "Sequential"
+    """What the chain is, as the strip names it ("ModuleList", "Sequential, looped over")."""
+    fixed: str = ""
+    """Why each block is its own segment (when not ``sequential``)."""
 
     def region(self, start: int, stop: int) -> Region:
         """The region of blocks ``start .. stop-1`` (NOTE [ Chain strip ])."""
@@ -118,6 +123,12 @@ class PlanOutcome:
     recomputes: tuple[RecomputeMark, ...]
     incremental: bool
     """True if the fast ``ProjectionModel`` answered, False for the exact fallback."""
+    regions: int = 0
+    """Selected regions (after merging a one-block segment into its block)."""
+    idle_regions: int = 0
+    """Selected regions that cannot take effect in the recorded step."""
+    notes: tuple[str, ...] = ()
+    """Why they cannot (NOTE [ Regions that cannot take effect ] in ckpt_runtime/resolve.py)."""
 
     @property
     def saving_bytes(self) -> int:
@@ -131,6 +142,16 @@ class PlanOutcome:
     def extra_share(self) -> float:
         return self.extra_compute_ns / self.step_ns if self.step_ns else 0.0
 
+    def idle_summary(self) -> str | None:
+        """One line on the regions that cannot take effect, None if all can (or none)."""
+        if not self.idle_regions:
+            return None
+        if self.idle_regions == self.regions:
+            head = f"none of its {self.regions} region(s) will run in the recorded step"
+        else:
+            head = f"{self.idle_regions} of its {self.regions} regions will not run in the step"
+        return f"{head}: {'; '.join(self.notes)}"
+
 
 class PlanSession:
     """The plan being built over one baseline run."""
@@ -139,13 +160,15 @@ class PlanSession:
         self.run = run
         t = run.tables
         self.modules = _module_infos(run)
-        self.chain = _chain(run)
+        self.tree = TraceTree(t["modules"], t["strings"], t["module_calls"])
+        """The run's model for the plan rules, built once (``outcome`` asks it on each click)."""
+        self.chain = _chain(run, self.tree)
         self.boundaries: set[int] = set(range(1, len(self.chain.blocks))) if self.chain else set()
         self.selection: set[Region] = set()
         self.candidates: list[Region] = list(
             dict.fromkeys(
                 [ModuleRegion(m.row) for m in self.modules if m.calls]
-                + chain_candidates(t["modules"], t["strings"])
+                + chain_candidates(t["modules"], t["strings"], t["module_calls"])
             )
         )
         self.index = {r: i for i, r in enumerate(self.candidates)}
@@ -232,10 +255,7 @@ class PlanSession:
         whether it is now a boundary. Selected segments merge or split (NOTE [ Chain strip ])."""
         assert self.chain is not None
         if not self.chain.sequential:
-            raise ValueError(
-                f"{self.chain.path} is a ModuleList: its blocks are called one by one, so each "
-                "block is its own segment"
-            )
+            raise ValueError(self.chain.fixed)
         if not 0 < gap < len(self.chain.blocks):
             raise ValueError(f"no gap {gap} in a chain of {len(self.chain.blocks)} blocks")
         before = {s: self.segment_selected(*s) for s in self.segments()}
@@ -280,37 +300,23 @@ class PlanSession:
     def apply_preset(self, preset: str) -> None:
         """Select what a preset (``none``, ``all``, ``sqrt``, ``every:K``) checkpoints; raises
         ``ValueError`` if the model has no chain for it."""
-        t = self.run.tables
-        self.set_selection(regions_from_plan(preset, t["modules"], t["strings"]))
+        self.set_selection(self.tree.resolve(preset).regions)
 
     def plan_document(self, name: str) -> dict[str, Any]:
         """The selection as a plan document (docs/plan-format.md)."""
-        t = self.run.tables
         meta = {"trace": os.path.basename(self.run.source), "run": self.run.name}
-        return plan_from_regions(self.regions(), t["modules"], t["strings"], name, meta=meta)
+        return self.tree.plan_of(self.regions(), name, meta).plan.to_json()
 
     def save_plan(self, path: str, name: str | None = None) -> None:
         """Write the selection as a plan JSON file (named after the file if no ``name``)."""
         stem = os.path.splitext(os.path.basename(path))[0] or "plan"
-        doc = self.plan_document(name or stem)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+        meta = {"trace": os.path.basename(self.run.source), "run": self.run.name}
+        save_plan(self.tree.plan_of(self.regions(), name or stem, meta).plan, path)
 
     def load_plan(self, path: str) -> None:
         """Select what a plan file checkpoints; ``ValueError`` (one line) if it cannot apply."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read plan file {path}: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"plan file {path} is not valid JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"plan file {path}: a plan is a JSON object")
-        doc.setdefault("name", os.path.splitext(os.path.basename(path))[0] or "plan")
-        t = self.run.tables
-        self.set_selection(regions_from_plan(doc, t["modules"], t["strings"]))
+        plan = load_plan(Path(path))  # a path, even one named like a preset
+        self.set_selection(self.tree.resolve(plan).regions)
 
     def planner(self) -> Planner:
         """A planner over the chain of blocks (``ValueError`` without one); slow on big runs."""
@@ -322,13 +328,21 @@ class PlanSession:
     # -- projection
 
     def outcome(self) -> PlanOutcome:
-        """The projection of the current selection."""
+        """The projection of the current selection, with the regions that cannot take effect."""
         regions = self.regions()
         if not regions:
             return self._recorded()
         if self.model is not None and all(r in self.index for r in regions):
-            return self._incremental([self.index[r] for r in regions])
-        return self._exact(regions)
+            outcome = self._incremental([self.index[r] for r in regions])
+        else:
+            outcome = self._exact(regions)
+        try:
+            plan = self.tree.plan_of(regions, "selection")
+        except ValueError:  # a selection no plan can say (saving it says why)
+            return replace(outcome, regions=len(regions))
+        return replace(
+            outcome, regions=len(regions), idle_regions=len(plan.idle), notes=tuple(plan.notes())
+        )
 
     def _recorded(self) -> PlanOutcome:
         """Nothing checkpointed: the recorded run, what ``project`` of no region gives, without
@@ -419,16 +433,33 @@ def _region_key(region: Region) -> tuple[int, int, int]:
     return region.module, -1, -1
 
 
-def _chain(run: RunData) -> Chain | None:
-    modules, strings = run.tables["modules"], run.tables["strings"]
-    row = chain_of_blocks(modules, strings)
-    if row is None:
+def _chain(run: RunData, tt: TraceTree) -> Chain | None:
+    """The chain of blocks; segments only where they take effect (a Sequential running its own
+    forward, which ran in the step)."""
+    chain = tt.chain()
+    if chain is None:
         return None
+    row = tt.rows[chain.node]
+    node = tt.tree.nodes[chain.node]
+    kind, fixed = node.type, ""
+    if node.container != Container.SEQUENTIAL:
+        fixed = f"a {node.type}'s blocks are called one by one: each is its own segment"
+    elif not chain.segmentable:
+        kind = f"{node.type} with its own forward"
+        fixed = f"{node.type} {chain.path} has its own forward: each block is its own segment"
+    elif tt.tree.ran(chain.node) is False:
+        kind = f"{node.type}, looped over"
+        fixed = (
+            f"{chain.path}'s forward never ran in the recorded step (it is looped over in "
+            "Python, or handed to checkpoint_sequential): each block is its own segment"
+        )
     return Chain(
         row=row,
         path=run.paths[row],
-        blocks=tuple(sequential_children(modules, strings, row)),
-        sequential=strings[int(modules["type"][row])] == "Sequential",
+        blocks=tuple(tt.rows[b] for b in chain.blocks),
+        sequential=not fixed,
+        kind=kind,
+        fixed=fixed,
     )
 
 

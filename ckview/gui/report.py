@@ -134,6 +134,16 @@ def plan_x(outcome: PlanOutcome, run: RunData, axis: Axis) -> np.ndarray:
     return run.x_op[np.asarray(outcome.point, dtype=np.int64)]
 
 
+def plan_notes(plans: Sequence[PlanCurve]) -> list[str]:
+    """One line per plan with regions that cannot take effect, saying why (NOTE [ Regions that
+    cannot take effect ] in ckpt_runtime/resolve.py)."""
+    return [
+        f"plan {name}: {summary}"
+        for name, outcome, _ in plans
+        if (summary := outcome.idle_summary()) is not None
+    ]
+
+
 def plan_label(name: str, run: RunData) -> str:
     """How a projected plan is named in the CSV: ``plan:<name> over <run label>``."""
     return f"plan:{name} over {run.label}"
@@ -227,6 +237,7 @@ def _build(
     rows: list[tuple[Any, int | None]] = [
         (_text(title, theme.foreground, TITLE_PX, text_w, bold=True), None),
         (_text(subtitle, _muted(theme), TEXT_PX, text_w), None),
+        *[(_text(note, PEAK_COLOR, TEXT_PX, text_w), None) for note in plan_notes(plans)],
         (_legend([lines], text_w, theme, max_columns=1 if len(lines) <= 4 else 2), None),
         (comparison, COMPARISON_H),
         (_category_legend(text_w, theme), None),
@@ -380,6 +391,12 @@ def _comparison_curves(
             f"({_change(outcome.peak_bytes, ref_peak)} vs {ref}), "
             f"+{outcome.extra_share:.0%} compute"
         )
+        if outcome.idle_regions:  # the notes row says why
+            label += (
+                " (not in effect)"
+                if outcome.idle_regions == outcome.regions
+                else f" ({outcome.idle_regions} of {outcome.regions} regions not in effect)"
+            )
         # Plans continue the run palette: the GUI's single projection colour is too close to
         # the second run's red for a figure that compares several curves.
         color = RUN_COLORS[(len(runs) + j) % len(RUN_COLORS)]
