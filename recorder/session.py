@@ -530,6 +530,39 @@ class Recorder:
 
         hook_cls.__enter__, hook_cls.__exit__ = wrapped_enter, wrapped_exit
         self._restore.append(lambda: _set_enter_exit(hook_cls, enter, exit_))
+        self._wrap_reentrant_recompute()
+
+    def _wrap_reentrant_recompute(self) -> None:
+        """Bracket the re-run of a reentrant ``torch.utils.checkpoint`` region: its backward
+        calls ``ctx.run_function`` again (then runs the region's own backward, which is not a
+        recompute). A checkpointed module is seen by its forward hook anyway; a checkpointed
+        plain function (``checkpoint(fn, x, use_reentrant=True)``) only here."""
+        function_cls = getattr(torch.utils.checkpoint, "CheckpointFunction", None)
+        if function_cls is None:
+            return
+        original = function_cls.backward
+        rec = self
+
+        def backward(ctx: Any, *grads: Any) -> Any:
+            run = ctx.run_function
+            row = rec._registry.row(run)
+            name = None if row is not None else getattr(run, "__qualname__", None) or repr(run)
+
+            def recompute(*args: Any) -> Any:
+                rec._recompute_enter(NO_INDEX, NO_INDEX if row is None else row, name)
+                try:
+                    return run(*args)
+                finally:
+                    rec._recompute_exit()
+
+            ctx.run_function = recompute
+            try:
+                return original(ctx, *grads)
+            finally:
+                ctx.run_function = run
+
+        function_cls.backward = staticmethod(backward)
+        self._restore.append(lambda: setattr(function_cls, "backward", staticmethod(original)))
 
     def _listen_to_ckpt_runtime(self) -> None:
         try:

@@ -186,6 +186,37 @@ def test_checkpointed_script_records_recompute(tmp_path: Path) -> None:
     assert unpacked.any()
 
 
+def test_reentrant_checkpoint_of_a_function_is_a_recompute_region(tmp_path: Path) -> None:
+    """A plain function checkpointed reentrantly runs again in backward: RECOMPUTE ops in one
+    region per call, named after the function (no module hook sees it), and the region's own
+    backward stays BACKWARD."""
+    from torch.utils.checkpoint import checkpoint
+
+    linear = nn.Linear(32, 32)
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(linear(x))
+
+    def step() -> None:
+        x = torch.randn(4, 32, requires_grad=True)  # reentrant: some input must need grad
+        for _ in range(3):
+            x = checkpoint(block, x, use_reentrant=True)
+        x.sum().backward()
+
+    with Recorder(tmp_path / "t.h5", steps=1, warmup=1, progress=False):
+        for _ in range(2):
+            step()
+    tables = read_run(tmp_path / "t.h5")
+    ops, regions = tables["ops"], tables["recompute_regions"]
+    names = [tables["strings"][i] for i in regions["name"]]
+    assert names == [block.__qualname__] * 3
+    recomputed = ops["phase"] == Phase.RECOMPUTE
+    op_names = {tables["strings"][i] for i in ops["name"][recomputed]}
+    assert op_names == {"aten.t.default", "aten.addmm.default", "aten.tanh.default"}
+    assert recomputed.sum() == 3 * 3  # the block's three ops, three times; no backward op
+    assert (ops["phase"] == Phase.BACKWARD).sum() > recomputed.sum()
+
+
 def test_recorder_never_keeps_a_tensor_alive(tmp_path: Path) -> None:
     model = _mlp()
     refs: list[weakref.ref[Any]] = []
