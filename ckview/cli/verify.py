@@ -268,7 +268,7 @@ def _extra_time(
     from ckview.analysis import project
     from ckview.analysis.recompute import extra_time, plain_recompute_ns, step_durations
 
-    projection = project(base, proj.resolve_regions(plan, base, name))
+    projection = project(base, list(proj.resolve_plan(plan, base, name).regions))
     recomputes = len(projection.recomputes)
     n_steps = max(1, len(step_durations(base["steps"])))
     base_t = timing.runs.get(BASELINE) if timing else None
