@@ -28,9 +28,9 @@ NOTE [ Fixed cost of a checkpoint call ]
     way plans checkpoint (module regions of ``apply_plan``: the region's module call, hooks
     and running-statistics guard included): the median over ``repeats`` rounds of (forward +
     backward of ``calls`` one-op modules, each a region) minus the same without the plan,
-    per call, with the spread of the rounds; ``checkpoint_call_cost_ns`` does the same for a
-    checkpointed function, ckpt_runtime's or torch's. ``ckview verify`` adds the plan cost
-    per recomputed instance to the projected extra time.
+    per call, with the spread of the rounds (benchmarks/checkpoint_runtime.py compares the
+    fixed cost of ckpt_runtime's and torch's checkpoint of a function). ``ckview verify``
+    adds the plan cost per recomputed instance to the projected extra time.
 """
 
 from __future__ import annotations
@@ -163,38 +163,9 @@ def plan_call_cost_ns(calls: int = 100, repeats: int = 7) -> CallCost:
     return _per_call(plain, planned, calls)
 
 
-def checkpoint_call_cost_ns(
-    checkpoint: Callable[..., torch.Tensor] | None = None, calls: int = 100, repeats: int = 7
-) -> CallCost:
-    """NOTE [ Fixed cost of a checkpoint call ] for a checkpointed function: ``checkpoint``
-    defaults to ckpt_runtime's; pass ``torch.utils.checkpoint.checkpoint`` for torch's."""
-    if checkpoint is None:
-        from ckpt_runtime import checkpoint as ckpt_runtime_checkpoint
-
-        checkpoint = ckpt_runtime_checkpoint
-    ck = checkpoint
-    tiny = _Tiny()
-    x = torch.ones(8, requires_grad=True)
-    plain = [_time(_Chain(tiny, calls), x) for _ in range(repeats)]
-    checked = [
-        _time(_Chain(lambda t: ck(tiny, t, use_reentrant=False), calls), x) for _ in range(repeats)
-    ]
-    return _per_call(plain, checked, calls)
-
-
 class _Tiny(torch.nn.Module):
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         return torch.tanh(t)  # saves its output: backward needs the recompute
-
-
-class _Chain:
-    def __init__(self, step: Callable[[torch.Tensor], torch.Tensor], calls: int) -> None:
-        self.step, self.calls = step, calls
-
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        for _ in range(self.calls):
-            t = self.step(t)
-        return t
 
 
 def _time(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:
