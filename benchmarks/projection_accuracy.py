@@ -1,24 +1,37 @@
-"""How well the projection predicts what a checkpoint plan measures, on every bundled example.
+"""How well the projection predicts what a checkpoint plan measures: the bundled examples and
+the training loops of ``examples/loops`` (issue 9's corpus).
 
-    python benchmarks/projection_accuracy.py [--examples mlp cnn ...] [--random 3] [--seed 0]
+    python benchmarks/projection_accuracy.py [--examples mlp cnn ...] [--loops gan lbfgs ...]
+                                             [--quick] [--random 3] [--seed 0] [--jobs 1]
 
-Per example: record one plain step (``ckview record``) to learn the model's chain of blocks,
-write the plans to test as plan files (``random-i``: seeded random subsets of the chain's
-blocks; ``planner``: ``ckview.analysis.planner.plan_for_budget`` at 60% of the baseline peak, if
-the planner exists), then run ``ckview verify`` once with plans none, all, sqrt and those files:
-one run of the script records the baseline and every plan, and each plan is projected over the
-baseline. Prints one table: projected vs measured peak (the target is within 2%), and projected
-vs measured extra time (the plan run's recompute ops; noisy on shared CPUs).
+Per bundled example: record one plain step (``ckview record``) to learn the model's chain of
+blocks, write the plans to test as plan files (``random-i``: seeded random subsets of the chain's
+blocks; ``planner``: ``ckview.analysis.planner.plan_for_budget`` at 60% of the baseline peak),
+then run ``ckview verify`` once with plans none, all, sqrt and those files. Per loop of
+``examples/loops/corpus.py``: ``ckview verify`` with the plans of its manifest (none, sqrt and
+all = every block, where the model has a chain of blocks), on the script as it runs (and, for
+loops with their own checkpointing, once more with ``--checkpoint``). One run of a script
+records the baseline and every plan, and each plan is projected over the baseline.
+
+Prints one table: projected vs measured peak (the target is within 2%), and projected vs
+measured extra time (the plan run's recompute; medians and spread when verify reports them,
+noisy on shared CPUs); then one line per verify that failed, with its error. ``--examples`` or
+``--loops`` alone runs only that group; neither runs both. ``--quick`` runs the loops at the
+small sizes the tests use.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +42,94 @@ EXAMPLES = ("mlp", "cnn", "transformer", "gpt2")
 PRESETS = ("none", "all", "sqrt")
 BUDGET_SHARE = 0.6
 TARGET = 0.02
+SCRIPT_STEPS = 8
+"""Iterations a loop runs under verify: 1 warmup, 1 baseline and 3 plan steps, and a margin."""
+
+
+def load_corpus() -> Any:
+    """``examples/loops/corpus.py`` (the loops' manifest), imported from its file."""
+    path = ROOT / "examples" / "loops" / "corpus.py"
+    spec = importlib.util.spec_from_file_location("loops_corpus", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look the module up while building the class
+    spec.loader.exec_module(module)
+    return module
+
+
+def ckview_proc(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ckview ARGS`` from the repository, one thread for torch."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "ckview", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
 
 
 def ckview(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m ckview ARGS`` from the repository, one thread for torch."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckview", *args], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    """``ckview_proc``, exiting with its error if it fails."""
+    proc = ckview_proc(*args)
     if proc.returncode != 0:
         raise SystemExit(f"ckview {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc
+
+
+# ----------------------------------------------------------------------------- verify runs
+
+
+@dataclass(frozen=True)
+class Case:
+    """One ``ckview verify`` to run: a script, its arguments and the plans."""
+
+    label: str
+    script: Path
+    plans: tuple[str, ...]
+    script_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    label: str
+    plans: list[dict[str, Any]]
+    error: str
+    """'' when verify succeeded; else its exit code and last line of stderr."""
+
+
+def verify_case(case: Case, folder: Path) -> Outcome:
+    """``ckview verify`` of one case, as JSON; or why it failed."""
+    trace = folder / f"{case.label.replace(' ', '_')}-verify.h5"
+    args = [a for plan in case.plans for a in ("--plan", plan)]
+    proc = ckview_proc(
+        "verify", str(case.script), *args, "--steps", "1", "--stop-after", "--no-progress",
+        "--json", "-o", str(trace), "--", *case.script_args,
+    )  # fmt: skip
+    try:
+        doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    except json.JSONDecodeError:
+        doc = {}
+    plans = list(doc.get("plans", []))
+    if proc.returncode != 0 or not plans:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        last = lines[-1] if lines else "(no output)"
+        return Outcome(case.label, plans, f"exit {proc.returncode}: {last}")
+    return Outcome(case.label, plans, "")
+
+
+def loop_cases(names: Sequence[str], quick: bool) -> list[Case]:
+    """One case per loop as it runs, and one with ``--checkpoint`` where it has its own."""
+    corpus = load_corpus()
+    by_name = {loop.name: loop for loop in corpus.LOOPS}
+    cases = []
+    for name in names:
+        loop = by_name[name]
+        base = (*(loop.quick if quick else ()), "--steps", str(SCRIPT_STEPS))
+        cases.append(Case(name, loop.script, loop.plans, base))
+        if loop.checkpoint:
+            cases.append(Case(f"{name} --checkpoint", loop.script, loop.plans,
+                              (*base, "--checkpoint")))  # fmt: skip
+    return cases
+
+
+# ----------------------------------------------------------------------------- bundled examples
 
 
 def baseline_tables(example: str, folder: Path) -> dict[str, Any]:
@@ -75,13 +165,9 @@ def random_plans(tables: dict[str, Any], n: int, seed: int) -> list[dict[str, An
 
 
 def planner_plan(tables: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The planner's plan for 60% of the baseline peak (None if there is no planner yet), and a
-    note on it."""
-    try:
-        from ckview.analysis.planner import plan_for_budget
-    except ImportError:
-        return None, "planner skipped: ckview.analysis.planner.plan_for_budget not there yet"
+    """The planner's plan for 60% of the baseline peak, and a note on it."""
     from ckview.analysis import format_bytes
+    from ckview.analysis.planner import plan_for_budget
     from ckview.cli.project import run_peak
 
     budget = int(BUDGET_SHARE * run_peak(tables))
@@ -91,35 +177,9 @@ def planner_plan(tables: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     return {**result.plan, "name": name}, note
 
 
-def verify(example: str, plan_files: list[Path], folder: Path) -> dict[str, Any]:
-    """``ckview verify`` with the presets and ``plan_files``; its JSON document."""
-    plans = [*PRESETS, *(str(p) for p in plan_files)]
-    script_steps = 1 + (1 + len(plans)) + 2  # warmup, baseline and plans, a margin
-    args = [a for plan in plans for a in ("--plan", plan)]
-    proc = ckview(
-        "verify",
-        str(ROOT / "examples" / f"{example}.py"),
-        *args,
-        "--steps",
-        "1",
-        "--stop-after",
-        "--no-progress",
-        "--json",
-        "-o",
-        str(folder / f"{example}-verify.h5"),
-        "--",
-        "--steps",
-        str(script_steps),
-    )
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
-
-
-def verify_example(
-    example: str, folder: Path, n_random: int, seed: int
-) -> tuple[list[dict[str, Any]], str]:
-    """``ckview verify``'s result per plan for one example, and a note ('' or why the planner
-    is missing)."""
+def example_case(example: str, folder: Path, n_random: int, seed: int) -> tuple[Case, str]:
+    """The verify case of a bundled example (presets, the planner's and random plans), and a
+    note ('' or about the planner)."""
     tables = baseline_tables(example, folder)
     docs = random_plans(tables, n_random, seed)
     planned, note = planner_plan(tables)
@@ -129,34 +189,56 @@ def verify_example(
     for doc in docs:
         path = folder / f"{example}-{doc['name']}.json"
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        files.append(path)
-    result = verify(example, files, folder)
-    return list(result["plans"]), note
+        files.append(str(path))
+    plans = (*PRESETS, *files)
+    script_steps = 1 + (1 + len(plans)) + 2  # warmup, baseline and plans, a margin
+    script = ROOT / "examples" / f"{example}.py"
+    return Case(example, script, plans, ("--steps", str(script_steps))), note
 
 
-def _row(example: str, p: dict[str, Any]) -> list[str]:
+# ----------------------------------------------------------------------------- the table
+
+
+def _first(p: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if p.get(key) is not None:
+            return p[key]
+    return None
+
+
+def extra_ms(p: dict[str, Any], side: str) -> str:
+    """Extra time of one side ('projected' or 'measured') in ms: the median and spread where
+    verify reports them (under any of the names below, or as a dict), else the single value."""
+    value = _first(p, f"{side}_extra_median_ns", f"{side}_extra_ns_median", f"{side}_extra_ns")
+    spread = _first(p, f"{side}_extra_spread_ns", f"{side}_extra_ns_spread",
+                    f"{side}_extra_iqr_ns", f"{side}_extra_ns_iqr")  # fmt: skip
+    if isinstance(value, dict):
+        spread = _first(value, "spread_ns", "spread", "iqr_ns", "iqr")
+        value = _first(value, "median_ns", "median", "value_ns")
+    if value is None:
+        return "-"
+    cell = f"{value / 1e6:.1f}"
+    return f"{cell} ±{spread / 1e6:.1f}" if spread is not None else cell
+
+
+def row(label: str, p: dict[str, Any]) -> list[str]:
     from ckview.analysis import format_bytes as fb
 
+    measured = p.get("measured_peak_bytes")
+    error = p.get("peak_error_percent")
     return [
-        example,
-        p["plan"],
-        fb(p["projected_peak_bytes"]),
-        fb(p["measured_peak_bytes"]),
-        f"{p['peak_error_percent']:+.2f}%",
-        f"{p['projected_extra_ns'] / 1e6:.1f}",
-        f"{p['measured_extra_ns'] / 1e6:.1f}",
+        label,
+        str(p.get("plan", "?")),
+        fb(p["projected_peak_bytes"]) if p.get("projected_peak_bytes") is not None else "-",
+        fb(measured) if measured is not None else "-",
+        f"{error:+.2f}%" if error is not None else "-",
+        extra_ms(p, "projected"),
+        extra_ms(p, "measured"),
     ]
 
 
-HEADER = [
-    "example",
-    "plan",
-    "projected peak",
-    "measured peak",
-    "error",
-    "proj. extra ms",
-    "meas. extra ms",
-]
+HEADER = ["loop", "plan", "projected peak", "measured peak", "error",
+          "proj. extra ms", "meas. extra ms"]  # fmt: skip
 
 
 def format_table(rows: list[list[str]]) -> str:
@@ -169,31 +251,50 @@ def format_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=EXAMPLES)
-    parser.add_argument("--random", type=int, default=3, help="random plans per example")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    rows: list[list[str]] = []
-    errors: list[float] = []
-    notes: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="ckview-accuracy-") as tmp:
-        for example in args.examples:
-            plans, note = verify_example(example, Path(tmp), args.random, args.seed)
-            rows += [_row(example, p) for p in plans]
-            errors += [abs(p["peak_error_percent"]) / 100 for p in plans]
-            if note:
-                notes[example] = note
+def report(outcomes: Sequence[Outcome], notes: dict[str, str]) -> int:
+    """Print the table, the tally and the failures; 0 if every plan is within the target."""
+    rows = [row(o.label, p) for o in outcomes for p in o.plans]
+    errors = [abs(p.get("peak_error_percent") or 0.0) / 100 for o in outcomes for p in o.plans]
     print(format_table(rows))
     within = sum(e <= TARGET for e in errors)
+    failed = [o for o in outcomes if o.error]
     print(
         f"\n{within} of {len(rows)} plans projected within {TARGET:.0%} of the measured peak "
-        f"(worst {max(errors, default=0):.3%})"
+        f"(worst {max(errors, default=0):.3%}); {len(failed)} of {len(outcomes)} verify runs failed"
     )
-    for example, note in notes.items():
-        print(f"note: {example}: {note}")
-    return 0 if within == len(rows) else 1
+    for o in failed:
+        print(f"failed: {o.label}: {o.error}")
+    for label, note in notes.items():
+        print(f"note: {label}: {note}")
+    return 0 if within == len(rows) and not failed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    loop_names = [loop.name for loop in load_corpus().LOOPS]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", nargs="+", choices=EXAMPLES, help="bundled examples")
+    parser.add_argument("--loops", nargs="+", choices=loop_names, help="loops of examples/loops")
+    parser.add_argument("--quick", action="store_true", help="loops at the tests' small sizes")
+    parser.add_argument("--random", type=int, default=3, help="random plans per example")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1, help="verify runs at once (default 1)")
+    args = parser.parse_args(argv)
+    both = args.examples is None and args.loops is None
+    examples = list(EXAMPLES) if both else args.examples or []
+    loops = loop_names if both else args.loops or []
+    notes: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="ckview-accuracy-") as tmp:
+        folder = Path(tmp)
+        cases = []
+        for example in examples:
+            case, note = example_case(example, folder, args.random, args.seed)
+            cases.append(case)
+            if note:
+                notes[example] = note
+        cases += loop_cases(loops, args.quick)
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            outcomes = list(pool.map(lambda c: verify_case(c, folder), cases))
+    return report(outcomes, notes)
 
 
 if __name__ == "__main__":

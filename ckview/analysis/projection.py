@@ -107,9 +107,10 @@ from ckview.analysis.regions import Region, RegionInstances, outermost, region_i
 from ckview.analysis.timeline import (
     MemoryTimeline,
     Peak,
+    births,
     find_peak,
+    live_at_start,
     memory_timeline,
-    preexisting,
 )
 from ckview.trace.schema import Category, IOKind, MemoryEventKind, Phase, SavedEventKind
 
@@ -845,10 +846,11 @@ def _projected_peak(
 def _live_at(base: _Baseline, events: ProjectedEvents, after: int) -> LiveStorages:
     """Originals and copies live just after projected event ``after`` (-1: before any)."""
     kind, storage, copy = (a[: after + 1] for a in (events.kind, events.storage, events.copy))
-    live = [preexisting(base.storages).copy(), np.zeros(len(base.nbytes), dtype=bool)]
+    live = [live_at_start(base.storages), np.zeros(len(base.nbytes), dtype=bool)]
+    born = births(base.storages, kind, storage)
     for flag, mask in enumerate(live):
         mine = copy == bool(flag)
-        mask[storage[mine & (kind == _ALLOC)]] = True
+        mask[storage[mine & born]] = True
         mask[storage[mine & (kind == _FREE)]] = False
     rows = np.concatenate([np.flatnonzero(m) for m in live])
     flags = np.concatenate([np.full(int(m.sum()), bool(f)) for f, m in enumerate(live)])

@@ -37,6 +37,15 @@ def add_record_options(p: argparse.ArgumentParser) -> None:
         "--warmup", type=_non_negative, default=1, help="steps to skip first (default 1)"
     )
     p.add_argument(
+        "--step-every",
+        default="auto",
+        metavar="RULE",
+        help="what one step (one training iteration) is: auto (default: until every optimizer "
+        "has stepped; without one, until the next forward after a backward), optimizer:N "
+        "(N optimizer steps), backward:N (N backward passes) or manual (only "
+        "Recorder.mark_step()); warmup counts steps the same way",
+    )
+    p.add_argument(
         "--stop-after", action="store_true", help="end the script once the steps are recorded"
     )
     p.add_argument(
@@ -130,7 +139,12 @@ def record_script(
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
     from recorder import Recorder, StopScript, run_script
+    from recorder.steps import StepRule, StepRuleError
 
+    try:
+        step_rule = StepRule.parse(args.step_every)
+    except StepRuleError as exc:
+        raise CLIError(f"--step-every: {exc}") from None
     verb = args.verb
     command = ["ckview", verb, *sys.argv[2:]] if sys.argv[1:2] == [verb] else sys.argv
     recorder = Recorder(
@@ -141,6 +155,7 @@ def record_script(
         command=list(command),
         runs=runs,
         progress=not args.no_progress,
+        step_every=step_rule,
         timing_steps=timing_steps,
     )
     try:
@@ -192,7 +207,8 @@ def report(output: Path, steps: int, args: argparse.Namespace, error: str | None
     if steps == 0:
         print(
             f"ckview: no step was recorded in {output}: the script ended after its warmup "
-            f"({args.warmup} steps) or has no backward/optimizer step; lower --warmup",
+            f"({args.warmup} steps) or no step ended ({args.step_every}); lower --warmup or "
+            "say what a step is with --step-every",
             file=sys.stderr,
         )
         return

@@ -112,11 +112,23 @@ def _jsonable(meta: Any) -> dict[str, Any]:
 
 def _header(path: Path, meta: Any, n_runs: int) -> str:
     state = "complete" if meta.complete else f"INCOMPLETE: {meta.error}"
-    return (
+    lines = [
         f"{path}: {meta.steps_recorded} step(s) recorded on {meta.device} in {n_runs} run(s) "
-        f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}\n"
-        f"command: {' '.join(meta.command)}"
-    )
+        f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}",
+        f"command: {' '.join(meta.command)}",
+    ]
+    if meta.step_rule:
+        lines.append(f"steps: {meta.step_rule}")
+    if meta.compiled:
+        lines.append(f"torch.compile: {_COMPILED.get(meta.compiled, meta.compiled)}")
+    return "\n".join(lines)
+
+
+_COMPILED = {
+    "no": "no (ckview runs torch.compile'd code eagerly while it records: eager memory)",
+    "yes": "yes, the steps ran compiled code",
+    "partly": "partly: the steps ran some code compiled, some eagerly",
+}
 
 
 def _comparison(runs: dict[str, Any]) -> str:
@@ -179,8 +191,18 @@ def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) ->
     lines.append("  steps:")
     for st in s.steps:
         lines.append(
-            f"    step {st['step']}: {st['duration_ns'] / 1e6:8.1f} ms, "
+            f"    step {st['step']}: {st['duration_ns'] / 1e6:8.1f} ms, {_held(st)}, "
             f"peak {fb(st['peak_bytes'])}, "
             f"allocated in step up to {fb(st['allocated_peak_bytes'])}"
         )
     return "\n".join(lines)
+
+
+def _held(step: dict[str, int]) -> str:
+    """What a step held: '4 fwd, 4 bwd, 1 opt' ('?' where a v1 trace does not say), and
+    'partial' for a step cut short (the script ended or failed inside it)."""
+    parts = [
+        f"{'?' if step[key] < 0 else step[key]} {label}"
+        for key, label in (("forwards", "fwd"), ("backwards", "bwd"), ("optimizer_steps", "opt"))
+    ]
+    return ", ".join(parts) + ("" if step["complete"] else ", partial")
