@@ -4,15 +4,17 @@ and checkpoint's fixed cost per call.
 NOTE [ Plain timing steps ]
     The recorder's per-op hook (a TorchDispatchMode) costs microseconds per op, more than many
     ops themselves, and it is paid again by every recomputed op: times from recorded steps
-    inflate both the step and its extra compute, unevenly. So with ``timing_steps=k`` each run
-    first runs 1 + k unrecorded steps in its own context (a plan applied, or checkpointing
-    bypassed) with the op hook taken off the dispatch stack: only the global module hooks
-    remain, which take a ``perf_counter_ns`` pair per module call. The first of them warms the
-    run up (the first step after a switch of context is the slowest, often by a third) and
-    is not kept. ``StepTimer`` keeps, per
-    run, each plain step's duration and the duration of every module call in it (by module
-    row, in call order), so that medians over the k steps, with their spread, give the plain
-    step time of each run and the plain forward time of each call of the baseline. A loop
+    inflate both the step and its extra compute, unevenly. So with ``timing_steps=k``, once
+    every run is recorded and the trace written, each run's context (a plan applied, or
+    checkpointing bypassed) is entered once more for 1 + k unrecorded steps with the op hook
+    taken off the dispatch stack: only the global module hooks remain, which take a
+    ``perf_counter_ns`` pair per module call. The first of them warms the run up (the first
+    step after a switch of context is the slowest, often by a third) and is not kept. Timing
+    comes last so that a script that ends early loses timings, never a recorded run.
+    ``StepTimer`` keeps, per run, each plain step's duration and the duration of every module
+    call in it (by module row, in call order), so that medians over the k steps, with their
+    spread, give the plain step time of each run and the plain forward time of each call of
+    the baseline. A loop
     without optimizer ends a timing step when its next top-level forward begins (no backward
     is seen without the op hook; the recorder learned in warmup that there is no optimizer).
     If the op hook is not on top of the dispatch stack (another mode above it), it stays and
@@ -98,6 +100,11 @@ class StepTimer:
             self._observer = observer
             self._observer.__exit__(None, None, None)
         self._new_step(perf_counter_ns())
+
+    def last_step(self) -> bool:
+        """Whether the timing step under way is the run's last."""
+        run = self._run
+        return run is not None and not self._warming and len(run.steps_ns) + 1 >= self.steps
 
     def end_step(self) -> bool:
         """A timing step ended: keep its duration. True once the run's timing steps are done
