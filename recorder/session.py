@@ -858,6 +858,8 @@ class Recorder:
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         row = self._registry.row(module)
         if row is None:
+            if self._writer is None:
+                return  # timing steps, the trace written: a module first seen now is not timed
             row = self._register_module(module)
         if not self._in_backward and _current_graph_task_id() >= 0:
             self._enter_backward()  # a recompute before backward's first op
