@@ -363,3 +363,21 @@ def test_a_script_that_ends_before_the_timing_steps_loses_no_run(tmp_path: Path)
     assert not missing
     assert all(c.time is not None and not c.time.plain for c in checks)
     assert_exact(checks)
+
+
+class FreshModules(nn.Module):
+    """Builds a module on every call (as HF builds its loss module per step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[MLPBlock(32) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.Tanh()(self.blocks(x))
+
+
+def test_modules_first_seen_in_the_timing_steps(tmp_path: Path) -> None:
+    """Timing steps run after the trace is written: a module made then is not followed, and
+    recording, timing and the projection go on."""
+    torch.manual_seed(0)
+    assert_exact(verify(FreshModules(), (256, 32), tmp_path / "fresh.h5", optimizer=True))
