@@ -19,7 +19,9 @@ timeline would be wrong without saying so. So, while the recorder is installed:
 * ``torch.compile``'d code runs eagerly (``torch.compiler.set_stance("force_eager")``, set as
   soon as dynamo is imported), and the trace records what runs: eager aten ops, whose memory
   is the eager one (inductor's fusion usually saves less for backward). The trace's ``compiled``
-  meta field says ``no``: the recorded steps ran no compiled code.
+  meta field says ``eager`` when the script uses ``torch.compile`` (a compiled module ran, or
+  ``torch.compile`` was called while recording), else ``no``: recorded steps never run
+  compiled code.
 * When recording ends the previous stance comes back, nothing was marked skipped, and the
   script compiles and runs compiled as it would have without ckview.
 * Every function of the recorder is marked for dynamo to skip (a flag on the code object, no
@@ -91,6 +93,9 @@ class EagerWhileRecording:
         self._applied = False
         self._installed = False
         self._orig_compile: Any = None
+        self.compile_used = False
+        """``torch.compile`` was called, or compiled code was entered, while installed."""
+        self._orig_callback: Any = None
 
     def install(self) -> None:
         self._installed = True
@@ -102,6 +107,7 @@ class EagerWhileRecording:
 
         @functools.wraps(torch.compile)
         def compile(*args: Any, **kwargs: Any) -> Any:
+            guard.compile_used = True
             compiled = guard._orig_compile(*args, **kwargs)
             if guard._installed:
                 guard._apply()
@@ -111,6 +117,11 @@ class EagerWhileRecording:
 
     def uninstall(self) -> None:
         self._installed = False
+        if self._orig_callback is not None:
+            from torch._dynamo import eval_frame
+
+            eval_frame._callback_from_stance = self._orig_callback
+            self._orig_callback = None
         if self._orig_compile is not None:
             torch.compile = self._orig_compile
             self._orig_compile = None
@@ -127,6 +138,26 @@ class EagerWhileRecording:
 
         self._prior = _set_stance(DynamoStance("force_eager"))
         self._applied = True
+        self._notice_compiled_calls()
+
+    def _notice_compiled_calls(self) -> None:
+        """Note when compiled code is entered (and run eagerly): dynamo asks
+        ``_callback_from_stance`` for each compiled call's frame callback (a private function:
+        without it only ``torch.compile`` calls and compiled modules are noticed)."""
+        from torch._dynamo import eval_frame
+
+        original = getattr(eval_frame, "_callback_from_stance", None)
+        if original is None:
+            return
+        guard = self
+
+        def callback_from_stance(callback: Any) -> Any:
+            if callback not in (False, None):
+                guard.compile_used = True
+            return original(callback)
+
+        self._orig_callback = original
+        eval_frame._callback_from_stance = callback_from_stance
 
 
 __all__ = ["EagerWhileRecording", "skip_in_dynamo"]

@@ -88,6 +88,13 @@ class ModuleRegistry:
             raise RuntimeError("no model found: no nn.Module ran forward before recording began")
         return max(roots, key=lambda r: r[:2])[2]
 
+    def saw_compiled(self) -> bool:
+        """Whether a module that ran is ``torch.compile``'d: an ``OptimizedModule`` wrapper
+        (``torch.compile(model)``) or a module with a compiled call (``module.compile()``)."""
+        return "OptimizedModule" in self._types or any(
+            getattr(ref(), "_compiled_call_impl", None) is not None for ref in self._refs
+        )
+
     def columns(self) -> dict[str, np.ndarray]:
         """The ``modules`` table."""
         cols = {name: np.asarray(values, dtype=np.int64) for name, values in self._columns.items()}

@@ -445,7 +445,7 @@ class Recorder:
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
                 step_rule=self._tracker.describe(self.warmup),
-                compiled="no",  # NOTE [ torch.compile under the recorder ]
+                compiled=self._compiled(),
             )
             writer.close(complete=not error, error=error)
         finally:
@@ -755,6 +755,13 @@ class Recorder:
 
     def on_recompute_end(self, region_id: int, target: object) -> None:
         self._recompute_exit()
+
+    def _compiled(self) -> str:
+        """The trace's ``compiled`` field: 'eager' if the script uses ``torch.compile`` (its
+        compiled code ran eagerly while recording), else 'no'. NOTE [ torch.compile under the
+        recorder ]."""
+        used = self._eager_compile.compile_used or self._registry.saw_compiled()
+        return "eager" if used else "no"
 
     def main_model(self) -> torch.nn.Module:
         """The root module with the most parameters seen so far: the script's model."""

@@ -380,7 +380,7 @@ def test_activation_peak_matches_naive_replay(trace: Trace):
     peak = activation_peak(tables, memory_timeline(storages, table), paths)
     live_activation = [
         sum(sizes[s] for s in live if categories[s] == Category.ACTIVATION)
-        for live in naive_live(pre, events)
+        for live in naive_live(pre, events, categories)
     ]
     highest = max(live_activation)
     first = live_activation.index(highest)

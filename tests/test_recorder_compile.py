@@ -56,7 +56,7 @@ def test_code_compiled_before_recording_runs_eagerly_then_compiled_again(tmp_pat
     assert backend.counts == {"compiled": 1, "ran": 2}, "not compiled again after recording"
 
     tables = read_run(tmp_path / "t.h5")
-    assert tables["meta"].compiled == "no"
+    assert tables["meta"].compiled == "eager"
     ops = tables["ops"]
     names = {tables["strings"][i] for i in ops["name"][ops["phase"] == Phase.FORWARD]}
     assert {"aten.addmm.default", "aten.gelu.default"} <= names  # the eager ops that ran
@@ -101,5 +101,5 @@ def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
     # Steps 1-3 (warmup and two recorded) ran eagerly; step 4 compiled once and ran compiled.
     assert "runs 1 1" in done.stdout
     tables = read_run(trace)
-    assert tables["meta"].compiled == "no"
+    assert tables["meta"].compiled == "eager"
     assert (tables["ops"]["phase"] == Phase.FORWARD).sum() > 0

@@ -56,9 +56,17 @@ def test_worker_batches_are_inputs_from_when_they_arrive(tmp_path: Path) -> None
     assert np.isin(np.flatnonzero(batch), seen).all()
 
     summary = _summary(tables)
-    # At the peak: the step's batch, and the next one if a worker delivered it early (it is in
-    # this process then); not every batch of the run, as when they counted from the start.
-    assert summary.by_category["input"] in (BATCH_BYTES, 2 * BATCH_BYTES)
+    # At the peak: the batches that had arrived and were not freed yet (the step's own, and
+    # those a worker delivered early: they are in this process), not every batch of the run, as
+    # when they counted from the start.
+    inputs = np.flatnonzero(st["category"] == Category.INPUT)
+    seen_at = np.full(len(st["nbytes"]), 1 << 62)
+    freed_at = np.full(len(st["nbytes"]), 1 << 62)
+    for row in range(len(ev["kind"]) - 1, -1, -1):  # backwards: the first event wins
+        kind, storage = ev["kind"][row], ev["storage"][row]
+        (freed_at if kind == MemoryEventKind.FREE else seen_at)[storage] = row
+    there = [s for s in inputs if seen_at[s] <= summary.peak_event < freed_at[s]]
+    assert summary.by_category["input"] == int(st["nbytes"][there].sum()) >= BATCH_BYTES
     # At the start: the parameters and their gradients (recording began at the warmup's
     # optimizer step, before zero_grad), no batch.
     params = int(st["nbytes"][st["category"] == Category.PARAMETER].sum())

@@ -119,15 +119,15 @@ def _header(path: Path, meta: Any, n_runs: int) -> str:
     ]
     if meta.step_rule:
         lines.append(f"steps: {meta.step_rule}")
-    if meta.compiled:
+    if meta.compiled == "eager":
         lines.append(f"torch.compile: {_COMPILED.get(meta.compiled, meta.compiled)}")
     return "\n".join(lines)
 
 
 _COMPILED = {
-    "no": "no (ckview runs torch.compile'd code eagerly while it records: eager memory)",
-    "yes": "yes, the steps ran compiled code",
-    "partly": "partly: the steps ran some code compiled, some eagerly",
+    "no": "not used",
+    "eager": "the script compiles code; ckview ran it eagerly while recording, so these steps "
+    "hold eager memory (compiled code usually saves less for backward)",
 }
 
 

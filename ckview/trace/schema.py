@@ -209,7 +209,8 @@ META_FIELDS: dict[str, str] = {
     "steps_recorded": "number of steps recorded (in the first run)",
     "warmup": "number of steps skipped before recording",
     "step_rule": "how steps were delimited, e.g. '1 optimizer step (learned in warmup)' (since v2)",
-    "compiled": "whether the step ran torch.compile'd code: 'no', 'yes', 'partly' (since v2)",
+    "compiled": "'eager' if the script uses torch.compile (its compiled code was run eagerly "
+    "while recording), 'no' if not (since v2)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
