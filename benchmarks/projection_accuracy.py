@@ -42,8 +42,14 @@ EXAMPLES = ("mlp", "cnn", "transformer", "gpt2")
 PRESETS = ("none", "all", "sqrt")
 BUDGET_SHARE = 0.6
 TARGET = 0.02
-SCRIPT_STEPS = 8
-"""Iterations a loop runs under verify: 1 warmup, 1 baseline and 3 plan steps, and a margin."""
+
+
+def script_steps(plans: int) -> int:
+    """Iterations a script runs under verify: 1 warmup, then per run (baseline and each plan)
+    one warm-up and ``TIMING_STEPS`` plain timing steps and one recorded step; and a margin."""
+    from ckview.cli.verify import TIMING_STEPS
+
+    return 1 + (1 + plans) * (1 + TIMING_STEPS + 1) + 2
 
 
 def load_corpus() -> Any:
@@ -121,7 +127,8 @@ def loop_cases(names: Sequence[str], quick: bool) -> list[Case]:
     cases = []
     for name in names:
         loop = by_name[name]
-        base = (*(loop.quick if quick else ()), "--steps", str(SCRIPT_STEPS))
+        steps = script_steps(len(loop.plans))
+        base = (*(loop.quick if quick else ()), "--steps", str(steps))
         cases.append(Case(name, loop.script, loop.plans, base))
         if loop.checkpoint:
             cases.append(Case(f"{name} --checkpoint", loop.script, loop.plans,
@@ -191,9 +198,8 @@ def example_case(example: str, folder: Path, n_random: int, seed: int) -> tuple[
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         files.append(str(path))
     plans = (*PRESETS, *files)
-    script_steps = 1 + (1 + len(plans)) + 2  # warmup, baseline and plans, a margin
     script = ROOT / "examples" / f"{example}.py"
-    return Case(example, script, plans, ("--steps", str(script_steps))), note
+    return Case(example, script, plans, ("--steps", str(script_steps(len(plans))))), note
 
 
 # ----------------------------------------------------------------------------- the table
@@ -207,8 +213,17 @@ def _first(p: dict[str, Any], *keys: str) -> Any:
 
 
 def extra_ms(p: dict[str, Any], side: str) -> str:
-    """Extra time of one side ('projected' or 'measured') in ms: the median and spread where
-    verify reports them (under any of the names below, or as a dict), else the single value."""
+    """Extra time per step of one side ('projected' or 'measured') in ms: verify's
+    ``extra_time_per_step`` (medians of plain timing steps, the measured spread from lowest to
+    highest, and MISS where verify flags one); else the median and spread under any of the
+    names below, or the single value."""
+    timed = p.get("extra_time_per_step")
+    if isinstance(timed, dict):
+        if side == "projected":
+            return f"{timed['projected_ns'] / 1e6:.1f}"
+        low, high = timed["measured_low_ns"] / 1e6, timed["measured_high_ns"] / 1e6
+        miss = " MISS" if timed.get("miss") else ""
+        return f"{timed['measured_median_ns'] / 1e6:.1f} ({low:.1f}..{high:.1f}){miss}"
     value = _first(p, f"{side}_extra_median_ns", f"{side}_extra_ns_median", f"{side}_extra_ns")
     spread = _first(p, f"{side}_extra_spread_ns", f"{side}_extra_ns_spread",
                     f"{side}_extra_iqr_ns", f"{side}_extra_ns_iqr")  # fmt: skip
@@ -238,7 +253,7 @@ def row(label: str, p: dict[str, Any]) -> list[str]:
 
 
 HEADER = ["loop", "plan", "projected peak", "measured peak", "error",
-          "proj. extra ms", "meas. extra ms"]  # fmt: skip
+          "proj. extra ms/step", "meas. extra ms/step (low..high)"]  # fmt: skip
 
 
 def format_table(rows: list[list[str]]) -> str:

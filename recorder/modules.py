@@ -140,4 +140,3 @@ def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn
     relative = sub_path[len(root_path) + 1 :] if root_path else sub_path
     parent_rel = relative.rpartition(".")[0]
     return root.get_submodule(parent_rel) if parent_rel else root
-

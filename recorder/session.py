@@ -131,7 +131,7 @@ _NODE_BUDGET = 8192  # NOTE [ Autograd nodes stay unwrapped ]: 5x below the cras
 class State(Enum):
     WARMUP = "warmup"
     RECORDING = "recording"
-    TIMING = "timing"  # a run's unrecorded plain steps before its recorded ones (timing.py)
+    TIMING = "timing"  # unrecorded plain steps of each run, after all are recorded (timing.py)
     BETWEEN_RUNS = "between runs"  # a run ended, the next begins at once (same step boundary)
     DONE = "done"
 
@@ -236,6 +236,7 @@ class Recorder:
             raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
         self._timer = StepTimer(timing_steps)  # NOTE [ Plain timing steps ] in timing.py
+        self._timing_index = 0
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
         self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
@@ -319,6 +320,8 @@ class Recorder:
         """
         if self._state is State.RECORDING and error is None and self._tracker.pending_at_close():
             self._end_step()
+        if self._state is State.TIMING:
+            self._stop_timing()
         if self._state is not State.DONE:
             self._finish(error or "")
         self._uninstall()
@@ -424,9 +427,7 @@ class Recorder:
 
     def _finish(self, error: str) -> None:
         """End the current run if one is open, then write the modules and close the trace."""
-        if self._state is State.TIMING:
-            self._timer.stop()
-        if self._state in (State.RECORDING, State.TIMING):
+        if self._state is State.RECORDING:
             self._end_run(error)
         early, self._early_context = self._early_context, None
         if early is not None:  # the script ended before the run it was entered for
@@ -613,10 +614,6 @@ class Recorder:
         if spec.context is not None and self._run_context is None:
             self._run_context = spec.context(self)
             self._run_context.__enter__()
-        if self._timer.steps:
-            self._state = State.TIMING
-            self._timer.begin(spec.name, self._observer)
-            return
         self._begin_recording()
 
     def _begin_recording(self) -> None:
@@ -653,7 +650,7 @@ class Recorder:
                 self._start_recording()
         elif self._state is State.TIMING:
             if self._timer.end_step():
-                self._begin_recording()
+                self._next_timing_run()
         elif self._state is State.RECORDING:
             self._close_step_row(now, counts, complete=True)
             self._step += 1
@@ -670,12 +667,60 @@ class Recorder:
             if self._run_index < len(self.runs):
                 self._start_recording()
                 return
+            early, self._early_context = self._early_context, None  # the timing's, if any
             self._finish("")
-            # Optimizer hooks are being iterated right now: they stay, inert, until close().
-            self._uninstall(keep_optimizer_hooks=True)
-            self._progress.close()
-            if self.stop_after:
-                raise StopScript
+            self._early_context = early
+            if self._timer.steps:
+                self._start_timing(0)  # the hooks stay for the timing steps
+                return
+            self._all_done()
+
+    def _all_done(self) -> None:
+        """Recording (and timing) done: the script runs on unrecorded, or stops."""
+        early, self._early_context = self._early_context, None
+        if early is not None:  # never expected: no run follows
+            early.__exit__(None, None, None)
+        self._state = State.DONE
+        # Optimizer hooks are being iterated right now: they stay, inert, until close().
+        self._uninstall(keep_optimizer_hooks=True)
+        self._progress.close()
+        if self.stop_after:
+            raise StopScript
+
+    # NOTE [ Plain timing steps ] in timing.py: once every run is recorded and the trace
+    # written, each run's context is entered once more for its timing steps, so that timing
+    # never costs a recorded run when the script ends early.
+
+    def _start_timing(self, index: int) -> None:
+        spec = self.runs[index]
+        self._timing_index = index
+        self._run_context, self._early_context = self._early_context, None
+        if spec.context is not None and self._run_context is None:
+            self._run_context = spec.context(self)
+            self._run_context.__enter__()
+        self._state = State.TIMING
+        self._timer.begin(spec.name, self._observer)
+
+    def _next_timing_run(self) -> None:
+        self._leave_run_context()
+        if self._timing_index + 1 < len(self.runs):
+            self._start_timing(self._timing_index + 1)
+        else:
+            self._all_done()
+
+    def _stop_timing(self) -> None:
+        """The script ended during the timing steps: keep what was timed."""
+        self._timer.stop()
+        self._leave_run_context()
+        early, self._early_context = self._early_context, None
+        if early is not None:
+            early.__exit__(None, None, None)
+        self._state = State.DONE
+
+    def _leave_run_context(self) -> None:
+        context, self._run_context = self._run_context, None
+        if context is not None:
+            context.__exit__(None, None, None)
 
     def _enter_backward(self) -> None:
         self._in_backward = True
@@ -779,7 +824,7 @@ class Recorder:
     def _enter_next_context_early(self) -> None:
         if self._early_context is not None or not self._next_boundary_starts_run():
             return
-        spec = self.runs[self._run_index + (self._state is State.RECORDING)]
+        spec = self.runs[self._next_run_index()]
         if spec.context is None:
             return
         context, self._run_context = self._run_context, None
@@ -789,13 +834,23 @@ class Recorder:
         self._early_context.__enter__()
 
     def _next_boundary_starts_run(self) -> bool:
+        """Whether the next step boundary enters another run's context: the first run after
+        warmup, the next run, the first run's timing steps after the last recorded step, or
+        the next run's timing steps (NOTE [ Plain timing steps ] in timing.py)."""
         if self._state is State.WARMUP:
             return self._warmup_done + 1 >= self.warmup
-        return (
-            self._state is State.RECORDING
-            and self._steps_in_run + 1 >= self.steps
-            and self._run_index + 1 < len(self.runs)
-        )
+        if self._state is State.TIMING:
+            return self._timer.last_step() and self._timing_index + 1 < len(self.runs)
+        more = self._run_index + 1 < len(self.runs) or self._timer.steps > 0
+        return self._state is State.RECORDING and self._steps_in_run + 1 >= self.steps and more
+
+    def _next_run_index(self) -> int:
+        """The run whose context the next boundary enters (see _next_boundary_starts_run)."""
+        if self._state is State.WARMUP:
+            return self._run_index
+        if self._state is State.TIMING:
+            return self._timing_index + 1
+        return self._run_index + 1 if self._run_index + 1 < len(self.runs) else 0
 
     def _pre_optimizer(
         self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
@@ -843,6 +898,8 @@ class Recorder:
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         row = self._registry.row(module)
         if row is None:
+            if self._writer is None:
+                return  # timing steps, the trace written: a module first seen now is not timed
             row = self._register_module(module)
         if not self._in_backward and _current_graph_task_id() >= 0:
             self._enter_backward()  # a recompute before backward's first op
@@ -1153,6 +1210,8 @@ class Recorder:
     def _unpack(self, x: torch.Tensor) -> torch.Tensor:
         if self._state is State.RECORDING:
             self._on_saved(x, SavedEventKind.UNPACK)
+        elif self._state is State.TIMING and not self._in_backward:
+            self._enter_backward()  # no op hook to see it: NOTE [ Early run context ]
         return x
 
     def _on_saved(self, x: torch.Tensor, kind: SavedEventKind) -> None:

@@ -4,15 +4,17 @@ and checkpoint's fixed cost per call.
 NOTE [ Plain timing steps ]
     The recorder's per-op hook (a TorchDispatchMode) costs microseconds per op, more than many
     ops themselves, and it is paid again by every recomputed op: times from recorded steps
-    inflate both the step and its extra compute, unevenly. So with ``timing_steps=k`` each run
-    first runs 1 + k unrecorded steps in its own context (a plan applied, or checkpointing
-    bypassed) with the op hook taken off the dispatch stack: only the global module hooks
-    remain, which take a ``perf_counter_ns`` pair per module call. The first of them warms the
-    run up (the first step after a switch of context is the slowest, often by a third) and
-    is not kept. ``StepTimer`` keeps, per
-    run, each plain step's duration and the duration of every module call in it (by module
-    row, in call order), so that medians over the k steps, with their spread, give the plain
-    step time of each run and the plain forward time of each call of the baseline. A loop
+    inflate both the step and its extra compute, unevenly. So with ``timing_steps=k``, once
+    every run is recorded and the trace written, each run's context (a plan applied, or
+    checkpointing bypassed) is entered once more for 1 + k unrecorded steps with the op hook
+    taken off the dispatch stack: only the global module hooks remain, which take a
+    ``perf_counter_ns`` pair per module call. The first of them warms the run up (the first
+    step after a switch of context is the slowest, often by a third) and is not kept. Timing
+    comes last so that a script that ends early loses timings, never a recorded run.
+    ``StepTimer`` keeps, per run, each plain step's duration and the duration of every module
+    call in it (by module row, in call order), so that medians over the k steps, with their
+    spread, give the plain step time of each run and the plain forward time of each call of
+    the baseline. A loop
     without optimizer ends a timing step when its next top-level forward begins (no backward
     is seen without the op hook; the recorder learned in warmup that there is no optimizer).
     If the op hook is not on top of the dispatch stack (another mode above it), it stays and
@@ -28,9 +30,9 @@ NOTE [ Fixed cost of a checkpoint call ]
     way plans checkpoint (module regions of ``apply_plan``: the region's module call, hooks
     and running-statistics guard included): the median over ``repeats`` rounds of (forward +
     backward of ``calls`` one-op modules, each a region) minus the same without the plan,
-    per call, with the spread of the rounds; ``checkpoint_call_cost_ns`` does the same for a
-    checkpointed function, ckpt_runtime's or torch's. ``ckview verify`` adds the plan cost
-    per recomputed instance to the projected extra time.
+    per call, with the spread of the rounds (benchmarks/checkpoint_runtime.py compares the
+    fixed cost of ckpt_runtime's and torch's checkpoint of a function). ``ckview verify``
+    adds the plan cost per recomputed instance to the projected extra time.
 """
 
 from __future__ import annotations
@@ -99,6 +101,11 @@ class StepTimer:
             self._observer.__exit__(None, None, None)
         self._new_step(perf_counter_ns())
 
+    def last_step(self) -> bool:
+        """Whether the timing step under way is the run's last."""
+        run = self._run
+        return run is not None and not self._warming and len(run.steps_ns) + 1 >= self.steps
+
     def end_step(self) -> bool:
         """A timing step ended: keep its duration. True once the run's timing steps are done
         (the op hook is back on then)."""
@@ -163,38 +170,9 @@ def plan_call_cost_ns(calls: int = 100, repeats: int = 7) -> CallCost:
     return _per_call(plain, planned, calls)
 
 
-def checkpoint_call_cost_ns(
-    checkpoint: Callable[..., torch.Tensor] | None = None, calls: int = 100, repeats: int = 7
-) -> CallCost:
-    """NOTE [ Fixed cost of a checkpoint call ] for a checkpointed function: ``checkpoint``
-    defaults to ckpt_runtime's; pass ``torch.utils.checkpoint.checkpoint`` for torch's."""
-    if checkpoint is None:
-        from ckpt_runtime import checkpoint as ckpt_runtime_checkpoint
-
-        checkpoint = ckpt_runtime_checkpoint
-    ck = checkpoint
-    tiny = _Tiny()
-    x = torch.ones(8, requires_grad=True)
-    plain = [_time(_Chain(tiny, calls), x) for _ in range(repeats)]
-    checked = [
-        _time(_Chain(lambda t: ck(tiny, t, use_reentrant=False), calls), x) for _ in range(repeats)
-    ]
-    return _per_call(plain, checked, calls)
-
-
 class _Tiny(torch.nn.Module):
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         return torch.tanh(t)  # saves its output: backward needs the recompute
-
-
-class _Chain:
-    def __init__(self, step: Callable[[torch.Tensor], torch.Tensor], calls: int) -> None:
-        self.step, self.calls = step, calls
-
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        for _ in range(self.calls):
-            t = self.step(t)
-        return t
 
 
 def _time(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:

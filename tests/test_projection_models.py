@@ -344,3 +344,40 @@ def test_recompute_left_in_a_bypassed_run_is_reported(hand: bool, tmp_path: Path
     assert baseline.leftover is not None and baseline.leftover.ops > 0
     assert all(c.leftover is not None for c in checks)
     assert "warning: run 'baseline' still recomputes" in format_table(path, checks, baseline)
+
+
+def test_a_script_that_ends_before_the_timing_steps_loses_no_run(tmp_path: Path) -> None:
+    """NOTE [ Plain timing steps ]: timing comes after every run is recorded, so a script that
+    stops there still verifies every plan, its extra times from the recorded steps."""
+    torch.manual_seed(0)
+    model, shape = tanh_mlp()
+    plans = load_plans(list(PLANS))
+    runs = plan_runs(plans, True, False)
+    path = tmp_path / "short.h5"
+    recorder = Recorder(path, steps=1, warmup=1, runs=runs, progress=False, timing_steps=3)
+    with recorder:
+        train(model, shape, 1 + len(runs) + 2, optimizer=True)  # 2 steps into the timing
+    timed = recorder.timings
+    assert list(timed) == ["baseline"] and len(timed["baseline"].steps_ns) == 1
+    checks, missing, _ = _verify(path, plans, Timing(timed, 0))
+    assert not missing
+    assert all(c.time is not None and not c.time.plain for c in checks)
+    assert_exact(checks)
+
+
+class FreshModules(nn.Module):
+    """Builds a module on every call (as HF builds its loss module per step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[MLPBlock(32) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.Tanh()(self.blocks(x))
+
+
+def test_modules_first_seen_in_the_timing_steps(tmp_path: Path) -> None:
+    """Timing steps run after the trace is written: a module made then is not followed, and
+    recording, timing and the projection go on."""
+    torch.manual_seed(0)
+    assert_exact(verify(FreshModules(), (256, 32), tmp_path / "fresh.h5", optimizer=True))

@@ -138,8 +138,8 @@ class ExtraTime:
         recomputed call (NOTE [ Fixed cost of a checkpoint call ]), measured on this machine.
         Without timing steps, both sides fall back to recorded steps and recorded op times
         (and say so). A projection is a miss when it lies outside the measured spread widened
-        by a quarter of the median and 1 ms: timings are noisy on shared CPUs, not by a
-        factor.
+        by a quarter of the median and 1 ms (timings are noisy on shared CPUs, not by a
+        factor); recorded steps are never called a miss.
     """
 
     projected_ns: int
@@ -153,6 +153,10 @@ class ExtraTime:
 
     @property
     def miss(self) -> bool:
+        """Outside the measured spread (plain timing steps only: recorded ones carry the
+        recorder's cost)."""
+        if not self.plain:
+            return False
         margin = max(abs(self.measured_ns) // 4, 1_000_000)
         return not self.low_ns - margin <= self.projected_ns <= self.high_ns + margin
 

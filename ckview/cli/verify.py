@@ -303,8 +303,9 @@ def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
     runs = 1 + len(args.plan)
     return (
         f"ckview: the script ended before run(s) {', '.join(missing)} were recorded; verify "
-        f"needs {args.warmup} warmup + {runs} x ({_timing(args)} timing + {args.steps}) "
-        "steps: let the script run more steps (e.g. -- --steps N), or lower --timing-steps"
+        f"needs {args.warmup} warmup + {runs} x {args.steps} steps (and {runs} x "
+        f"{_timing(args)} more for the timing): let the script run more steps (e.g. -- "
+        "--steps N)"
     )
 
 
