@@ -1266,13 +1266,20 @@ class Recorder:
         return ids
 
 
-def _tensors_in(value: Any, *more: Any) -> Iterator[torch.Tensor]:
-    """Tensors in a module's arguments or result: plain, or one level into tuples, lists,
-    dicts (HF ``ModelOutput`` is one) and dataclasses; then those in ``more``."""
+_IO_DEPTH = 3
+"""Container levels ``_tensors_in`` looks into: an LSTM returns ``(output, (h_n, c_n))``, and a
+state it returns two levels deep lives on (NOTE [ What the projection leaves out ])."""
+
+
+def _tensors_in(value: Any, *more: Any, depth: int = _IO_DEPTH) -> Iterator[torch.Tensor]:
+    """Tensors in a module's arguments or result: plain, or up to ``depth`` levels into
+    tuples, lists, dicts (HF ``ModelOutput`` is one) and dataclasses; then those in ``more``."""
     for other in more:
-        yield from _tensors_in(other)
+        yield from _tensors_in(other, depth=depth)
     if isinstance(value, _Tensor):
         yield value
+        return
+    if depth == 0:
         return
     if isinstance(value, dict):
         items: Any = value.values()
@@ -1285,6 +1292,8 @@ def _tensors_in(value: Any, *more: Any) -> Iterator[torch.Tensor]:
     for item in items:
         if isinstance(item, _Tensor):
             yield item
+        elif depth > 1:
+            yield from _tensors_in(item, depth=depth - 1)
 
 
 def _set_enter_exit(cls: Any, enter: Any, exit_: Any) -> None:

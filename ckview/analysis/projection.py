@@ -90,7 +90,8 @@ NOTE [ What the projection leaves out ]
     It replays live bytes of storages (what the recorder sees), not the allocator: caching,
     fragmentation and rounding are not modelled. Storages created inside an instance but
     reachable from outside other than through its outputs (a cache on a module, tensors nested
-    two levels deep in an output) are freed at the instance's end although they live on.
+    more than three levels deep in an output: the recorder's ``_tensors_in``) are freed at the
+    instance's end although they live on.
     Reentrant checkpoint runs the whole forward again; the replay stops early as
     non-reentrant checkpoint does (NOTE [ Early stop ]), a lower bound for reentrant plans.
 """
