@@ -233,3 +233,19 @@ def test_a_run_without_ops_shows_and_projects(cnn: PlanSession) -> None:
     session = PlanSession(run)
     session.apply_preset("all")
     assert session.outcome().peak_bytes == run.peak.bytes
+
+
+def test_the_pointer_shows_the_highest_of_points_at_one_time() -> None:
+    """Events that share a time, or a pixel, are drawn at one x; hovering there describes the top
+    of what is drawn (the peak-preserving curve), not the last event."""
+    run = load_trace(SAMPLES / "mlp.h5").runs[0]
+    xs, total = run.x(Axis.TIME), run.timeline.total
+    for point in (run.peak.point, *range(1, len(xs), 97)):
+        shown = run.point_under(Axis.TIME, float(xs[point]))
+        same_x = np.flatnonzero(xs == xs[point])
+        assert shown in same_x and total[shown] == total[same_x].max()
+    peak_x = float(xs[run.peak.point])
+    assert total[run.point_under(Axis.TIME, peak_x)] == run.peak.bytes
+    # A pointer a little off the spike, within a pixel, still shows it; farther off, it does not.
+    assert run.point_under(Axis.TIME, peak_x - 1.0, half_width=2.0) == run.peak.point
+    assert run.point_under(Axis.TIME, peak_x - 1.0) != run.peak.point

@@ -149,6 +149,17 @@ class RunData:
         xs = self.x(axis)
         return int(np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 1))
 
+    def point_under(self, axis: Axis, x: float, half_width: float = 0.0) -> int:
+        """The point a pointer at ``x`` shows: the highest of the points drawn within
+        ``half_width`` of ``x`` (one pixel, in x units; events can share a time), as the
+        peak-preserving curve draws them; ``point_at(x)`` if none is that close."""
+        xs = self.x(axis)
+        first = int(np.searchsorted(xs, x - half_width, side="left"))
+        last = self.point_at(axis, x + half_width)
+        if first > last:
+            return self.point_at(axis, x)
+        return first + int(np.argmax(self.timeline.total[first : last + 1]))
+
     def op_at(self, point: int) -> int:
         """Row in ``ops`` of the op behind a timeline point, -1 for point 0 or none."""
         if point <= 0:

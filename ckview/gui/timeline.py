@@ -457,7 +457,7 @@ class TimelineView(QWidget):
             self.hover_line.setVisible(False)
             return
         p = vb.mapSceneToView(pos)
-        point = run.point_at(self.axis, p.x())
+        point = run.point_under(self.axis, p.x(), vb.viewPixelSize()[0])
         text = run.describe_point(point)
         if self.outcome is not None:
             text += self._projected_line(run, point)
@@ -488,7 +488,9 @@ class TimelineView(QWidget):
             return
         if not vb.sceneBoundingRect().contains(pos):
             return
-        self.select_point(run.point_at(self.axis, vb.mapSceneToView(pos).x()))
+        self.select_point(
+            run.point_under(self.axis, vb.mapSceneToView(pos).x(), vb.viewPixelSize()[0])
+        )
 
 
 def _font(points: int, bold: bool = False) -> QFont:
