@@ -26,6 +26,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,7 +92,7 @@ class Outcome:
     label: str
     plans: list[dict[str, Any]]
     error: str
-    """'' when verify succeeded; else its exit code and last line of stderr."""
+    """'' when verify succeeded; else why it failed (``failure``)."""
 
 
 def verify_case(case: Case, folder: Path) -> Outcome:
@@ -108,10 +109,21 @@ def verify_case(case: Case, folder: Path) -> Outcome:
         doc = {}
     plans = list(doc.get("plans", []))
     if proc.returncode != 0 or not plans:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        last = lines[-1] if lines else "(no output)"
-        return Outcome(case.label, plans, f"exit {proc.returncode}: {last}")
+        return Outcome(case.label, plans, failure(proc))
     return Outcome(case.label, plans, "")
+
+
+def failure(proc: subprocess.CompletedProcess[str]) -> str:
+    """Why a verify failed, in one line: the signal that killed it (a crash prints nothing of
+    its own), else its exit code and last line of stderr."""
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        return f"killed by {name} (exit {proc.returncode}): the recording process crashed"
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    return f"exit {proc.returncode}: {lines[-1] if lines else '(no output)'}"
 
 
 def loop_cases(names: Sequence[str], quick: bool) -> list[Case]:
