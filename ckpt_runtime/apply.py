@@ -52,6 +52,7 @@ from typing import Any, TypeAlias
 import torch
 from torch import nn
 
+from ckpt_runtime.bypass import plan_region
 from ckpt_runtime.checkpoint import checkpoint, register_module_names
 from ckpt_runtime.plan import (
     ModuleRegion,
@@ -141,13 +142,14 @@ class _RegionCall:
         # A bound method of the module (in a partial), so that the recompute markers report
         # the module as the region's target (ckpt_runtime.markers.region_target).
         fn = partial(MethodType(_call_flat, module), tuple(kwargs))
-        return checkpoint(
-            fn,
-            *args,
-            *kwargs.values(),
-            use_reentrant=self.options.use_reentrant,
-            preserve_rng_state=self.options.preserve_rng_state,
-        )
+        with plan_region(module):
+            return checkpoint(
+                fn,
+                *args,
+                *kwargs.values(),
+                use_reentrant=self.options.use_reentrant,
+                preserve_rng_state=self.options.preserve_rng_state,
+            )
 
 
 def _run_segment(seq: nn.Sequential, start: int, stop: int, input: Any) -> Any:
@@ -204,12 +206,13 @@ class _SegmentForward:
                     input = child(input)
                 if grad:
                     self.calls[i] += 1
-                    input = checkpoint(
-                        partial(MethodType(_run_segment, seq), seg.start, seg.stop),
-                        input,
-                        use_reentrant=self.options.use_reentrant,
-                        preserve_rng_state=self.options.preserve_rng_state,
-                    )
+                    with plan_region(seq):
+                        input = checkpoint(
+                            partial(MethodType(_run_segment, seq), seg.start, seg.stop),
+                            input,
+                            use_reentrant=self.options.use_reentrant,
+                            preserve_rng_state=self.options.preserve_rng_state,
+                        )
                 else:
                     input = _run_segment(seq, seg.start, seg.stop, input)
                 done = seg.stop

@@ -17,6 +17,18 @@ hook what torch's ``checkpoint`` calls, looked up as module globals at call time
 - ``use_reentrant=True``: ``CheckpointFunction.apply(function, preserve, *args)``. Bypassed, our
   ``apply`` calls ``function(*args)`` (set on the class, so the class keeps its identity).
 
+NOTE [ A plan that replaces the script's checkpointing ]
+``bypass(keep=modules)`` bypasses the script's checkpointing but not the regions that
+``ckpt_runtime.apply_plan`` installed on ``modules`` (module regions, segments' Sequentials):
+the recorder's plan runs (``ckview record --plan``, ``ckview verify``) compare a plan with the
+un-checkpointed baseline, so the plan must replace the script's own checkpointing, not add to
+it. A plan's region marks its checkpoint
+call with ``plan_region(module)``; ``checkpoint`` takes that mark (``take_plan_mark``) before
+anything else, so only that one call is exempt: checkpoints the script makes inside the
+region, in its forward or its recompute, are still bypassed. The mark is per thread (a region
+runs its checkpoint call on the thread that marked it). A plan the script applies itself is
+script checkpointing and is bypassed like any other.
+
 The hooks are installed once, at import, and decide at each call whether to bypass (bypass
 depth or environment variable), so the state to restore after a ``bypass()`` block is just the
 depth: nothing in torch is swapped in and out while other code may be running. When not
@@ -31,14 +43,21 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.utils.checkpoint as _tuc
 
-__all__ = ["BYPASS_ENV", "bypass", "is_bypassed", "torch_checkpoint_hooked"]
+__all__ = [
+    "BYPASS_ENV",
+    "bypass",
+    "is_bypassed",
+    "plan_region",
+    "take_plan_mark",
+    "torch_checkpoint_hooked",
+]
 
 BYPASS_ENV = "CKPT_RUNTIME_BYPASS"
 _FALSE_VALUES = frozenset({"", "0", "false", "no", "off"})
@@ -47,6 +66,8 @@ _lock = threading.Lock()
 # Process-wide, not thread-local: the autograd engine and DataParallel run module code on other
 # threads than the one that entered bypass(). Read without the lock (an int read is atomic).
 _depth = 0
+_kept: dict[int, int] = {}  # id(module) -> how many bypass(keep=...) blocks keep its regions
+_mark = threading.local()  # NOTE [ A plan that replaces the script's checkpointing ]
 
 
 def is_bypassed() -> bool:
@@ -58,7 +79,7 @@ def is_bypassed() -> bool:
 
 
 @contextmanager
-def bypass(torch_checkpoint: bool = True) -> Iterator[None]:
+def bypass(torch_checkpoint: bool = True, keep: Iterable[torch.nn.Module] = ()) -> Iterator[None]:
     """Run every checkpointed function plainly inside the block (re-entrant).
 
     Covers ``ckpt_runtime.checkpoint`` / ``checkpoint_sequential`` and torch's
@@ -67,9 +88,13 @@ def bypass(torch_checkpoint: bool = True) -> Iterator[None]:
     internals could not be hooked, ``torch_checkpoint=True`` (default) raises a ``RuntimeError``
     saying so, and ``torch_checkpoint=False`` accepts bypassing ``ckpt_runtime``'s only.
     Regions entered inside the block are not checkpointed; regions checkpointed before it still
-    recompute in their backward. The state is restored on exit, also on exceptions.
+    recompute in their backward. The regions that ``apply_plan`` installed on the ``keep``
+    modules (a module region's module, a segment's ``nn.Sequential``) still checkpoint
+    (NOTE [ A plan that replaces the script's checkpointing ]). The state is restored on exit,
+    also on exceptions.
     """
     global _depth
+    kept = [id(m) for m in keep]
     if torch_checkpoint and not torch_checkpoint_hooked():
         raise RuntimeError(
             "ckpt_runtime.bypass: cannot bypass torch.utils.checkpoint on torch "
@@ -79,11 +104,38 @@ def bypass(torch_checkpoint: bool = True) -> Iterator[None]:
         )
     with _lock:
         _depth += 1
+        for key in kept:
+            _kept[key] = _kept.get(key, 0) + 1
     try:
         yield
     finally:
         with _lock:
             _depth -= 1
+            for key in kept:
+                _kept[key] -= 1
+                if not _kept[key]:
+                    del _kept[key]
+
+
+@contextmanager
+def plan_region(module: torch.nn.Module) -> Iterator[None]:
+    """Around the checkpoint call of a plan's region on ``module``: that call checkpoints even
+    under ``bypass`` if ``module`` is kept (NOTE [ A plan that replaces the script's
+    checkpointing ])."""
+    previous = getattr(_mark, "kept", False)
+    _mark.kept = id(module) in _kept
+    try:
+        yield
+    finally:
+        _mark.kept = previous
+
+
+def take_plan_mark() -> bool:
+    """Whether the checkpoint call being made is a kept plan region's; clears the mark, so that
+    checkpoint calls nested in it are not exempt."""
+    kept: bool = getattr(_mark, "kept", False)
+    _mark.kept = False
+    return kept
 
 
 # ------------------------------------------------------------------ hooks into torch's checkpoint

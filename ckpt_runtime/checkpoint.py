@@ -46,7 +46,7 @@ from torch import Tensor
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ckpt_runtime import markers
-from ckpt_runtime.bypass import is_bypassed
+from ckpt_runtime.bypass import is_bypassed, take_plan_mark
 from ckpt_runtime.markers import region_target
 
 # Recent torch: save a tensor through the current saved-tensor hooks, without a graph node.
@@ -777,7 +777,7 @@ def checkpoint(
     are handed to ``torch.utils.checkpoint.checkpoint`` as they are (without the additions above).
     Under ``torch.no_grad()`` the function simply runs.
     """
-    if is_bypassed():
+    if not take_plan_mark() and is_bypassed():
         return function(*args, **kwargs)
     if determinism_check not in ("default", "none"):
         raise ValueError(

@@ -29,10 +29,33 @@ recording, ``saved_tensors_hooks.__init__`` is wrapped so that every hook pair c
 reports to the recorder too: a pack that returns a tensor keeps that tensor for backward, and an
 unpack that returns a tensor (e.g. one recomputed by checkpoint) hands it to backward; both make
 the storage an activation. A pack that returns an opaque holder keeps nothing.
+
+NOTE [ Inputs and their sources ]
+A storage made outside the step's forward and used by it (or saved by autograd) is an INPUT: a
+batch. Batches are often made from other storages between steps: ``x = data[idx]`` gathers from
+an in-memory dataset, ``x = batch.float() / 255`` converts a loaded one. Ops outside forward,
+backward and optimizer (phase OTHER, few per step) link their new outputs to the storages they
+read, and when an output becomes an INPUT, the OTHER storages it was made from become INPUTs
+too: the dataset tensor a loop indexes is input data, not "other". A CPU storage in shared
+memory when first seen came from a DataLoader worker process: an INPUT too, also a batch a
+worker delivered early that the recorded steps never used.
+
+NOTE [ Autograd nodes stay unwrapped ]
+Asking torch for the autograd node that runs a backward op (``_current_autograd_node()``) gives
+the node a Python object, and (torch 2.13) a node keeps its Python object for as long as it
+lives. A graph whose nodes have Python objects is freed recursively, one C stack frame chain per
+node: 40,000 of them in one chain overflow an 8 MiB stack and the process dies with SIGSEGV when
+the graph is dropped (a chain of 100,000 scalar adds, as in a checkpointing tutorial's
+HeavyModel; plain torch does the same to any script that touches ``grad_fn`` of that many
+nodes). So the recorder tells "in backward" by ``_current_graph_task_id()``, which creates
+nothing, and asks for the node, to attribute backward ops to module calls through its sequence
+number, for at most ``_NODE_BUDGET`` nodes per backward pass; past that, ops keep the last
+attribution and ``seq_nr`` -1.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -50,7 +73,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.utils.checkpoint
-from torch._C import _current_autograd_node, _DisableTorchDispatch
+from torch._C import _current_autograd_node, _current_graph_task_id, _DisableTorchDispatch
 from torch._C._autograd import _get_sequence_nr
 from torch.nn.modules.module import (
     register_module_forward_hook,
@@ -74,9 +97,13 @@ from ckview.trace.schema import (
     Phase,
     SavedEventKind,
 )
+from recorder import buffers, modules, steps
 from recorder.buffers import MutableTable, RowBuffer
+from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
 from recorder.progress import StepProgress
+from recorder.steps import IterationTracker, StepCounts, StepRule
+from recorder.timing import RunTimes, StepTimer
 
 _RANK = [0] * len(Category)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -98,11 +125,13 @@ _INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 _FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_NODE_BUDGET = 8192  # NOTE [ Autograd nodes stay unwrapped ]: 5x below the crash depth
 
 
 class State(Enum):
     WARMUP = "warmup"
     RECORDING = "recording"
+    TIMING = "timing"  # a run's unrecorded plain steps before its recorded ones (timing.py)
     BETWEEN_RUNS = "between runs"  # a run ended, the next begins at once (same step boundary)
     DONE = "done"
 
@@ -147,8 +176,8 @@ class _OpObserver(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # Nothing here is ever compiled; skipping torch's per-op dynamo-disable wrapper saves
-        # several microseconds per op.
+        # Dynamo skips this module's code by a flag on each code object (NOTE [ torch.compile
+        # under the recorder ]); torch's per-op dynamo-disable wrapper would cost microseconds.
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -160,7 +189,7 @@ class _OpObserver(TorchDispatchMode):
             out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
             rec._on_op(func, args, kwargs, out, t0, perf_counter_ns())
             return out
-        if not rec._in_backward and rec._state is State.WARMUP and _current_autograd_node():
+        if not rec._in_backward and rec._state is State.WARMUP and _current_graph_task_id() >= 0:
             rec._enter_backward()
         return func._op(*args, **kwargs)
 
@@ -171,10 +200,13 @@ class Recorder:
     >>> with Recorder("trace.h5", steps=2, warmup=1):
     ...     train()          # unchanged training code
 
-    Steps end at ``optimizer.step()``, or, for scripts without an optimizer, at the end of
-    backward (a step then ends when the next forward begins). ``warmup`` steps run unrecorded
-    first; after ``steps`` recorded steps the trace is written and closed and the code runs on
-    unrecorded, or stops with :class:`StopScript` if ``stop_after`` is set.
+    A step is one iteration of the loop (NOTE [ Step = one optimizer iteration ]): by default
+    it ends once every optimizer has stepped, or, without an optimizer, at the first forward
+    after a backward; ``step_every`` says it when that cannot be learned (``"optimizer:2"``,
+    ``"backward:4"``, ``"manual"``), and calling :meth:`mark_step` makes it the only boundary.
+    ``warmup`` iterations run unrecorded first; after ``steps`` recorded steps the trace is
+    written and closed and the code runs on unrecorded, or stops with :class:`StopScript` if
+    ``stop_after`` is set.
     """
 
     def __init__(
@@ -187,6 +219,8 @@ class Recorder:
         command: list[str] | None = None,
         runs: Sequence[RunSpec] = (),
         progress: bool = True,
+        step_every: str | StepRule = "auto",
+        timing_steps: int = 0,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -201,9 +235,13 @@ class Recorder:
         if len({r.name for r in self.runs}) != len(self.runs):
             raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
+        self._timer = StepTimer(timing_steps)  # NOTE [ Plain timing steps ] in timing.py
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
+        self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
         self._progress = StepProgress(warmup, steps * len(self.runs), enabled=progress)
+        rule = step_every if isinstance(step_every, StepRule) else StepRule.parse(step_every)
+        self._tracker = IterationTracker(rule)
         self._state = State.WARMUP
         self._busy = False
         self._warmup_done = 0
@@ -211,11 +249,10 @@ class Recorder:
         self._t0 = 0
         # autograd / phase state
         self._in_backward = False
-        self._in_optimizer = False
+        self._optimizer_depth = 0  # > 0 inside optimizer.step(), 0 again inside its closure
         self._recompute_depth = 0
         self._top_phase = _OTHER
-        self._pending_backward_end = False
-        self._optimizer_seen = False
+        self._node_budget = _NODE_BUDGET  # NOTE [ Autograd nodes stay unwrapped ]
         # open module calls as (module row, call row or -1)
         self._modules: ModuleRegistry | None = None  # made with the trace's string table
         self._open_region = NO_INDEX
@@ -243,6 +280,7 @@ class Recorder:
         self._orig_hooks_init: Any = None
         self._restore: list[Callable[[], None]] = []  # undo what _install patched
         self._observer: _OpObserver | None = None
+        self._eager_compile = EagerWhileRecording()
 
     # ----------------------------------------------------------------- public API
 
@@ -264,20 +302,32 @@ class Recorder:
         self.close(error=None if exc is None else f"{exc_type.__name__}: {exc}")
 
     def mark_step(self) -> None:
-        """End the current step by hand (for loops that the automatic detection misses)."""
-        self._end_step()
+        """End the current step by hand; from then on only ``mark_step`` ends steps.
+
+        The first call right after an automatic boundary (``opt.step(); rec.mark_step()``)
+        confirms that boundary instead of ending an empty step.
+        """
+        confirms = self._tracker.rule.kind != "manual" and self._tracker.current() == StepCounts()
+        self._tracker.mark()
+        if not confirms:
+            self._end_step()
 
     def close(self, error: str | None = None) -> None:
         """Stop recording, write everything recorded so far and close the trace.
 
         With ``error`` (the script raised or was interrupted) the trace is marked incomplete.
         """
-        if self._state is State.RECORDING and self._pending_backward_end and error is None:
+        if self._state is State.RECORDING and error is None and self._tracker.pending_at_close():
             self._end_step()
         if self._state is not State.DONE:
             self._finish(error or "")
         self._uninstall()
         self._progress.close()
+
+    @property
+    def timings(self) -> dict[str, RunTimes]:
+        """Plain timing steps per run name (``timing_steps``; NOTE [ Plain timing steps ])."""
+        return self._timer.runs
 
     @property
     def _registry(self) -> ModuleRegistry:
@@ -317,6 +367,7 @@ class Recorder:
         self._steps = MutableTable("steps")
         self._regions = MutableTable("recompute_regions")
         self._known.clear()  # storages alive across runs are SEEN again in the next run
+        self._sources: dict[int, list[int]] = {}
         self._step = 0
         self._n_ops = 0
         self._last_op = NO_INDEX
@@ -355,16 +406,13 @@ class Recorder:
             now = perf_counter_ns()
             last = len(self._steps) - 1
             if last >= 0 and self._steps.get(last, "end_ns") == -1:
-                self._steps.set(last, "end_ns", now)
-                self._steps.set(last, "complete", 0)
+                self._close_step_row(now, self._tracker.current(), complete=False)
             for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
             spec = self.runs[self._run_index]
-            self._run.set_attrs(
-                steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing
-            )
+            self._run.set_attrs(steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing)
             self._run.close(complete=not error)
         finally:
             self._busy = False
@@ -376,8 +424,13 @@ class Recorder:
 
     def _finish(self, error: str) -> None:
         """End the current run if one is open, then write the modules and close the trace."""
-        if self._state is State.RECORDING:
+        if self._state is State.TIMING:
+            self._timer.stop()
+        if self._state in (State.RECORDING, State.TIMING):
             self._end_run(error)
+        early, self._early_context = self._early_context, None
+        if early is not None:  # the script ended before the run it was entered for
+            early.__exit__(None, None, None)
         self._state = State.DONE
         self._known.clear()
         writer, self._writer = self._writer, None
@@ -390,6 +443,8 @@ class Recorder:
             writer.update_meta(
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
+                step_rule=self._tracker.describe(self.warmup),
+                compiled="no",  # NOTE [ torch.compile under the recorder ]
             )
             writer.close(complete=not error, error=error)
         finally:
@@ -409,7 +464,10 @@ class Recorder:
         self._hooks_cm = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks_cm.__enter__()
         self._wrap_saved_tensor_hooks()
+        self._wrap_optimizer_init()
         self._wrap_torch_recompute()
+        self._eager_compile.install()
+        self._restore.append(self._eager_compile.uninstall)
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
@@ -434,6 +492,23 @@ class Recorder:
         if self._observer is not None and _get_current_dispatch_mode() is self._observer:
             self._observer.__exit__(None, None, None)
             self._observer = None
+
+    def _wrap_optimizer_init(self) -> None:
+        """Know every optimizer built while recording, before its first step: a GAN's second
+        optimizer must be waited for (NOTE [ Step = one optimizer iteration ])."""
+        cls = torch.optim.Optimizer
+        orig_init = cls.__init__
+        me = weakref.ref(self)
+
+        @functools.wraps(orig_init)  # keeps inspect.signature (libraries read it)
+        def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            orig_init(optimizer, *args, **kwargs)
+            rec = me()
+            if rec is not None and rec._state is not State.DONE:
+                rec._on_optimizer_created(optimizer)
+
+        cls.__init__ = init  # type: ignore[method-assign, assignment]
+        self._restore.append(lambda: setattr(cls, "__init__", orig_init))
 
     def _wrap_torch_recompute(self) -> None:
         """Bracket torch.utils.checkpoint's recompute (see NOTE [ Recompute regions ])."""
@@ -501,9 +576,18 @@ class Recorder:
         if self._state is State.BETWEEN_RUNS:
             self._begin_run_tables()
         spec = self.runs[self._run_index]
-        if spec.context is not None:
+        self._run_context, self._early_context = self._early_context, None
+        if spec.context is not None and self._run_context is None:
             self._run_context = spec.context(self)
             self._run_context.__enter__()
+        if self._timer.steps:
+            self._state = State.TIMING
+            self._timer.begin(spec.name, self._observer)
+            return
+        self._begin_recording()
+
+    def _begin_recording(self) -> None:
+        """The run's first recorded step begins: note what exists."""
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
         for p in self._registry.parameters():
@@ -513,20 +597,32 @@ class Recorder:
         self._open_step(self._t0)
 
     def _open_step(self, now: int) -> None:
-        # TODO(recorder helper, this session): count forwards/backwards/optimizer steps.
-        self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows, -1, -1, -1, 1))
+        self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows, -1, -1, -1, 0))
+
+    def _close_step_row(self, now: int, counts: StepCounts, complete: bool) -> None:
+        row, steps = len(self._steps) - 1, self._steps
+        steps.set(row, "end_ns", now)
+        steps.set(row, "forwards", counts.forwards)
+        steps.set(row, "backwards", counts.backwards)
+        steps.set(row, "optimizer_steps", counts.optimizer_steps)
+        steps.set(row, "complete", int(complete))
 
     def _end_step(self) -> None:
+        """A step boundary (NOTE [ Step = one optimizer iteration ])."""
         now = perf_counter_ns()
-        self._pending_backward_end = False
+        counts = self._tracker.boundary()
         self._top_phase = _OTHER
         if self._state is State.WARMUP:
+            self._tracker.learned = counts
             self._warmup_done += 1
             self._progress.step_done()
             if self._warmup_done >= self.warmup:
                 self._start_recording()
+        elif self._state is State.TIMING:
+            if self._timer.end_step():
+                self._begin_recording()
         elif self._state is State.RECORDING:
-            self._steps.set(len(self._steps) - 1, "end_ns", now)
+            self._close_step_row(now, counts, complete=True)
             self._step += 1
             self._steps_in_run += 1
             self.steps_recorded += 1
@@ -551,7 +647,21 @@ class Recorder:
     def _enter_backward(self) -> None:
         self._in_backward = True
         self._top_phase = _BACKWARD
+        self._node_budget = _NODE_BUDGET
         torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _node_seq(self) -> int:
+        """Sequence number of the autograd node running now; -1 if none, or -2 once this
+        backward's node budget is spent (NOTE [ Autograd nodes stay unwrapped ])."""
+        if self._node_budget <= 0:
+            return -2
+        node = _current_autograd_node()
+        if node is None:
+            return -1
+        seq = _seq_nr(node)
+        if seq != self._last_seq:
+            self._node_budget -= 1
+        return seq
 
     # NOTE [ Recompute regions ]
     # A region opens when the recompute depth goes 0 -> 1 and closes at 1 -> 0. Three sources
@@ -610,22 +720,83 @@ class Recorder:
         self._recompute_depth = 0
         self._close_region()
         self._top_phase = _OTHER
-        self._pending_backward_end = True
+        self._tracker.on_backward()
         if self._state is State.RECORDING:
             self._mark_gradients()
+        if self._tracker.boundary_at_next_forward():
+            self._enter_next_context_early()
 
-    def _pre_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._optimizer_seen = True
+    # NOTE [ Early run context ]
+    # A loop without optimizer ends its step when the next forward begins: inside the root
+    # module's forward pre-hook, after torch looked up the root's ``forward`` (and while its
+    # ``_call_impl`` runs). A run context entered there (a plan with a segment of the root
+    # nn.Sequential, or a region on the root) would miss that first call. So when such a step
+    # boundary is due to begin a run, the run's context is entered already at the end of the
+    # backward before it (the previous run's context is left then); the run itself still begins
+    # at the boundary. What runs in between (a no_grad parameter update) is not checkpointed
+    # either way.
+
+    def _enter_next_context_early(self) -> None:
+        if self._early_context is not None or not self._next_boundary_starts_run():
+            return
+        spec = self.runs[self._run_index + (self._state is State.RECORDING)]
+        if spec.context is None:
+            return
+        context, self._run_context = self._run_context, None
+        if context is not None:
+            context.__exit__(None, None, None)
+        self._early_context = spec.context(self)
+        self._early_context.__enter__()
+
+    def _next_boundary_starts_run(self) -> bool:
+        if self._state is State.WARMUP:
+            return self._warmup_done + 1 >= self.warmup
+        return (
+            self._state is State.RECORDING
+            and self._steps_in_run + 1 >= self.steps
+            and self._run_index + 1 < len(self.runs)
+        )
+
+    def _pre_optimizer(
+        self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+    ) -> tuple[Any, Any] | None:
         self._optimizers.add(optimizer)
-        self._in_optimizer = True
+        self._tracker.add_optimizer(optimizer)
+        self._optimizer_depth += 1
         if self._state is State.RECORDING:
             self._mark_gradients()
+        return self._wrap_closure(args, kwargs)
+
+    def _wrap_closure(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """``step(closure)``: the closure's forward and backward are FORWARD and BACKWARD, not
+        OPTIMIZER (Lightning's automatic optimization, LBFGS). Returns the new arguments;
+        ``args[0]`` is the optimizer itself."""
+        if len(args) > 1 and callable(args[1]):
+            return (args[0], self._closure(args[1]), *args[2:]), kwargs
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": self._closure(kwargs["closure"])}
+        return None
+
+    def _closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
+        def closure_outside_the_optimizer(*a: Any, **k: Any) -> Any:
+            depth, phase = self._optimizer_depth, self._top_phase
+            self._optimizer_depth, self._top_phase = 0, _OTHER
+            try:
+                return closure(*a, **k)
+            finally:
+                self._optimizer_depth, self._top_phase = depth, phase
+
+        return closure_outside_the_optimizer
 
     def _post_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._in_optimizer = False
+        self._optimizer_depth = max(0, self._optimizer_depth - 1)
         if self._state is State.RECORDING:
             self._mark_optimizer_tensors()
-        self._end_step()
+        if self._tracker.on_optimizer_step(optimizer):
+            self._end_step()
+
+    def _on_optimizer_created(self, optimizer: torch.optim.Optimizer) -> None:
+        self._tracker.add_optimizer(optimizer)
 
     # ----------------------------------------------------------------- modules
 
@@ -633,16 +804,31 @@ class Recorder:
         row = self._registry.row(module)
         if row is None:
             row = self._register_module(module)
-        if not self._in_backward and _current_autograd_node() is not None:
+        if not self._in_backward and _current_graph_task_id() >= 0:
             self._enter_backward()  # a recompute before backward's first op
         if not self._stack and not self._in_backward:
-            if self._pending_backward_end and not self._optimizer_seen:
-                self._end_step()  # a backward-only loop: the next forward starts a step
+            if self._tracker.on_forward():
+                self._end_step()  # e.g. a loop without optimizer: the next forward starts a step
+            self._tracker.forward_begun()
             self._top_phase = _FORWARD
+            if self._state is State.TIMING:
+                self._timing_forward()
         call = NO_INDEX
         if self._state is State.RECORDING:
             call = self._open_call(row)
+        elif self._state is State.TIMING and not self._in_backward:
+            self._timer.call_begin(row)
         self._stack.append((row, call))
+
+    def _timing_forward(self) -> None:
+        """A top-level forward in a timing step; without optimizer it ends the step if the step
+        had one already (NOTE [ Plain timing steps ] in timing.py)."""
+        if not self._tracker.ends_at_forward() or not torch.is_grad_enabled():
+            return
+        if self._timer.forwards:
+            self._end_step()
+        if self._state is State.TIMING:
+            self._timer.forwards += 1
 
     def _open_call(self, module_row: int) -> int:
         phase = _RECOMPUTE if self._in_backward else _FORWARD
@@ -664,7 +850,9 @@ class Recorder:
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         if not self._stack or self._stack[-1][0] != self._registry.row(module):
             return  # the matching pre-hook ran before we were installed
-        _, call = self._stack.pop()
+        row, call = self._stack.pop()
+        if self._state is State.TIMING:
+            self._timer.call_end(row)
         if call != NO_INDEX and self._state is State.RECORDING:
             # Inputs are noted here, where keyword arguments are seen too; they are still alive.
             self._note_io(call, args, _INPUT_IO)
@@ -701,18 +889,19 @@ class Recorder:
     def _on_op(self, func: Any, args: Any, kwargs: Any, out: Any, t0: int, t1: int) -> None:
         stack = self._stack
         seq = -1
-        node = _current_autograd_node()
-        if node is not None or self._in_backward:
+        if self._in_backward or _current_graph_task_id() >= 0:
             if not self._in_backward:
                 self._enter_backward()
             if self._recompute_depth:
                 phase, call = _RECOMPUTE, stack[-1][1] if stack else NO_INDEX
             else:
                 phase = _BACKWARD
-                if node is not None:
-                    seq = _seq_nr(node)
-                call = self._backward_call(seq)
-        elif self._in_optimizer:
+                seq = self._node_seq()
+                if seq == -2:
+                    seq, call = -1, self._last_seq_call
+                else:
+                    call = self._backward_call(seq)
+        elif self._optimizer_depth:
             phase, call = _OPTIMIZER, NO_INDEX
         elif stack:
             phase, call = _FORWARD, stack[-1][1]
@@ -746,8 +935,36 @@ class Recorder:
             for item in out:
                 if isinstance(item, _Tensor):
                     self._see_output(item, row, call, phase, t1)
+        if phase == _OTHER:
+            self._link_sources(args, kwargs, out)
         if row & 4095 == 4095:
             self._flush()
+
+    def _link_sources(self, args: Any, kwargs: Any, out: Any) -> None:
+        """Outside the step's phases (data handling between steps): remember which storages an
+        op's new outputs were made from (NOTE [ Inputs and their sources ])."""
+        made = [s for s in map(self._sid_of, _tensors_in(out)) if s is not None]
+        if not made:
+            return
+        sources = [s for s in map(self._sid_of, _tensors_in(args, kwargs)) if s is not None]
+        for sid in made:
+            if sid not in sources:
+                self._sources.setdefault(sid, []).extend(sources)
+
+    def _sid_of(self, t: torch.Tensor) -> int | None:
+        st = _storage_of(t)
+        ref = None if st is None else self._known.get(st._cdata)
+        return None if ref is None else ref.sid
+
+    def _promote_input(self, sid: int) -> None:
+        """An OTHER storage used by the step's forward is an input, and so is every OTHER
+        storage it was made from (NOTE [ Inputs and their sources ])."""
+        data, todo = self._st_data, [sid]
+        while todo:
+            at = todo.pop() * _ST_WIDTH + _ST_CATEGORY
+            if data[at] == _OTHER_CAT:
+                data[at] = _INPUT
+                todo += self._sources.pop(at // _ST_WIDTH, ())
 
     def _see_input(self, t: torch.Tensor, phase: int, now: int) -> None:
         try:
@@ -757,10 +974,8 @@ class Recorder:
         ref = self._known.get(st._cdata)
         if ref is None:
             self._register_existing(t, st, phase, now)
-        elif phase == _FORWARD:
-            data, at = self._st_data, ref.sid * _ST_WIDTH + _ST_CATEGORY
-            if data[at] == _OTHER_CAT:
-                data[at] = _INPUT  # made outside the forward (a batch), used by it
+        elif phase == _FORWARD and self._st_data[ref.sid * _ST_WIDTH + _ST_CATEGORY] == _OTHER_CAT:
+            self._promote_input(ref.sid)  # made outside the forward (a batch), used by it
 
     def _see_output(self, t: torch.Tensor, op: int, call: int, phase: int, now: int) -> None:
         try:
@@ -783,8 +998,10 @@ class Recorder:
             return None
         if isinstance(t, _Parameter):
             category = _PARAMETER
+        elif phase == _FORWARD or (t.is_cpu and st.is_shared()):
+            category = _INPUT  # NOTE [ Inputs and their sources ]: also a worker's batch
         else:
-            category = _INPUT if phase == _FORWARD else _OTHER_CAT
+            category = _OTHER_CAT
         sid = self._add_storage(t, st, nbytes, category, NO_INDEX, NO_INDEX, -1)
         self._mem.data.extend((_SEEN, sid, self._last_op, now))
         return sid
@@ -910,13 +1127,15 @@ class Recorder:
         else:
             sid = ref.sid
         # Made outside the step's forward (a batch from the data loader) and saved: an input.
-        current = self._st_data[sid * _ST_WIDTH + _ST_CATEGORY]
-        self._promote(sid, _INPUT if current == _OTHER_CAT else _ACTIVATION)
+        if self._st_data[sid * _ST_WIDTH + _ST_CATEGORY] == _OTHER_CAT:
+            self._promote_input(sid)
+        else:
+            self._promote(sid, _ACTIVATION)
         if kind is SavedEventKind.PACK:
             call = self._stack[-1][1] if self._stack else NO_INDEX
         else:
-            node = _current_autograd_node()
-            call = self._backward_call(_seq_nr(node)) if node is not None else NO_INDEX
+            seq = self._node_seq()
+            call = self._last_seq_call if seq == -2 else self._backward_call(seq)
         dtype_id, shape_id = self._layout_ids(x)
         self._saved.data.extend(
             (int(kind), sid, self._last_op, call, shape_id, dtype_id, x.nbytes, perf_counter_ns())
@@ -948,9 +1167,11 @@ class Recorder:
         return ids
 
 
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
+def _tensors_in(value: Any, *more: Any) -> Iterator[torch.Tensor]:
     """Tensors in a module's arguments or result: plain, or one level into tuples, lists,
-    dicts (HF ``ModelOutput`` is one) and dataclasses."""
+    dicts (HF ``ModelOutput`` is one) and dataclasses; then those in ``more``."""
+    for other in more:
+        yield from _tensors_in(other)
     if isinstance(value, _Tensor):
         yield value
         return
@@ -992,3 +1213,6 @@ def _storage_of(t: torch.Tensor) -> Any:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
+
+
+skip_in_dynamo(sys.modules[__name__], buffers, modules, steps)

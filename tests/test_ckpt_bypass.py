@@ -230,3 +230,42 @@ def test_hf_gradient_checkpointing_bypassed(use_reentrant: bool) -> None:
     for a, b in zip(checkpointed, bypassed, strict=True):
         assert torch.equal(a, b)
     assert step()[0] == [2, 2]  # restored
+
+
+class ScriptCheckpointed(nn.Module):
+    """A model that checkpoints an inner block itself (the script's checkpointing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.inner = Counted()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return captured_torch_checkpoint(
+            lambda y: self.inner(self.first(y)), x, use_reentrant=False
+        )
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept plan", "plan not kept"])
+def test_bypass_keeps_the_regions_of_a_kept_plan(keep: bool) -> None:
+    """NOTE [ A plan that replaces the script's checkpointing ]: under bypass(keep=[region]) the
+    plan's region still checkpoints (it runs twice: forward and recompute), and the script's
+    own checkpoint is bypassed; without keep the plan is bypassed like the script's
+    checkpointing."""
+    from ckpt_runtime import apply_plan, remove_plan
+
+    first, second = Counted(), Counted()
+    model = nn.Sequential(first, second)
+    apply_plan(model, {"format": "ckview-plan", "version": 1, "regions": [{"module": "0"}]})
+    try:
+        with bypass(keep=[first] if keep else []):
+            model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+            assert (first.calls, second.calls) == ((2, 1) if keep else (1, 1))
+            assert not bypass_module.take_plan_mark()  # the mark never outlives its call
+    finally:
+        remove_plan(model)
+    script = ScriptCheckpointed()
+    with bypass(keep=[script, script.inner]):
+        run_step(script.inner, lambda f, x: script(x))
+        assert script.inner.calls == 1  # the script's torch checkpoint: bypassed
+    assert not bypass_module._kept

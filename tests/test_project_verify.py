@@ -156,6 +156,11 @@ def test_verify_transformer_end_to_end(tmp_path: Path) -> None:
         str(out),
         "--no-progress",
         "--stop-after",
+        "--timing-steps",
+        "2",
+        "--",
+        "--steps",
+        "13",
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -170,6 +175,15 @@ def test_verify_transformer_end_to_end(tmp_path: Path) -> None:
     assert none["projected_extra_ns"] == none["measured_extra_ns"] == 0
     assert none["measured_peak_bytes"] > every["measured_peak_bytes"]
     assert doc["missing_runs"] == [] and doc["trace"] == str(out)
+    assert "'baseline' (the script's checkpointing bypassed)" in doc["compared"]
+    assert doc["baseline_checkpointing"] == "bypassed" and doc["baseline_recompute"] is None
+    for plan in doc["plans"]:
+        assert plan["checkpointing"] == "plan" and plan["leftover_recompute"] is None
+        timed = plan["extra_time_per_step"]
+        assert timed["plain_steps"] and timed["steps"] == 2
+        assert timed["measured_low_ns"] <= timed["measured_median_ns"] <= timed["measured_high_ns"]
+    assert none["extra_time_per_step"]["projected_ns"] == 0
+    assert every["extra_time_per_step"]["projected_ns"] > 0
     from ckview.trace import open_trace
 
     with open_trace(out) as trace:
@@ -190,6 +204,8 @@ def test_verify_table_and_too_few_steps(tmp_path: Path) -> None:
         "-o",
         str(tmp_path / "m.h5"),
         "--no-progress",
+        "--timing-steps",
+        "0",
         "--",
         "--steps",
         "3",
@@ -200,6 +216,8 @@ def test_verify_table_and_too_few_steps(tmp_path: Path) -> None:
     assert "projected peak" in proc.stdout and "measured peak" in proc.stdout
     assert "\nsqrt " in proc.stdout and "\nall " not in proc.stdout
     assert "before run(s) plan:all were recorded" in proc.stderr
+    assert "compared: each plan projected over run 'baseline'" in proc.stdout
+    assert "extra times are from recorded steps" in proc.stdout
 
 
 @pytest.mark.parametrize(

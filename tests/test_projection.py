@@ -340,7 +340,8 @@ def test_checkpointing_never_raises_forward_memory(spec: list[Block], picks: lis
 @given(steps, st.lists(st.booleans(), min_size=5, max_size=5))
 def test_projection_is_consistent(spec: list[Block], picks: list[bool]) -> None:
     """The live storages at the peak add up to it, times never go back (NOTE [ Event keys ]),
-    and extra compute is the forward time of the recomputed blocks."""
+    and extra compute is the forward time of the recomputed blocks up to their last save
+    (NOTE [ Early stop ]; whole blocks where they save nothing)."""
     tables = training_step(spec)
     projection = project(tables, block_plans(tables, picks))
     nbytes = tables["storages"]["nbytes"]
@@ -348,11 +349,17 @@ def test_projection_is_consistent(spec: list[Block], picks: list[bool]) -> None:
     assert np.all(np.diff(projection.events.time_ns) >= 0)
     ops, inst = tables["ops"], projection.instances
     forward = ops["phase"] == Phase.FORWARD
+    saved = tables["saved_events"]
+    pack = saved["kind"] == SavedEventKind.PACK
     expected = 0
+    calls = ops["module_call"]
     for r in projection.recomputes:
-        calls = ops["module_call"]
-        inside = (calls >= inst.first_call[r.instance]) & (calls < inst.call_stop[r.instance])
+        first, stop = inst.first_call[r.instance], inst.call_stop[r.instance]
+        packs = pack & (saved["module_call"] >= first) & (saved["module_call"] < stop)
+        last = saved["op"][packs].max() if packs.any() else len(calls)
+        inside = (calls >= first) & (calls < stop) & (np.arange(len(calls)) <= last)
         expected += int((ops["end_ns"] - ops["start_ns"])[forward & inside].sum())
+    for r in projection.recomputes:
         assert projection.events.copy[r.point] and projection.events.instance[r.point] == r.instance
     assert projection.extra_compute_ns == expected
     assert len(projection.recomputes) == sum(picks[: len(spec)])
@@ -395,11 +402,12 @@ def three_blocks() -> tuple[Tables, list[int]]:
     return b.tables(), rows
 
 
-# Live bytes at each point: 1010 at the start and after the two SEEN events, then one point
+# Live bytes at each point: 1000 at the start and after the parameter's SEEN, 1010 after the
+# input's (an input is live from its SEEN: NOTE [ Pre-existing storages ]), then one point
 # per event. A checkpointed block loses its 100-byte activation at its end; its replay brings
-# back the temporary (+50), the activation (+100), frees the temporary, brings back the output
-# (+10) and frees it at the end of the replay.
-AT_START = (1010, 1010, 1010)
+# back the temporary (+50), the activation (+100) and frees the temporary; it stops there, after
+# the block's last save, so the output is not recomputed (NOTE [ Early stop ]).
+AT_START = (1000, 1000, 1010)
 EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
     (): (
         [
@@ -414,7 +422,7 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
             *(*AT_START, 1060, 1160, 1110, 1120, 1020),  # block 0, minus its activation
             *(1070, 1170, 1120, 1130, 1180, 1280, 1230, 1240, 1244),  # blocks 1, 2, loss
             *(1234, 1254, 1154, 1144, 1164, 1064, 1054),  # backward of loss, blocks 2, 1
-            *(1104, 1204, 1154, 1164, 1154, 1174, 1074),  # replay 0, its backward
+            *(1104, 1204, 1154, 1174, 1074),  # replay 0, its backward
         ],
         1280,
     ),
@@ -422,7 +430,7 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
         [
             *(*AT_START, 1060, 1160, 1110, 1120, 1170, 1270, 1220, 1230, 1130),  # 1, -100
             *(1180, 1280, 1230, 1240, 1244, 1234, 1254, 1154, 1144),
-            *(1194, 1294, 1244, 1254, 1244, 1264, 1164, 1154),  # replay 1, its backward
+            *(1194, 1294, 1244, 1264, 1164, 1154),  # replay 1, its backward
             *(1174, 1074),
         ],
         1294,
@@ -431,7 +439,7 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
         [
             *(*AT_START, 1060, 1160, 1110, 1120, 1170, 1270, 1220, 1230, 1280, 1380, 1330, 1340),
             *(1240, 1244, 1234),  # block 2 -100, the loss and its backward
-            *(1284, 1384, 1334, 1344, 1334, 1354, 1254, 1244),  # replay 2: the peak
+            *(1284, 1384, 1334, 1354, 1254, 1244),  # replay 2: the peak
             *(1264, 1164, 1154, 1174, 1074),
         ],
         1384,
@@ -440,9 +448,9 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
         [
             *(*AT_START, 1060, 1160, 1110, 1120, 1020, 1070, 1170, 1120, 1130, 1030),
             *(1080, 1180, 1130, 1140, 1040, 1044, 1034),
-            *(1084, 1184, 1134, 1144, 1134, 1154, 1054, 1044),  # replay 2, its backward
-            *(1094, 1194, 1144, 1154, 1144, 1164, 1064, 1054),  # replay 1, its backward
-            *(1104, 1204, 1154, 1164, 1154, 1174, 1074),  # replay 0: the peak
+            *(1084, 1184, 1134, 1154, 1054, 1044),  # replay 2, its backward
+            *(1094, 1194, 1144, 1164, 1064, 1054),  # replay 1, its backward
+            *(1104, 1204, 1154, 1174, 1074),  # replay 0: the peak
         ],
         1204,
     ),
@@ -452,9 +460,9 @@ EXPECTED: dict[tuple[int, ...], tuple[list[int], int]] = {
 @pytest.mark.parametrize("plan", list(EXPECTED), ids=lambda p: "blocks" + "".join(map(str, p)))
 def test_three_blocks_by_hand(plan: tuple[int, ...]) -> None:
     """The exact projected curve of NOTE [ Checkpointed forward ] (the 100-byte activation
-    goes at the block's end) and NOTE [ Recompute in backward ] (temporary, activation and
-    output come back at the block's first unpack; the output copy goes at the replay's end,
-    the activation copy where the baseline freed the activation)."""
+    goes at the block's end) and NOTE [ Recompute in backward ] (temporary and activation come
+    back at the block's first unpack, the output does not (NOTE [ Early stop ]); the activation
+    copy goes where the baseline freed the activation)."""
     tables, rows = three_blocks()
     curve, peak = EXPECTED[plan]
     projection = project(tables, [ModuleRegion(rows[i]) for i in plan])
@@ -487,6 +495,59 @@ def test_kept_input_can_raise_forward_memory() -> None:
     projection = project(tables, [ModuleRegion(block_rows(tables)[1])])
     backward = first_backward_event(tables)
     assert before_backward(tables, projection) - baseline_total(tables)[backward] == 40 - 100
+
+
+def two_blocks_saving_their_outputs() -> tuple[Tables, list[int], list[int]]:
+    """2 blocks; each saves its input (a Linear) and its own 100-byte output (a Tanh), so the
+    output of block 0 is saved by both blocks. Returns the tables, the block rows and the
+    outputs' storages."""
+    b = StepBuilder()
+    net = b.module("", "Net")
+    rows = [b.module(f"{i}", "Block", net) for i in range(2)]
+    b.existing(1000, Category.PARAMETER)
+    x = b.existing(10, Category.INPUT)
+    calls, outs, ins = [], [], []
+    with b.call(net) as root:
+        inp = x
+        for row in rows:
+            with b.call(row, inputs=[inp]) as call:
+                (t,) = b.op(alloc=[50], pack=[inp])
+                (out,) = b.op(alloc=[100], free=[t], pack=[])
+                b.save(out)
+                b.output(call, out)
+            calls.append(call)
+            outs.append(out)
+            ins.append(inp)
+            inp = out
+        b.op(alloc=[4], pack=[inp])
+    b.op(Phase.BACKWARD, call=root, unpack=[inp], alloc=[100], category=Category.GRADIENT)
+    b.op(Phase.BACKWARD, call=calls[1], unpack=[outs[1], ins[1]], free=[outs[1]])
+    b.op(Phase.BACKWARD, call=calls[0], unpack=[outs[0], ins[0]], free=[outs[0]])
+    return b.tables(), rows, outs
+
+
+def test_released_output_goes_before_its_recompute() -> None:
+    """NOTE [ Released outputs ]: checkpointed, block 0 no longer holds its output for backward,
+    so the output goes once block 1 (which saved it too) has run backward, before block 0's
+    recompute brings back its copy; without the rule both would be live in the recompute."""
+    tables, rows, outs = two_blocks_saving_their_outputs()
+    projection = project(tables, [ModuleRegion(rows[0])])
+    (recompute,) = projection.recomputes
+    events = projection.events
+
+    def free_of(storage: int) -> int:
+        (row,) = np.flatnonzero((events.storage == storage) & ~events.copy & (events.kind == FREE))
+        return int(row)
+
+    assert free_of(outs[1]) < free_of(outs[0]) < recompute.point
+    copies = events.copy & (events.storage == outs[0]) & (events.kind == ALLOC)
+    assert np.flatnonzero(copies).tolist() == [recompute.point + 1]  # after the temporary's
+    model = ProjectionModel(tables, [ModuleRegion(r) for r in rows])
+    for plan in ([0], [1], [0, 1]):
+        assert (
+            model.peak(plan)
+            == project(tables, [ModuleRegion(rows[i]) for i in plan]).projected_peak
+        )
 
 
 def first_backward_event(tables: Tables) -> int:

@@ -19,6 +19,27 @@ NOTE [ Checkpointed forward ]
     output, and checkpoint's pack hook drops the saved reference), so freeing it at the end
     over-estimates memory inside the instance, never under-estimates it.
 
+NOTE [ Released outputs ]
+    An OUTPUT of an instance stays alive, but checkpointing takes away one of its holders: an op
+    inside the instance that saved it for backward (Tanh, ReLU, GELU, sigmoid and softmax save
+    their own result; BatchNorm and cat results are saved by what follows). Checkpoint's pack
+    hook keeps nothing, so the storage lives only as long as its other holders: Python
+    references in the forward, ops outside the instance that saved it, and checkpointed
+    instances that keep it as an input (NOTE [ Kept inputs ]). When the baseline freed it
+    inside the instance's backward (its FREE ran in a BACKWARD op of a call inside the
+    instance: the instance's hold was the last), it is released at the latest of
+        - its forward life: the end of the outermost call that returns it (counting up from the
+          instance's last call through the callers that return it too) and of every forward
+          call that takes it as an input (a Python local dies when its forward returns; an
+          output of a top-level call is the script's, whose references are unknown: those keep
+          their baseline free), and
+        - after the last BACKWARD op of every call outside the instance that saved it (its
+          autograd node lets go once it has run; a save outside any module call, or by a call
+          that never runs backward, keeps the baseline free),
+    if that is earlier than its baseline free, and checkpointed consumers keep it later still
+    (NOTE [ Kept inputs ]). Without this, the projection kept one block output per recompute
+    too many: the tensor that the next block kept, then freed, before this block's recompute.
+
 NOTE [ Kept inputs ]
     The checkpoint holds the instance's INPUT storages (arguments of its top-level calls that
     existed before it) until the instance's backward is done: their free becomes the later of
@@ -30,12 +51,22 @@ NOTE [ Kept inputs ]
 NOTE [ Recompute in backward ]
     When backward first needs the instance (its first UNPACK attributed to a call inside it;
     without one, its first BACKWARD op), its forward is recomputed: the ALLOC and FREE events of
-    the storages created inside it, up to the instance's end, are replayed in recorded order as
-    *copies* of those storages. A copy of a storage the instance saved for backward (a PACK
-    inside it) lives until the later of the original's baseline free and the end of the replay;
-    any other copy the replay did not free is freed at the end of the replay. An instance that
-    backward never reaches is not recomputed. The extra compute of a recompute is the summed
-    duration of the instance's forward ops.
+    the storages created inside it are replayed in recorded order as *copies* of those
+    storages, up to its last PACK (NOTE [ Early stop ]). A copy of a storage the instance saved
+    for backward (a PACK inside it) lives until the later of the original's baseline free and
+    the end of the replay; any other copy the replay did not free is freed at the end of the
+    replay. An instance that backward never reaches is not recomputed. The extra compute of a
+    recompute is the summed duration of the forward ops it replays.
+
+NOTE [ Early stop ]
+    Non-reentrant checkpoint (ckpt_runtime's, which plans use, and torch's by default) stops a
+    recompute as soon as the last tensor saved in forward is back: the ops after the
+    instance's last PACK never run again, and the recompute's other locals die with it. An
+    op's inputs are saved before it runs and its outputs after, and the recorder stamps a PACK
+    with the last op that ran, so the replay takes the events of the ops up to that one. (A
+    DenseNet layer's final concatenation, or the last op of a block whose result nobody inside
+    saves, is never recomputed.) An instance without a PACK inside (its saves are hidden, as in
+    a run that checkpoints it already) is replayed whole: an upper bound.
 
 NOTE [ Fixed categories ]
     Parameters, gradients and optimizer state never move: they are never shortened, copied or
@@ -44,11 +75,12 @@ NOTE [ Fixed categories ]
 NOTE [ Event keys ]
     Projected events are ordered by an int64 key. Baseline event row ``e`` has key
     ``e * W + W - 1``; an event inserted before baseline row ``p`` gets ``p * W + slot``, where
-    ``W = 3 * n_instances + 2`` leaves a slot for each instance's three moments: its end (the
-    frees of NOTE [ Checkpointed forward ]), its recompute, the end of its backward (the frees
-    of NOTE [ Kept inputs ]). Moments at one point are ordered by time, then by that kind, then
-    by first call row: an order that does not depend on the selection, so ``project`` and
-    ``ProjectionModel`` agree. Events at one key keep their baseline order (a replay's frees of
+    ``W = 3 * n_instances + n_released + 2`` leaves a slot for each instance's three moments:
+    its end (the frees of NOTE [ Checkpointed forward ]), its recompute, the end of its backward
+    (the frees of NOTE [ Kept inputs ]), and one for each released output (NOTE [ Released
+    outputs ]). Moments at one point are ordered by time, then by that kind, then by first
+    call row (then by storage): an order that does not depend on the selection, so ``project``
+    and ``ProjectionModel`` agree. Events at one key keep their baseline order (a replay's frees of
     copies it did not free come last). Inserted events take the time of their moment (the
     instance's end, the first need in backward, the end of its backward), which lies between
     the times of the baseline events around them, so times never go back. The replay takes no
@@ -59,14 +91,14 @@ NOTE [ What the projection leaves out ]
     fragmentation and rounding are not modelled. Storages created inside an instance but
     reachable from outside other than through its outputs (a cache on a module, tensors nested
     two levels deep in an output) are freed at the instance's end although they live on.
-    torch's non-reentrant checkpoint stops a recompute early once every saved tensor is back;
-    the replay runs the whole forward of the instance (an upper bound).
+    Reentrant checkpoint runs the whole forward again; the replay stops early as
+    non-reentrant checkpoint does (NOTE [ Early stop ]), a lower bound for reentrant plans.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -75,9 +107,10 @@ from ckview.analysis.regions import Region, RegionInstances, outermost, region_i
 from ckview.analysis.timeline import (
     MemoryTimeline,
     Peak,
+    births,
     find_peak,
+    live_at_start,
     memory_timeline,
-    preexisting,
 )
 from ckview.trace.schema import Category, IOKind, MemoryEventKind, Phase, SavedEventKind
 
@@ -241,7 +274,8 @@ class _Baseline:
         return keys // self.width + (keys % self.width == self.width - 1)
 
 
-def _baseline(tables: RunTables, n_instances: int) -> _Baseline:
+def _baseline(tables: RunTables) -> _Baseline:
+    """The baseline columns; ``width`` is set by ``_effects`` once the moments are known."""
     storages, events = tables["storages"], tables["memory_events"]
     kind = np.asarray(events["kind"])
     storage = np.asarray(events["storage"], dtype=np.int64)
@@ -259,7 +293,7 @@ def _baseline(tables: RunTables, n_instances: int) -> _Baseline:
         nbytes=np.asarray(storages["nbytes"], dtype=np.int64),
         alloc_row=alloc_row,
         free_row=free_row,
-        width=3 * n_instances + 2,
+        width=2,
     )
 
 
@@ -288,7 +322,11 @@ class InstanceEffects:
     """(k,) summed duration of the instance's forward ops."""
     drop_instance: np.ndarray
     drop_storage: np.ndarray
-    """Storages freed at the instance's end (created inside, no output, alive at its end)."""
+    """Storages whose free moves earlier: created inside, no output, alive at the instance's
+    end (NOTE [ Checkpointed forward ]), then the released outputs (NOTE [ Released outputs ])."""
+    drop_key: np.ndarray
+    drop_ns: np.ndarray
+    """Per drop pair: key and time of the earlier free."""
     copy_instance: np.ndarray
     copy_storage: np.ndarray
     """Storages created inside, recomputed as copies (by instance, then allocation order)."""
@@ -301,46 +339,79 @@ class InstanceEffects:
     """Input storages the checkpoint keeps."""
 
 
-def _effects(base: _Baseline, tables: RunTables, inst: RegionInstances) -> InstanceEffects:
+def _effects(tables: RunTables, inst: RegionInstances) -> tuple[_Baseline, InstanceEffects]:
+    """The baseline (with its key width) and every instance's effects on it."""
+    base = _baseline(tables)
     end_point = np.searchsorted(base.times, inst.end_ns, side="right")
-    moments = _moments(base, tables, inst, end_point)
     c_inst, c_storage = _created_inside(tables, inst)
     out_inst, out_storage = _io_pairs(tables["module_io"], inst, IOKind.OUTPUT)
-    saved = _pair_in(c_inst, c_storage, *_saved_pairs(tables["saved_events"], inst))
+    saved_inst, saved_storage = _saved_pairs(tables["saved_events"], inst)
+    saved = _pair_in(c_inst, c_storage, saved_inst, saved_storage)
+    released = _released_outputs(
+        base, tables, inst, _unique_pairs(out_inst, out_storage), (saved_inst, saved_storage)
+    )
+    base = replace(base, width=3 * len(inst) + len(released[0]) + 2)
+    last_op, stop = _recompute_stop(base, tables, inst)
+    moments = _moments(base, tables, inst, end_point, released)
     free = base.free_row[c_storage]
     alive_at_end = (free >= end_point[c_inst]) | (free < 0)
     drop = ~_pair_in(c_inst, c_storage, out_inst, out_storage) & alive_at_end
     order = np.lexsort((base.alloc_row[c_storage], c_inst))
+    replayed = order[base.alloc_row[c_storage[order]] < stop[c_inst[order]]]
     keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
-    return InstanceEffects(
+    release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
+    return base, InstanceEffects(
         instances=inst,
         **moments,
-        compute_ns=_forward_ns(tables["ops"], inst),
-        drop_instance=c_inst[drop],
-        drop_storage=c_storage[drop],
-        copy_instance=c_inst[order],
-        copy_storage=c_storage[order],
-        copy_saved=saved[order],
-        copy_free=np.where(~saved & ~alive_at_end, free, -1)[order],
+        compute_ns=_forward_ns(tables["ops"], inst, last_op),
+        drop_instance=np.concatenate([c_inst[drop], released[0]]),
+        drop_storage=np.concatenate([c_storage[drop], released[1]]),
+        drop_key=np.concatenate([moments["end_key"][c_inst[drop]], release_key]),
+        drop_ns=np.concatenate([inst.end_ns[c_inst[drop]], release_ns]),
+        copy_instance=c_inst[replayed],
+        copy_storage=c_storage[replayed],
+        copy_saved=saved[replayed],
+        copy_free=np.where(~saved & ~alive_at_end & (free < stop[c_inst]), free, -1)[replayed],
         keep_instance=keep_inst,
         keep_storage=keep_storage,
     )
 
 
 def _moments(
-    base: _Baseline, tables: RunTables, inst: RegionInstances, end_point: np.ndarray
+    base: _Baseline,
+    tables: RunTables,
+    inst: RegionInstances,
+    end_point: np.ndarray,
+    released: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> dict[str, np.ndarray]:
-    """Keys and times of each instance's end, recompute and end of backward."""
+    """Keys and times of each instance's end, recompute and end of backward, and of each
+    released output's free (NOTE [ Released outputs ])."""
     trigger_ns = _trigger_ns(tables, inst)
     backward_end = _op_times(tables["ops"], inst, Phase.BACKWARD, "end_ns", np.maximum)
     has_trigger = trigger_ns != _NEVER
     trigger_ns = np.where(has_trigger, trigger_ns, -1)
-    end_key, replay_key, keep_key = _moment_keys(
+    rel_inst, rel_storage, rel_point = released
+    release_ns = base.times[rel_point - 1]  # the time of the event it follows
+    every = np.ones(len(inst), dtype=bool)
+    first = inst.first_call
+    end_key, replay_key, keep_key, release_key = _moment_keys(
         base,
-        inst,
-        (end_point, inst.end_ns, np.ones(len(inst), dtype=bool)),
-        (np.searchsorted(base.times, trigger_ns, side="left"), trigger_ns, has_trigger),
-        (np.searchsorted(base.times, backward_end, side="right"), backward_end, backward_end >= 0),
+        (end_point, inst.end_ns, every, first, np.zeros_like(first)),
+        (
+            np.searchsorted(base.times, trigger_ns, side="left"),
+            trigger_ns,
+            has_trigger,
+            first,
+            np.zeros_like(first),
+        ),
+        (
+            np.searchsorted(base.times, backward_end, side="right"),
+            backward_end,
+            backward_end >= 0,
+            first,
+            np.zeros_like(first),
+        ),
+        (rel_point, release_ns, np.ones(len(rel_point), dtype=bool), first[rel_inst], rel_storage),
     )
     return {
         "end_key": end_key,
@@ -349,7 +420,89 @@ def _moments(
         "end_ns": inst.end_ns,
         "trigger_ns": trigger_ns,
         "backward_end_ns": backward_end,
+        "release_key": release_key,
+        "release_ns": release_ns,
     }
+
+
+def _released_outputs(
+    base: _Baseline,
+    tables: RunTables,
+    inst: RegionInstances,
+    outputs: tuple[np.ndarray, np.ndarray],
+    saved: tuple[np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(instance, storage, point)``: the outputs each instance releases, and the baseline
+    point their free moves to (inserted before that row); NOTE [ Released outputs ]."""
+    ops = tables["ops"]
+    o_inst, o_storage = outputs
+    pick = _pair_in(o_inst, o_storage, *saved) & (base.free_row[o_storage] >= 0)
+    ci, cs = o_inst[pick], o_storage[pick]
+    free_op = np.asarray(base.events["op"], dtype=np.int64)[base.free_row[cs]]
+    at = np.maximum(free_op, 0)
+    call = np.asarray(ops["module_call"], dtype=np.int64)[at]
+    in_backward = (free_op >= 0) & (np.asarray(ops["phase"])[at] == Phase.BACKWARD)
+    pick = in_backward & (call >= inst.first_call[ci]) & (call < inst.call_stop[ci])
+    ci, cs = ci[pick], cs[pick]
+    bound, known = _forward_life(tables, inst.last_call[ci], cs)
+    point = np.searchsorted(base.times, bound, side="right")
+    held, known_holders = _holder_points(base, tables, inst, ci, cs)
+    point = np.maximum(point, held)
+    ok = known & known_holders & (point <= base.free_row[cs])
+    return ci[ok], cs[ok], point[ok]
+
+
+def _forward_life(
+    tables: RunTables, last_call: np.ndarray, storage: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(end_ns, known)`` per output: when its forward life ends (NOTE [ Released outputs ]);
+    not known for the output of a top-level call or of a call that never returned."""
+    calls, io = tables["module_calls"], tables["module_io"]
+    parent = np.asarray(calls["parent"], dtype=np.int64)
+    end = np.asarray(calls["end_ns"], dtype=np.int64)
+    io_call = np.asarray(io["call"], dtype=np.int64)
+    io_storage = np.asarray(io["storage"], dtype=np.int64)
+    kind = np.asarray(io["kind"])
+    scale = int(max(io_storage.max(initial=0), storage.max(initial=0))) + 1
+    out_codes = np.unique((io_call * scale + io_storage)[kind == IOKind.OUTPUT])
+    call = last_call.copy()
+    while True:  # up through the callers that return it too (depth of the module tree)
+        up = parent[call]
+        returned = (up >= 0) & np.isin(np.maximum(up, 0) * scale + storage, out_codes)
+        if not returned.any():
+            break
+        call = np.where(returned, up, call)
+    life = end[call]
+    known = (parent[call] >= 0) & (life >= 0)
+    inputs = (kind == IOKind.INPUT) & (np.asarray(calls["phase"])[io_call] == Phase.FORWARD)
+    used_until = np.full(scale, -1, dtype=np.int64)
+    np.maximum.at(used_until, io_storage[inputs], end[io_call[inputs]])
+    return np.maximum(life, used_until[storage]), known
+
+
+def _holder_points(
+    base: _Baseline, tables: RunTables, inst: RegionInstances, ci: np.ndarray, cs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(point, known)`` per output: the baseline point after the last BACKWARD op of every
+    call outside the instance that saved it (0 if none); not known if a save has no such op."""
+    saved, ops = tables["saved_events"], tables["ops"]
+    pack = np.flatnonzero(np.asarray(saved["kind"]) == SavedEventKind.PACK)
+    p_storage = np.asarray(saved["storage"], dtype=np.int64)
+    owner, rows = _members(p_storage, pack, cs, cs + 1)
+    p_call = np.asarray(saved["module_call"], dtype=np.int64)[rows]
+    outside = (p_call < inst.first_call[ci[owner]]) | (p_call >= inst.call_stop[ci[owner]])
+    owner, p_call = owner[outside], p_call[outside]
+    op_call = np.asarray(ops["module_call"], dtype=np.int64)
+    backward = np.flatnonzero((np.asarray(ops["phase"]) == Phase.BACKWARD) & (op_call >= 0))
+    last_op = np.full(len(tables["module_calls"]["module"]), -1, dtype=np.int64)
+    np.maximum.at(last_op, op_call[backward], backward)
+    last = np.where(p_call >= 0, last_op[np.maximum(p_call, 0)], -1)
+    known = np.ones(len(ci), dtype=bool)
+    known[owner[last < 0]] = False
+    event_op = np.maximum.accumulate(np.asarray(base.events["op"], dtype=np.int64))
+    point = np.zeros(len(ci), dtype=np.int64)
+    np.maximum.at(point, owner, np.searchsorted(event_op, last, side="right"))
+    return point, known
 
 
 def _kept_inputs(
@@ -363,22 +516,23 @@ def _kept_inputs(
     return _unique_pairs(in_inst[keep], in_storage[keep])
 
 
-def _moment_keys(
-    base: _Baseline, inst: RegionInstances, *moments: tuple[np.ndarray, np.ndarray, np.ndarray]
-) -> list[np.ndarray]:
-    """Keys of each instance's moments ``(baseline point, time, exists)``; -1 where it does not
-    exist. At one point, moments are ordered by time, then kind, then first call
-    (NOTE [ Event keys ]), an order that does not depend on which instances are selected."""
-    point, time, exists = (np.concatenate(column) for column in zip(*moments, strict=True))
-    kind = np.repeat(np.arange(len(moments)), len(inst))
+def _moment_keys(base: _Baseline, *moments: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+    """Keys of each kind of moment ``(baseline point, time, exists, first call, storage)``; -1
+    where it does not exist. At one point, moments are ordered by time, then kind, then first
+    call, then storage (NOTE [ Event keys ]), an order that does not depend on which instances
+    are selected."""
+    point, time, exists, lo, storage = (
+        np.concatenate(column).astype(np.int64) for column in zip(*moments, strict=True)
+    )
+    sizes = [len(m[0]) for m in moments]
+    kind = np.repeat(np.arange(len(moments)), sizes)
     rows = np.flatnonzero(exists)
-    lo = np.tile(inst.first_call, len(moments))
-    rows = rows[np.lexsort((rows, lo[rows], kind[rows], time[rows], point[rows]))]
-    starts = np.flatnonzero(_run_starts(point[rows]))
+    rows = rows[np.lexsort((rows, storage[rows], lo[rows], kind[rows], time[rows], point[rows]))]
+    starts = np.flatnonzero(_run_starts(point[rows])) if rows.size else rows
     first = np.repeat(starts, np.diff(np.append(starts, len(rows))))
     keys = np.full(len(point), -1, dtype=np.int64)
     keys[rows] = point[rows] * base.width + np.arange(len(rows)) - first
-    return np.split(keys, len(moments))
+    return np.split(keys, np.cumsum(sizes)[:-1])
 
 
 def _members(
@@ -456,8 +610,33 @@ def _op_times(
     return out
 
 
-def _forward_ns(ops: Table, inst: RegionInstances) -> np.ndarray:
+def _recompute_stop(
+    base: _Baseline, tables: RunTables, inst: RegionInstances
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(last_op, stop)`` per instance: the last op its recompute runs (the op stamped on its
+    last PACK; without one, its last forward op) and the baseline event row the replay stops
+    before (NOTE [ Early stop ])."""
+    saved = tables["saved_events"]
+    owner, rows = _calls_in(
+        saved["module_call"], np.asarray(saved["kind"]) == SavedEventKind.PACK, inst
+    )
+    last_op = np.full(len(inst), -1, dtype=np.int64)
+    np.maximum.at(last_op, owner, np.asarray(saved["op"], dtype=np.int64)[rows])
+    ops = tables["ops"]
     owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == Phase.FORWARD, inst)
+    last_forward = np.full(len(inst), -1, dtype=np.int64)
+    np.maximum.at(last_forward, owner, rows)
+    last_op = np.where(last_op >= 0, last_op, last_forward)
+    event_op = np.maximum.accumulate(np.asarray(base.events["op"], dtype=np.int64))
+    stop = np.searchsorted(event_op, last_op, side="right")
+    return last_op, np.where(last_op >= 0, stop, 0)
+
+
+def _forward_ns(ops: Table, inst: RegionInstances, last_op: np.ndarray) -> np.ndarray:
+    """Summed duration of the forward ops of each instance that its recompute runs."""
+    owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == Phase.FORWARD, inst)
+    replayed = rows <= last_op[owner]
+    owner, rows = owner[replayed], rows[replayed]
     duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
     out = np.zeros(len(inst), dtype=np.int64)
     np.add.at(out, owner, duration[rows])
@@ -544,9 +723,9 @@ def _moved_frees(
     key = base.event_key(base.free_row)
     owner = np.full(len(key), -1, dtype=np.int64)
     time = np.full(len(key), -1, dtype=np.int64)
-    drop = active[eff.drop_instance]
+    drop = np.flatnonzero(active[eff.drop_instance])
     s, i = eff.drop_storage[drop], eff.drop_instance[drop]
-    key[s], owner[s], time[s] = eff.end_key[i], i, eff.end_ns[i]
+    key[s], owner[s], time[s] = eff.drop_key[drop], i, eff.drop_ns[drop]
     s, i = _latest_keep(eff, active)
     later = (base.free_row[s] >= 0) & (eff.keep_key[i] > key[s])
     s, i = s[later], i[later]
@@ -667,10 +846,11 @@ def _projected_peak(
 def _live_at(base: _Baseline, events: ProjectedEvents, after: int) -> LiveStorages:
     """Originals and copies live just after projected event ``after`` (-1: before any)."""
     kind, storage, copy = (a[: after + 1] for a in (events.kind, events.storage, events.copy))
-    live = [preexisting(base.storages).copy(), np.zeros(len(base.nbytes), dtype=bool)]
+    live = [live_at_start(base.storages), np.zeros(len(base.nbytes), dtype=bool)]
+    born = births(base.storages, kind, storage)
     for flag, mask in enumerate(live):
         mine = copy == bool(flag)
-        mask[storage[mine & (kind == _ALLOC)]] = True
+        mask[storage[mine & born]] = True
         mask[storage[mine & (kind == _FREE)]] = False
     rows = np.concatenate([np.flatnonzero(m) for m in live])
     flags = np.concatenate([np.full(int(m.sum()), bool(f)) for f, m in enumerate(live)])
@@ -707,8 +887,7 @@ def project(tables: RunTables, regions: Sequence[Region]) -> Projection:
     instances = region_instances(
         tables["module_calls"], tables["modules"], tables["strings"], regions
     )
-    base = _baseline(tables, len(instances))
-    eff = _effects(base, tables, instances)
+    base, eff = _effects(tables, instances)
     return _project(eff, base, outermost(instances, np.ones(len(instances), dtype=bool)))
 
 
@@ -755,8 +934,7 @@ class ProjectionModel:
         self.instances = region_instances(
             tables["module_calls"], tables["modules"], tables["strings"], self.candidates
         )
-        self._base = _baseline(tables, len(self.instances))
-        self.effects = _effects(self._base, tables, self.instances)
+        self._base, self.effects = _effects(tables, self.instances)
         self._index = _build_index(self.effects, self._base)
         self._curve: _CurveIndex | None = None  # built by the first ``curve`` (the GUI's)
 
@@ -941,7 +1119,7 @@ def _instance_steps(
     inst = np.concatenate([drop_inst, drop_inst[freed], replays.instance])
     key = np.concatenate(
         [
-            eff.end_key[drop_inst],
+            eff.drop_key[fixed],
             base.event_key(base.free_row[drop_storage[freed]]),
             replays.key,
         ]
@@ -988,7 +1166,7 @@ def _moving_keys(
     keep_key = eff.keep_key[eff.keep_instance]
     return [
         free_key[free_key != _NEVER],
-        eff.end_key[eff.drop_instance[dropped]],
+        eff.drop_key[dropped],
         keep_key[keep_key >= 0],
     ]
 
@@ -1007,7 +1185,7 @@ def _moving(
     keep_key = eff.keep_key[keep_inst]
     order = np.lexsort((-keep_key, keep_index))
     drop_inst = eff.drop_instance[dropped]
-    drop_key = eff.end_key[drop_inst]
+    drop_key = eff.drop_key[dropped]
     return _Moving(
         nbytes=base.nbytes[storages].astype(np.float64),
         free_key=free_key,
@@ -1084,8 +1262,8 @@ def _key_times(
 ) -> np.ndarray:
     """Time of the projected state at each key (-1: point 0): its baseline event's, or the
     moment an inserted event stands for (NOTE [ Event keys ])."""
-    known = np.concatenate([eff.end_key, eff.replay_key, eff.keep_key])
-    times = np.concatenate([eff.end_ns, eff.trigger_ns, eff.backward_end_ns])
+    known = np.concatenate([eff.end_key, eff.replay_key, eff.keep_key, eff.drop_key])
+    times = np.concatenate([eff.end_ns, eff.trigger_ns, eff.backward_end_ns, eff.drop_ns])
     order = np.argsort(known)
     at = np.searchsorted(known[order], keys).clip(0, max(len(known) - 1, 0))
     inserted = times[order][at] if known.size else np.zeros(len(keys), dtype=np.int64)

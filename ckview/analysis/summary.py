@@ -192,7 +192,9 @@ def _top_storages(
 
 
 def _step_rows(tables: Mapping[str, Table], tl: MemoryTimeline) -> list[dict[str, int]]:
-    """Per step: duration, peak live bytes and peak bytes allocated since the step began.
+    """Per step: duration, what it held (forwards, backwards, optimizer steps; -1 if unknown,
+    as in v1 traces), whether it ended at a step boundary (``complete`` 1, else 0), its peak
+    live bytes and its peak bytes allocated since the step began.
 
     A step's points run from the state at its start (point ``first``) to the state after its
     last event (point ``stop``), so an eventless step still has a peak: what was live then.
@@ -204,6 +206,10 @@ def _step_rows(tables: Mapping[str, Table], tl: MemoryTimeline) -> list[dict[str
         {
             "step": int(steps["step"][i]),
             "duration_ns": int(steps["end_ns"][i] - steps["start_ns"][i]),
+            "forwards": int(steps["forwards"][i]),
+            "backwards": int(steps["backwards"][i]),
+            "optimizer_steps": int(steps["optimizer_steps"][i]),
+            "complete": int(steps["complete"][i]),
             "peak_bytes": int(tl.total[start[i] : stop[i] + 1].max()),
             "allocated_peak_bytes": int(allocated[i]),
         }

@@ -4,11 +4,17 @@ Everything here is vectorised over the ``memory_events`` and ``storages`` column
 ``ckview.trace.schema.RUN_TABLES``), so a trace with ten million events takes well under a second.
 
 NOTE [ Pre-existing storages ]
-    A storage with ``alloc_ns == -1`` existed before the recording began (parameters, inputs,
-    gradients and optimizer state from earlier steps). It is counted as live from point 0 of the
-    timeline until its FREE event, if any. Its ``SEEN`` event only marks the first time the
-    recorder noticed it and does not change live bytes; a FREE of it subtracts its bytes like any
-    other FREE, since they were counted from the start.
+    A storage with ``alloc_ns == -1`` was not allocated by an op the recorder saw: it existed
+    before the recording began (parameters, gradients and optimizer state from earlier steps)
+    or came from outside any op (a batch from a DataLoader worker process, rebuilt from shared
+    memory). Parameters, gradients, optimizer state, activations and temporaries among them are
+    live from point 0 until their FREE event, if any; their ``SEEN`` only marks the first time
+    the recorder noticed them. INPUT and OTHER storages (batches, a batch a worker delivered
+    early, a dataset, what the loop touches between steps) are live from their ``SEEN`` on
+    (``arrives_when_seen``): a batch is an input from when it arrives. Counted from point 0,
+    every batch of a run was live at once from the start (two batches at the peak), and "at
+    start" depended on how many batches the workers had delivered. A FREE subtracts the bytes
+    like any other FREE, since they were counted from point 0 or from the SEEN.
 
 NOTE [ Event order ]
     ``memory_events`` are in recording order. ``time_ns`` is non-decreasing but several events
@@ -58,18 +64,41 @@ class Peak:
 
 
 def preexisting(storages: Table) -> np.ndarray:
-    """Boolean mask of the storages that existed before the recording began.
+    """Boolean mask of the storages that no recorded op allocated (``alloc_ns == -1``).
 
     See NOTE [ Pre-existing storages ].
     """
     return np.asarray(storages["alloc_ns"]) == -1
 
 
+_ARRIVING = np.array([Category.INPUT, Category.OTHER])
+
+
+def arrives_when_seen(storages: Table) -> np.ndarray:
+    """Boolean mask of the pre-existing storages that are live from their SEEN event (inputs
+    and others), not from point 0. See NOTE [ Pre-existing storages ]."""
+    return preexisting(storages) & np.isin(np.asarray(storages["category"]), _ARRIVING)
+
+
+def live_at_start(storages: Table) -> np.ndarray:
+    """Boolean mask of the storages live at point 0. See NOTE [ Pre-existing storages ]."""
+    return preexisting(storages) & ~arrives_when_seen(storages)
+
+
+def births(storages: Table, kind: np.ndarray, storage: np.ndarray) -> np.ndarray:
+    """Which of the events (``kind``, ``storage`` columns) make their storage live: ALLOCs, and
+    the SEEN of a storage that arrives when seen."""
+    seen = (kind == MemoryEventKind.SEEN) & arrives_when_seen(storages)[storage]
+    return (kind == MemoryEventKind.ALLOC) | seen
+
+
 def event_deltas(storages: Table, events: Table) -> np.ndarray:
-    """Change of live bytes caused by each memory event: +nbytes, -nbytes or 0 for SEEN."""
-    nbytes = np.asarray(storages["nbytes"], dtype=np.int64)[events["storage"]]
+    """Change of live bytes caused by each memory event: +nbytes for a birth (``births``),
+    -nbytes for a FREE, else 0."""
+    storage = np.asarray(events["storage"])
+    nbytes = np.asarray(storages["nbytes"], dtype=np.int64)[storage]
     kind = np.asarray(events["kind"])
-    sign = (kind == MemoryEventKind.ALLOC).astype(np.int64) - (kind == MemoryEventKind.FREE)
+    sign = births(storages, kind, storage).astype(np.int64) - (kind == MemoryEventKind.FREE)
     return nbytes * sign
 
 
@@ -102,8 +131,8 @@ def memory_timeline(storages: Table, events: Table) -> MemoryTimeline:
 
 
 def _baseline_by_category(storages: Table) -> np.ndarray:
-    """Bytes of the pre-existing storages per category (live at point 0)."""
-    pre = preexisting(storages)
+    """Bytes of the storages live at point 0, per category."""
+    pre = live_at_start(storages)
     return np.bincount(
         np.asarray(storages["category"])[pre],
         weights=np.asarray(storages["nbytes"])[pre],
@@ -136,7 +165,7 @@ def find_peak(tl: MemoryTimeline, start: int = 0, stop: int | None = None) -> Pe
 def live_storages(storages: Table, events: Table, after_event: int) -> np.ndarray:
     """Rows of the storages live just after event row ``after_event`` (ascending).
 
-    ``after_event == -1`` means before any event: the pre-existing storages. Relies on
+    ``after_event == -1`` means before any event: the storages live at start. Relies on
     NOTE [ One lifetime per storage row ]. Raises ``ValueError`` if the row is out of range.
     """
     n = len(events["kind"])
@@ -144,8 +173,8 @@ def live_storages(storages: Table, events: Table, after_event: int) -> np.ndarra
         raise ValueError(f"after_event must be in [-1, {n - 1}], got {after_event}")
     kind = np.asarray(events["kind"])[: after_event + 1]
     storage = np.asarray(events["storage"])[: after_event + 1]
-    live = preexisting(storages).copy()
-    live[storage[kind == MemoryEventKind.ALLOC]] = True
+    live = live_at_start(storages)
+    live[storage[births(storages, kind, storage)]] = True
     live[storage[kind == MemoryEventKind.FREE]] = False
     return np.flatnonzero(live)
 

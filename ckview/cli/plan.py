@@ -28,7 +28,6 @@ MAX_LINES = 30
 """Longer region lists and fronts are shortened in text output (JSON has them all)."""
 
 
-
 def add_parser(verbs: Any) -> None:
     p = verbs.add_parser(
         "plan",

@@ -37,6 +37,15 @@ def add_record_options(p: argparse.ArgumentParser) -> None:
         "--warmup", type=_non_negative, default=1, help="steps to skip first (default 1)"
     )
     p.add_argument(
+        "--step-every",
+        default="auto",
+        metavar="RULE",
+        help="what one step (one training iteration) is: auto (default: until every optimizer "
+        "has stepped; without one, until the next forward after a backward), optimizer:N "
+        "(N optimizer steps), backward:N (N backward passes) or manual (only "
+        "Recorder.mark_step()); warmup counts steps the same way",
+    )
+    p.add_argument(
         "--stop-after", action="store_true", help="end the script once the steps are recorded"
     )
     p.add_argument(
@@ -49,8 +58,9 @@ def add_record_options(p: argparse.ArgumentParser) -> None:
         "--plan",
         action="append",
         metavar="PLAN",
-        help="also record a run with this checkpoint plan applied to the script's model: a plan "
-        "file or a preset (none, all, every:K, sqrt); repeatable",
+        help="also record a run with this checkpoint plan applied to the script's model, in place "
+        "of the script's own checkpointing (bypassed): a plan file or a preset (none, all, "
+        "every:K, sqrt); repeatable",
     )
     p.add_argument("--no-progress", action="store_true", help="do not show progress on stderr")
     p.add_argument(
@@ -85,21 +95,56 @@ def run(args: argparse.Namespace) -> int:
     runs = plan_runs(load_plans(args.plan or []), args.compare, args.compare)
     exit_code, steps, error = record_script(args, output, runs)
     report(output, steps, args, error)
+    if steps and len(runs) > 1:
+        for line in leftover_warnings(output):
+            print(f"ckview: warning: {line}", file=sys.stderr)
     return exit_code
 
 
+def leftover_warnings(output: Path) -> list[str]:
+    """One line per run whose script checkpointing was bypassed and that still recomputed
+    (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
+    from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
+    from ckview.trace import open_trace
+
+    lines = []
+    with open_trace(output) as trace:
+        strings = list(trace.strings)
+        for name in trace.run_names:
+            run = trace.run(name)
+            kind = run_checkpointing(name, run.checkpointing)
+            if kind == SCRIPT or run.steps_recorded == 0:
+                continue
+            tables = {t: run.table(t).read() for t in ("ops", "recompute_regions")}
+            leftover = leftover_recompute(tables, strings, plan_run=kind == PLAN)
+            if leftover is not None:
+                lines.append(leftover.describe(name))
+    return lines
+
+
 def record_script(
-    args: argparse.Namespace, output: Path, runs: list[Any], stdout_to_stderr: bool = False
+    args: argparse.Namespace,
+    output: Path,
+    runs: list[Any],
+    stdout_to_stderr: bool = False,
+    timing_steps: int = 0,
+    timings: dict[str, Any] | None = None,
 ) -> tuple[int, int, str | None]:
     """Run the script under the recorder: (exit code, steps recorded, error or None).
 
     The trace is closed (incomplete if the script failed) whatever happens, also on Ctrl-C
-    and SIGTERM.
+    and SIGTERM. With ``timing_steps``, each run first runs that many plain timing steps
+    (NOTE [ Plain timing steps ] in recorder/timing.py), handed back in ``timings`` by run.
     """
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
     from recorder import Recorder, StopScript, run_script
+    from recorder.steps import StepRule, StepRuleError
 
+    try:
+        step_rule = StepRule.parse(args.step_every)
+    except StepRuleError as exc:
+        raise CLIError(f"--step-every: {exc}") from None
     verb = args.verb
     command = ["ckview", verb, *sys.argv[2:]] if sys.argv[1:2] == [verb] else sys.argv
     recorder = Recorder(
@@ -110,6 +155,8 @@ def record_script(
         command=list(command),
         runs=runs,
         progress=not args.no_progress,
+        step_every=step_rule,
+        timing_steps=timing_steps,
     )
     try:
         recorder.__enter__()
@@ -127,6 +174,8 @@ def record_script(
     finally:
         signal.signal(signal.SIGTERM, previous)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
+        if timings is not None:
+            timings.update(recorder.timings)
     return outcome.exit_code, recorder.steps_recorded, outcome.error
 
 
@@ -158,7 +207,8 @@ def report(output: Path, steps: int, args: argparse.Namespace, error: str | None
     if steps == 0:
         print(
             f"ckview: no step was recorded in {output}: the script ended after its warmup "
-            f"({args.warmup} steps) or has no backward/optimizer step; lower --warmup",
+            f"({args.warmup} steps) or no step ended ({args.step_every}); lower --warmup or "
+            "say what a step is with --step-every",
             file=sys.stderr,
         )
         return
@@ -192,7 +242,9 @@ def plan_runs(plans: list[tuple[str, Any]], baseline: bool, checkpointed: bool) 
         runs.append(RunSpec("baseline", _bypassed, checkpointing="bypassed"))
     if checkpointed:
         runs.append(RunSpec("checkpointed", checkpointing="script"))
-    runs += [RunSpec(f"plan:{plan.name}", plan_context(plan)) for _, plan in plans]
+    runs += [
+        RunSpec(f"plan:{plan.name}", plan_context(plan), checkpointing="plan") for _, plan in plans
+    ]
     if plans:
         first = runs[0]
         runs[0] = RunSpec(first.name, PlanCheck(plans, first.context), first.checkpointing)
@@ -244,9 +296,18 @@ def load_plan(source: str) -> Any:
 
 
 def plan_context(plan: Any) -> Any:
-    """Apply ``plan`` to the recorder's main model for one run, then remove it."""
+    """Apply ``plan`` to the recorder's main model for one run, in place of the script's own
+    checkpointing, then remove it.
+
+    A plan run means one thing: the script's checkpointing (``torch.utils.checkpoint``, HF's
+    ``gradient_checkpointing_enable``, ``ckpt_runtime``) is bypassed, as in run 'baseline', and
+    the plan's regions checkpoint (NOTE [ A plan that replaces the script's checkpointing ] in
+    ckpt_runtime/bypass.py). So a plan projected over 'baseline' and the plan's run describe
+    the same computation.
+    """
     from contextlib import contextmanager
 
+    from ckpt_runtime import bypass
     from ckpt_runtime.apply import apply_plan, remove_plan
 
     @contextmanager
@@ -254,11 +315,19 @@ def plan_context(plan: Any) -> Any:
         model = recorder.main_model()
         applied_plan = apply_plan(model, plan)
         try:
-            yield applied_plan
+            with bypass(keep=_planned_modules(model, applied_plan)):
+                yield applied_plan
         finally:
             remove_plan(model)
 
     return applied
+
+
+def _planned_modules(model: Any, applied: Any) -> list[Any]:
+    """The modules whose calls ``applied`` checkpoints: its module regions and the
+    ``nn.Sequential`` of each segment."""
+    paths = {*applied.modules, *(segment.sequential for segment in applied.segments)}
+    return [model.get_submodule(path) for path in sorted(paths)]
 
 
 def check_target(target: str, module: bool) -> None:

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         strings = trace.strings
         modules = trace.modules.read()
         runs = {}
+        leftovers: dict[str, Any] = {}
         for name in names:
             tables = {t: trace.run(name).table(t).read() for t in _TABLES}
             summary = summarize_run(tables, modules, list(strings), top=args.top)
@@ -48,13 +49,19 @@ def run(args: argparse.Namespace) -> int:
                 _peak_phase(tables, summary.activation_peak.event),
             )
             runs[name] = (summary, phases)
+            leftovers[name] = _leftover(trace.run(name), tables, list(strings))
         meta = trace.meta
     if args.json:
         doc = {
             "trace": str(args.trace),
             "meta": _jsonable(meta),
             "runs": {
-                n: {**s.to_json(), "peak_phase": ph[0], "activation_peak_phase": ph[1]}
+                n: {
+                    **s.to_json(),
+                    "peak_phase": ph[0],
+                    "activation_peak_phase": ph[1],
+                    "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
+                }
                 for n, (s, ph) in runs.items()
             },
         }
@@ -68,10 +75,23 @@ def run(args: argparse.Namespace) -> int:
     for name, (summary, phases) in runs.items():
         print()
         print(_format_run(name, summary, *phases))
+        if leftovers[name] is not None:
+            print(f"  warning: {leftovers[name].describe(name)}")
     return 0
 
 
-_TABLES = ("steps", "module_calls", "ops", "memory_events", "storages")
+_TABLES = ("steps", "module_calls", "ops", "memory_events", "storages", "recompute_regions")
+
+
+def _leftover(run: Any, tables: dict[str, Any], strings: list[str]) -> Any:
+    """Recompute in a run whose script checkpointing was bypassed, or None
+    (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
+    from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
+
+    kind = run_checkpointing(run.name, run.checkpointing)
+    if kind == SCRIPT:
+        return None
+    return leftover_recompute(tables, strings, plan_run=kind == PLAN)
 
 
 def _peak_phase(tables: dict[str, dict[str, Any]], event: int) -> str:
@@ -92,11 +112,23 @@ def _jsonable(meta: Any) -> dict[str, Any]:
 
 def _header(path: Path, meta: Any, n_runs: int) -> str:
     state = "complete" if meta.complete else f"INCOMPLETE: {meta.error}"
-    return (
+    lines = [
         f"{path}: {meta.steps_recorded} step(s) recorded on {meta.device} in {n_runs} run(s) "
-        f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}\n"
-        f"command: {' '.join(meta.command)}"
-    )
+        f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}",
+        f"command: {' '.join(meta.command)}",
+    ]
+    if meta.step_rule:
+        lines.append(f"steps: {meta.step_rule}")
+    if meta.compiled:
+        lines.append(f"torch.compile: {_COMPILED.get(meta.compiled, meta.compiled)}")
+    return "\n".join(lines)
+
+
+_COMPILED = {
+    "no": "no (ckview runs torch.compile'd code eagerly while it records: eager memory)",
+    "yes": "yes, the steps ran compiled code",
+    "partly": "partly: the steps ran some code compiled, some eagerly",
+}
 
 
 def _comparison(runs: dict[str, Any]) -> str:
@@ -159,8 +191,18 @@ def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) ->
     lines.append("  steps:")
     for st in s.steps:
         lines.append(
-            f"    step {st['step']}: {st['duration_ns'] / 1e6:8.1f} ms, "
+            f"    step {st['step']}: {st['duration_ns'] / 1e6:8.1f} ms, {_held(st)}, "
             f"peak {fb(st['peak_bytes'])}, "
             f"allocated in step up to {fb(st['allocated_peak_bytes'])}"
         )
     return "\n".join(lines)
+
+
+def _held(step: dict[str, int]) -> str:
+    """What a step held: '4 fwd, 4 bwd, 1 opt' ('?' where a v1 trace does not say), and
+    'partial' for a step cut short (the script ended or failed inside it)."""
+    parts = [
+        f"{'?' if step[key] < 0 else step[key]} {label}"
+        for key, label in (("forwards", "fwd"), ("backwards", "bwd"), ("optimizer_steps", "opt"))
+    ]
+    return ", ".join(parts) + ("" if step["complete"] else ", partial")

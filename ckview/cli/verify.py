@@ -2,11 +2,13 @@
 the projection from the un-checkpointed run predicts what each plan measures.
 
 One run of the script records run ``baseline`` (checkpointing bypassed), then one run
-``plan:<name>`` per plan (applied to the script's model with ``ckpt_runtime``), as
-``ckview record --plan`` does. Each plan is then projected over ``baseline``
-(``ckview project``) and compared with its run: peak memory, and extra time (the plan run's
-recompute ops against the projected recompute). Options and the script's arguments are parsed
-exactly as by ``ckview record``.
+``plan:<name>`` per plan (applied to the script's model with ``ckpt_runtime``, the script's own
+checkpointing bypassed: the plan replaces it), as ``ckview record --plan`` does. Each plan is
+then projected over ``baseline`` (``ckview project``) and compared with its run: peak memory,
+and extra time (the plan run's recompute ops against the projected recompute). Both sides
+describe the same computation; where the script's checkpointing could not be bypassed
+(NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py) the output says so.
+Options and the script's arguments are parsed exactly as by ``ckview record``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from ckview.cli import project as proj
 from ckview.cli.errors import CLIError
 from ckview.cli.record import (
+    _non_negative,
     add_record_options,
     check_target,
     load_plans,
@@ -32,6 +35,18 @@ from ckview.cli.record import (
 )
 
 BASELINE = "baseline"
+TIMING_STEPS = 3
+"""Plain timing steps per run (NOTE [ Plain timing steps ] in recorder/timing.py)."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What the extra-time comparison reads besides the trace (NOTE [ Extra time, like for
+    like ]): each run's plain timing steps (recorder.timing.RunTimes by run name) and
+    checkpoint's fixed cost per call."""
+
+    runs: dict[str, Any]
+    call_cost_ns: int
 
 
 def add_parser(verbs: Any) -> None:
@@ -54,6 +69,14 @@ def add_parser(verbs: Any) -> None:
         "repeatable, at least one",
     )
     _set_help(p, "compare", argparse.SUPPRESS)
+    p.add_argument(
+        "--timing-steps",
+        type=_non_negative,
+        default=TIMING_STEPS,
+        help=f"plain unrecorded steps per run, timed for the extra time, after one more that "
+        f"warms the run up (default {TIMING_STEPS}; 0: time the recorded steps, with the "
+        "recorder's cost)",
+    )
     p.add_argument(
         "--json", action="store_true", help="print JSON (the script's stdout goes to stderr)"
     )
@@ -80,6 +103,12 @@ class Check:
     measured_peak_bytes: int
     measured_extra_ns: int
     """The plan run's RECOMPUTE op time."""
+    checkpointing: str = "plan"
+    """The plan run's ``checkpointing`` (see ckview.analysis.recompute.run_checkpointing)."""
+    leftover: Any = None
+    """Recompute in the plan run outside the plan's regions (LeftoverRecompute), or None."""
+    time: Any = None
+    """ExtraTime per step, projected vs measured, or None (NOTE [ Extra time, like for like ])."""
 
     @property
     def peak_error(self) -> float:
@@ -105,8 +134,20 @@ class Check:
             "projected_extra_ns": self.projection.extra_compute_ns,
             "measured_extra_ns": self.measured_extra_ns,
             "extra_error_percent": None if extra is None else round(100 * extra, 3),
+            "checkpointing": self.checkpointing,
+            "leftover_recompute": None if self.leftover is None else self.leftover.to_json(),
+            "extra_time_per_step": None if self.time is None else self.time.to_json(),
             "projection": self.projection.to_json(),
         }
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the plans were projected over."""
+
+    checkpointing: str
+    leftover: Any
+    """LeftoverRecompute in the baseline run, or None (NOTE [ Recompute in a bypassed run ])."""
 
 
 # ----------------------------------------------------------------------------- the verb
@@ -114,34 +155,45 @@ class Check:
 
 def run(args: argparse.Namespace) -> int:
     """Record, project, compare; the script's exit code (1 if a plan run is missing)."""
-    _take_json_flag(args)
+    _take_verify_options(args)
     split_script_args(args)
     _check_args(args)
     check_target(args.target, args.module)
     output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}-verify.h5")
     plans = load_plans(args.plan)
     runs = plan_runs(plans, baseline=True, checkpointed=False)
-    exit_code, steps, error = record_script(args, output, runs, args.json)
+    timings: dict[str, Any] = {}
+    exit_code, steps, error = record_script(
+        args, output, runs, args.json, timing_steps=args.timing_steps, timings=timings
+    )
     report(output, steps, args, error)
     if error or steps == 0:
         return exit_code
-    checks, missing = _verify(output, plans)
-    _print(output, checks, missing, args.json)
+    checks, missing, baseline = _verify(output, plans, Timing(timings, _call_cost_ns()))
+    _print(output, checks, missing, baseline, args.json)
     if missing:
         print(_missing_note(missing, args), file=sys.stderr)
         return exit_code or 1
     return exit_code
 
 
-def _take_json_flag(args: argparse.Namespace) -> None:
-    """Take ``--json`` (verify's own option, unknown to ``record``'s option set) from the
-    arguments after TARGET and before '--'; ``split_script_args`` takes the rest."""
+def _take_verify_options(args: argparse.Namespace) -> None:
+    """Take verify's own options (``--json``, ``--timing-steps N``: unknown to ``record``'s
+    option set) from the arguments after TARGET and before '--'; ``split_script_args`` takes
+    the rest."""
     rest = list(args.args)
     cut = rest.index("--") if "--" in rest else len(rest)
-    if "--json" in rest[:cut]:
-        args.json = True
-        rest = [a for a in rest[:cut] if a != "--json"] + rest[cut:]
-    args.args = rest
+    own = argparse.ArgumentParser(prog="ckview verify", add_help=False)
+    own.add_argument("--json", action="store_true", default=args.json)
+    own.add_argument("--timing-steps", type=_non_negative, default=args.timing_steps)
+    known, theirs = own.parse_known_args(rest[:cut])
+    args.json, args.timing_steps = known.json, known.timing_steps
+    args.args = theirs + rest[cut:]
+
+
+def _timing(args: argparse.Namespace) -> int:
+    """Unrecorded steps per run: the timing steps and their warm-up step."""
+    return args.timing_steps + 1 if args.timing_steps else 0
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -158,31 +210,89 @@ def _check_args(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- comparing
 
 
-def _verify(output: Path, plans: Sequence[tuple[str, Any]]) -> tuple[list[Check], list[str]]:
-    """Each recorded plan run against its projection; and the plan runs not recorded."""
+def _call_cost_ns() -> int:
+    """Checkpoint's fixed cost per call on this machine (recorder/timing.py), measured after
+    the recording, outside the recorder."""
+    from recorder.timing import plan_call_cost_ns
+
+    return plan_call_cost_ns().median_ns
+
+
+def _verify(
+    output: Path, plans: Sequence[tuple[str, Any]], timing: Timing | None = None
+) -> tuple[list[Check], list[str], Baseline | None]:
+    """Each recorded plan run against its projection; the plan runs not recorded; and what
+    the plans were projected over (None without a baseline run). ``timing``: the plain timing
+    steps and checkpoint's cost per call (NOTE [ Extra time, like for like ]); without it,
+    times come from the recorded steps."""
     from ckview.analysis import phase_time_ns
+    from ckview.analysis.recompute import leftover_recompute, run_checkpointing
     from ckview.trace import open_trace
     from ckview.trace.schema import Phase
 
     checks, missing = [], []
     with open_trace(output) as trace:
         if not _has_steps(trace, BASELINE):
-            return [], [f"plan:{plan.name}" for _, plan in plans]
+            return [], [f"plan:{plan.name}" for _, plan in plans], None
         base = proj.read_tables(trace, BASELINE)
+        strings = base["strings"]
+        baseline = Baseline(
+            checkpointing=_checkpointing(trace, BASELINE),
+            leftover=leftover_recompute(base, strings),
+        )
         for source, plan in plans:
             name = f"plan:{plan.name}"
             if not _has_steps(trace, name):
                 missing.append(name)
                 continue
-            run = {t: trace.run(name).table(t).read() for t in ("storages", "memory_events", "ops")}
+            run = {t: trace.run(name).table(t).read() for t in _PLAN_TABLES}
+            projection = proj.project_plan(base, plan.to_json(), source)
             checks.append(
                 Check(
-                    projection=proj.project_plan(base, plan.to_json(), source),
+                    projection=projection,
                     measured_peak_bytes=proj.run_peak(run),
                     measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
+                    checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
+                    leftover=leftover_recompute(run, strings, plan_run=True),
+                    time=_extra_time(base, run, plan.to_json(), name, timing),
                 )
             )
-    return checks, missing
+    return checks, missing, baseline
+
+
+def _extra_time(
+    base: proj.Tables, run: proj.Tables, plan: Any, name: str, timing: Timing | None
+) -> Any:
+    """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them,
+    else from the recorded steps and op times."""
+    from ckview.analysis import project
+    from ckview.analysis.recompute import extra_time, plain_recompute_ns, step_durations
+
+    projection = project(base, list(proj.resolve_plan(plan, base, name).regions))
+    recomputes = len(projection.recomputes)
+    n_steps = max(1, len(step_durations(base["steps"])))
+    base_t = timing.runs.get(BASELINE) if timing else None
+    plan_t = timing.runs.get(name) if timing else None
+    if timing is not None and base_t is not None and plan_t is not None and plan_t.steps_ns:
+        plain = plain_recompute_ns(base, projection, base_t.call_medians())
+        if plain is not None:
+            projected = plain + recomputes * timing.call_cost_ns
+            return extra_time(base_t.steps_ns, plan_t.steps_ns, projected // n_steps, True)
+    cost = timing.call_cost_ns if timing else 0
+    projected = projection.extra_compute_ns + recomputes * cost
+    return extra_time(
+        step_durations(base["steps"]), step_durations(run["steps"]), projected // n_steps, False
+    )
+
+
+_PLAN_TABLES = ("storages", "memory_events", "ops", "recompute_regions", "steps")
+
+
+def _checkpointing(trace: Any, name: str) -> str:
+    """The run's ``checkpointing``: its attribute (trace format v2) or what its name means."""
+    from ckview.analysis.recompute import run_checkpointing
+
+    return run_checkpointing(name, trace.run(name).checkpointing)
 
 
 def _has_steps(trace: Any, name: str) -> bool:
@@ -193,32 +303,97 @@ def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
     runs = 1 + len(args.plan)
     return (
         f"ckview: the script ended before run(s) {', '.join(missing)} were recorded; verify "
-        f"needs {args.warmup} warmup + {runs} x {args.steps} steps: let the script run more "
-        "steps (e.g. -- --steps N)"
+        f"needs {args.warmup} warmup + {runs} x ({_timing(args)} timing + {args.steps}) "
+        "steps: let the script run more steps (e.g. -- --steps N), or lower --timing-steps"
     )
 
 
 # ----------------------------------------------------------------------------- output
 
 
-def _print(output: Path, checks: Sequence[Check], missing: Sequence[str], as_json: bool) -> None:
+def _print(
+    output: Path,
+    checks: Sequence[Check],
+    missing: Sequence[str],
+    baseline: Baseline | None,
+    as_json: bool,
+) -> None:
     if as_json:
         doc = {
             "trace": str(output),
             "baseline_run": BASELINE,
             "baseline_peak_bytes": checks[0].projection.run_peak_bytes if checks else None,
             "baseline_step_ns": checks[0].projection.step_ns if checks else None,
+            "compared": compared(baseline, checks),
+            "baseline_checkpointing": baseline.checkpointing if baseline else None,
+            "baseline_recompute": (
+                baseline.leftover.to_json() if baseline and baseline.leftover else None
+            ),
             "plans": [c.to_json() for c in checks],
             "missing_runs": list(missing),
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
         return
-    print(format_table(output, checks))
+    print(format_table(output, checks, baseline))
 
 
-def format_table(output: Path, checks: Sequence[Check]) -> str:
-    """Projected vs measured, one line per plan."""
+def _extra_cells(c: Check) -> str:
+    t = c.time
+    if t is None:
+        return f"{'-':>23}{'-':>28}"
+    measured = f"{t.measured_ns / 1e6:.1f} ({t.low_ns / 1e6:.1f}..{t.high_ns / 1e6:.1f}) ms"
+    flag = " MISS" if t.miss else ""
+    return f"{t.projected_ns / 1e6:>20.1f} ms{measured:>28}{flag}"
+
+
+def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
+    """One sentence: what the projection was made over and what each plan run measured."""
+    from ckview.analysis.recompute import BYPASSED, PLAN, describe_checkpointing
+
+    over = describe_checkpointing(baseline.checkpointing if baseline else BYPASSED)
+    runs = {c.checkpointing for c in checks} or {PLAN}
+    measured = "; ".join(describe_checkpointing(r) for r in sorted(runs))
+    return (
+        f"each plan projected over run {BASELINE!r} ({over}) vs measured in its own run "
+        f"'plan:<name>' ({measured})"
+    )
+
+
+def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
+    """NOTE [ Recompute in a bypassed run ]: one line per run that still recomputes."""
+    lines = []
+    if baseline is not None and baseline.leftover is not None:
+        lines.append("warning: " + baseline.leftover.describe(BASELINE))
+    lines += [
+        "warning: " + c.leftover.describe(f"plan:{c.projection.plan}")
+        for c in checks
+        if c.leftover is not None
+    ]
+    lines += [
+        f"warning: plan {c.projection.plan}: projected extra time {c.time.projected_ns / 1e6:.1f}"
+        f" ms per step is outside the measured {c.time.low_ns / 1e6:.1f} .. "
+        f"{c.time.high_ns / 1e6:.1f} ms (median {c.time.measured_ns / 1e6:.1f} ms)"
+        for c in checks
+        if c.time is not None and c.time.miss
+    ]
+    timed = [c.time for c in checks if c.time is not None]
+    if any(not t.plain for t in timed):
+        lines.append(
+            "note: extra times are from recorded steps (the script ended before the timing "
+            "steps, or they do not match the recorded calls): they carry the recorder's cost"
+        )
+    elif timed:
+        lines.append(
+            f"extra time: median of {min(t.steps for t in timed)} plain steps per run "
+            "(unrecorded), projected from the baseline's plain forward times plus "
+            "checkpoint's fixed cost per call"
+        )
+    return lines
+
+
+def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | None = None) -> str:
+    """Projected vs measured, one line per plan, then what was compared and any warning."""
     from ckview.analysis import format_bytes as fb
 
     if not checks:
@@ -229,13 +404,14 @@ def format_table(output: Path, checks: Sequence[Check]) -> str:
         f"{output}: plans projected over run {BASELINE!r} (peak {fb(first.run_peak_bytes)}, "
         f"step {first.step_ns / 1e6:.1f} ms) vs measured in their own runs",
         f"{'plan':<{width}}{'projected peak':>15}{'measured peak':>15}{'error':>9}"
-        f"{'projected extra':>17}{'measured extra':>16}",
+        f"{'extra/step: projected':>23}{'measured (low..high)':>28}",
     ]
     for c in checks:
         p = c.projection
         lines.append(
             f"{p.plan:<{width}}{fb(p.peak_bytes):>15}{fb(c.measured_peak_bytes):>15}"
-            f"{c.peak_error:>+9.2%}{p.extra_compute_ns / 1e6:>14.1f} ms"
-            f"{c.measured_extra_ns / 1e6:>13.1f} ms"
+            f"{c.peak_error:>+9.2%}{_extra_cells(c)}"
         )
+    lines.append(f"compared: {compared(baseline, checks)}")
+    lines += _warnings(baseline, checks)
     return "\n".join(lines)

@@ -1,0 +1,242 @@
+"""What a run's checkpointing was, and recompute where there should be none.
+
+NOTE [ Recompute in a bypassed run ]
+    Runs 'baseline' (the script's checkpointing bypassed) and 'plan:<name>' (bypassed, a plan
+    in its place) are only what they say if ckpt_runtime.bypass reached all of the script's
+    checkpointing. It reaches ``torch.utils.checkpoint``, HF's gradient checkpointing and
+    ``ckpt_runtime``; it cannot reach a hand-written ``torch.autograd.Function`` whose
+    backward re-runs the forward (the efficient DenseNet of csrhddlam/pytorch-checkpoint, or
+    Megatron-style ``CheckpointFunction`` copies). The recorder sees such a recompute anyway: a
+    recompute region, or module calls and ops that run forward code inside backward (phase
+    RECOMPUTE). In a 'baseline' that is the whole recompute; in a plan run, what lies outside
+    the plan's own regions (the plan's recomputes are ckpt_runtime's, marked as regions with an
+    id). Either way the run is not the un-checkpointed baseline it claims to be, and the
+    comparison says so instead of presenting it as one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ckview.trace.schema import Phase
+
+Table = Mapping[str, np.ndarray]
+
+BYPASSED, PLAN, SCRIPT = "bypassed", "plan", "script"
+_MEANING = {
+    BYPASSED: "the script's checkpointing bypassed",
+    PLAN: "the script's checkpointing bypassed, the plan in its place",
+    SCRIPT: "the script's checkpointing as it runs",
+}
+
+
+def run_checkpointing(name: str, attr: str = "") -> str:
+    """The run's ``checkpointing`` ("bypassed", "plan", "script"): its attribute (trace format
+    v2), else what the recorder's run names mean ('baseline', 'plan:<name>', other)."""
+    if attr:
+        return attr
+    if name == "baseline":
+        return BYPASSED
+    return PLAN if name.startswith("plan:") else SCRIPT
+
+
+def describe_checkpointing(checkpointing: str) -> str:
+    """A few words saying what a run's checkpointing was."""
+    return _MEANING.get(checkpointing, checkpointing or "unknown")
+
+
+@dataclass(frozen=True)
+class LeftoverRecompute:
+    """Recompute seen in a run whose checkpointing was bypassed (NOTE [ Recompute in a
+    bypassed run ])."""
+
+    regions: int
+    """Recompute regions the script's own code ran (not ckpt_runtime's plan regions)."""
+    ops: int
+    """Ops run as recompute."""
+    compute_ns: int
+    names: tuple[str, ...]
+    """Names of the recomputed regions (module paths or functions), first seen first."""
+
+    def describe(self, run: str) -> str:
+        """One sentence: what was seen and what it means."""
+        names = ", ".join(self.names[:3]) + (", ..." if len(self.names) > 3 else "")
+        return (
+            f"run {run!r} still recomputes ({self.regions} region(s): {names or 'unnamed'}; "
+            f"{self.ops} ops, {self.compute_ns / 1e6:.1f} ms) although the script's "
+            "checkpointing was bypassed: the script checkpoints in a way ckview cannot switch "
+            "off (a hand-written torch.autograd.Function that recomputes in backward?), so this "
+            "run is not an un-checkpointed baseline; remove that checkpointing from the script "
+            "to compare like for like (if the script has none, a forward checkpointed before "
+            "the run began was recomputed in it: its steps are not whole iterations)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "regions": self.regions,
+            "ops": self.ops,
+            "compute_ns": self.compute_ns,
+            "names": list(self.names),
+        }
+
+
+def leftover_recompute(
+    tables: Mapping[str, Table], strings: Sequence[str], plan_run: bool = False
+) -> LeftoverRecompute | None:
+    """The recompute in a bypassed run (``recompute_regions`` and ``ops``), None if there is
+    none. In a plan run (``plan_run``) the regions ckpt_runtime marked with an id are the
+    plan's and do not count."""
+    regions = tables["recompute_regions"]
+    ops = tables["ops"]
+    region_id = np.asarray(regions["region"], dtype=np.int64)
+    script = np.flatnonzero(region_id < 0) if plan_run else np.arange(len(region_id))
+    recompute = np.asarray(ops["phase"]) == Phase.RECOMPUTE
+    if plan_run:
+        recompute &= _outside(regions, region_id >= 0, len(recompute))
+    if not script.size and not recompute.any():
+        return None
+    duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
+    names = dict.fromkeys(strings[int(n)] for n in np.asarray(regions["name"])[script])
+    return LeftoverRecompute(
+        regions=int(script.size),
+        ops=int(recompute.sum()),
+        compute_ns=int(duration[recompute].sum()),
+        names=tuple(n for n in names if n),
+    )
+
+
+def _outside(regions: Table, mask: np.ndarray, n_ops: int) -> np.ndarray:
+    """(n_ops,) bool: ops outside the op ranges of the ``mask`` regions."""
+    inside = np.zeros(n_ops + 1, dtype=np.int64)
+    first = np.asarray(regions["first_op"], dtype=np.int64)[mask]
+    end = np.asarray(regions["end_op"], dtype=np.int64)[mask]
+    end = np.where(end < 0, n_ops, end)
+    np.add.at(inside, np.clip(first, 0, n_ops), 1)
+    np.add.at(inside, np.clip(end, 0, n_ops), -1)
+    return np.cumsum(inside)[:n_ops] == 0
+
+
+# ----------------------------------------------------------------------------- extra time
+
+
+@dataclass(frozen=True)
+class ExtraTime:
+    """Projected vs measured extra time per step (NOTE [ Extra time, like for like ]).
+
+    NOTE [ Extra time, like for like ]
+        Measured: the median plain step of the plan run minus the median plain step of the
+        baseline run, with the spread from the lowest to the highest difference of single
+        steps. Plain steps are each run's unrecorded timing steps (at least 3; NOTE [ Plain
+        timing steps ] in recorder/timing.py): wall-clock time, everything the plan costs
+        included, without the recorder's per-op cost. Projected: per baseline step, the plain
+        forward time of each recomputed call (median over the baseline's timing steps, times
+        the share of it the replay runs: NOTE [ Early stop ]) plus checkpoint's fixed cost per
+        recomputed call (NOTE [ Fixed cost of a checkpoint call ]), measured on this machine.
+        Without timing steps, both sides fall back to recorded steps and recorded op times
+        (and say so). A projection is a miss when it lies outside the measured spread widened
+        by a quarter of the median and 1 ms: timings are noisy on shared CPUs, not by a
+        factor.
+    """
+
+    projected_ns: int
+    measured_ns: int
+    low_ns: int
+    high_ns: int
+    steps: int
+    """Steps in the smaller of the two runs."""
+    plain: bool
+    """From plain timing steps (else from recorded steps, with the recorder's cost)."""
+
+    @property
+    def miss(self) -> bool:
+        margin = max(abs(self.measured_ns) // 4, 1_000_000)
+        return not self.low_ns - margin <= self.projected_ns <= self.high_ns + margin
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "projected_ns": self.projected_ns,
+            "measured_median_ns": self.measured_ns,
+            "measured_low_ns": self.low_ns,
+            "measured_high_ns": self.high_ns,
+            "steps": self.steps,
+            "plain_steps": self.plain,
+            "miss": self.miss,
+        }
+
+
+def step_durations(steps: Table) -> np.ndarray:
+    """Durations of the run's complete steps (those with an end)."""
+    end = np.asarray(steps["end_ns"], dtype=np.int64)
+    start = np.asarray(steps["start_ns"], dtype=np.int64)
+    return (end - start)[end >= 0]
+
+
+def extra_time(
+    baseline_steps: Sequence[int] | np.ndarray,
+    plan_steps: Sequence[int] | np.ndarray,
+    projected_ns: int,
+    plain: bool,
+) -> ExtraTime | None:
+    """NOTE [ Extra time, like for like ]: ``projected_ns`` per step against the step times of
+    the two runs; None if either has none."""
+    base, plan = np.asarray(baseline_steps), np.asarray(plan_steps)
+    if not len(base) or not len(plan):
+        return None
+    return ExtraTime(
+        projected_ns=int(projected_ns),
+        measured_ns=int(np.median(plan) - np.median(base)),
+        low_ns=int(plan.min() - base.max()),
+        high_ns=int(plan.max() - base.min()),
+        steps=int(min(len(base), len(plan))),
+        plain=plain,
+    )
+
+
+def plain_recompute_ns(
+    tables: Mapping[str, Table], projection: Any, plain_calls: Mapping[int, Sequence[int]]
+) -> int | None:
+    """The projection's recompute time from plain forward times (NOTE [ Extra time, like for
+    like ]): per recomputed instance, the plain duration of its top-level calls (median over
+    timing steps, matched by module and call order within the step), times the share of its
+    recorded forward op time that the replay runs (NOTE [ Early stop ]). None if a call has no
+    plain time."""
+    calls, ops = tables["module_calls"], tables["ops"]
+    order = _call_order(calls)
+    module = np.asarray(calls["module"], dtype=np.int64)
+    inst = projection.instances
+    forward = np.asarray(ops["phase"]) == Phase.FORWARD
+    op_call = np.asarray(ops["module_call"], dtype=np.int64)
+    duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
+    total = 0.0
+    for r in projection.recomputes:
+        i = r.instance
+        plain = 0
+        for call in inst.top_call[inst.top_instance == i]:
+            times = plain_calls.get(int(module[call]), ())
+            if order[call] >= len(times):
+                return None
+            plain += times[order[call]]
+        inside = forward & (op_call >= inst.first_call[i]) & (op_call < inst.call_stop[i])
+        recorded = int(duration[inside].sum())
+        total += plain * (r.compute_ns / recorded if recorded else 1.0)
+    return round(total)
+
+
+def _call_order(calls: Table) -> np.ndarray:
+    """(c,) int64: each FORWARD call's index among the forward calls of its module in its step
+    (-1 for other calls)."""
+    module = np.asarray(calls["module"], dtype=np.int64)
+    step = np.asarray(calls["step"], dtype=np.int64)
+    rows = np.flatnonzero(np.asarray(calls["phase"]) == Phase.FORWARD)
+    rows = rows[np.lexsort((rows, module[rows], step[rows]))]
+    out = np.full(len(module), -1, dtype=np.int64)
+    if rows.size:
+        key = step[rows] * (module.max() + 1) + module[rows]
+        starts = np.flatnonzero(np.append(True, key[1:] != key[:-1]))
+        first = np.repeat(starts, np.diff(np.append(starts, len(rows))))
+        out[rows] = np.arange(len(rows)) - first
+    return out

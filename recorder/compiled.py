@@ -1,0 +1,132 @@
+"""The recorder and ``torch.compile``: compiled code runs eagerly while steps are recorded,
+dynamo stays out of ckview's own code, and compilation resumes when recording ends.
+
+NOTE [ torch.compile under the recorder ]
+With a non-infra ``TorchDispatchMode`` on the mode stack, dynamo (torch 2.13,
+``config.inline_torch_dispatch_torch_compile``) does not compile a frame: it runs it eagerly
+("non-infra torch dispatch mode present, this is not supported today in torch.compile") and
+marks the frame's code to be skipped for good, so the model stayed eager after recording too.
+Inside the mode's own ``__torch_dispatch__`` the mode is off the stack, so dynamo compiled the
+recorder's handler, once per op signature, until it hit its recompile limit: pages of warnings
+and seconds of compile time. Code compiled before the recorder was entered would run from
+dynamo's cache under the mode.
+
+A mode could claim ``ignore_compile_internals`` and let compiled graphs run under it, but
+inductor's kernels allocate and free their buffers without any aten op: the recorder would see a
+fused graph's tensors only where they meet an extern kernel (``mm.out``) or autograd, and the
+timeline would be wrong without saying so. So, while the recorder is installed:
+
+* ``torch.compile``'d code runs eagerly (``torch.compiler.set_stance("force_eager")``, set as
+  soon as dynamo is imported), and the trace records what runs: eager aten ops, whose memory
+  is the eager one (inductor's fusion usually saves less for backward). The trace's ``compiled``
+  meta field says ``no``: the recorded steps ran no compiled code.
+* When recording ends the previous stance comes back, nothing was marked skipped, and the
+  script compiles and runs compiled as it would have without ckview.
+* Every function of the recorder is marked for dynamo to skip (a flag on the code object, no
+  per-op cost, unlike the ``torch._dynamo.disable`` wrapper ``TorchDispatchMode`` would put
+  around ``__torch_dispatch__``), so that dynamo never traces ckview's hooks, whatever stance a
+  script sets.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def skip_in_dynamo(*modules: types.ModuleType) -> None:
+    """Mark every function defined in ``modules`` (methods and nested functions too) for dynamo
+    to run as plain Python, never to trace. See NOTE [ torch.compile under the recorder ]."""
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+    except ImportError:  # a torch without dynamo
+        return
+    strategy = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+    for module in modules:
+        for code in _codes_of(module):
+            set_code_exec_strategy(code, strategy)
+
+
+def _codes_of(module: types.ModuleType) -> Iterator[types.CodeType]:
+    seen: set[int] = set()
+    stack: list[Any] = list(vars(module).values())
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (staticmethod, classmethod)):
+            stack.append(obj.__func__)
+        elif isinstance(obj, property):
+            stack += [f for f in (obj.fget, obj.fset, obj.fdel) if f is not None]
+        elif isinstance(obj, types.FunctionType) and obj.__module__ == module.__name__:
+            stack.append(obj.__code__)
+        elif isinstance(obj, type) and obj.__module__ == module.__name__:
+            stack += list(vars(obj).values())
+        elif isinstance(obj, types.CodeType):
+            yield obj
+            stack += [c for c in obj.co_consts if isinstance(c, types.CodeType)]
+
+
+class EagerWhileRecording:
+    """Sets ``torch.compiler.set_stance("force_eager")`` while installed and restores the
+    previous stance on ``uninstall``; see NOTE [ torch.compile under the recorder ].
+
+    Importing dynamo takes seconds, so a script that never compiles never pays for it: the
+    stance is set at install if dynamo is already imported, else when ``torch.compile`` is first
+    called.
+    """
+
+    def __init__(self) -> None:
+        self._prior: Any = None
+        self._applied = False
+        self._installed = False
+        self._orig_compile: Any = None
+
+    def install(self) -> None:
+        self._installed = True
+        if "torch._dynamo" in sys.modules:
+            self._apply()
+            return
+        self._orig_compile = torch.compile
+        guard = self
+
+        @functools.wraps(torch.compile)
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            compiled = guard._orig_compile(*args, **kwargs)
+            if guard._installed:
+                guard._apply()
+            return compiled
+
+        torch.compile = compile
+
+    def uninstall(self) -> None:
+        self._installed = False
+        if self._orig_compile is not None:
+            torch.compile = self._orig_compile
+            self._orig_compile = None
+        if self._applied:
+            from torch._dynamo.eval_frame import _set_stance
+
+            _set_stance(self._prior)
+            self._applied = False
+
+    def _apply(self) -> None:
+        if self._applied:
+            return
+        from torch._dynamo.eval_frame import DynamoStance, _set_stance
+
+        self._prior = _set_stance(DynamoStance("force_eager"))
+        self._applied = True
+
+
+__all__ = ["EagerWhileRecording", "skip_in_dynamo"]

@@ -1,0 +1,105 @@
+"""torch.compile under the recorder (NOTE [ torch.compile under the recorder ]): compiled code
+runs eagerly while recorded, the trace says so, and it runs compiled again afterwards."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ckview.trace.schema import Phase
+from recorder import Recorder
+from tests.conftest import ROOT, read_run
+
+
+class CountingBackend:
+    """A dynamo backend that counts graphs compiled and compiled graphs run."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.counts["compiled"] += 1
+
+        def run(*args: Any) -> Any:
+            self.counts["ran"] += 1
+            return gm.forward(*args)
+
+        return run
+
+
+def test_code_compiled_before_recording_runs_eagerly_then_compiled_again(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    backend = CountingBackend()
+    forward = torch.compile(lambda x: model(x), backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def iteration() -> None:
+        forward(torch.randn(8, 16)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    iteration()
+    assert backend.counts == {"compiled": 1, "ran": 1}
+    with Recorder(tmp_path / "t.h5", steps=1, warmup=1, progress=False):
+        iteration()
+        iteration()
+    assert backend.counts == {"compiled": 1, "ran": 1}, "compiled code ran under the recorder"
+    iteration()
+    assert backend.counts == {"compiled": 1, "ran": 2}, "not compiled again after recording"
+
+    tables = read_run(tmp_path / "t.h5")
+    assert tables["meta"].compiled == "no"
+    ops = tables["ops"]
+    names = {tables["strings"][i] for i in ops["name"][ops["phase"] == Phase.FORWARD]}
+    assert {"aten.addmm.default", "aten.gelu.default"} <= names  # the eager ops that ran
+    assert len(tables["modules"]["path"]) == 4  # module hooks saw every layer
+
+
+SCRIPT = """
+import collections, torch
+from torch import nn
+runs = collections.Counter()
+def backend(gm, example_inputs):
+    runs["compiled"] += 1
+    def run(*args):
+        runs["ran"] += 1
+        return gm.forward(*args)
+    return run
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+forward = torch.compile(lambda x: model(x), backend=backend)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    forward(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+print("runs", runs["compiled"], runs["ran"])
+"""
+
+
+def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
+    """``ckview record`` enters the recorder before the script imports dynamo: the script's
+    first ``torch.compile`` sets the eager stance. No dynamo warnings about the recorder's own
+    code (it used to hit the recompile limit compiling ``__torch_dispatch__``)."""
+    script = tmp_path / "compiled.py"
+    script.write_text(SCRIPT)
+    trace = tmp_path / "t.h5"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "ckview", "record", str(script), "-o", str(trace), "--steps", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "recompile" not in done.stderr
+    assert "session.py" not in done.stderr
+    # Steps 1-3 (warmup and two recorded) ran eagerly; step 4 compiled once and ran compiled.
+    assert "runs 1 1" in done.stdout
+    tables = read_run(trace)
+    assert tables["meta"].compiled == "no"
+    assert (tables["ops"]["phase"] == Phase.FORWARD).sum() > 0
