@@ -101,7 +101,7 @@ CI_LOOPS = {
     "checkpoint_sequential": "checkpoint_sequential",
     "python_loop_sequential": "a Sequential looped over in Python",
     "function_checkpoints": "checkpoints of plain functions",
-    "heavy_model": "the tutorial HeavyModel (deep graph of tiny checkpointed functions), scaled down",
+    "heavy_model": "the tutorial HeavyModel (tiny checkpointed functions), scaled down",
 }
 """The loops CI runs, with the pattern of issue 9 each stands for (NOTE [ How the loop tests
 run ])."""
