@@ -14,8 +14,9 @@ loops with their own checkpointing, once more with ``--checkpoint``). One run of
 records the baseline and every plan, and each plan is projected over the baseline.
 
 Prints one table: projected vs measured peak (the target is within 2%), and projected vs
-measured extra time (the plan run's recompute; medians and spread when verify reports them,
-noisy on shared CPUs); then one line per verify that failed, with its error. ``--examples`` or
+measured extra time per step (verify's: the median of plain timing steps per run, with the
+spread, MISS where verify flags the projection; noisy on shared CPUs); then the misses and one
+line per verify that failed, with its error. ``--examples`` or
 ``--loops`` alone runs only that group; neither runs both. ``--quick`` runs the loops at the
 small sizes the tests use.
 """
@@ -26,6 +27,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,14 +44,15 @@ EXAMPLES = ("mlp", "cnn", "transformer", "gpt2")
 PRESETS = ("none", "all", "sqrt")
 BUDGET_SHARE = 0.6
 TARGET = 0.02
+TIMING_STEPS = 3
+"""verify's plain timing steps per run (its default; NOTE [ Plain timing steps ])."""
 
 
-def script_steps(plans: int) -> int:
-    """Iterations a script runs under verify: 1 warmup, then per run (baseline and each plan)
-    one warm-up and ``TIMING_STEPS`` plain timing steps and one recorded step; and a margin."""
-    from ckview.cli.verify import TIMING_STEPS
-
-    return 1 + (1 + plans) * (1 + TIMING_STEPS + 1) + 2
+def script_steps(n_plans: int) -> int:
+    """Iterations a script runs under verify (``--stop-after`` ends it once all are recorded):
+    a warmup step, then per run (the baseline and one per plan) a warm-up and ``TIMING_STEPS``
+    plain timing steps and the recorded step; one more as a margin."""
+    return 1 + (1 + n_plans) * (1 + TIMING_STEPS + 1) + 1
 
 
 def load_corpus() -> Any:
@@ -97,7 +100,7 @@ class Outcome:
     label: str
     plans: list[dict[str, Any]]
     error: str
-    """'' when verify succeeded; else its exit code and last line of stderr."""
+    """'' when verify succeeded; else why it failed (``failure``)."""
 
 
 def verify_case(case: Case, folder: Path) -> Outcome:
@@ -106,7 +109,7 @@ def verify_case(case: Case, folder: Path) -> Outcome:
     args = [a for plan in case.plans for a in ("--plan", plan)]
     proc = ckview_proc(
         "verify", str(case.script), *args, "--steps", "1", "--stop-after", "--no-progress",
-        "--json", "-o", str(trace), "--", *case.script_args,
+        "--timing-steps", str(TIMING_STEPS), "--json", "-o", str(trace), "--", *case.script_args,
     )  # fmt: skip
     try:
         doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
@@ -114,10 +117,21 @@ def verify_case(case: Case, folder: Path) -> Outcome:
         doc = {}
     plans = list(doc.get("plans", []))
     if proc.returncode != 0 or not plans:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        last = lines[-1] if lines else "(no output)"
-        return Outcome(case.label, plans, f"exit {proc.returncode}: {last}")
+        return Outcome(case.label, plans, failure(proc))
     return Outcome(case.label, plans, "")
+
+
+def failure(proc: subprocess.CompletedProcess[str]) -> str:
+    """Why a verify failed, in one line: the signal that killed it (a crash prints nothing of
+    its own), else its exit code and last line of stderr."""
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        return f"killed by {name} (exit {proc.returncode}): the recording process crashed"
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    return f"exit {proc.returncode}: {lines[-1] if lines else '(no output)'}"
 
 
 def loop_cases(names: Sequence[str], quick: bool) -> list[Case]:
@@ -127,8 +141,7 @@ def loop_cases(names: Sequence[str], quick: bool) -> list[Case]:
     cases = []
     for name in names:
         loop = by_name[name]
-        steps = script_steps(len(loop.plans))
-        base = (*(loop.quick if quick else ()), "--steps", str(steps))
+        base = (*(loop.quick if quick else ()), "--steps", str(script_steps(len(loop.plans))))
         cases.append(Case(name, loop.script, loop.plans, base))
         if loop.checkpoint:
             cases.append(Case(f"{name} --checkpoint", loop.script, loop.plans,
@@ -205,35 +218,21 @@ def example_case(example: str, folder: Path, n_random: int, seed: int) -> tuple[
 # ----------------------------------------------------------------------------- the table
 
 
-def _first(p: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if p.get(key) is not None:
-            return p[key]
-    return None
-
-
-def extra_ms(p: dict[str, Any], side: str) -> str:
-    """Extra time per step of one side ('projected' or 'measured') in ms: verify's
-    ``extra_time_per_step`` (medians of plain timing steps, the measured spread from lowest to
-    highest, and MISS where verify flags one); else the median and spread under any of the
-    names below, or the single value."""
-    timed = p.get("extra_time_per_step")
-    if isinstance(timed, dict):
-        if side == "projected":
-            return f"{timed['projected_ns'] / 1e6:.1f}"
-        low, high = timed["measured_low_ns"] / 1e6, timed["measured_high_ns"] / 1e6
-        miss = " MISS" if timed.get("miss") else ""
-        return f"{timed['measured_median_ns'] / 1e6:.1f} ({low:.1f}..{high:.1f}){miss}"
-    value = _first(p, f"{side}_extra_median_ns", f"{side}_extra_ns_median", f"{side}_extra_ns")
-    spread = _first(p, f"{side}_extra_spread_ns", f"{side}_extra_ns_spread",
-                    f"{side}_extra_iqr_ns", f"{side}_extra_ns_iqr")  # fmt: skip
-    if isinstance(value, dict):
-        spread = _first(value, "spread_ns", "spread", "iqr_ns", "iqr")
-        value = _first(value, "median_ns", "median", "value_ns")
-    if value is None:
-        return "-"
-    cell = f"{value / 1e6:.1f}"
-    return f"{cell} ±{spread / 1e6:.1f}" if spread is not None else cell
+def extra_cells(p: dict[str, Any]) -> tuple[str, str]:
+    """Projected and measured extra time per step in ms (verify's ``extra_time_per_step``:
+    NOTE [ Extra time, like for like ]): the measured median with its spread (lowest..highest
+    single-step difference), '*' after it where verify flags the projection as a miss, and
+    '(rec)' where the times come from recorded steps (with the recorder's cost) instead of plain
+    timing steps."""
+    t = p.get("extra_time_per_step")
+    if not t:
+        return "-", "-"
+    measured = (
+        f"{t['measured_median_ns'] / 1e6:.1f} "
+        f"({t['measured_low_ns'] / 1e6:.1f}..{t['measured_high_ns'] / 1e6:.1f})"
+    )
+    flags = (" MISS" if t.get("miss") else "") + ("" if t.get("plain_steps", True) else " (rec)")
+    return f"{t['projected_ns'] / 1e6:.1f}", measured + flags
 
 
 def row(label: str, p: dict[str, Any]) -> list[str]:
@@ -247,13 +246,12 @@ def row(label: str, p: dict[str, Any]) -> list[str]:
         fb(p["projected_peak_bytes"]) if p.get("projected_peak_bytes") is not None else "-",
         fb(measured) if measured is not None else "-",
         f"{error:+.2f}%" if error is not None else "-",
-        extra_ms(p, "projected"),
-        extra_ms(p, "measured"),
+        *extra_cells(p),
     ]
 
 
 HEADER = ["loop", "plan", "projected peak", "measured peak", "error",
-          "proj. extra ms/step", "meas. extra ms/step (low..high)"]  # fmt: skip
+          "proj. extra ms/step", "meas. extra ms/step: median (low..high)"]  # fmt: skip
 
 
 def format_table(rows: list[list[str]]) -> str:
@@ -272,10 +270,15 @@ def report(outcomes: Sequence[Outcome], notes: dict[str, str]) -> int:
     errors = [abs(p.get("peak_error_percent") or 0.0) / 100 for o in outcomes for p in o.plans]
     print(format_table(rows))
     within = sum(e <= TARGET for e in errors)
+    timed = [
+        p["extra_time_per_step"] for o in outcomes for p in o.plans if p.get("extra_time_per_step")
+    ]
+    misses = sum(bool(t.get("miss")) for t in timed)
     failed = [o for o in outcomes if o.error]
     print(
         f"\n{within} of {len(rows)} plans projected within {TARGET:.0%} of the measured peak "
-        f"(worst {max(errors, default=0):.3%}); {len(failed)} of {len(outcomes)} verify runs failed"
+        f"(worst {max(errors, default=0):.3%}); extra time: {misses} of {len(timed)} projections "
+        f"outside the measured spread; {len(failed)} of {len(outcomes)} verify runs failed"
     )
     for o in failed:
         print(f"failed: {o.label}: {o.error}")
