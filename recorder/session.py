@@ -250,6 +250,7 @@ class Recorder:
         self._t0 = 0
         # autograd / phase state
         self._in_backward = False
+        self._counted_task = -1  # graph task whose backward pass was counted last
         self._optimizer_depth = 0  # > 0 inside optimizer.step(), 0 again inside its closure
         self._recompute_depth = 0
         self._top_phase = _OTHER
@@ -805,7 +806,12 @@ class Recorder:
         self._recompute_depth = 0
         self._close_region()
         self._top_phase = _OTHER
-        self._tracker.on_backward()
+        # A callback queued after ours (DDP's reducer copying buckets into .grad) runs ops in
+        # the same graph task: backward "begins" again there, but it is one backward pass.
+        task = _current_graph_task_id()
+        if task < 0 or task != self._counted_task:
+            self._tracker.on_backward()
+        self._counted_task = task
         if self._state is State.RECORDING:
             self._mark_gradients()
         if self._tracker.boundary_at_next_forward():
