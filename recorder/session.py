@@ -1193,9 +1193,10 @@ class Recorder:
     def _mark_optimizer_tensors(self) -> None:
         for opt in list(self._optimizers):
             for param, state in opt.state.items():
+                # Values may be lists of tensors (L-BFGS's history: old_dirs, old_stps, ro).
                 for value in state.values():
-                    if isinstance(value, _Tensor):
-                        self._mark(value, int(Category.OPTIMIZER_STATE), owner=param)
+                    for tensor in _tensors_in(value):
+                        self._mark(tensor, int(Category.OPTIMIZER_STATE), owner=param)
 
     # ----------------------------------------------------------------- saved tensors
 

@@ -227,3 +227,17 @@ def step_allocated_peaks(storages: Table, events: Table, steps: Table) -> np.nda
         highs = np.maximum.reduceat(running[1:], start[nonempty])
         peaks[nonempty] = highs - running[start[nonempty]]
     return np.maximum(peaks, 0)
+
+
+#: Categories that no checkpoint plan changes and that carry over from step to step.
+PERSISTENT = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
+
+
+def persistent_bytes_at_start(storages: Table, events: Table) -> int:
+    """Bytes of parameters, gradients and optimizer state live when the run began (point 0).
+
+    Two runs of one step that differ here began from different training states (optimizer
+    state that grows from iteration to iteration, as L-BFGS's history does).
+    """
+    tl = memory_timeline(storages, events)
+    return int(sum(tl.by_category[c, 0] for c in PERSISTENT))
