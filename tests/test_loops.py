@@ -54,7 +54,7 @@ import pytest
 from ckview.cli.main import main as ckview_main
 from ckview.cli.verify import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
-from ckview.trace.schema import Category, Phase
+from ckview.trace.schema import Category, MemoryEventKind, Phase
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_PERCENT = 2.0
@@ -472,9 +472,16 @@ def test_compiled_model_says_how_it_ran(done: dict[tuple[str, str], Done]) -> No
     assert "recompile" not in d.stderr, f"dynamo recompiled under the recorder\n{d.context()}"
 
 
-def _live_at(storages: dict[str, np.ndarray], t: int) -> np.ndarray:
-    """Mask of the storages alive at time ``t`` (allocated at or before it, not yet freed)."""
-    alive = storages["alloc_ns"] <= t
+def _live_at(
+    storages: dict[str, np.ndarray], events: dict[str, np.ndarray], t: int
+) -> np.ndarray:
+    """Mask of the storages alive at time ``t``: allocated, or for one that existed before the
+    run, first seen (a batch arrives from a worker when the loop takes it), at or before ``t``,
+    and not yet freed."""
+    arrival = storages["alloc_ns"].copy()
+    seen = events["kind"] == MemoryEventKind.SEEN
+    arrival[events["storage"][seen]] = events["time_ns"][seen]
+    alive = (arrival >= 0) & (arrival <= t)
     return alive & ((storages["free_ns"] == -1) | (storages["free_ns"] > t))
 
 
@@ -490,8 +497,10 @@ def test_dataloader_batch_is_an_input_from_its_arrival(
     image_bytes = 32 * 1 * 28 * 28 * 4  # the script's default batch of 1x28x28 float images
     with open_trace(d.job.trace) as t:
         storages = t.run("baseline").table("storages").read()
+        events = t.run("baseline").table("memory_events").read()
     batches = (storages["nbytes"] == image_bytes) & (storages["category"] == Category.INPUT)
-    at_peak = int(np.sum(batches & _live_at(storages, runs["baseline"]["peak_time_ns"])))
+    live = _live_at(storages, events, runs["baseline"]["peak_time_ns"])
+    at_peak = int(np.sum(batches & live))
     starts = {run: s["baseline_bytes"] for run, s in runs.items()}
     assert at_peak == 1, f"{at_peak} image batches live at the peak\n{d.context()}"
     assert len(set(starts.values())) == 1, f"'at start' per run: {starts}\n{d.context()}"
