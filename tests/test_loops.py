@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ckview.analysis import live_storages
 from ckview.cli.main import main as ckview_main
 from ckview.cli.verify import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
@@ -499,10 +500,14 @@ def test_dataloader_batch_is_an_input_from_its_arrival(
         storages = t.run("baseline").table("storages").read()
         events = t.run("baseline").table("memory_events").read()
     batches = (storages["nbytes"] == image_bytes) & (storages["category"] == Category.INPUT)
-    live = _live_at(storages, events, runs["baseline"]["peak_time_ns"])
-    at_peak = int(np.sum(batches & live))
+    arrived = batches & _live_at(storages, events, runs["baseline"]["peak_time_ns"])
+    shown = np.zeros_like(batches)
+    shown[live_storages(storages, events, runs["baseline"]["peak_event"])] = True
     starts = {run: s["baseline_bytes"] for run, s in runs.items()}
-    assert at_peak == 1, f"{at_peak} image batches live at the peak\n{d.context()}"
+    # A worker may hand over the next batch before the peak (then two are really there), but
+    # never is a batch counted before it arrived.
+    assert 1 <= int(arrived.sum()) <= 2, f"{int(arrived.sum())} batches at the peak\n{d.context()}"
+    np.testing.assert_array_equal(shown & batches, arrived, err_msg=d.context())
     assert len(set(starts.values())) == 1, f"'at start' per run: {starts}\n{d.context()}"
 
 
