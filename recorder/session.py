@@ -87,6 +87,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ckview import __version__ as ckview_version
 from ckview.trace import TraceWriter
+from ckview.trace.ranks import this_rank_path
 from ckview.trace.schema import (
     CATEGORY_PRIORITY,
     NO_INDEX,
@@ -226,7 +227,7 @@ class Recorder:
             raise ValueError(f"steps must be at least 1, got {steps}")
         if warmup < 0:
             raise ValueError(f"warmup must be 0 or more, got {warmup}")
-        self.path = Path(path)
+        self.path = this_rank_path(path)  # NOTE [ One file per rank ] in ckview/trace/ranks.py
         self.steps = steps
         self.warmup = warmup
         self.stop_after = stop_after

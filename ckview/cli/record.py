@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ckview.cli.distributed import is_launcher, run_launcher
 from ckview.cli.errors import CLIError
+from ckview.trace.ranks import this_rank_path
 
 
 def add_parser(verbs: Any) -> None:
@@ -90,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
     split_script_args(args)
     if args.plan and args.warmup == 0:
         raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
+    if is_launcher(args.target, args.module):  # NOTE [ Recording every rank ]
+        return run_launcher(args, default_output)
     check_target(args.target, args.module)
-    output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}.h5")
+    output = this_rank_path(args.output or default_output(args.target))
     runs = plan_runs(load_plans(args.plan or []), args.compare, args.compare)
     exit_code, steps, error = record_script(args, output, runs)
     report(output, steps, args, error)
@@ -99,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
         for line in leftover_warnings(output):
             print(f"ckview: warning: {line}", file=sys.stderr)
     return exit_code
+
+
+def default_output(target: str, suffix: str = "") -> Path:
+    """The trace a script records into without -o: ``train.py`` -> ``train{suffix}.h5``."""
+    return Path(f"{Path(target).stem.split('.')[-1]}{suffix}.h5")
 
 
 def leftover_warnings(output: Path) -> list[str]:

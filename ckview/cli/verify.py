@@ -22,17 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from ckview.cli import project as proj
+from ckview.cli.distributed import is_launcher, run_launcher
 from ckview.cli.errors import CLIError
 from ckview.cli.record import (
     _non_negative,
     add_record_options,
     check_target,
+    default_output,
     load_plans,
     plan_runs,
     record_script,
     report,
     split_script_args,
 )
+from ckview.trace.ranks import this_rank_path
 
 BASELINE = "baseline"
 TIMING_STEPS = 3
@@ -175,8 +178,10 @@ def run(args: argparse.Namespace) -> int:
     _take_verify_options(args)
     split_script_args(args)
     _check_args(args)
+    if is_launcher(args.target, args.module):  # NOTE [ Recording every rank ]
+        return run_launcher(args, lambda target: default_output(target, "-verify"))
     check_target(args.target, args.module)
-    output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}-verify.h5")
+    output = this_rank_path(args.output or default_output(args.target, "-verify"))
     plans = load_plans(args.plan)
     runs = plan_runs(plans, baseline=True, checkpointed=False)
     timings: dict[str, Any] = {}

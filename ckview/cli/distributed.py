@@ -1,0 +1,183 @@
+"""Recording under a distributed launcher: ``ckview record [OPTIONS] -m torch.distributed.run
+--nproc-per-node N train.py ARGS`` (also ``torch.distributed.launch``, the ``torchrun`` script,
+and ``ckview verify``) records one trace per rank.
+
+NOTE [ Recording every rank ]
+The ranks are the launcher's child processes; the process that runs the launcher trains nothing
+and records nothing. So ckview runs the launcher itself, as ``python -m torch.distributed.run``
+would, with the training script replaced by this module: each rank runs ``python -m
+ckview.cli.distributed TARGET ARGS`` and finds the verb and its options in the environment
+variable ``CKVIEW_RANK_RUN`` (JSON), then runs the verb as ``ckview VERB OPTIONS TARGET ARGS``
+would, into ``NAME.rank{R}.h5`` (NOTE [ One file per rank ] in ckview/trace/ranks.py). Nothing in
+ckview communicates between ranks, so no rank ever waits for another while recording or
+writing; steps stay aligned because every rank's loop runs the same steps under the same step
+rule. When a rank fails, the launcher stops the others with SIGTERM and each closes its trace,
+marked incomplete. ``torchrun ... -m ckview record train.py`` (ckview inside the launcher) needs
+none of this: each rank is a plain ``ckview record`` that names its file by its rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ckview.cli.errors import EXIT_USAGE, CLIError
+
+LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
+ENV = "CKVIEW_RANK_RUN"
+_LEGACY_RANK_ARGS = ("--local-rank=", "--local_rank=")
+
+
+def is_launcher(target: str, module: bool) -> bool:
+    """Whether ckview was asked to run a distributed launcher rather than a training script."""
+    return target in LAUNCHERS if module else Path(target).name == "torchrun"
+
+
+def run_launcher(args: argparse.Namespace, default_output: Callable[[str], Path]) -> int:
+    """Run the launcher in ``args.args`` so that every rank runs ``args.verb`` on the training
+    script (NOTE [ Recording every rank ]); report the rank traces. Exit code: 0 if every rank
+    ended well, 1 if one failed, CLIError if no rank recorded a step."""
+    from torch.distributed import run as torchrun
+
+    launcher = _parse_launcher_args(args)
+    user = [launcher.training_script, *launcher.training_script_args]
+    from ckview.cli.record import check_target
+
+    check_target(launcher.training_script, bool(launcher.module))
+    stem = args.output or default_output(launcher.training_script)
+    launcher.training_script_args = ["-m", *user] if launcher.module else user
+    launcher.training_script, launcher.module = __name__, True
+    started = time.time()
+    os.environ[ENV] = json.dumps(_rank_config(args))
+    failed: dict[int, Any] = {}
+    try:
+        torchrun.run(launcher)
+    except Exception as exc:  # ChildFailedError: one or more ranks failed
+        failed = dict(getattr(exc, "failures", None) or {-1: exc})
+    finally:
+        os.environ.pop(ENV, None)
+    return _report(stem, started, failed)
+
+
+def _parse_launcher_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The launcher's own arguments, parsed by the launcher's parser."""
+    import importlib
+
+    name = args.target if args.module else "torch.distributed.run"
+    try:
+        launcher = importlib.import_module(name).parse_args(list(args.args))
+    except SystemExit as exc:  # argparse printed what was wrong
+        raise CLIError(f"{name} did not accept its arguments (see above)") from exc
+    if launcher.no_python or launcher.run_path:
+        raise CLIError(
+            "ckview records a Python script or module in each rank; drop --no-python / --run-path"
+        )
+    return launcher
+
+
+def _rank_config(args: argparse.Namespace) -> dict[str, Any]:
+    """What each rank needs to run the verb as this process was asked to: its options (the
+    launcher's own target and arguments left out) and the command line, for the trace."""
+    options = {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in vars(args).items()
+        if k not in ("handler", "target", "args", "module")
+    }
+    return {"options": options, "command": ["ckview", *sys.argv[1:]]}
+
+
+def _report(stem: Path, started: float, failed: dict[int, Any]) -> int:
+    """One line per rank trace written by this launch; CLIError if none recorded a step."""
+    from ckview.trace import open_trace
+    from ckview.trace.errors import TraceError
+    from ckview.trace.ranks import rank_files
+
+    recorded, lines = 0, []
+    for path in rank_files(stem):
+        if path.stat().st_mtime < started:
+            continue  # an older recording's rank
+        try:
+            with open_trace(path) as trace:
+                meta = trace.meta
+        except TraceError as exc:
+            lines.append(f"{path}: unreadable ({exc})")
+            continue
+        recorded += meta.steps_recorded > 0
+        state = "complete" if meta.complete else f"incomplete: {meta.error or 'stopped'}"
+        lines.append(f"{path}: {meta.steps_recorded} steps, {state}")
+    why = _failures(failed)
+    if not recorded:
+        raise CLIError(
+            f"no rank recorded a step into {stem.stem}.rank*{stem.suffix}"
+            + (f" ({why})" if why else "")
+            + "; check the script's output above, lower --warmup or run more steps"
+        )
+    for line in lines:
+        print(f"ckview: {line}", file=sys.stderr)
+    if why:
+        print(f"ckview: {why}; the other ranks' traces are kept", file=sys.stderr)
+    print(f"ckview: next: ckview summary {stem} (all ranks)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _failures(failed: dict[int, Any]) -> str:
+    """``rank 1 failed (exit code 1)`` for the launcher's failures."""
+    parts = [
+        f"rank {rank} failed (exit code {getattr(f, 'exitcode', '?')})" if rank >= 0 else str(f)
+        for rank, f in sorted(failed.items())
+    ]
+    return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- in each rank
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """Entry of each rank: run the verb that ``CKVIEW_RANK_RUN`` names on ``[-m] TARGET ARGS``."""
+    from ckview.cli.main import VERBS
+    from ckview.trace.errors import TraceError
+
+    config = os.environ.get(ENV)
+    if config is None:
+        print(f"ckview: error: {ENV} is not set; run ckview record -m torch.distributed.run ...")
+        return EXIT_USAGE
+    args = _rank_args(json.loads(config), list(sys.argv[1:] if argv is None else argv))
+    verb = next(v for v in VERBS if v.__name__.rsplit(".", 1)[-1] == args.verb)
+    try:
+        return int(verb.run(args))
+    except (CLIError, TraceError) as exc:
+        print(f"ckview: error: rank {os.environ.get('RANK', '?')}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _rank_args(config: dict[str, Any], argv: list[str]) -> argparse.Namespace:
+    """The verb's arguments in this rank: the options handed down, the target from ``argv``.
+
+    ``torch.distributed.launch`` without ``--use-env`` puts ``--local-rank=N`` before the
+    target; it belongs to the script, as it would without ckview.
+    """
+    legacy = []
+    while argv and argv[0].startswith(_LEGACY_RANK_ARGS):
+        legacy.append(argv.pop(0))
+    module = bool(argv) and argv[0] == "-m"
+    if module:
+        argv.pop(0)
+    if not argv:
+        raise SystemExit("ckview: error: no training script given to the rank")
+    options = dict(config["options"])
+    if options.get("output") is not None:
+        options["output"] = Path(options["output"])
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        options["no_progress"] = True  # one progress line per machine, not one per rank
+    sys.argv = list(config["command"])  # the trace's command: the line the user typed
+    return argparse.Namespace(**options, target=argv[0], args=[*legacy, *argv[1:]], module=module)
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main())
