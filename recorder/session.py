@@ -51,6 +51,19 @@ nodes). So the recorder tells "in backward" by ``_current_graph_task_id()``, whi
 nothing, and asks for the node, to attribute backward ops to module calls through its sequence
 number, for at most ``_NODE_BUDGET`` nodes per backward pass; past that, ops keep the last
 attribution and ``seq_nr`` -1.
+
+NOTE [ FSDP's storages ]
+A DTensor (FSDP2's sharded parameters, their gradients and optimizer state) is a wrapper whose
+own storage is a placeholder of the global size; its data is its ``_local_tensor``, so the
+recorder follows that one (``_local``), and a DTensor parameter's local data is a
+SHARDED_PARAMETER. FSDP's own ops name its buffers: ``fsdp.all_gather_copy_in`` makes the flat
+all-gather buffers and ``fsdp.chunk_cat`` fills the reduce-scatter input (COMM_BUFFER),
+``fsdp.split_with_sizes_copy`` fills the all-gathered parameters (UNSHARDED_PARAMETER). FSDP
+frees and re-allocates an unsharded parameter by resizing its storage (no op; the storage
+object lives on), so the recorder wraps ``FSDPParam.free_unsharded_param`` and
+``alloc_all_gather_outputs``: a resize to 0 is the storage's FREE, and a resize back is a new
+storage row (ALLOC) of the same StorageImpl, owned by the parameter's module, its old weak
+reference disarmed (``sid`` -1).
 """
 
 from __future__ import annotations
@@ -122,6 +135,15 @@ _ST_FREE_NS = [c.name for c in RUN_TABLES["storages"]].index("free_ns")
 _ST_MODULE = [c.name for c in RUN_TABLES["storages"]].index("module")
 _CALL_WIDTH = len(RUN_TABLES["module_calls"])  # column 0 of a call row is its module
 _ACTIVATION = int(Category.ACTIVATION)
+_SHARDED = int(Category.SHARDED_PARAMETER)
+_UNSHARDED = int(Category.UNSHARDED_PARAMETER)
+_COMM = int(Category.COMM_BUFFER)
+_FSDP_OPS = {  # NOTE [ FSDP's storages ]: op -> (category, which of its tensors)
+    "fsdp.all_gather_copy_in.default": (_COMM, "result"),
+    "fsdp.split_with_sizes_copy.default": (_UNSHARDED, "out"),
+    "fsdp.chunk_cat.default": (_COMM, "out"),
+}
+_FSDP_PARAM_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param"
 _INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 _FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
 _Tensor = torch.Tensor
@@ -284,6 +306,8 @@ class Recorder:
         self._restore: list[Callable[[], None]] = []  # undo what _install patched
         self._observer: _OpObserver | None = None
         self._eager_compile = EagerWhileRecording()
+        self._op_categories: dict[int, tuple[int, str]] = {}  # NOTE [ FSDP's storages ]
+        self._fsdp_wrapped = False
 
     # ----------------------------------------------------------------- public API
 
@@ -567,6 +591,55 @@ class Recorder:
         function_cls.backward = staticmethod(backward)
         self._restore.append(lambda: setattr(function_cls, "backward", staticmethod(original)))
 
+    def _wrap_fsdp_resize(self) -> None:
+        """Follow FSDP's storage resizes (NOTE [ FSDP's storages ]), once FSDP is in use: the
+        script has built its model by the first recorded step."""
+        fsdp_param = sys.modules.get(_FSDP_PARAM_MODULE)
+        if self._fsdp_wrapped or fsdp_param is None:
+            return
+        self._fsdp_wrapped = True
+        cls = fsdp_param.FSDPParam
+        alloc, free = cls.alloc_all_gather_outputs, cls.free_unsharded_param
+        rec = self
+
+        def alloc_all_gather_outputs(param: Any) -> None:
+            alloc(param)
+            rec._on_resized(param)
+
+        def free_unsharded_param(param: Any) -> None:
+            free(param)
+            rec._on_resized(param)
+
+        cls.alloc_all_gather_outputs = alloc_all_gather_outputs
+        cls.free_unsharded_param = free_unsharded_param
+        self._restore.append(lambda: _set_alloc_free(cls, alloc, free))
+
+    def _on_resized(self, fsdp_param: Any) -> None:
+        """FSDP resized the storages of a parameter's all-gather outputs: to 0 is their FREE,
+        back is an ALLOC of a new storage row, owned by the parameter's module (NOTE [ FSDP's
+        storages ])."""
+        if self._state is not State.RECORDING:
+            return
+        module = self._registry.row(fsdp_param._module_info.module)
+        for tensor in fsdp_param.all_gather_outputs:
+            st = tensor.untyped_storage()
+            ref = self._known.get(st._cdata)
+            if st.nbytes() == 0:
+                if ref is not None:
+                    self._on_free(ref)
+                    ref.sid = ref.key = -1
+                continue
+            if ref is None:
+                now = perf_counter_ns()
+                call = self._stack[-1][1] if self._stack else NO_INDEX
+                sid = self._add_storage(tensor, st, st.nbytes(), _UNSHARDED, NO_INDEX, call, now)
+                self._mem.data.extend((_ALLOC, sid, self._last_op, now))
+            else:
+                sid = ref.sid
+                self._promote(sid, _UNSHARDED)
+            if module is not None:
+                self._st_data[sid * _ST_WIDTH + _ST_MODULE] = module
+
     def _listen_to_ckpt_runtime(self) -> None:
         try:
             from ckpt_runtime import markers
@@ -622,6 +695,7 @@ class Recorder:
         """The run's first recorded step begins: note what exists."""
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
+        self._wrap_fsdp_resize()
         for p in self._registry.parameters():
             self._mark(p, _PARAMETER)
         self._mark_gradients()
@@ -1016,6 +1090,8 @@ class Recorder:
         if name is None:
             name = self._op_names[id(func)] = self._intern(str(func))
             self._op_funcs.append(func)  # keeps id(func) from being reused
+            if str(func) in _FSDP_OPS:
+                self._op_categories[name] = _FSDP_OPS[str(func)]
         row = self._n_ops
         self._n_ops = row + 1
         self._last_op = row
@@ -1041,6 +1117,10 @@ class Recorder:
                     self._see_output(item, row, call, phase, t1)
         if phase == _OTHER:
             self._link_sources(args, kwargs, out)
+        if self._op_categories and name in self._op_categories:
+            category, which = self._op_categories[name]
+            for t in _tensors_in(out if which == "result" else kwargs.get("out")):
+                self._mark(t, category)
         if row & 4095 == 4095:
             self._flush()
 
@@ -1072,7 +1152,7 @@ class Recorder:
 
     def _see_input(self, t: torch.Tensor, phase: int, now: int) -> None:
         try:
-            st = t.untyped_storage()
+            st = (t if type(t) is _Tensor else _local(t)).untyped_storage()
         except (RuntimeError, NotImplementedError):
             return  # sparse, mkldnn: no storage to follow
         ref = self._known.get(st._cdata)
@@ -1082,6 +1162,8 @@ class Recorder:
             self._promote_input(ref.sid)  # made outside the forward (a batch), used by it
 
     def _see_output(self, t: torch.Tensor, op: int, call: int, phase: int, now: int) -> None:
+        if type(t) is not _Tensor:
+            t = _local(t)  # NOTE [ FSDP's storages ]
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
@@ -1100,13 +1182,14 @@ class Recorder:
         nbytes = st.nbytes()
         if nbytes == 0 or t.is_meta:
             return None
+        local = _local(t)
         if isinstance(t, _Parameter):
-            category = _PARAMETER
+            category = _PARAMETER if local is t else _SHARDED  # NOTE [ FSDP's storages ]
         elif phase == _FORWARD or (t.is_cpu and st.is_shared()):
             category = _INPUT  # NOTE [ Inputs and their sources ]: also a worker's batch
         else:
             category = _OTHER_CAT
-        sid = self._add_storage(t, st, nbytes, category, NO_INDEX, NO_INDEX, -1)
+        sid = self._add_storage(local, st, nbytes, category, NO_INDEX, NO_INDEX, -1)
         self._mem.data.extend((_SEEN, sid, self._last_op, now))
         return sid
 
@@ -1129,8 +1212,8 @@ class Recorder:
     def _on_free(self, ref: _StorageRef) -> None:
         """Weak-reference callback: the storage's memory was just released."""
         self._known.pop(ref.key, None)
-        if self._state is not State.RECORDING:
-            return
+        if self._state is not State.RECORDING or ref.sid < 0:
+            return  # sid -1: freed already by a resize (NOTE [ FSDP's storages ])
         now = perf_counter_ns()
         self._st_data[ref.sid * _ST_WIDTH + _ST_FREE_NS] = now
         self._mem.data.extend((_FREE, ref.sid, self._last_op, now))
@@ -1174,6 +1257,8 @@ class Recorder:
             sid = ref.sid
         if sid is None:
             return
+        if category == _PARAMETER and _local(t) is not t:
+            category = _SHARDED  # NOTE [ FSDP's storages ]
         self._promote(sid, category)
         module = self._registry.owner(owner if owner is not None else t)
         at = sid * _ST_WIDTH + _ST_MODULE
@@ -1223,6 +1308,7 @@ class Recorder:
         return x
 
     def _on_saved(self, x: torch.Tensor, kind: SavedEventKind) -> None:
+        x = _local(x)
         st = _storage_of(x)
         if st is None:
             return
@@ -1308,6 +1394,10 @@ def _set_enter_exit(cls: Any, enter: Any, exit_: Any) -> None:
     cls.__enter__, cls.__exit__ = enter, exit_
 
 
+def _set_alloc_free(cls: Any, alloc: Any, free: Any) -> None:
+    cls.alloc_all_gather_outputs, cls.free_unsharded_param = alloc, free
+
+
 def _forget_in_child(recorder: weakref.ref[Recorder]) -> None:
     """In a forked child (a DataLoader worker), go inert: the trace file is the parent's."""
     rec = recorder()
@@ -1323,10 +1413,16 @@ def _seq_nr(node: Any) -> int:
     return seq if seq < 1 << 63 else -1
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds ``t``'s data: a DTensor's local shard (NOTE [ FSDP's storages ])."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, _Tensor) else t
+
+
 def _storage_of(t: torch.Tensor) -> Any:
-    """The tensor's untyped storage, or None for tensors without one (sparse, mkldnn)."""
+    """The untyped storage of ``t``'s data, or None for tensors without one (sparse, mkldnn)."""
     try:
-        return t.untyped_storage()
+        return _local(t).untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
 

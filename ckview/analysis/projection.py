@@ -124,7 +124,16 @@ Selection: TypeAlias = Collection[int] | np.ndarray
 """Candidate indices, or a boolean mask over the candidates."""
 
 _NEVER = np.iinfo(np.int64).max
-_FIXED = np.asarray([Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE])
+_FIXED = np.asarray(  # what no checkpoint plan changes (FSDP gathers and reshards as before)
+    [
+        Category.PARAMETER,
+        Category.GRADIENT,
+        Category.OPTIMIZER_STATE,
+        Category.SHARDED_PARAMETER,
+        Category.UNSHARDED_PARAMETER,
+        Category.COMM_BUFFER,
+    ]
+)
 _ALLOC, _FREE = int(MemoryEventKind.ALLOC), int(MemoryEventKind.FREE)
 
 # ----------------------------------------------------------------------------- results

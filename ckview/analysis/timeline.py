@@ -230,7 +230,12 @@ def step_allocated_peaks(storages: Table, events: Table, steps: Table) -> np.nda
 
 
 #: Categories that no checkpoint plan changes and that carry over from step to step.
-PERSISTENT = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
+PERSISTENT = (
+    Category.PARAMETER,
+    Category.GRADIENT,
+    Category.OPTIMIZER_STATE,
+    Category.SHARDED_PARAMETER,
+)
 
 
 def persistent_bytes_at_start(storages: Table, events: Table) -> int:

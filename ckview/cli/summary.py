@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_FSDP_CATEGORIES = ("sharded_parameter", "unsharded_parameter", "comm_buffer")
 _TABLES = ("steps", "module_calls", "ops", "memory_events", "storages", "recompute_regions")
 
 
@@ -179,14 +180,16 @@ def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) ->
         "  at the peak, by category:",
     ]
     for category, nbytes in sorted(s.by_category.items(), key=lambda kv: -kv[1]):
+        if nbytes == 0 and category in _FSDP_CATEGORIES:
+            continue  # not an FSDP run: its categories would only add empty lines
         share = 100 * nbytes / s.peak_bytes if s.peak_bytes else 0.0
-        lines.append(f"    {category:<16}{fb(nbytes):>11}  {share:5.1f}%")
+        lines.append(f"    {category:<20}{fb(nbytes):>11}  {share:5.1f}%")
     lines.append("  at the peak, by module (a parameter, its gradient and state count with it):")
     lines += [f"    {fb(b):>11}  {path}" for path, b in s.top_modules]
     lines.append("  largest tensors at the peak:")
     for t in s.top_storages:
         where = t["module"] + (f" ({t['op']})" if t["op"] else "")
-        kind = f"{t['category']:<15} {t['dtype']:<9} {t['shape']:<16}"
+        kind = f"{t['category']:<19} {t['dtype']:<9} {t['shape']:<16}"
         lines.append(f"    {fb(t['nbytes']):>11}  {kind} {where}")
     lines.append("  steps:")
     for st in s.steps:
