@@ -297,8 +297,7 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             "plan": result.plan,
             "evaluations": result.evaluations,
             "presets": [
-                _point_json(context, p, p.name) | {"not_in_effect": p.idle}
-                for p in result.presets
+                _point_json(context, p, p.name) | {"not_in_effect": p.idle} for p in result.presets
             ],
         }
     if front is not None:

@@ -17,7 +17,14 @@ def add_parser(verbs: Any) -> None:
         help="peak memory and what fills it, per run",
         description="Print the peak of each run of TRACE, its breakdown and the top tensors.",
     )
-    p.add_argument("trace", type=Path, metavar="TRACE")
+    p.add_argument(
+        "traces",
+        type=Path,
+        nargs="+",
+        metavar="TRACE",
+        help="a trace; several (run.rank*.h5), or the common stem run.h5 of rank traces, are "
+        "shown side by side: each rank's peak, the imbalance, the same module in each",
+    )
     p.add_argument(
         "--run", dest="runs", action="append", help="only this run (repeatable); default: all"
     )
@@ -27,6 +34,16 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ckview.trace.ranks import expand_rank_paths
+
+    paths = expand_rank_paths(args.traces)
+    if len(paths) > 1:
+        return _run_ranks(paths, args)
+    args.trace = paths[0]
+    return _run_one(args)
+
+
+def _run_one(args: argparse.Namespace) -> int:
     from ckview.analysis import summarize_run
     from ckview.trace import open_trace
 
@@ -78,6 +95,88 @@ def run(args: argparse.Namespace) -> int:
         if leftovers[name] is not None:
             print(f"  warning: {leftovers[name].describe(name)}")
     return 0
+
+
+_ALL_MODULES = 1_000_000  # module rows summarize_run lists for the comparison of ranks
+
+
+def _run_ranks(paths: list[Path], args: argparse.Namespace) -> int:
+    """Several traces (the ranks of one run): per run, each rank's peak, the imbalance and the
+    modules that fill the ranks' peaks, side by side."""
+    from ckview.analysis import summarize_run
+    from ckview.analysis.ranks import compare_ranks
+    from ckview.trace import open_trace
+    from ckview.trace.ranks import rank_of
+
+    labels = [_rank_label(p, rank_of(p)) for p in paths]
+    by_run: dict[str, list[Any]] = {}
+    states = []
+    for path in paths:
+        with open_trace(path) as trace:
+            meta = trace.meta
+            states.append("complete" if meta.complete else f"INCOMPLETE: {meta.error}")
+            names = args.runs or trace.run_names
+            for name in names:
+                if name not in trace.run_names:
+                    raise CLIError(
+                        f"{path} has no run {name!r}; runs: {', '.join(trace.run_names)}"
+                    )
+                tables = {t: trace.run(name).table(t).read() for t in _TABLES}
+                summary = summarize_run(
+                    tables, trace.modules.read(), list(trace.strings), top=_ALL_MODULES
+                )
+                by_run.setdefault(name, []).append(summary)
+    complete = {n: s for n, s in by_run.items() if len(s) == len(paths)}
+    comparisons = {n: compare_ranks(labels, s, top=args.top) for n, s in complete.items()}
+    if args.json:
+        doc = {
+            "traces": [str(p) for p in paths],
+            "states": states,
+            "runs": {n: c.to_json() for n, c in comparisons.items()},
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+        return 0
+    print(
+        f"{len(paths)} traces: "
+        + ", ".join(f"{p} ({s})" for p, s in zip(paths, states, strict=True))
+    )
+    for name, comparison in comparisons.items():
+        print()
+        print(_format_ranks(name, comparison, by_run[name]))
+    missing = sorted(set(by_run) - set(complete))
+    if missing:
+        print(f"\nruns not in every trace (see each trace's summary): {', '.join(missing)}")
+    return 0
+
+
+def _rank_label(path: Path, rank: int | None) -> str:
+    return path.name if rank is None else f"rank {rank}"
+
+
+def _format_ranks(name: str, c: Any, summaries: list[Any]) -> str:
+    from ckview.analysis import format_bytes as fb
+
+    width = max(len(label) for label in c.labels) + 2
+    lines = [
+        f"run {name}",
+        f"  {'':<{width}}{'peak':>11}  {'at':<22}{'activations':>12}",
+    ]
+    for label, s in zip(c.labels, summaries, strict=True):
+        at = f"step {s.peak_step}, {s.peak_time_ns / 1e6:.1f} ms"
+        lines.append(
+            f"  {label:<{width}}{fb(s.peak_bytes):>11}  {at:<22}{fb(s.activation_peak.bytes):>12}"
+        )
+    ratio = "inf" if c.imbalance == float("inf") else f"{c.imbalance:.2f}x"
+    lines.append(
+        f"  imbalance: highest peak / lowest = {ratio} ({c.labels[c.highest]} "
+        f"{fb(c.peaks[c.highest])}, {c.labels[c.lowest]} {fb(c.peaks[c.lowest])})"
+    )
+    lines.append("  by module, at each rank's peak:")
+    lines.append("    " + "".join(f"{label:>12}" for label in c.labels) + "  module")
+    for path, values in c.modules:
+        lines.append("    " + "".join(f"{fb(v):>12}" for v in values) + f"  {path}")
+    return "\n".join(lines)
 
 
 _FSDP_CATEGORIES = ("sharded_parameter", "unsharded_parameter", "comm_buffer")
