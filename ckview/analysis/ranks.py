@@ -25,9 +25,8 @@ class RankComparison:
 
     @property
     def imbalance(self) -> float:
-        """Highest peak over lowest peak (1.0: balanced; inf when a rank peaked at 0 bytes)."""
-        low = self.peaks[self.lowest]
-        return self.peaks[self.highest] / low if low else float("inf")
+        """Highest peak over lowest peak (see ``peak_imbalance``)."""
+        return peak_imbalance(self.peaks)[0]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,6 +40,15 @@ class RankComparison:
         }
 
 
+def peak_imbalance(peaks: Sequence[int]) -> tuple[float, int, int]:
+    """(highest / lowest peak, index of the highest, index of the lowest): 1.0 is balanced,
+    inf when a rank peaked at 0 bytes; the first index where several are equal."""
+    if not peaks:
+        raise ValueError("no peaks to compare")
+    high, low = peaks.index(max(peaks)), peaks.index(min(peaks))
+    return (peaks[high] / peaks[low] if peaks[low] else float("inf")), high, low
+
+
 def compare_ranks(
     labels: Sequence[str], summaries: Sequence[RunSummary], top: int = 8
 ) -> RankComparison:
@@ -48,6 +56,7 @@ def compare_ranks(
     if not summaries or len(labels) != len(summaries):
         raise ValueError("one label per summary, at least one summary")
     peaks = [s.peak_bytes for s in summaries]
+    _, highest, lowest = peak_imbalance(peaks)
     per_rank = [dict(s.top_modules) for s in summaries]
     paths = {path for modules in per_rank for path in modules}
     rows = [(path, [m.get(path, 0) for m in per_rank]) for path in paths]
@@ -55,7 +64,7 @@ def compare_ranks(
     return RankComparison(
         labels=list(labels),
         peaks=peaks,
-        highest=peaks.index(max(peaks)),
-        lowest=peaks.index(min(peaks)),
+        highest=highest,
+        lowest=lowest,
         modules=rows[:top],
     )

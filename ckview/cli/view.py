@@ -25,6 +25,9 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ckview.trace.ranks import expand_rank_paths, rank_of
+
+    args.traces = expand_rank_paths(args.traces)  # run.h5: every rank of a distributed run
     for path in args.traces:
         check_trace(path)
     from ckview.gui.display import display_problem
@@ -39,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
             f"the explorer needs PyQt6 and pyqtgraph ({exc}); install them: "
             "pip install 'ckview[gui]'"
         ) from None
-    return run_app([str(p) for p in args.traces], theme=args.theme, axis=args.axis)
+    ranks = sum(rank_of(p) is not None for p in args.traces) > 1
+    return run_app([str(p) for p in args.traces], theme=args.theme, axis=args.axis, compare=ranks)
 
 
 def check_trace(path: Path) -> None:

@@ -14,8 +14,11 @@ if TYPE_CHECKING:
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], None]
 
 
-def run(paths: Sequence[str], theme: str | None = None, axis: str | None = None) -> int:
-    """Open a window on ``paths`` and run the Qt event loop; returns its exit code."""
+def run(
+    paths: Sequence[str], theme: str | None = None, axis: str | None = None, compare: bool = False
+) -> int:
+    """Open a window on ``paths`` and run the Qt event loop; returns its exit code. With
+    ``compare`` (the ranks of a distributed run) the Compare tab shows them side by side."""
     import pyqtgraph as pg
     from PyQt6.QtWidgets import QApplication
 
@@ -34,6 +37,8 @@ def run(paths: Sequence[str], theme: str | None = None, axis: str | None = None)
     if axis is not None:
         window.set_axis(Axis(axis))
     window.show()
+    if compare:
+        window.show_compare(side_by_side=True)
     window.open_paths(paths)
     return int(app.exec())
 

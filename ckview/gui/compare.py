@@ -33,6 +33,28 @@ def _short_label(reference: RunData, other: RunData) -> str:
     return reference.name if reference.source == other.source else reference.label
 
 
+def _rank_imbalance(runs: list[RunData]) -> list[str]:
+    """Per run name held by two or more rank traces (``run.rank{R}.h5``): the imbalance of
+    their peaks, e.g. ``main: ranks 1.05× (rank 1 highest)``."""
+    from ckview.analysis.ranks import peak_imbalance
+    from ckview.trace.ranks import rank_of
+
+    by_name: dict[str, list[tuple[int, int]]] = {}
+    for run in runs:
+        rank = rank_of(run.source)
+        if rank is not None:
+            by_name.setdefault(run.name, []).append((rank, run.peak.bytes))
+    rows = []
+    for name, ranked in by_name.items():
+        if len(ranked) > 1:
+            ratio, high, low = peak_imbalance([peak for _, peak in ranked])
+            rows.append(
+                f"{name}: ranks <b>{ratio:.2f}×</b> (rank {ranked[high][0]} highest, "
+                f"rank {ranked[low][0]} lowest)"
+            )
+    return rows
+
+
 class CompareView(QWidget):
     """Overlay (``side_by_side=False``) or one stacked plot per run with a shared x range."""
 
@@ -101,7 +123,7 @@ class CompareView(QWidget):
                 f"<b>{format_bytes(plan.peak_bytes)}</b> "
                 f"{change:+.1%} vs {_short_label(ref, over)}".replace("-", "−")
             )
-        return " &nbsp;·&nbsp; ".join(rows)
+        return " &nbsp;·&nbsp; ".join(rows + _rank_imbalance(self.runs))
 
     def _new_plot(self, row: int, title: str | None = None) -> pg.PlotItem:
         plot = self.plots.addPlot(row=row, col=0, axisItems={"left": BytesAxis("left")})

@@ -82,6 +82,7 @@ class MainWindow(QMainWindow):
         self.outcome: PlanOutcome | None = None
         self.last_error: str | None = None
         self._loading: dict[str, QProgressDialog] = {}
+        self._opened: list[str] = []  # paths in the order asked for (loads finish in any order)
 
         from ckview.gui.timeline import TimelineView
 
@@ -255,6 +256,7 @@ class MainWindow(QMainWindow):
     def _load(self, path: str) -> None:
         if path in self._loading:
             return
+        self._opened = [p for p in self._opened if p != path] + [path]
         dialog = QProgressDialog(f"Loading {os.path.basename(path)}…", "", 0, 100, self)
         dialog.setCancelButton(None)
         dialog.setWindowTitle("ckview")
@@ -302,6 +304,8 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, data: TraceData) -> None:
         self._finish_loading(data.path)
         self.traces = [t for t in self.traces if t.path != data.path] + [data]
+        order = {p: i for i, p in enumerate(self._opened)}
+        self.traces.sort(key=lambda t: order.get(t.path, len(order)))  # rank 0 first
         self._remember(data.path)
         first_new = len(self.runs()) - len(data.runs)
         self._fill_run_box(select=first_new if len(self.traces) == 1 else None)
@@ -426,6 +430,11 @@ class MainWindow(QMainWindow):
         self.timeline.set_outcome(outcome)
         if self.tabs.currentWidget() is self.compare:
             self._refresh_compare()
+
+    def show_compare(self, side_by_side: bool) -> None:
+        """Switch to the Compare tab, runs side by side or overlaid."""
+        self.side_action.setChecked(side_by_side)
+        self.tabs.setCurrentWidget(self.compare)
 
     def _refresh_compare(self) -> None:
         if self.tabs.currentWidget() is not self.compare:
