@@ -168,10 +168,13 @@ def _format_ranks(name: str, c: Any, summaries: list[Any]) -> str:
             f"  {label:<{width}}{fb(s.peak_bytes):>11}  {at:<22}{fb(s.activation_peak.bytes):>12}"
         )
     ratio = "inf" if c.imbalance == float("inf") else f"{c.imbalance:.2f}x"
-    lines.append(
-        f"  imbalance: highest peak / lowest = {ratio} ({c.labels[c.highest]} "
-        f"{fb(c.peaks[c.highest])}, {c.labels[c.lowest]} {fb(c.peaks[c.lowest])})"
-    )
+    if c.highest == c.lowest:  # every peak equal
+        lines.append(f"  imbalance: none (every peak {fb(c.peaks[c.highest])})")
+    else:
+        lines.append(
+            f"  imbalance: highest peak / lowest = {ratio} ({c.labels[c.highest]} "
+            f"{fb(c.peaks[c.highest])}, {c.labels[c.lowest]} {fb(c.peaks[c.lowest])})"
+        )
     lines.append("  by module, at each rank's peak:")
     lines.append("    " + "".join(f"{label:>12}" for label in c.labels) + "  module")
     for path, values in c.modules:

@@ -49,7 +49,9 @@ def _rank_imbalance(runs: list[RunData]) -> list[str]:
         if len(ranked) > 1:
             ratio, high, low = peak_imbalance([peak for _, peak in ranked])
             rows.append(
-                f"{name}: ranks <b>{ratio:.2f}×</b> (rank {ranked[high][0]} highest, "
+                f"{name}: ranks balanced"
+                if high == low
+                else f"{name}: ranks <b>{ratio:.2f}×</b> (rank {ranked[high][0]} highest, "
                 f"rank {ranked[low][0]} lowest)"
             )
     return rows
