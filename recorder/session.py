@@ -1152,7 +1152,8 @@ class Recorder:
 
     def _see_input(self, t: torch.Tensor, phase: int, now: int) -> None:
         try:
-            st = (t if type(t) is _Tensor else _local(t)).untyped_storage()
+            plain = type(t) is _Tensor or type(t) is _Parameter
+            st = (t if plain else _local(t)).untyped_storage()
         except (RuntimeError, NotImplementedError):
             return  # sparse, mkldnn: no storage to follow
         ref = self._known.get(st._cdata)
@@ -1162,7 +1163,7 @@ class Recorder:
             self._promote_input(ref.sid)  # made outside the forward (a batch), used by it
 
     def _see_output(self, t: torch.Tensor, op: int, call: int, phase: int, now: int) -> None:
-        if type(t) is not _Tensor:
+        if type(t) is not _Tensor and type(t) is not _Parameter:
             t = _local(t)  # NOTE [ FSDP's storages ]
         try:
             st = t.untyped_storage()
