@@ -263,7 +263,8 @@ class Recorder:
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
         self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
-        self._progress = StepProgress(warmup, steps * len(self.runs), enabled=progress)
+        one_line = os.environ.get("LOCAL_RANK", "0") == "0"  # one progress line per machine
+        self._progress = StepProgress(warmup, steps * len(self.runs), enabled=progress and one_line)
         rule = step_every if isinstance(step_every, StepRule) else StepRule.parse(step_every)
         self._tracker = IterationTracker(rule)
         self._state = State.WARMUP

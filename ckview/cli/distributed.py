@@ -173,8 +173,6 @@ def _rank_args(config: dict[str, Any], argv: list[str]) -> argparse.Namespace:
     options = dict(config["options"])
     if options.get("output") is not None:
         options["output"] = Path(options["output"])
-    if os.environ.get("LOCAL_RANK", "0") != "0":
-        options["no_progress"] = True  # one progress line per machine, not one per rank
     sys.argv = list(config["command"])  # the trace's command: the line the user typed
     return argparse.Namespace(**options, target=argv[0], args=[*legacy, *argv[1:]], module=module)
 
