@@ -227,3 +227,15 @@ def test_verify_per_rank(tmp_path: Path) -> None:
             assert trace.run_names == ["baseline", "plan:all"]
             assert trace.meta.complete
     assert proc.stdout.count("distributed-verify.rank") == 2, proc.stdout  # each rank's table
+
+
+def test_a_recorder_by_hand_names_its_rank_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from recorder import Recorder
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert Recorder(tmp_path / "run.h5").path == tmp_path / "run.rank1.h5"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert Recorder(tmp_path / "run.h5").path == tmp_path / "run.h5"
