@@ -108,8 +108,9 @@ def verify_case(case: Case, folder: Path) -> Outcome:
     trace = folder / f"{case.label.replace(' ', '_')}-verify.h5"
     args = [a for plan in case.plans for a in ("--plan", plan)]
     proc = ckview_proc(
-        "verify", str(case.script), *args, "--steps", "1", "--stop-after", "--no-progress",
-        "--timing-steps", str(TIMING_STEPS), "--json", "-o", str(trace), "--", *case.script_args,
+        "verify", *args, "--steps", "1", "--stop-after", "--no-progress",
+        "--timing-steps", str(TIMING_STEPS), "--json", "-o", str(trace),
+        str(case.script), *case.script_args,
     )  # fmt: skip
     try:
         doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
@@ -159,7 +160,7 @@ def baseline_tables(example: str, folder: Path) -> dict[str, Any]:
 
     trace = folder / f"{example}-base.h5"
     script = str(ROOT / "examples" / f"{example}.py")
-    ckview("record", script, "-o", str(trace), "--steps", "1", "--stop-after", "--no-progress")
+    ckview("record", "-o", str(trace), "--steps", "1", "--stop-after", "--no-progress", script)
     with open_trace(trace) as t:
         return read_tables(t, "main")
 

@@ -101,8 +101,9 @@ from recorder import buffers, modules, steps
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
+from recorder.output import settle, staging_path
 from recorder.progress import StepProgress
-from recorder.steps import IterationTracker, StepCounts, StepRule
+from recorder.steps import IterationTracker, StepCounts, StepRule, plural
 from recorder.timing import RunTimes, StepTimer
 
 _RANK = [0] * len(Category)
@@ -207,6 +208,11 @@ class Recorder:
     ``warmup`` iterations run unrecorded first; after ``steps`` recorded steps the trace is
     written and closed and the code runs on unrecorded, or stops with :class:`StopScript` if
     ``stop_after`` is set.
+
+    The trace is written beside ``path`` and replaces it only if it is good (NOTE [ Writing
+    beside the target ] in recorder/output.py); :attr:`written` says where it went. No step
+    recorded is a failure: the trace is marked incomplete. ``progress``: a line on stderr per
+    step; None (default) shows it when stderr is a terminal.
     """
 
     def __init__(
@@ -218,7 +224,7 @@ class Recorder:
         stop_after: bool = False,
         command: list[str] | None = None,
         runs: Sequence[RunSpec] = (),
-        progress: bool = True,
+        progress: bool | None = None,
         step_every: str | StepRule = "auto",
         timing_steps: int = 0,
     ) -> None:
@@ -227,6 +233,9 @@ class Recorder:
         if warmup < 0:
             raise ValueError(f"warmup must be 0 or more, got {warmup}")
         self.path = Path(path)
+        self.written: Path | None = None
+        """Where the trace went once closed (NOTE [ Writing beside the target ])."""
+        self._staging = staging_path(self.path)
         self.steps = steps
         self.warmup = warmup
         self.stop_after = stop_after
@@ -329,6 +338,11 @@ class Recorder:
         self._progress.close()
 
     @property
+    def warmup_done(self) -> int:
+        """Warmup steps that ended."""
+        return self._warmup_done
+
+    @property
     def timings(self) -> dict[str, RunTimes]:
         """Plain timing steps per run name (``timing_steps``; NOTE [ Plain timing steps ])."""
         return self._timer.runs
@@ -352,7 +366,7 @@ class Recorder:
             "steps_recorded": 0,
             "warmup": self.warmup,
         }
-        self._writer = TraceWriter(self.path, meta=meta)
+        self._writer = TraceWriter(self._staging, meta=meta)
         self._modules = ModuleRegistry(self._intern)
         self._cpu_id = self._intern("cpu")
         self._begin_run_tables()
@@ -427,7 +441,10 @@ class Recorder:
                 context.__exit__(None, None, None)
 
     def _finish(self, error: str) -> None:
-        """End the current run if one is open, then write the modules and close the trace."""
+        """End the current run if one is open, then write the modules, close the trace and
+        settle it (NOTE [ Writing beside the target ])."""
+        if not error and self.steps_recorded == 0:
+            error = self._no_step_reason()
         if self._state is State.RECORDING:
             self._end_run(error)
         early, self._early_context = self._early_context, None
@@ -449,8 +466,16 @@ class Recorder:
                 compiled=self._compiled(),
             )
             writer.close(complete=not error, error=error)
+            self.written = settle(self._staging, self.path, good=not error)
         finally:
             self._busy = False
+
+    def _no_step_reason(self) -> str:
+        if self._warmup_done < self.warmup:
+            done = f"{self._warmup_done} of {plural(self.warmup, 'warmup step')}"
+            return f"no step was recorded: the code ended after {done}"
+        rule = self._tracker.describe(self.warmup)
+        return f"no step was recorded: the first recorded step never ended (steps: {rule})"
 
     # ----------------------------------------------------------------- install / uninstall
 

@@ -84,8 +84,8 @@ class StepCounts:
 
     def describe(self) -> str:
         return (
-            f"{_n(self.forwards, 'forward')}, {_n(self.backwards, 'backward')}, "
-            f"{_n(self.optimizer_steps, 'optimizer step')}"
+            f"{plural(self.forwards, 'forward')}, {plural(self.backwards, 'backward')}, "
+            f"{plural(self.optimizer_steps, 'optimizer step')}"
         )
 
 
@@ -210,7 +210,8 @@ class IterationTracker:
         )
 
 
-def _n(count: int, noun: str) -> str:
+def plural(count: int, noun: str) -> str:
+    """'1 step', '2 steps'."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 

@@ -33,12 +33,11 @@ def record(name: str, script: str, options: list[str], script_args: list[str]) -
     command = [
         "ckview",
         "record",
-        f"examples/{script}",
         "-o",
         f"sample_traces/{out.name}",
         *options,
         "--no-progress",
-        "--",
+        f"examples/{script}",
         *script_args,
     ]
     subprocess.run(

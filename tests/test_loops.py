@@ -138,11 +138,11 @@ class Job:
             script_args.append("--checkpoint")
         common = ["--steps", "1", "--stop-after", "--no-progress", "-o", str(self.trace)]
         if self.kind == "compare":
-            verb = ["record", str(loop.script), "--compare", *common]
+            verb = ["record", "--compare", *common]
         else:
             plans = [a for plan in loop.plans for a in ("--plan", plan)]
-            verb = ["verify", str(loop.script), *plans, "--json", *common]
-        return [*verb, "--", *script_args]
+            verb = ["verify", *plans, "--json", *common]
+        return [*verb, str(loop.script), *script_args]
 
     def script_steps(self) -> int:
         """Iterations the script needs: a warmup step, then per run (baseline or compared

@@ -93,7 +93,7 @@ def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     trace = tmp_path / "t.h5"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "ckview", "record", str(script), "-o", str(trace), "--steps", "2"]
+    cmd = [sys.executable, "-m", "ckview", "record", "-o", str(trace), "--steps", "2", str(script)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert done.returncode == 0, done.stderr
     assert "recompile" not in done.stderr

@@ -322,7 +322,7 @@ def test_cli_step_every_and_summary(tmp_path: Path, run_cli: Any) -> None:
     script = tmp_path / "accumulate.py"
     script.write_text(ACCUMULATING_SCRIPT)
     trace = tmp_path / "t.h5"
-    code, _, err = run_cli("record", str(script), "-o", str(trace), "--steps", "2")
+    code, _, err = run_cli("record", "-o", str(trace), "--steps", "2", str(script))
     assert code == 0, err
     code, out, _ = run_cli("summary", str(trace))
     assert code == 0
@@ -336,7 +336,7 @@ def test_cli_step_every_and_summary(tmp_path: Path, run_cli: Any) -> None:
     assert [(s["forwards"], s["backwards"], s["optimizer_steps"]) for s in steps] == [(3, 3, 1)] * 2
 
     code, _, err = run_cli(
-        "record", str(script), "-o", str(tmp_path / "u.h5"), "--step-every", "optimizer:3"
+        "record", "-o", str(tmp_path / "u.h5"), "--step-every", "optimizer:3", str(script)
     )
     assert code == 0, err
     # Warmup: 3 optimizer steps (iterations 1-3); the 4th iteration begins a step, then ends.
@@ -346,7 +346,7 @@ def test_cli_step_every_and_summary(tmp_path: Path, run_cli: Any) -> None:
 def test_cli_rejects_a_bad_step_rule(tmp_path: Path, run_cli: Any) -> None:
     script = tmp_path / "accumulate.py"
     script.write_text(ACCUMULATING_SCRIPT)
-    code, _, err = run_cli("record", str(script), "--step-every", "epoch:1")
+    code, _, err = run_cli("record", "--step-every", "epoch:1", str(script))
     assert code != 0
     assert "--step-every: cannot read step rule 'epoch:1'" in err
     assert "Traceback" not in err

@@ -76,6 +76,7 @@ import numpy as np
 
 from ckview.analysis.plans import TraceTree
 from ckview.analysis.projection import ProjectionModel
+from ckview.analysis.recompute import step_durations
 from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, sequential_children
 from ckview.analysis.units import format_bytes
 
@@ -698,8 +699,7 @@ def _step_ns(tables: RunTables) -> int:
     steps = tables.get("steps")
     if steps is None or len(steps["start_ns"]) == 0:
         return 0
-    duration = np.asarray(steps["end_ns"], dtype=np.int64) - np.asarray(steps["start_ns"])
-    return int(np.maximum(duration, 0).sum())
+    return int(step_durations(steps).sum())
 
 
 def _instance_conflicts(model: ProjectionModel, search: Sequence[int]) -> dict[int, int]:

@@ -173,10 +173,17 @@ class ExtraTime:
 
 
 def step_durations(steps: Table) -> np.ndarray:
-    """Durations of the run's complete steps (those with an end)."""
+    """Durations of the run's complete steps: those with an end that ended at a step boundary.
+
+    A step still open when the script ended or failed (``complete`` 0) is left out of every
+    per-step figure: its time is only part of a step.
+    """
     end = np.asarray(steps["end_ns"], dtype=np.int64)
     start = np.asarray(steps["start_ns"], dtype=np.int64)
-    return (end - start)[end >= 0]
+    keep = end >= 0
+    if "complete" in steps:
+        keep &= np.asarray(steps["complete"]) != 0
+    return (end - start)[keep]
 
 
 def extra_time(

@@ -15,6 +15,7 @@ from ckview.analysis.breakdown import (
     module_paths,
     storage_modules,
 )
+from ckview.analysis.recompute import step_durations
 from ckview.analysis.timeline import (
     MemoryTimeline,
     find_peak,
@@ -75,7 +76,7 @@ class RunSummary:
     recompute_ns: int
     """Time spent recomputing checkpointed regions in backward (sum of RECOMPUTE op times)."""
     step_ns: int
-    """Total time of the recorded steps."""
+    """Total time of the complete recorded steps (analysis.recompute.step_durations)."""
     activation_peak: ActivationPeak
 
     def to_json(self) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def summarize_run(
         n_ops=len(tables["ops"]["name"]),
         n_memory_events=len(events["kind"]),
         recompute_ns=phase_time_ns(tables["ops"], Phase.RECOMPUTE),
-        step_ns=int(np.sum(tables["steps"]["end_ns"] - tables["steps"]["start_ns"])),
+        step_ns=int(np.sum(step_durations(tables["steps"]))),
         activation_peak=activation_peak(tables, tl, paths, top),
     )
 

@@ -239,11 +239,10 @@ def run_peak(tables: Tables) -> int:
 
 
 def step_ns(tables: Tables) -> int:
-    """Summed duration of the run's recorded steps."""
-    import numpy as np
+    """Summed duration of the run's complete recorded steps."""
+    from ckview.analysis.recompute import step_durations
 
-    steps = tables["steps"]
-    return int(np.sum(np.asarray(steps["end_ns"]) - np.asarray(steps["start_ns"])))
+    return int(step_durations(tables["steps"]).sum())
 
 
 # ----------------------------------------------------------------------------- text

@@ -111,9 +111,12 @@ def _jsonable(meta: Any) -> dict[str, Any]:
 
 
 def _header(path: Path, meta: Any, n_runs: int) -> str:
+    from ckview.analysis.units import plural
+
     state = "complete" if meta.complete else f"INCOMPLETE: {meta.error}"
     lines = [
-        f"{path}: {meta.steps_recorded} step(s) recorded on {meta.device} in {n_runs} run(s) "
+        f"{path}: {plural(meta.steps_recorded, 'step')} recorded on {meta.device} in "
+        f"{plural(n_runs, 'run')} "
         f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}",
         f"command: {' '.join(meta.command)}",
     ]
@@ -132,16 +135,23 @@ _COMPILED = {
 
 
 def _comparison(runs: dict[str, Any]) -> str:
-    """The runs side by side: peak, activations at the peak, recompute time."""
+    """The runs side by side: peak, activations at the peak, recompute time. A run without a
+    recorded op (the script ended before it) is listed as such, never compared."""
     from ckview.analysis import format_bytes as fb
 
-    first = next(iter(runs.values()))
     width = max(len(n) for n in runs) + 2
+    recorded = {name: s for name, s in runs.items() if s.n_ops}
+    if not recorded:
+        return "\n".join(f"{name:<{width}}no op recorded" for name in runs)
+    reference, first = next(iter(recorded.items()))
     lines = [
-        f"{'run':<{width}}{'peak':>11}{'vs ' + next(iter(runs)):>16}{'activations':>13}"
+        f"{'run':<{width}}{'peak':>11}{'vs ' + reference:>16}{'activations':>13}"
         f"{'recompute':>12}{'of step time':>14}"
     ]
     for name, s in runs.items():
+        if name not in recorded:
+            lines.append(f"{name:<{width}}  no op recorded (the script ended before this run)")
+            continue
         change = (s.peak_bytes - first.peak_bytes) / first.peak_bytes if first.peak_bytes else 0
         share = s.recompute_ns / s.step_ns if s.step_ns else 0.0
         lines.append(

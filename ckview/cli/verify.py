@@ -8,7 +8,8 @@ then projected over ``baseline`` (``ckview project``) and compared with its run:
 and extra time (the plan run's recompute ops against the projected recompute). Both sides
 describe the same computation; where the script's checkpointing could not be bypassed
 (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py) the output says so.
-Options and the script's arguments are parsed exactly as by ``ckview record``.
+Options and the script's arguments are split exactly as by ``ckview record`` (NOTE [ The
+script's arguments are the script's ] in ckview/cli/command.py).
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ from typing import Any
 from ckview.cli import project as proj
 from ckview.cli.errors import CLIError
 from ckview.cli.record import (
+    ARGS_HELP,
+    USAGE,
     _non_negative,
     add_record_options,
+    check_command,
     check_target,
+    hint_misplaced,
     load_plans,
     plan_runs,
     record_script,
     report,
-    split_script_args,
 )
 
 BASELINE = "baseline"
@@ -53,11 +57,11 @@ def add_parser(verbs: Any) -> None:
     p = verbs.add_parser(
         "verify",
         help="record a script with checkpoint plans and compare projected vs measured",
+        usage=USAGE,
         description=(
-            "Run TARGET once, recording run 'baseline' (checkpointing bypassed) and then run "
-            "'plan:<name>' for each --plan; project each plan over the baseline and compare "
-            "with what its run measured. ckview's options may come before or after TARGET; "
-            "arguments after '--' all go to the script."
+            "Run a training script once, recording run 'baseline' (checkpointing bypassed) and "
+            "then run 'plan:<name>' for each --plan; project each plan over the baseline and "
+            f"compare with what its run measured. {ARGS_HELP}"
         ),
     )
     add_record_options(p)
@@ -80,9 +84,11 @@ def add_parser(verbs: Any) -> None:
     p.add_argument(
         "--json", action="store_true", help="print JSON (the script's stdout goes to stderr)"
     )
-    p.add_argument("target", metavar="TARGET", help="the training script (or module with -m)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(handler=run)
+
+
+VERIFY_OPTIONS = ("--timing-steps", "--json")
+"""verify's options besides record's (for hint_misplaced)."""
 
 
 def _set_help(parser: argparse.ArgumentParser, dest: str, text: str) -> None:
@@ -172,19 +178,19 @@ class Baseline:
 
 def run(args: argparse.Namespace) -> int:
     """Record, project, compare; the script's exit code (1 if a plan run is missing)."""
-    _take_verify_options(args)
-    split_script_args(args)
+    check_command(args)
     _check_args(args)
     check_target(args.target, args.module)
     output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}-verify.h5")
     plans = load_plans(args.plan)
     runs = plan_runs(plans, baseline=True, checkpointed=False)
     timings: dict[str, Any] = {}
-    exit_code, steps, error = record_script(
+    ending = record_script(
         args, output, runs, args.json, timing_steps=args.timing_steps, timings=timings
     )
-    report(output, steps, args, error)
-    if error or steps == 0:
+    exit_code = report(output, ending, args)
+    hint_misplaced(args, ending.exit_code, VERIFY_OPTIONS)
+    if ending.error or ending.steps == 0 or ending.written != output:
         return exit_code
     checks, missing, baseline = _verify(output, plans, Timing(timings, _call_cost_ns()))
     _print(output, checks, missing, baseline, args.json)
@@ -192,20 +198,6 @@ def run(args: argparse.Namespace) -> int:
         print(_missing_note(missing, args), file=sys.stderr)
         return exit_code or 1
     return exit_code
-
-
-def _take_verify_options(args: argparse.Namespace) -> None:
-    """Take verify's own options (``--json``, ``--timing-steps N``: unknown to ``record``'s
-    option set) from the arguments after TARGET and before '--'; ``split_script_args`` takes
-    the rest."""
-    rest = list(args.args)
-    cut = rest.index("--") if "--" in rest else len(rest)
-    own = argparse.ArgumentParser(prog="ckview verify", add_help=False)
-    own.add_argument("--json", action="store_true", default=args.json)
-    own.add_argument("--timing-steps", type=_non_negative, default=args.timing_steps)
-    known, theirs = own.parse_known_args(rest[:cut])
-    args.json, args.timing_steps = known.json, known.timing_steps
-    args.args = theirs + rest[cut:]
 
 
 def _timing(args: argparse.Namespace) -> int:
@@ -322,12 +314,16 @@ def _has_steps(trace: Any, name: str) -> bool:
 
 
 def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
+    from ckview.analysis.units import plural
+
     runs = 1 + len(args.plan)
+    target = f"-m {args.target}" if args.module else args.target
     return (
-        f"ckview: the script ended before run(s) {', '.join(missing)} were recorded; verify "
-        f"needs {args.warmup} warmup + {runs} x {args.steps} steps (and {runs} x "
-        f"{_timing(args)} more for the timing): let the script run more steps (e.g. -- "
-        "--steps N)"
+        f"ckview: the script ended before {plural(len(missing), 'run')} "
+        f"({', '.join(missing)}) {'was' if len(missing) == 1 else 'were'} recorded; verify needs "
+        f"{plural(args.warmup, 'warmup step')} + {runs} x {plural(args.steps, 'step')} (and "
+        f"{runs} x {_timing(args)} more for the timing): let the script run more steps, e.g. "
+        f"ckview verify [OPTIONS] {target} --steps N, if the script takes --steps"
     )
 
 

@@ -42,6 +42,7 @@ from ckview.analysis import (
     sequential_children,
 )
 from ckview.analysis.plans import TraceTree
+from ckview.analysis.recompute import step_durations
 from ckview.analysis.regions import subtree_sums
 from ckview.gui.rundata import RunData
 from ckview.trace.schema import Category, Phase
@@ -173,7 +174,7 @@ class PlanSession:
         )
         self.index = {r: i for i, r in enumerate(self.candidates)}
         self.model: ProjectionModel | None = None
-        self.step_ns = int(np.sum(t["steps"]["end_ns"] - t["steps"]["start_ns"]))
+        self.step_ns = int(step_durations(t["steps"]).sum())
 
     # -- preparing (slow on big runs: the GUI does it off the UI thread)
 
