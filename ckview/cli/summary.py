@@ -136,13 +136,14 @@ _COMPILED = {
 
 def _comparison(runs: dict[str, Any]) -> str:
     """The runs side by side: peak, activations at the peak, recompute time. A run without a
-    recorded op (the script ended before it) is listed as such, never compared."""
+    complete step (the script ended before or in its first step) is listed as such, never
+    compared: its peak is not a step's."""
     from ckview.analysis import format_bytes as fb
 
     width = max(len(n) for n in runs) + 2
-    recorded = {name: s for name, s in runs.items() if s.n_ops}
+    recorded = {name: s for name, s in runs.items() if any(st["complete"] for st in s.steps)}
     if not recorded:
-        return "\n".join(f"{name:<{width}}no op recorded" for name in runs)
+        return "\n".join(f"{name:<{width}}  no step recorded" for name in runs)
     reference, first = next(iter(recorded.items()))
     lines = [
         f"{'run':<{width}}{'peak':>11}{'vs ' + reference:>16}{'activations':>13}"
@@ -150,7 +151,7 @@ def _comparison(runs: dict[str, Any]) -> str:
     ]
     for name, s in runs.items():
         if name not in recorded:
-            lines.append(f"{name:<{width}}  no op recorded (the script ended before this run)")
+            lines.append(f"{name:<{width}}  no step recorded (the script ended first)")
             continue
         change = (s.peak_bytes - first.peak_bytes) / first.peak_bytes if first.peak_bytes else 0
         share = s.recompute_ns / s.step_ns if s.step_ns else 0.0
