@@ -268,8 +268,13 @@ def test_view_opens_the_good_trace_and_says_what_is_wrong_with_the_other(
     import ckview.gui.display
 
     opened: list[list[str]] = []
+
+    def run_app(paths: list[str], **_: Any) -> int:
+        opened.append(paths)
+        return 0
+
     monkeypatch.setattr(ckview.gui.display, "display_problem", lambda: None)
-    monkeypatch.setattr(ckview.gui.app, "run", lambda paths, **_: opened.append(paths) or 0)
+    monkeypatch.setattr(ckview.gui.app, "run", run_app)
     bad = tmp_path / "bad.py"
     bad.write_text("print('not a trace')\n")
     code, _, err = run_cli("view", str(bad), str(good_trace))

@@ -338,8 +338,9 @@ def test_cli_step_every_and_summary(tmp_path: Path, run_cli: Any) -> None:
     code, _, err = run_cli(
         "record", "-o", str(tmp_path / "u.h5"), "--step-every", "optimizer:3", str(script)
     )
-    assert code == 0, err
-    # Warmup: 3 optimizer steps (iterations 1-3); the 4th iteration begins a step, then ends.
+    # Warmup: 3 optimizer steps (iterations 1-3); the 4th iteration begins a step, and the
+    # script ends before the step does: no step was recorded (a failure), the partial one kept.
+    assert code == 1 and "no step was recorded" in err, err
     assert _held(read_run(tmp_path / "u.h5")) == [(3, 3, 1, 0)]
 
 
