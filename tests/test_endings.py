@@ -155,6 +155,22 @@ def test_a_good_recording_replaces_the_trace(good_trace: Path, run_cli: Any) -> 
     assert not good_trace.with_name("good.incomplete.h5").exists()
 
 
+def test_a_trace_that_does_not_validate_never_replaces_a_good_one(
+    good_trace: Path, run_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import recorder.output
+    from ckview.trace import ValidationReport
+
+    before = good_trace.read_bytes()
+    broken = ValidationReport(str(good_trace), problems=["a broken reference"])
+    monkeypatch.setattr(recorder.output, "validate_trace", lambda path: broken)
+    script = _script(good_trace.parent, 6)
+    code, _, err = run_cli("record", "-o", str(good_trace), str(script))
+    assert code == 1 and good_trace.read_bytes() == before
+    beside = good_trace.with_name("good.incomplete.h5")
+    assert f"does not pass ckview validate {beside}; it is kept there; {good_trace} was" in err
+
+
 def test_a_failed_recording_takes_the_place_of_no_trace(tmp_path: Path, run_cli: Any) -> None:
     out = tmp_path / "new.h5"
     script = _script(tmp_path, 6, fail_in=3, error="RuntimeError('boom')")

@@ -290,13 +290,21 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
                 "let the script run more steps"
             )
         else:
+            lower = "lower --warmup, " if args.warmup else ""
             why = (
                 f"the script ended after {plural(args.warmup, 'warmup step')}, before a recorded "
-                "step ended; no step was recorded: lower --warmup, let the script run more "
-                f"steps, or say what a step is with --step-every (now {args.step_every})"
+                f"step ended; no step was recorded: {lower}let the script run more steps, or say "
+                f"what a step is with --step-every (now {args.step_every})"
             )
         print(f"ckview: {why} (incomplete trace: {written}{kept})", file=sys.stderr)
         return ending.exit_code or 1
+    if written != output:  # complete, yet not valid: never expected (our bug), never hidden
+        print(
+            f"ckview: the new trace does not pass ckview validate {written}; it is kept there"
+            f"{kept}",
+            file=sys.stderr,
+        )
+        return 1
     if ending.error:
         print(f"ckview: the script failed after the recording ({ending.error})", file=sys.stderr)
     elif ending.steps < args.steps * runs:
