@@ -10,6 +10,7 @@ only when stderr is a terminal: a log file or a pipe gets none unless asked (``-
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from time import perf_counter
 
@@ -45,7 +46,8 @@ class StepProgress:
 
     @staticmethod
     def _line(text: str) -> None:
-        sys.stdout.flush()
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a closed/replaced stdout
+            sys.stdout.flush()
         print(f"ckview: {text}", file=sys.stderr, flush=True)
 
 
