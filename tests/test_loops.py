@@ -480,9 +480,7 @@ def test_compiled_model_says_how_it_ran(done: dict[tuple[str, str], Done]) -> No
     assert "recompile" not in d.stderr, f"dynamo recompiled under the recorder\n{d.context()}"
 
 
-def _live_at(
-    storages: dict[str, np.ndarray], events: dict[str, np.ndarray], t: int
-) -> np.ndarray:
+def _live_at(storages: dict[str, np.ndarray], events: dict[str, np.ndarray], t: int) -> np.ndarray:
     """Mask of the storages alive at time ``t``: allocated, or for one that existed before the
     run, first seen (a batch arrives from a worker when the loop takes it), at or before ``t``,
     and not yet freed."""

@@ -127,7 +127,6 @@ def _parse_budget(text: str) -> Budget:
 def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
     """The run to plan over (``wanted``, else 'baseline', else 'main') and its tables."""
     from ckview.trace import open_trace
-    from ckview.trace.schema import RUN_TABLES
 
     with open_trace(path) as trace:
         names = trace.run_names
@@ -140,9 +139,7 @@ def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
                 )
         elif wanted not in names:
             raise CLIError(f"{path} has no run {wanted!r}; runs: {', '.join(names) or 'none'}")
-        tables: dict[str, Any] = {t: trace.run(wanted).table(t).read() for t in RUN_TABLES}
-        tables["modules"] = trace.modules.read()
-        tables["strings"] = list(trace.strings)
+        tables: dict[str, Any] = trace.read_run(wanted)
     return wanted, tables
 
 
@@ -297,8 +294,7 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             "plan": result.plan,
             "evaluations": result.evaluations,
             "presets": [
-                _point_json(context, p, p.name) | {"not_in_effect": p.idle}
-                for p in result.presets
+                _point_json(context, p, p.name) | {"not_in_effect": p.idle} for p in result.presets
             ],
         }
     if front is not None:
