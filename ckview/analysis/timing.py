@@ -162,17 +162,6 @@ def step_time_ns(tables: Mapping[str, Any]) -> tuple[int, bool]:
     return int((end - start)[ended].sum()), False
 
 
-def timing_source(plain: bool, steps: int | None = None) -> str:
-    """Where times come from, for the text of every surface."""
-    if plain:
-        of = f"median of {steps} " if steps else ""
-        return f"from plain timing ({of}unrecorded steps, checkpoint's cost per call included)"
-    return (
-        "from recorded op times (they include the recorder's per-op cost; record with "
-        "--timing-steps 3 or more for plain times)"
-    )
-
-
 def recorded_times_only(tables: Mapping[str, Any]) -> dict[str, Any]:
     """The run's tables without its timing steps: what projects extra compute from recorded op
     times, to compare with recorded steps when the other run has no plain timings."""

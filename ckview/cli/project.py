@@ -125,6 +125,7 @@ class PlanProjection:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ckview.analysis.timing import step_time_ns
     from ckview.trace import open_trace
 
     with open_trace(args.trace) as trace:
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             "run": name,
             "run_peak_bytes": run_peak(tables),
             "step_ns": step_ns(tables),
+            "times": "plain" if step_time_ns(tables)[1] else "recorded",
             "plans": [r.to_json() for r in results],
         }
         json.dump(doc, sys.stdout, indent=2)
@@ -262,16 +264,22 @@ def _header(path: Path, name: str, tables: Tables) -> str:
 def times_line(tables: Tables) -> str:
     """Where the step time and extra compute come from (NOTE [ Extra compute from plain
     times ] in ckview/analysis/timing.py)."""
-    from ckview.analysis.timing import plain_times, timing_source
+    from ckview.analysis.timing import plain_times
 
     times = plain_times(tables)
     if times is None:
-        return "times " + timing_source(False)
-    s = times.step
-    return (
-        f"times {timing_source(True, s.count)}: step {s.median_ns / 1e6:.1f} ms "
+        return (
+            "times: recorded op times, with the recorder's per-op cost (record with "
+            "--timing-steps 3 for plain times)"
+        )
+    s, cost = times.step, times.call_cost
+    line = (
+        f"times: plain, median of {s.count} unrecorded steps: {s.median_ns / 1e6:.1f} ms a step "
         f"({s.low_ns / 1e6:.1f}..{s.high_ns / 1e6:.1f})"
     )
+    if cost is not None:
+        line += f"; checkpoint's cost {cost.median_ns / 1e3:.0f} us a call included"
+    return line
 
 
 def format_projection(p: PlanProjection) -> str:
