@@ -166,3 +166,28 @@ def recorded_times_only(tables: Mapping[str, Any]) -> dict[str, Any]:
     """The run's tables without its timing steps: what projects extra compute from recorded op
     times, to compare with recorded steps when the other run has no plain timings."""
     return {name: table for name, table in tables.items() if name != "timing_steps"}
+
+
+def forward_ns_by_module(tables: Mapping[str, Any], modules: int) -> tuple[np.ndarray, bool]:
+    """(modules,) int64: the summed time of each module's forward calls in the recorded steps,
+    from plain times where the run has them for every call (else recorded call durations), and
+    whether they are plain."""
+    calls = tables["module_calls"]
+    forward = np.flatnonzero(np.asarray(calls["phase"]) == Phase.FORWARD)
+    module = np.asarray(calls["module"], dtype=np.int64)[forward]
+    times = plain_times(tables)
+    if times is not None:
+        order = forward_call_order(calls)[forward]
+        plain = [_plain_call(times, int(m), int(k)) for m, k in zip(module, order, strict=True)]
+        if all(p is not None for p in plain):
+            weights = np.asarray(plain, dtype=np.float64)
+            return np.bincount(module, weights, minlength=modules).astype(np.int64), True
+    end = np.asarray(calls["end_ns"], dtype=np.int64)[forward]
+    start = np.asarray(calls["start_ns"], dtype=np.int64)[forward]
+    duration = np.maximum(end - start, 0).astype(np.float64)
+    return np.bincount(module, duration, minlength=modules).astype(np.int64), False
+
+
+def _plain_call(times: PlainTimes, module: int, order: int) -> int | None:
+    medians = times.calls.get(module)
+    return int(medians[order]) if medians is not None and 0 <= order < len(medians) else None

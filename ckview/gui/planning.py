@@ -43,7 +43,7 @@ from ckview.analysis import (
 )
 from ckview.analysis.plans import TraceTree
 from ckview.analysis.regions import subtree_sums
-from ckview.analysis.timing import step_time_ns
+from ckview.analysis.timing import forward_ns_by_module, step_time_ns
 from ckview.gui.rundata import RunData
 from ckview.trace.schema import Category, Phase
 
@@ -63,7 +63,7 @@ class ModuleInfo:
     activation_bytes: int
     """Bytes of activations (saved for backward) created inside the module's calls."""
     forward_ns: int
-    """Summed duration of its forward calls."""
+    """Summed time of its forward calls (plain where the run has timing steps)."""
 
 
 @dataclass(frozen=True)
@@ -479,13 +479,12 @@ def _module_infos(run: RunData) -> list[ModuleInfo]:
     calls = t["module_calls"]
     forward = np.asarray(calls["phase"]) == Phase.FORWARD
     called = np.asarray(calls["module"], dtype=np.int64)[forward]
-    duration = np.maximum(calls["end_ns"][forward] - calls["start_ns"][forward], 0)
     st = t["storages"]
     act = (np.asarray(st["category"]) == Category.ACTIVATION) & (np.asarray(st["module"]) >= 0)
     own_act = np.bincount(st["module"][act], weights=st["nbytes"][act], minlength=n)
     activation = subtree_sums(parent, own_act.astype(np.int64))
     counts = np.bincount(called, minlength=n)
-    time = np.bincount(called, weights=duration, minlength=n).astype(np.int64)
+    time, _ = forward_ns_by_module(t, n)  # plain where the run has timing steps
     return [
         ModuleInfo(
             row=row,
