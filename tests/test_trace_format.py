@@ -736,7 +736,7 @@ def widen_dtype(f: h5py.File) -> None:
         (corrupt_column("saved_events", "storage", 1, 3), "saved_events.storage"),
         (corrupt_column("storages", "op", 1, 4), "storages.op"),
         (corrupt_column("ops", "name", 0, 1000), "ops.name has 1 values outside strings"),
-        (corrupt_column("storages", "category", 0, 7), "not a Category"),
+        (corrupt_column("storages", "category", 0, 10), "not a Category"),
         (corrupt_column("ops", "phase", 0, 9), "not a Phase"),
         (corrupt_column("memory_events", "kind", 0, 3), "not a MemoryEventKind"),
         (corrupt_column("memory_events", "time_ns", 2, 5), "time_ns decreases 1 times"),

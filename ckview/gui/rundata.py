@@ -43,6 +43,9 @@ CATEGORY_LABELS: dict[Category, str] = {
     Category.TEMPORARY: "temporaries",
     Category.INPUT: "inputs",
     Category.OTHER: "other",
+    Category.SHARDED_PARAMETER: "sharded parameters",
+    Category.UNSHARDED_PARAMETER: "unsharded parameters",
+    Category.COMM_BUFFER: "communication buffers",
 }
 STACK_ORDER: tuple[Category, ...] = CATEGORY_PRIORITY
 """Bottom to top: what stays all step at the bottom (parameters, gradients, optimizer state,

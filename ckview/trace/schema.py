@@ -49,14 +49,20 @@ class Category(IntEnum):
     TEMPORARY = 4
     INPUT = 5
     OTHER = 6
+    SHARDED_PARAMETER = 7  # FSDP: this rank's shard of a parameter (persistent)
+    UNSHARDED_PARAMETER = 8  # FSDP: a parameter all-gathered for a module's forward/backward
+    COMM_BUFFER = 9  # FSDP: all-gather and reduce-scatter buffers (data in transit)
 
 
 #: When a storage plays several roles (a parameter saved for backward, an input saved by the first
 #: layer), the earliest role in this tuple names it.
 CATEGORY_PRIORITY: tuple[Category, ...] = (
+    Category.SHARDED_PARAMETER,
+    Category.UNSHARDED_PARAMETER,  # an nn.Parameter too, and saved for backward
     Category.PARAMETER,
     Category.GRADIENT,
     Category.OPTIMIZER_STATE,
+    Category.COMM_BUFFER,
     Category.INPUT,
     Category.ACTIVATION,
     Category.TEMPORARY,
