@@ -57,6 +57,7 @@ Table = Mapping[str, np.ndarray]
 PlanLike = Plan | Mapping[str, Any] | str
 """A plan, a plan document (dict or JSON text), or a preset string (``every:2@blocks``)."""
 
+
 class TraceTree:
     """The main model of a trace's ``modules`` table as a ``ModuleTree``, with the module row of
     each node. With ``calls`` (a run's ``module_calls``), the tree knows each module's forward
