@@ -201,3 +201,25 @@ def test_plan_runs_are_timed_in_their_own_context(tmp_path: Path) -> None:
         calls = {n: len(trace.run(n).table("timed_calls")) for n in trace.run_names}
     assert kept == {"baseline": [0, 1], "plan:all": [0, 1]}
     assert calls["baseline"] == calls["plan:all"] == 2 * 9
+
+
+def test_a_script_that_fails_in_its_timing_steps_leaves_a_complete_trace(tmp_path: Path) -> None:
+    """Every run was recorded before the timing steps: the trace is complete, with what was
+    timed, whatever the script does next."""
+    path = tmp_path / "t.h5"
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block(64) for _ in range(2)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        with Recorder(path, steps=1, warmup=1, progress=False, timing_steps=3):
+            for step in range(6):
+                if step == 4:  # warmup, recorded, timing warm-up, one kept timing step
+                    raise KeyboardInterrupt
+                model(torch.randn(8, 64)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    except KeyboardInterrupt:
+        pass
+    with open_trace(path) as trace:
+        assert trace.meta.complete and trace.meta.error == ""
+        assert len(trace.run("main").table("timing_steps")) == 1
