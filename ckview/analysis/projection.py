@@ -112,6 +112,8 @@ from ckview.analysis.timeline import (
     find_peak,
     live_at_start,
     memory_timeline,
+    point_stretches,
+    stretch_offsets,
 )
 from ckview.trace.schema import Category, IOKind, MemoryEventKind, Phase, SavedEventKind
 
@@ -161,6 +163,9 @@ class ProjectedEvents:
     """(m,) int64: baseline event row the event is, moves or replays; -1 for a new free."""
     key: np.ndarray
     """(m,) int64: the sort key (NOTE [ Event keys ])."""
+    point: np.ndarray
+    """(m,) int64: baseline timeline point the event stands at (after baseline event e: e + 1;
+    inserted before baseline event p: p)."""
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -810,7 +815,14 @@ def _project(eff: InstanceEffects, base: _Baseline, active: np.ndarray) -> Proje
     )
     rec = records.take(np.lexsort((records.sub, records.key)))
     events = ProjectedEvents(
-        rec.kind, rec.storage, rec.time, rec.instance, rec.copy, rec.source, rec.key
+        rec.kind,
+        rec.storage,
+        rec.time,
+        rec.instance,
+        rec.copy,
+        rec.source,
+        rec.key,
+        base.point_of_key(rec.key),
     )
     timeline = memory_timeline(base.storages, events.table())
     peak = find_peak(timeline)
@@ -890,6 +902,16 @@ def project(tables: RunTables, regions: Sequence[Region]) -> Projection:
     )
     base, eff = _effects(tables, instances)
     return _project(eff, base, outermost(instances, np.ones(len(instances), dtype=bool)))
+
+
+def peak_from_state(projection: Projection, base: RunTables, run: RunTables) -> int:
+    """The peak of ``projection`` (over ``base``) with the baseline's parameters, gradients and
+    optimizer state exchanged for those of ``run``, a run of the same step that began from
+    another training state: NOTE [ Runs that begin from another state ] in timeline.py."""
+    offsets = stretch_offsets(base, run)
+    stretch = point_stretches(base["ops"], base["memory_events"])
+    points = np.concatenate(([0], projection.events.point))
+    return int(np.max(projection.total + offsets[stretch[points]]))
 
 
 # ----------------------------------------------------------------------------- incremental

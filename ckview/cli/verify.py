@@ -111,7 +111,10 @@ class Check:
     """ExtraTime per step, projected vs measured, or None (NOTE [ Extra time, like for like ])."""
     start_offset_bytes: int = 0
     """Parameters, gradients and optimizer state the plan run began with beyond the baseline's
-    (NOTE [ Runs that begin from another state ])."""
+    (NOTE [ Runs that begin from another state ] in ckview/analysis/timeline.py)."""
+    state_peak_bytes: int | None = None
+    """The projection from the plan run's own training state (that NOTE); None: the same as
+    the baseline's."""
 
     @property
     def like_for_like(self) -> bool:
@@ -121,8 +124,10 @@ class Check:
 
     @property
     def projected_peak_bytes(self) -> int:
-        """The projection over the baseline, from the state the plan run began with."""
-        return self.projection.peak_bytes + self.start_offset_bytes
+        """The projection over the baseline, from the training state of the plan run."""
+        if self.state_peak_bytes is None:
+            return self.projection.peak_bytes
+        return self.state_peak_bytes
 
     @property
     def peak_error(self) -> float:
@@ -242,9 +247,10 @@ def _verify(
     the plans were projected over (None without a baseline run). ``timing``: the plain timing
     steps and checkpoint's cost per call (NOTE [ Extra time, like for like ]); without it,
     times come from the recorded steps."""
-    from ckview.analysis import phase_time_ns
+    from ckview.analysis import phase_time_ns, project
+    from ckview.analysis.projection import peak_from_state
     from ckview.analysis.recompute import leftover_recompute, run_checkpointing
-    from ckview.analysis.timeline import persistent_bytes_at_start
+    from ckview.analysis.timeline import stretch_offsets
     from ckview.trace import open_trace
     from ckview.trace.schema import Phase
 
@@ -265,9 +271,8 @@ def _verify(
                 continue
             run = {t: trace.run(name).table(t).read() for t in _PLAN_TABLES}
             projection = proj.project_plan(base, plan.to_json(), source)
-            offset = persistent_bytes_at_start(
-                run["storages"], run["memory_events"]
-            ) - persistent_bytes_at_start(base["storages"], base["memory_events"])
+            raw = project(base, list(proj.resolve_plan(plan.to_json(), base, name).regions))
+            offsets = stretch_offsets(base, run)
             checks.append(
                 Check(
                     projection=projection,
@@ -275,22 +280,21 @@ def _verify(
                     measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
                     checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
                     leftover=leftover_recompute(run, strings, plan_run=True),
-                    time=_extra_time(base, run, plan.to_json(), name, timing),
-                    start_offset_bytes=offset,
+                    time=_extra_time(base, run, raw, name, timing),
+                    start_offset_bytes=int(offsets[0]),
+                    state_peak_bytes=(peak_from_state(raw, base, run) if offsets.any() else None),
                 )
             )
     return checks, missing, baseline
 
 
 def _extra_time(
-    base: proj.Tables, run: proj.Tables, plan: Any, name: str, timing: Timing | None
+    base: proj.Tables, run: proj.Tables, projection: Any, name: str, timing: Timing | None
 ) -> Any:
     """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them,
-    else from the recorded steps and op times."""
-    from ckview.analysis import project
+    else from the recorded steps and op times. ``projection``: the plan's over ``base``."""
     from ckview.analysis.recompute import extra_time, plain_recompute_ns, step_durations
 
-    projection = project(base, list(proj.resolve_plan(plan, base, name).regions))
     recomputes = len(projection.recomputes)
     n_steps = max(1, len(step_durations(base["steps"])))
     base_t = timing.runs.get(BASELINE) if timing else None
@@ -403,9 +407,9 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
     lines += [
         f"note: run plan:{c.projection.plan} began with {_signed_bytes(c.start_offset_bytes)} of "
         "parameters, gradients and optimizer state than the baseline (optimizer state that "
-        "grows from iteration to iteration, as L-BFGS's history does): its projection starts "
-        "from that state (NOTE [ Runs that begin from another state ]); a larger --warmup "
-        "lets it settle"
+        "grows from iteration to iteration, as L-BFGS's history does): its projection holds "
+        "that run's own state, stretch by stretch (NOTE [ Runs that begin from another "
+        "state ] in ckview/analysis/timeline.py)"
         for c in checks
         if c.start_offset_bytes
     ]
@@ -428,15 +432,6 @@ def _signed_bytes(n: int) -> str:
     from ckview.analysis import format_bytes
 
     return f"{format_bytes(abs(n))} {'more' if n > 0 else 'less'}"
-
-
-# NOTE [ Runs that begin from another state ]
-# The runs of one verify are recorded one after another, so a run can begin from another
-# training state than the baseline: optimizer state that grows for a while (L-BFGS keeps up to
-# history_size pairs of vectors) is larger in every later run. No plan changes parameters,
-# gradients or optimizer state (the projection never moves them), so the plan run's projection
-# is the baseline's plus the difference of those bytes at the start of the runs; verify says
-# so whenever that difference is not zero, and reports the raw projection too (JSON).
 
 
 def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | None = None) -> str:
