@@ -941,3 +941,40 @@ def test_run_of_another_structure_takes_the_offset_at_the_start() -> None:
         b.existing(100, Category.OPTIMIZER_STATE)
     b.op(Phase.OPTIMIZER)
     assert stretch_offsets(base, b.tables()).tolist() == [200] * 7
+
+
+def block_with_a_function(saved: bool) -> tuple[Tables, int, int]:
+    """One block: a hand-written Function keeps its 300-byte input on ``ctx`` (no PACK unless
+    ``saved``) and frees it in backward; the block's 10-byte output is saved by the loss.
+    Returns the tables, the block's row and the kept storage."""
+    b = StepBuilder()
+    net = b.module("", "Net")
+    row = b.module("0", "Block", net)
+    x = b.existing(10, Category.INPUT)
+    with b.call(net) as root:
+        with b.call(row, inputs=[x]) as call:
+            (kept,) = b.op(alloc=[300], pack=[x])
+            (out,) = b.op(alloc=[10], pack=[kept] if saved else [])
+            b.output(call, out)
+        b.op(alloc=[4], pack=[out])
+    b.op(Phase.BACKWARD, call=root, unpack=[out], alloc=[20], category=Category.GRADIENT)
+    b.op(Phase.BACKWARD, call=call, unpack=[x] + ([kept] if saved else []), free=[kept])
+    return b.tables(), row, kept
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_unsaved_storage_held_from_outside_keeps_its_free(saved: bool) -> None:
+    """NOTE [ Held from outside ]: what the Function keeps on ctx outlives the checkpointed
+    block as in the baseline (to its free in backward); the same storage saved by autograd is
+    freed at the block's end (NOTE [ Checkpointed forward ])."""
+    tables, row, kept = block_with_a_function(saved)
+    projection = project(tables, [ModuleRegion(row)])
+    events = projection.events
+    (free,) = np.flatnonzero((events.storage == kept) & ~events.copy & (events.kind == FREE))
+    baseline_free = int(np.flatnonzero(tables["memory_events"]["storage"] == kept)[-1])
+    assert events.source[free] == baseline_free
+    assert events.instance[free] == (0 if saved else -1)
+    lower = (
+        before_backward(tables, projection) - baseline_total(tables)[first_backward_event(tables)]
+    )
+    assert lower == (-300 if saved else 0)

@@ -107,6 +107,8 @@ class Check:
     """The plan run's ``checkpointing`` (see ckview.analysis.recompute.run_checkpointing)."""
     leftover: Any = None
     """Recompute in the plan run outside the plan's regions (LeftoverRecompute), or None."""
+    shared_recompute: bool = False
+    """The leftover recompute is the baseline's too (NOTE [ Recompute in a bypassed run ])."""
     time: Any = None
     """ExtraTime per step, projected vs measured, or None (NOTE [ Extra time, like for like ])."""
     start_offset_bytes: int = 0
@@ -119,8 +121,8 @@ class Check:
     @property
     def like_for_like(self) -> bool:
         """Whether the plan run is what the projection describes: no recompute in it beyond the
-        plan's (the script's own checkpointing was bypassed)."""
-        return self.leftover is None
+        plan's (the script's own checkpointing was bypassed), or the same as the baseline's."""
+        return self.leftover is None or self.shared_recompute
 
     @property
     def projected_peak_bytes(self) -> int:
@@ -157,6 +159,7 @@ class Check:
             "extra_error_percent": None if extra is None else round(100 * extra, 3),
             "checkpointing": self.checkpointing,
             "like_for_like": self.like_for_like,
+            "recompute_as_in_baseline": self.shared_recompute,
             "leftover_recompute": None if self.leftover is None else self.leftover.to_json(),
             "extra_time_per_step": None if self.time is None else self.time.to_json(),
             "projection": self.projection.to_json(),
@@ -273,13 +276,15 @@ def _verify(
             projection = proj.project_plan(base, plan.to_json(), source)
             raw = project(base, list(proj.resolve_plan(plan.to_json(), base, name).regions))
             offsets = stretch_offsets(base, run)
+            leftover = leftover_recompute(run, strings, plan_run=True)
             checks.append(
                 Check(
                     projection=projection,
                     measured_peak_bytes=proj.run_peak(run),
                     measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
                     checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
-                    leftover=leftover_recompute(run, strings, plan_run=True),
+                    leftover=leftover,
+                    shared_recompute=leftover is not None and leftover.same_as(baseline.leftover),
                     time=_extra_time(base, run, raw, name, timing),
                     start_offset_bytes=int(offsets[0]),
                     state_peak_bytes=(peak_from_state(raw, base, run) if offsets.any() else None),
@@ -379,6 +384,8 @@ def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
     from ckview.analysis.recompute import BYPASSED, PLAN, describe_checkpointing
 
     over = describe_checkpointing(baseline.checkpointing if baseline else BYPASSED)
+    if baseline is not None and baseline.leftover is not None:
+        over += ", but for a recompute that cannot be switched off"
     runs = {c.checkpointing for c in checks} or {PLAN}
     measured = "; ".join(describe_checkpointing(r) for r in sorted(runs))
     return (
@@ -388,15 +395,9 @@ def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
 
 
 def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
-    """NOTE [ Recompute in a bypassed run ]: one line per run that still recomputes."""
-    lines = []
-    if baseline is not None and baseline.leftover is not None:
-        lines.append("warning: " + baseline.leftover.describe(BASELINE))
-    lines += [
-        "warning: " + c.leftover.describe(f"plan:{c.projection.plan}")
-        for c in checks
-        if c.leftover is not None
-    ]
+    """NOTE [ Recompute in a bypassed run ]: one line for all the runs that still recompute,
+    then the other warnings and notes."""
+    lines = _recompute_warnings(baseline, checks)
     lines += [
         f"warning: plan {c.projection.plan}: projected extra time {c.time.projected_ns / 1e6:.1f}"
         f" ms per step is outside the measured {c.time.low_ns / 1e6:.1f} .. "
@@ -424,6 +425,29 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
             f"extra time: median of {min(t.steps for t in timed)} plain steps per run "
             "(unrecorded), projected from the baseline's plain forward times plus "
             "checkpoint's fixed cost per call"
+        )
+    return lines
+
+
+def _recompute_warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
+    """One warning naming every run that still recomputes (NOTE [ Recompute in a bypassed
+    run ]), and whether the plans holding the baseline's recompute are compared like for like."""
+    held = [c for c in checks if c.leftover is not None]
+    runs = [f"plan:{c.projection.plan}" for c in held]
+    first = baseline.leftover if baseline is not None else None
+    if first is not None:
+        runs.insert(0, BASELINE)
+    elif held:
+        first = held[0].leftover
+    if first is None:
+        return []
+    lines = ["warning: " + first.describe(*runs)]
+    shared = [c.projection.plan for c in held if c.shared_recompute]
+    if shared:
+        lines.append(
+            f"note: plan(s) {', '.join(shared)} still compared like for like: projected over "
+            "a baseline that holds that recompute and measured in runs that hold the same, "
+            "i.e. the plan on top of the script's own checkpointing"
         )
     return lines
 
@@ -456,8 +480,9 @@ def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | Non
         )
     if not all(c.like_for_like for c in checks):
         lines.append(
-            "* not like for like: the script's own checkpointing still recomputes in that run "
-            "(warnings below), so the projection describes another step than the one measured"
+            "* not like for like: the script's own checkpointing still recomputes in that run, "
+            "not as in the baseline (warnings below), so the projection describes another step "
+            "than the one measured"
         )
     lines.append(f"compared: {compared(baseline, checks)}")
     lines += _warnings(baseline, checks)
