@@ -904,6 +904,8 @@ class Recorder:
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         row = self._registry.row(module)
         if row is None:
+            if self._registry.passes_through(module):
+                return
             if self._writer is None:
                 return  # timing steps, the trace written: a module first seen now is not timed
             row = self._register_module(module)

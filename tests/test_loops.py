@@ -492,7 +492,11 @@ def test_compiled_model_says_how_it_ran(done: dict[tuple[str, str], Done]) -> No
     assert d.returncode == 0, f"verify failed\n{d.context()}"
     with open_trace(_trace(d)) as t:
         compiled = getattr(t.meta, "compiled", None)
+        paths = [t.strings[i] for i in t.modules.read()["path"]]
     assert compiled == "eager", f"trace meta 'compiled' is {compiled!r}"
+    # The model's own paths, not the wrapper's (NOTE [ A compiled model is named as the
+    # user's model ] in ckpt_runtime/presets.py): 'blocks.*' means the same compiled or not.
+    assert "blocks.0" in paths and not any("_orig_mod" in p for p in paths), paths
     _, summary = _cli("summary", str(d.job.trace))
     said = [line for line in summary.splitlines() if line.startswith("torch.compile:")]
     assert said, f"the summary does not say whether the steps ran compiled:\n{summary[:800]}"
