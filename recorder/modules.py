@@ -49,6 +49,11 @@ class ModuleRegistry:
             return True
         return False
 
+    @property
+    def empty(self) -> bool:
+        """Whether no module has run forward yet."""
+        return not self._paths
+
     def row(self, module: object) -> int | None:
         return self._rows.get(module) if isinstance(module, torch.nn.Module) else None
 
@@ -63,6 +68,14 @@ class ModuleRegistry:
                 prefix = self._paths[caller]
                 return self._register_tree(module, f"{prefix}.{name}" if prefix else name, caller)
         return self._register_tree(module, "", NO_INDEX)
+
+    def add_loose(self, parameter: torch.Tensor) -> bool:
+        """Know ``parameter``, owned by no module (NOTE [ A forward without modules ] in
+        session.py); False if it was known already."""
+        if parameter in self._owner:
+            return False
+        self._owner[parameter] = NO_INDEX
+        return True
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self._owner.keys())
@@ -96,7 +109,10 @@ class ModuleRegistry:
             if self.parents[row] == NO_INDEX and (m := ref()) is not None
         ]
         if not roots:
-            raise RuntimeError("no model found: no nn.Module ran forward before recording began")
+            raise RuntimeError(
+                "no model found: no nn.Module ran forward before recording began, and a "
+                "checkpoint plan names a model's modules (plan 'none' needs none)"
+            )
         return max(roots, key=lambda r: r[:2])[2]
 
     def saw_compiled(self) -> bool:

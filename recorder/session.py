@@ -184,6 +184,8 @@ class _OpObserver(TorchDispatchMode):
         rec = self._rec
         if kwargs is None:
             kwargs = {}
+        if rec._no_modules:
+            rec._functional_op(args, kwargs)  # NOTE [ A forward without modules ]
         if rec._state is State.RECORDING and not rec._busy:
             t0 = perf_counter_ns()
             out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
@@ -254,6 +256,8 @@ class Recorder:
         self._optimizer_depth = 0  # > 0 inside optimizer.step(), 0 again inside its closure
         self._recompute_depth = 0
         self._top_phase = _OTHER
+        self._no_modules = False  # NOTE [ A forward without modules ]
+        self._await_forward = False
         self._node_budget = _NODE_BUDGET  # NOTE [ Autograd nodes stay unwrapped ]
         # open module calls as (module row, call row or -1)
         self._modules: ModuleRegistry | None = None  # made with the trace's string table
@@ -473,6 +477,7 @@ class Recorder:
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
+        self._no_modules = self._await_forward = self._registry.empty
 
     def _uninstall(self, keep_optimizer_hooks: bool = False) -> None:
         """Remove every hook; a hook that others stacked on top of stays, inert."""
@@ -621,7 +626,7 @@ class Recorder:
         """The run's first recorded step begins: note what exists."""
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
-        for p in self._registry.parameters():
+        for p in self._parameters():  # an optimizer's parameters that no module owns too
             self._mark(p, _PARAMETER)
         self._mark_gradients()
         self._mark_optimizer_tensors()
@@ -814,6 +819,7 @@ class Recorder:
         self._counted_task = task
         if self._state is State.RECORDING:
             self._mark_gradients()
+        self._await_forward = self._no_modules
         if self._tracker.boundary_at_next_forward():
             self._enter_next_context_early()
 
@@ -901,6 +907,35 @@ class Recorder:
 
     # ----------------------------------------------------------------- modules
 
+    # NOTE [ A forward without modules ]
+    # A loop with no nn.Module at all (parameters as plain tensors, the model a function of
+    # them) has no module pre-hook to say where its forward begins, nor a module to own its
+    # parameters. While no module has run forward, every op outside backward that builds
+    # autograd graph (grad mode on, a tensor argument that requires grad) is looked at: the
+    # first one after the recorder is installed or a backward ended begins a forward, as a
+    # root module's pre-hook would (counted, its ops FORWARD; without optimizer the step ends
+    # just before it: NOTE [ Step = one optimizer iteration ] in steps.py), and the leaf
+    # tensors that require grad among its arguments are parameters (no module owns them).
+    # Ops before that first one (making the batch, a no_grad update) belong to the step
+    # before. A script with modules pays one attribute test per op.
+
+    def _functional_op(self, args: Any, kwargs: Any) -> None:
+        """An op about to run in a loop without modules (NOTE [ A forward without modules ])."""
+        if self._in_backward or _current_graph_task_id() >= 0 or not torch.is_grad_enabled():
+            return
+        graph = [t for t in _tensors_in(args, kwargs) if t.requires_grad]
+        if not graph:
+            return
+        if self._await_forward:
+            self._await_forward = False
+            if self._tracker.on_forward():
+                self._end_step()
+            self._tracker.forward_begun()
+            self._top_phase = _FORWARD
+        for t in graph:
+            if t.is_leaf and self._registry.add_loose(t) and self._state is State.RECORDING:
+                self._mark(t, _PARAMETER)
+
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         row = self._registry.row(module)
         if row is None:
@@ -982,6 +1017,7 @@ class Recorder:
                 self._io.data.extend((call, sid, kind))
 
     def _register_module(self, module: torch.nn.Module) -> int:
+        self._no_modules = self._await_forward = False
         caller = self._stack[-1][0] if self._stack else NO_INDEX
         row, new_params = self._registry.register(module, caller)
         if self._state is State.RECORDING:

@@ -91,6 +91,8 @@ CI_LOOPS = {
     "grad_accumulation": "gradient accumulation",
     "gan": "two optimizers",
     "manual_sgd": "no optimizer (manual SGD)",
+    "functional": "no nn.Module (plain tensors and functions), an optimizer",
+    "functional_sgd": "no nn.Module and no optimizer",
     "lbfgs": "optimizer.step(closure) (L-BFGS)",
     "ddp": "DistributedDataParallel",
     "dataloader_workers": "DataLoader worker processes",

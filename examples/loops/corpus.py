@@ -91,6 +91,19 @@ LOOPS: tuple[Loop, ...] = (
         optimizer_steps=0,
     ),
     Loop(
+        "functional",
+        "no nn.Module: an MLP written as a function of plain tensors, Adam",
+        plans=("none",),
+    ),
+    Loop(
+        "functional_sgd",
+        "no nn.Module and no optimizer: plain tensors, updated by hand under torch.no_grad()",
+        ("--manual",),
+        optimizer_steps=0,
+        plans=("none",),
+        file="functional",
+    ),
+    Loop(
         "lbfgs",
         "L-BFGS: optimizer.step(closure); the closure runs forward and backward 4 times a step",
         forwards=4,  # max_iter=4: the first evaluation and one after each of 3 updates
