@@ -135,7 +135,7 @@ class Job:
     def argv(self) -> list[str]:
         """The arguments of ``ckview``."""
         loop = LOOPS[self.loop]
-        script_args = [*loop.quick, "--steps", str(self.script_steps())]
+        script_args = [*loop.args, *loop.quick, "--steps", str(self.script_steps())]
         if self.kind != "verify":
             script_args.append("--checkpoint")
         common = ["--steps", "1", "--stop-after", "--no-progress", "-o", str(self.trace)]

@@ -11,6 +11,7 @@ them by hand under ``torch.no_grad()`` instead (no optimizer either).
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 def init(dims: list[int], gen: torch.Generator) -> list[torch.Tensor]:
     """Weights and biases of each layer, as leaf tensors that require grad."""
     params = []
-    for fan_in, fan_out in zip(dims, dims[1:], strict=False):
+    for fan_in, fan_out in itertools.pairwise(dims):
         w = torch.randn(fan_in, fan_out, generator=gen) / fan_in**0.5
         params += [w.requires_grad_(), torch.zeros(fan_out, requires_grad=True)]
     return params
