@@ -102,12 +102,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def leftover_warnings(output: Path) -> list[str]:
-    """One line per run whose script checkpointing was bypassed and that still recomputed
-    (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
+    """One line naming every run whose script checkpointing was bypassed and that still
+    recomputed (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py), with
+    the first one's figures; none if there is none."""
     from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
     from ckview.trace import open_trace
 
-    lines = []
+    found = []
     with open_trace(output) as trace:
         strings = list(trace.strings)
         for name in trace.run_names:
@@ -118,8 +119,8 @@ def leftover_warnings(output: Path) -> list[str]:
             tables = {t: run.table(t).read() for t in ("ops", "recompute_regions")}
             leftover = leftover_recompute(tables, strings, plan_run=kind == PLAN)
             if leftover is not None:
-                lines.append(leftover.describe(name))
-    return lines
+                found.append((name, leftover))
+    return [found[0][1].describe(*(name for name, _ in found))] if found else []
 
 
 def record_script(
