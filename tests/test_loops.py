@@ -416,6 +416,21 @@ def test_verify_within_2_percent(done: dict[tuple[str, str], Done], name: str) -
     _check_verify(done["verify", name])
 
 
+def test_run_from_another_training_state_is_projected_exactly(
+    done: dict[tuple[str, str], Done],
+) -> None:
+    # L-BFGS's history grows until it is full, so every plan run begins from another state
+    # than the baseline, and once full it changes differently during the step: projected
+    # with the plan run's own state per phase stretch (NOTE [ Runs that begin from another
+    # state ] in ckview/analysis/timeline.py), every plan lands at the 0.1% target
+    # (an offset taken at the start was +1.8%).
+    d = done["verify", "lbfgs"]
+    plans = json.loads(d.stdout)["plans"]
+    assert any(p["start_offset_bytes"] for p in plans), "the runs began from one state"
+    off = {p["plan"]: p["peak_error_percent"] for p in plans if abs(p["peak_error_percent"]) > 0.1}
+    assert not off, f"{off}\n{d.context()}"
+
+
 @pytest.mark.parametrize("name", CHECKPOINTING)
 def test_verify_checkpointed_script_like_for_like(
     done: dict[tuple[str, str], Done], name: str
