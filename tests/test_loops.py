@@ -510,10 +510,14 @@ def test_compiled_model_says_how_it_ran(done: dict[tuple[str, str], Done]) -> No
     with open_trace(_trace(d)) as t:
         compiled = getattr(t.meta, "compiled", None)
         paths = [t.strings[i] for i in t.modules.read()["path"]]
+        regions = t.run("plan:all").table("recompute_regions").read()
+        recomputed = sorted({t.strings[i] for i in regions["name"]})
     assert compiled == "eager", f"trace meta 'compiled' is {compiled!r}"
     # The model's own paths, not the wrapper's (NOTE [ A compiled model is named as the
-    # user's model ] in ckpt_runtime/presets.py): 'blocks.*' means the same compiled or not.
+    # user's model ] in ckpt_runtime/presets.py): 'blocks.*' means the same compiled or not,
+    # and plan 'all', applied through the wrapper, checkpoints the model's blocks.
     assert "blocks.0" in paths and not any("_orig_mod" in p for p in paths), paths
+    assert recomputed == [f"MLP.blocks.{i}" for i in range(3)], recomputed
     _, summary = _cli("summary", str(d.job.trace))
     said = [line for line in summary.splitlines() if line.startswith("torch.compile:")]
     assert said, f"the summary does not say whether the steps ran compiled:\n{summary[:800]}"
