@@ -45,14 +45,14 @@ PRESETS = ("none", "all", "sqrt")
 BUDGET_SHARE = 0.6
 TARGET = 0.02
 TIMING_STEPS = 3
-"""verify's plain timing steps per run (its default; NOTE [ Plain timing steps ])."""
+"""Rounds of plain timing steps (verify's default; NOTE [ Plain timing steps ])."""
 
 
 def script_steps(n_plans: int) -> int:
     """Iterations a script runs under verify (``--stop-after`` ends it once all are recorded):
-    a warmup step, then per run (the baseline and one per plan) a warm-up and ``TIMING_STEPS``
-    plain timing steps and the recorded step; one more as a margin."""
-    return 1 + (1 + n_plans) * (1 + TIMING_STEPS + 1) + 1
+    a warmup step, then per run (the baseline and one per plan) the recorded step and
+    ``TIMING_STEPS`` rounds of a warm-up and a plain timing step; one more as a margin."""
+    return 1 + (1 + n_plans) * (1 + 2 * TIMING_STEPS) + 1
 
 
 def load_corpus() -> Any:

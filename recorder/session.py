@@ -103,7 +103,7 @@ from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
 from recorder.progress import StepProgress
 from recorder.steps import IterationTracker, StepCounts, StepRule
-from recorder.timing import RunTimes, StepTimer
+from recorder.timing import RunTimes, StepTimer, plan_call_cost_ns, timing_schedule
 
 _RANK = [0] * len(Category)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -238,7 +238,9 @@ class Recorder:
             raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
         self._timer = StepTimer(timing_steps)  # NOTE [ Plain timing steps ] in timing.py
-        self._timing_index = 0
+        self._schedule = timing_schedule(len(self.runs), timing_steps)
+        self._timing_pos = -1  # entry of the schedule under way
+        self._timing_run: int | None = None  # the run whose context the timing step is in
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
         self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
@@ -330,6 +332,7 @@ class Recorder:
         if self._state is not State.DONE:
             self._finish(error or "")
         self._uninstall()
+        self._close_trace(error or "")
         self._progress.close()
 
     @property
@@ -431,7 +434,8 @@ class Recorder:
                 context.__exit__(None, None, None)
 
     def _finish(self, error: str) -> None:
-        """End the current run if one is open, then write the modules and close the trace."""
+        """End the current run if one is open, then write the modules and meta. The trace stays
+        open for the timings (``_close_trace``)."""
         if self._state is State.RECORDING:
             self._end_run(error)
         early, self._early_context = self._early_context, None
@@ -439,7 +443,7 @@ class Recorder:
             early.__exit__(None, None, None)
         self._state = State.DONE
         self._known.clear()
-        writer, self._writer = self._writer, None
+        writer = self._writer
         if writer is None:
             return
         self._busy = True
@@ -452,9 +456,32 @@ class Recorder:
                 step_rule=self._tracker.describe(self.warmup),
                 compiled=self._compiled(),
             )
-            writer.close(complete=not error, error=error)
+            writer.flush()
         finally:
             self._busy = False
+
+    def _close_trace(self, error: str) -> None:
+        """Write the plain timings (NOTE [ Plain timing steps ] in timing.py), with checkpoint's
+        cost per call unless the script failed, and close the trace. Call with every hook
+        removed: the cost is measured on a model of its own."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        try:
+            timed = [(name, t) for name, t in self._timer.runs.items() if t.steps_ns]
+            for name, times in timed:
+                run = writer.run(name)
+                run.append("timing_steps", times.step_columns())
+                run.append("timed_calls", times.call_columns())
+            if timed and not error:
+                cost = plan_call_cost_ns()
+                writer.update_meta(
+                    checkpoint_call_ns=cost.median_ns,
+                    checkpoint_call_low_ns=cost.low_ns,
+                    checkpoint_call_high_ns=cost.high_ns,
+                )
+        finally:
+            writer.close(complete=not error, error=error)
 
     # ----------------------------------------------------------------- install / uninstall
 
@@ -655,8 +682,8 @@ class Recorder:
             if self._warmup_done >= self.warmup:
                 self._start_recording()
         elif self._state is State.TIMING:
-            if self._timer.end_step():
-                self._next_timing_run()
+            self._timer.end_step()
+            self._next_timing_step()
         elif self._state is State.RECORDING:
             self._close_step_row(now, counts, complete=True)
             self._step += 1
@@ -676,43 +703,52 @@ class Recorder:
             early, self._early_context = self._early_context, None  # the timing's, if any
             self._finish("")
             self._early_context = early
-            if self._timer.steps:
-                self._start_timing(0)  # the hooks stay for the timing steps
+            if self._schedule:
+                self._start_timing()  # the hooks stay for the timing steps
                 return
             self._all_done()
 
     def _all_done(self) -> None:
-        """Recording (and timing) done: the script runs on unrecorded, or stops."""
+        """Recording (and timing) done: close the trace; the script runs on unrecorded, or
+        stops."""
         early, self._early_context = self._early_context, None
         if early is not None:  # never expected: no run follows
             early.__exit__(None, None, None)
         self._state = State.DONE
         # Optimizer hooks are being iterated right now: they stay, inert, until close().
         self._uninstall(keep_optimizer_hooks=True)
+        self._close_trace("")
         self._progress.close()
         if self.stop_after:
             raise StopScript
 
-    # NOTE [ Plain timing steps ] in timing.py: once every run is recorded and the trace
-    # written, each run's context is entered once more for its timing steps, so that timing
-    # never costs a recorded run when the script ends early.
+    # NOTE [ Plain timing steps ] in timing.py: once every run is recorded, the runs are
+    # entered again in turn for unrecorded timing steps, following ``self._schedule``.
 
-    def _start_timing(self, index: int) -> None:
-        spec = self.runs[index]
-        self._timing_index = index
-        self._run_context, self._early_context = self._early_context, None
-        if spec.context is not None and self._run_context is None:
-            self._run_context = spec.context(self)
-            self._run_context.__enter__()
+    def _start_timing(self) -> None:
         self._state = State.TIMING
-        self._timer.begin(spec.name, self._observer)
+        self._timer.begin(self._observer)
+        self._next_timing_step()
 
-    def _next_timing_run(self) -> None:
-        self._leave_run_context()
-        if self._timing_index + 1 < len(self.runs):
-            self._start_timing(self._timing_index + 1)
-        else:
+    def _next_timing_step(self) -> None:
+        """Begin the schedule's next step, in its run's context; the last one done, close."""
+        self._timing_pos += 1
+        if self._timing_pos >= len(self._schedule):
+            self._timer.stop()
+            self._leave_run_context()
+            self._timing_run = None
             self._all_done()
+            return
+        entry = self._schedule[self._timing_pos]
+        if entry.run != self._timing_run:
+            self._leave_run_context()
+            spec = self.runs[entry.run]
+            self._run_context, self._early_context = self._early_context, None
+            if spec.context is not None and self._run_context is None:
+                self._run_context = spec.context(self)
+                self._run_context.__enter__()
+            self._timing_run = entry.run
+        self._timer.start_step(self.runs[entry.run].name, entry.keep, entry.round)
 
     def _stop_timing(self) -> None:
         """The script ended during the timing steps: keep what was timed."""
@@ -852,8 +888,9 @@ class Recorder:
         if self._state is State.WARMUP:
             return self._warmup_done + 1 >= self.warmup
         if self._state is State.TIMING:
-            return self._timer.last_step() and self._timing_index + 1 < len(self.runs)
-        more = self._run_index + 1 < len(self.runs) or self._timer.steps > 0
+            following = self._schedule[self._timing_pos + 1 : self._timing_pos + 2]
+            return bool(following) and following[0].run != self._timing_run
+        more = self._run_index + 1 < len(self.runs) or bool(self._schedule)
         return self._state is State.RECORDING and self._steps_in_run + 1 >= self.steps and more
 
     def _next_run_index(self) -> int:
@@ -861,7 +898,7 @@ class Recorder:
         if self._state is State.WARMUP:
             return self._run_index
         if self._state is State.TIMING:
-            return self._timing_index + 1
+            return self._schedule[self._timing_pos + 1].run
         return self._run_index + 1 if self._run_index + 1 < len(self.runs) else 0
 
     def _pre_optimizer(
@@ -941,8 +978,8 @@ class Recorder:
         if row is None:
             if self._registry.passes_through(module):
                 return
-            if self._writer is None:
-                return  # timing steps, the trace written: a module first seen now is not timed
+            if self._state in (State.TIMING, State.DONE):
+                return  # timing steps: a module first seen now is not timed
             row = self._register_module(module)
         if not self._in_backward and _current_graph_task_id() >= 0:
             self._enter_backward()  # a recompute before backward's first op

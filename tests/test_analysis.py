@@ -345,7 +345,8 @@ def test_summarize_two_step_run():
     assert summary.peak_step == 1
     assert summary.by_category == {
         "parameter": 1000, "gradient": 1000, "optimizer_state": 0, "activation": 400,
-        "temporary": 300, "input": 100, "other": 0,
+        "temporary": 300, "input": 100, "other": 0, "sharded_parameter": 0,
+        "unsharded_parameter": 0, "comm_buffer": 0,
     }  # fmt: skip
     assert summary.activation_bytes_saved == 400
     assert summary.top_modules == [(NO_MODULE, 2100), ("Net.fc1", 400)]

@@ -124,9 +124,12 @@ def test_csv_holds_every_point_of_every_run(compare_report: dict[str, Any]) -> N
     header, rows = read_csv(compare_report["csv"])
     assert header == list(CSV_COLUMNS)
     assert header[5:] == [
+        "sharded_parameters_bytes",
+        "unsharded_parameters_bytes",
         "parameters_bytes",
         "gradients_bytes",
         "optimizer_state_bytes",
+        "communication_buffers_bytes",
         "inputs_bytes",
         "activations_bytes",
         "temporaries_bytes",

@@ -21,8 +21,9 @@ other on the main thread (``ckview.cli.main.main``, as ``python -m ckview`` call
 recorder's SIGTERM handler needs the main thread), each checked to leave torch's global hooks
 and patches as it found them (``test_recorder_leaves_nothing_behind``). The loops in
 ``OWN_PROCESS`` keep ``python -m ckview`` subprocesses, started first, running meanwhile. Each
-verify lets the script run exactly the steps it needs (``--stop-after``): a warmup step, then
-per run a warm-up and ``TIMING_STEPS`` plain timing steps and the recorded step.
+verify lets the script run exactly the steps it needs (``--stop-after``): a warmup step, the
+recorded step of each run, then ``TIMING_STEPS`` rounds of a warm-up and a plain timing step
+per run.
 
 CI runs ``CI_LOOPS``: every pattern of issue 9 at least once (the loops left out repeat a
 pattern: BERT and the HF Trainer beside Llama, blocks ending in ReLU and GELU beside Tanh, the
@@ -53,7 +54,7 @@ import pytest
 
 from ckview.analysis import live_storages
 from ckview.cli.main import main as ckview_main
-from ckview.cli.verify import TIMING_STEPS
+from ckview.cli.record import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import Category, MemoryEventKind, Phase
 
@@ -148,11 +149,10 @@ class Job:
 
     def script_steps(self) -> int:
         """Iterations the script needs: a warmup step, then per run (baseline or compared
-        run, and one per plan) its recorded step, after a warm-up and ``TIMING_STEPS`` plain
-        timing steps under verify; one more as a margin (``--stop-after`` ends the script)."""
-        if self.kind == "compare":
-            return 1 + 2 + 1
-        return 1 + (1 + len(LOOPS[self.loop].plans)) * (1 + TIMING_STEPS + 1) + 1
+        run, and one per plan) its recorded step and ``TIMING_STEPS`` rounds of a warm-up and a
+        plain timing step; one more as a margin (``--stop-after`` ends the script)."""
+        runs = 2 if self.kind == "compare" else 1 + len(LOOPS[self.loop].plans)
+        return 1 + runs * (1 + 2 * TIMING_STEPS) + 1
 
     def command(self) -> str:
         """The command to rerun by hand, for failure messages."""

@@ -78,7 +78,7 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
 forward = torch.compile(lambda x: model(x), backend=backend)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(4):
+for step in range(8):
     forward(torch.randn(8, 16)).square().mean().backward()
     opt.step()
     opt.zero_grad()
@@ -99,7 +99,8 @@ def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "recompile" not in done.stderr
     assert "session.py" not in done.stderr
-    # Steps 1-3 (warmup and two recorded) ran eagerly; step 4 compiled once and ran compiled.
+    # Steps 1-7 (warmup, two recorded, four timing steps) ran eagerly; step 8 compiled once
+    # and ran compiled.
     assert "runs 1 1" in done.stdout
     tables = read_run(trace)
     assert tables["meta"].compiled == "eager"

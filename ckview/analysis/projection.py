@@ -129,6 +129,7 @@ from ckview.analysis.timeline import (
     point_stretches,
     stretch_offsets,
 )
+from ckview.analysis.timing import plain_instance_ns, plain_times
 from ckview.trace.schema import Category, IOKind, MemoryEventKind, Phase, SavedEventKind
 
 Table = Mapping[str, np.ndarray]
@@ -215,7 +216,8 @@ class Recompute:
     point: int
     """Projected timeline point the replay starts from (its first event makes point+1)."""
     compute_ns: int
-    """Summed duration of the instance's forward ops: the extra compute of the recompute."""
+    """The extra compute of the recompute (NOTE [ Extra compute from plain times ] in
+    timing.py): from plain times with checkpoint's cost per call, or recorded op times."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,9 @@ class Projection:
     """Storages live at the projected peak."""
     recomputes: tuple[Recompute, ...]
     extra_compute_ns: int
+    plain_times: bool
+    """``extra_compute_ns`` comes from plain timing steps (else from recorded op times, with
+    the recorder's per-op cost: NOTE [ Extra compute from plain times ] in timing.py)."""
     instances: RegionInstances
     checkpointed: np.ndarray
     """(k,) bool: the instances checkpointed (the selected ones, outermost only)."""
@@ -339,7 +344,10 @@ class InstanceEffects:
     trigger_ns: np.ndarray
     backward_end_ns: np.ndarray
     compute_ns: np.ndarray
-    """(k,) summed duration of the instance's forward ops."""
+    """(k,) extra compute of the instance's recompute (NOTE [ Extra compute from plain times ]
+    in timing.py)."""
+    plain_times: bool
+    """``compute_ns`` comes from plain timing steps."""
     drop_instance: np.ndarray
     drop_storage: np.ndarray
     """Storages whose free moves earlier: created inside, no output, alive at the instance's
@@ -381,10 +389,12 @@ def _effects(tables: RunTables, inst: RegionInstances) -> tuple[_Baseline, Insta
     replayed = order[base.alloc_row[c_storage[order]] < stop[c_inst[order]]]
     keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
+    compute_ns, plain = _compute_ns(tables, inst, last_op)
     return base, InstanceEffects(
         instances=inst,
         **moments,
-        compute_ns=_forward_ns(tables["ops"], inst, last_op),
+        compute_ns=compute_ns,
+        plain_times=plain,
         drop_instance=np.concatenate([c_inst[drop], released[0]]),
         drop_storage=np.concatenate([c_storage[drop], released[1]]),
         drop_key=np.concatenate([moments["end_key"][c_inst[drop]], release_key]),
@@ -660,6 +670,24 @@ def _recompute_stop(
     return last_op, np.where(last_op >= 0, stop, 0)
 
 
+def _compute_ns(
+    tables: RunTables, inst: RegionInstances, last_op: np.ndarray
+) -> tuple[np.ndarray, bool]:
+    """Each instance's extra compute, and whether it comes from plain times (NOTE [ Extra
+    compute from plain times ] in timing.py)."""
+    replayed = _forward_ns(tables["ops"], inst, last_op)
+    times = plain_times(tables)
+    cost = times.call_cost.median_ns if times and times.call_cost else 0
+    plain = None
+    if times is not None:
+        plain = plain_instance_ns(tables, times, inst.top_instance, inst.top_call, len(inst))
+    if plain is None:
+        return replayed + cost, False
+    whole = _forward_ns(tables["ops"], inst, np.full(len(inst), np.iinfo(np.int64).max))
+    share = np.divide(replayed, whole, out=np.ones(len(inst)), where=whole > 0)
+    return np.round(plain * share).astype(np.int64) + cost, True
+
+
 def _forward_ns(ops: Table, inst: RegionInstances, last_op: np.ndarray) -> np.ndarray:
     """Summed duration of the forward ops of each instance that its recompute runs."""
     owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == Phase.FORWARD, inst)
@@ -857,6 +885,7 @@ def _project(eff: InstanceEffects, base: _Baseline, active: np.ndarray) -> Proje
         live=_live_at(base, events, peak.event),
         recomputes=recomputes,
         extra_compute_ns=sum(r.compute_ns for r in recomputes),
+        plain_times=eff.plain_times,
         instances=eff.instances,
         checkpointed=active,
     )

@@ -23,6 +23,7 @@ from ckview.analysis.timeline import (
     step_allocated_peaks,
     step_segments,
 )
+from ckview.analysis.timing import Spread
 from ckview.trace.schema import NO_INDEX, Category, Phase
 
 Table = Mapping[str, np.ndarray]
@@ -77,12 +78,15 @@ class RunSummary:
     step_ns: int
     """Total time of the recorded steps."""
     activation_peak: ActivationPeak
+    plain_step: Spread | None = None
+    """The run's plain step time (its unrecorded timing steps), None without them."""
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict (lists instead of tuples)."""
         out = dataclasses.asdict(self)
         out["top_modules"] = [list(pair) for pair in self.top_modules]
         out["activation_peak"] = self.activation_peak.to_json()
+        out["plain_step"] = None if self.plain_step is None else self.plain_step.to_json()
         return out
 
 
@@ -116,7 +120,13 @@ def summarize_run(
         recompute_ns=phase_time_ns(tables["ops"], Phase.RECOMPUTE),
         step_ns=int(np.sum(tables["steps"]["end_ns"] - tables["steps"]["start_ns"])),
         activation_peak=activation_peak(tables, tl, paths, top),
+        plain_step=_plain_step(tables),
     )
+
+
+def _plain_step(tables: Mapping[str, Table]) -> Spread | None:
+    steps = tables.get("timing_steps")
+    return None if steps is None else Spread.of(steps["duration_ns"])
 
 
 def activation_peak(

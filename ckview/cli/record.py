@@ -30,6 +30,10 @@ def add_parser(verbs: Any) -> None:
     p.set_defaults(handler=run)
 
 
+TIMING_STEPS = 3
+"""Rounds of plain timing steps (NOTE [ Plain timing steps ] in recorder/timing.py)."""
+
+
 def add_record_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, help="trace file to write (default: <script>.h5)")
     p.add_argument("--steps", type=_positive, default=1, help="steps to record (default 1)")
@@ -61,6 +65,15 @@ def add_record_options(p: argparse.ArgumentParser) -> None:
         help="also record a run with this checkpoint plan applied to the script's model, in place "
         "of the script's own checkpointing (bypassed): a plan file or a preset (none, all, "
         "every:K, sqrt); repeatable",
+    )
+    p.add_argument(
+        "--timing-steps",
+        type=_non_negative,
+        default=TIMING_STEPS,
+        metavar="N",
+        help="after the recorded runs, N rounds of plain (unrecorded) steps per run, timed "
+        "for step times and extra compute without the recorder's cost (default "
+        f"{TIMING_STEPS}; 0: times from the recorded steps)",
     )
     p.add_argument("--no-progress", action="store_true", help="do not show progress on stderr")
     p.add_argument(
@@ -128,14 +141,12 @@ def record_script(
     output: Path,
     runs: list[Any],
     stdout_to_stderr: bool = False,
-    timing_steps: int = 0,
-    timings: dict[str, Any] | None = None,
 ) -> tuple[int, int, str | None]:
     """Run the script under the recorder: (exit code, steps recorded, error or None).
 
     The trace is closed (incomplete if the script failed) whatever happens, also on Ctrl-C
-    and SIGTERM. With ``timing_steps``, each run first runs that many plain timing steps
-    (NOTE [ Plain timing steps ] in recorder/timing.py), handed back in ``timings`` by run.
+    and SIGTERM. After the recorded runs come ``args.timing_steps`` rounds of plain timing
+    steps (NOTE [ Plain timing steps ] in recorder/timing.py), written to the trace.
     """
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
@@ -157,7 +168,7 @@ def record_script(
         runs=runs,
         progress=not args.no_progress,
         step_every=step_rule,
-        timing_steps=timing_steps,
+        timing_steps=args.timing_steps,
     )
     try:
         recorder.__enter__()
@@ -175,8 +186,6 @@ def record_script(
     finally:
         signal.signal(signal.SIGTERM, previous)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
-        if timings is not None:
-            timings.update(recorder.timings)
     return outcome.exit_code, recorder.steps_recorded, outcome.error
 
 

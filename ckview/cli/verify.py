@@ -24,7 +24,6 @@ from typing import Any
 from ckview.cli import project as proj
 from ckview.cli.errors import CLIError
 from ckview.cli.record import (
-    _non_negative,
     add_record_options,
     check_target,
     load_plans,
@@ -35,18 +34,6 @@ from ckview.cli.record import (
 )
 
 BASELINE = "baseline"
-TIMING_STEPS = 3
-"""Plain timing steps per run (NOTE [ Plain timing steps ] in recorder/timing.py)."""
-
-
-@dataclass(frozen=True)
-class Timing:
-    """What the extra-time comparison reads besides the trace (NOTE [ Extra time, like for
-    like ]): each run's plain timing steps (recorder.timing.RunTimes by run name) and
-    checkpoint's fixed cost per call."""
-
-    runs: dict[str, Any]
-    call_cost_ns: int
 
 
 def add_parser(verbs: Any) -> None:
@@ -69,14 +56,6 @@ def add_parser(verbs: Any) -> None:
         "repeatable, at least one",
     )
     _set_help(p, "compare", argparse.SUPPRESS)
-    p.add_argument(
-        "--timing-steps",
-        type=_non_negative,
-        default=TIMING_STEPS,
-        help=f"plain unrecorded steps per run, timed for the extra time, after one more that "
-        f"warms the run up (default {TIMING_STEPS}; 0: time the recorded steps, with the "
-        "recorder's cost)",
-    )
     p.add_argument(
         "--json", action="store_true", help="print JSON (the script's stdout goes to stderr)"
     )
@@ -187,14 +166,11 @@ def run(args: argparse.Namespace) -> int:
     output = args.output or Path(f"{Path(args.target).stem.split('.')[-1]}-verify.h5")
     plans = load_plans(args.plan)
     runs = plan_runs(plans, baseline=True, checkpointed=False)
-    timings: dict[str, Any] = {}
-    exit_code, steps, error = record_script(
-        args, output, runs, args.json, timing_steps=args.timing_steps, timings=timings
-    )
+    exit_code, steps, error = record_script(args, output, runs, args.json)
     report(output, steps, args, error)
     if error or steps == 0:
         return exit_code
-    checks, missing, baseline = _verify(output, plans, Timing(timings, _call_cost_ns()))
+    checks, missing, baseline = _verify(output, plans)
     _print(output, checks, missing, baseline, args.json)
     if missing:
         print(_missing_note(missing, args), file=sys.stderr)
@@ -203,22 +179,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _take_verify_options(args: argparse.Namespace) -> None:
-    """Take verify's own options (``--json``, ``--timing-steps N``: unknown to ``record``'s
-    option set) from the arguments after TARGET and before '--'; ``split_script_args`` takes
-    the rest."""
+    """Take verify's own option (``--json``: unknown to ``record``'s option set) from the
+    arguments after TARGET and before '--'; ``split_script_args`` takes the rest."""
     rest = list(args.args)
     cut = rest.index("--") if "--" in rest else len(rest)
     own = argparse.ArgumentParser(prog="ckview verify", add_help=False)
     own.add_argument("--json", action="store_true", default=args.json)
-    own.add_argument("--timing-steps", type=_non_negative, default=args.timing_steps)
     known, theirs = own.parse_known_args(rest[:cut])
-    args.json, args.timing_steps = known.json, known.timing_steps
+    args.json = known.json
     args.args = theirs + rest[cut:]
 
 
 def _timing(args: argparse.Namespace) -> int:
-    """Unrecorded steps per run: the timing steps and their warm-up step."""
-    return args.timing_steps + 1 if args.timing_steps else 0
+    """Unrecorded steps per run: a kept and a warm-up step per timing round (one warm-up in
+    all with a single run: NOTE [ Plain timing steps ] in recorder/timing.py)."""
+    return 2 * args.timing_steps
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -235,21 +210,12 @@ def _check_args(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- comparing
 
 
-def _call_cost_ns() -> int:
-    """Checkpoint's fixed cost per call on this machine (recorder/timing.py), measured after
-    the recording, outside the recorder."""
-    from recorder.timing import plan_call_cost_ns
-
-    return plan_call_cost_ns().median_ns
-
-
 def _verify(
-    output: Path, plans: Sequence[tuple[str, Any]], timing: Timing | None = None
+    output: Path, plans: Sequence[tuple[str, Any]]
 ) -> tuple[list[Check], list[str], Baseline | None]:
     """Each recorded plan run against its projection; the plan runs not recorded; and what
-    the plans were projected over (None without a baseline run). ``timing``: the plain timing
-    steps and checkpoint's cost per call (NOTE [ Extra time, like for like ]); without it,
-    times come from the recorded steps."""
+    the plans were projected over (None without a baseline run). Extra times come from the
+    runs' plain timing steps where the trace has them (NOTE [ Extra time, like for like ])."""
     from ckview.analysis import phase_time_ns, project
     from ckview.analysis.projection import peak_from_state
     from ckview.analysis.recompute import leftover_recompute, run_checkpointing
@@ -272,10 +238,13 @@ def _verify(
             if not _has_steps(trace, name):
                 missing.append(name)
                 continue
-            run = {t: trace.run(name).table(t).read() for t in _PLAN_TABLES}
+            run = trace.read_run(name)
             projection = proj.project_plan(base, plan.to_json(), source)
-            raw = project(base, list(proj.resolve_plan(plan.to_json(), base, name).regions))
             offsets = stretch_offsets(base, run)
+            state_peak = None  # NOTE [ Runs that begin from another state ]
+            if offsets.any():
+                raw = project(base, list(projection.regions.regions))
+                state_peak = peak_from_state(raw, base, run)
             leftover = leftover_recompute(run, strings, plan_run=True)
             checks.append(
                 Check(
@@ -285,38 +254,33 @@ def _verify(
                     checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
                     leftover=leftover,
                     shared_recompute=leftover is not None and leftover.same_as(baseline.leftover),
-                    time=_extra_time(base, run, raw, name, timing),
+                    time=_extra_time(base, run, projection),
                     start_offset_bytes=int(offsets[0]),
-                    state_peak_bytes=(peak_from_state(raw, base, run) if offsets.any() else None),
+                    state_peak_bytes=state_peak,
                 )
             )
     return checks, missing, baseline
 
 
-def _extra_time(
-    base: proj.Tables, run: proj.Tables, projection: Any, name: str, timing: Timing | None
-) -> Any:
-    """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them,
-    else from the recorded steps and op times. ``projection``: the plan's over ``base``."""
-    from ckview.analysis.recompute import extra_time, plain_recompute_ns, step_durations
+def _extra_time(base: proj.Tables, run: proj.Tables, projection: proj.PlanProjection) -> Any:
+    """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them and
+    the projection's times are plain, else from the recorded steps and op times."""
+    from ckview.analysis import project
+    from ckview.analysis.recompute import extra_time, step_durations
+    from ckview.analysis.timing import plain_times, recorded_times_only
 
-    recomputes = len(projection.recomputes)
-    n_steps = max(1, len(step_durations(base["steps"])))
-    base_t = timing.runs.get(BASELINE) if timing else None
-    plan_t = timing.runs.get(name) if timing else None
-    if timing is not None and base_t is not None and plan_t is not None and plan_t.steps_ns:
-        plain = plain_recompute_ns(base, projection, base_t.call_medians())
-        if plain is not None:
-            projected = plain + recomputes * timing.call_cost_ns
-            return extra_time(base_t.steps_ns, plan_t.steps_ns, projected // n_steps, True)
-    cost = timing.call_cost_ns if timing else 0
-    projected = projection.extra_compute_ns + recomputes * cost
-    return extra_time(
-        step_durations(base["steps"]), step_durations(run["steps"]), projected // n_steps, False
-    )
-
-
-_PLAN_TABLES = ("storages", "memory_events", "ops", "recompute_regions", "steps")
+    steps = max(1, len(step_durations(base["steps"])))
+    base_t, plan_t = plain_times(base), plain_times(run)
+    if projection.plain_times and base_t is not None and plan_t is not None:
+        projected = projection.extra_compute_ns
+        return extra_time(base_t.steps_ns, plan_t.steps_ns, projected // steps, True)
+    if projection.plain_times:  # recorded steps against recorded op times
+        regions = list(projection.regions.regions)
+        projected = project(recorded_times_only(base), regions).extra_compute_ns
+    else:
+        projected = projection.extra_compute_ns
+    base_steps, plan_steps = step_durations(base["steps"]), step_durations(run["steps"])
+    return extra_time(base_steps, plan_steps, projected // steps, False)
 
 
 def _checkpointing(trace: Any, name: str) -> str:

@@ -18,6 +18,10 @@ CATEGORY_COLORS: dict[Category, str] = {
     Category.ACTIVATION: "#E69F00",  # orange
     Category.TEMPORARY: "#F0E442",  # yellow
     Category.OTHER: "#CC79A7",  # purple
+    # FSDP: shades of the parameter blue; buffers in transit brown
+    Category.SHARDED_PARAMETER: "#004A75",  # dark blue
+    Category.UNSHARDED_PARAMETER: "#80B9D9",  # pale blue
+    Category.COMM_BUFFER: "#8C564B",  # brown
 }
 
 RUN_COLORS: tuple[str, ...] = (
