@@ -142,7 +142,8 @@ def loop_cases(names: Sequence[str], quick: bool) -> list[Case]:
     cases = []
     for name in names:
         loop = by_name[name]
-        base = (*(loop.quick if quick else ()), "--steps", str(script_steps(len(loop.plans))))
+        steps = ("--steps", str(script_steps(len(loop.plans))))
+        base = (*loop.args, *(loop.quick if quick else ()), *steps)
         cases.append(Case(name, loop.script, loop.plans, base))
         if loop.checkpoint:
             cases.append(Case(f"{name} --checkpoint", loop.script, loop.plans,

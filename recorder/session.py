@@ -160,6 +160,13 @@ class StopScript(BaseException):
     """
 
 
+_NO_GRAPH = frozenset(
+    {"_local_scalar_dense", "detach", "alias", "equal", "is_nonzero", "eq", "ne", "lt", "le"}
+    | {"gt", "ge", "argmax", "argmin", "isnan", "isinf", "isfinite"}
+)
+"""Ops that never build autograd graph (NOTE [ A forward without modules ])."""
+
+
 class _StorageRef(weakref.ref):
     """Weak reference to a storage that remembers its trace row and registry key."""
 
@@ -185,6 +192,8 @@ class _OpObserver(TorchDispatchMode):
         rec = self._rec
         if kwargs is None:
             kwargs = {}
+        if rec._no_modules:
+            rec._functional_op(func, args, kwargs)  # NOTE [ A forward without modules ]
         if rec._state is State.RECORDING and not rec._busy:
             t0 = perf_counter_ns()
             out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
@@ -265,6 +274,9 @@ class Recorder:
         self._optimizer_depth = 0  # > 0 inside optimizer.step(), 0 again inside its closure
         self._recompute_depth = 0
         self._top_phase = _OTHER
+        self._no_modules = False  # NOTE [ A forward without modules ]
+        self._await_forward = False
+        self._in_backward_callback = False
         self._node_budget = _NODE_BUDGET  # NOTE [ Autograd nodes stay unwrapped ]
         # open module calls as (module row, call row or -1)
         self._modules: ModuleRegistry | None = None  # made with the trace's string table
@@ -467,7 +479,7 @@ class Recorder:
             writer.update_meta(
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
-                step_rule=self._tracker.describe(self.warmup),
+                step_rule=self._tracker.describe(self.warmup, modules=not self._no_modules),
                 compiled=self._compiled(),
             )
             writer.flush()
@@ -531,9 +543,13 @@ class Recorder:
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
+        self._no_modules = self._await_forward = self._registry.empty
 
     def _uninstall(self, keep_optimizer_hooks: bool = False) -> None:
-        """Remove every hook; a hook that others stacked on top of stays, inert."""
+        """Remove every hook; a hook that others stacked on top of stays, inert. Inside
+        backward the thread-local ones (saved-tensor hooks, the op hook) stay for ``close``:
+        autograd restores thread-local state when backward returns (NOTE [ A forward without
+        modules ])."""
         keep = self._handles[2:] if keep_optimizer_hooks else []
         for handle in self._handles:
             if handle not in keep:
@@ -544,6 +560,8 @@ class Recorder:
         if self._orig_hooks_init is not None:
             torch.autograd.graph.saved_tensors_hooks.__init__ = self._orig_hooks_init  # type: ignore[method-assign]
             self._orig_hooks_init = None
+        if self._in_backward_callback:
+            return
         if self._hooks_cm is not None:
             top = torch._C._autograd._top_saved_tensors_default_hooks(True)
             if top is not None and top[0] == self._pack:
@@ -679,7 +697,7 @@ class Recorder:
         """The run's first recorded step begins: note what exists."""
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
-        for p in self._registry.parameters():
+        for p in self._parameters():  # an optimizer's parameters that no module owns too
             self._mark(p, _PARAMETER)
         self._mark_gradients()
         self._mark_optimizer_tensors()
@@ -753,7 +771,9 @@ class Recorder:
 
     def _start_timing(self) -> None:
         self._state = State.TIMING
-        self._timer.begin(self._observer)
+        # In backward's callback the op hook cannot be taken off (NOTE [ A forward without
+        # modules ]): those timing steps run with it.
+        self._timer.begin(None if self._in_backward_callback else self._observer)
         self._next_timing_step()
 
     def _next_timing_step(self) -> None:
@@ -881,7 +901,15 @@ class Recorder:
         self._counted_task = task
         if self._state is State.RECORDING:
             self._mark_gradients()
-        if self._tracker.boundary_at_next_forward():
+        self._await_forward = self._no_modules
+        if self._no_modules and self._tracker.boundary_at_next_forward():
+            # No forward hook to wait for: NOTE [ A forward without modules ].
+            self._in_backward_callback = True
+            try:
+                self._end_step()
+            finally:
+                self._in_backward_callback = False
+        elif self._tracker.boundary_at_next_forward():
             self._enter_next_context_early()
 
     # NOTE [ Early run context ]
@@ -969,9 +997,43 @@ class Recorder:
 
     # ----------------------------------------------------------------- modules
 
+    # NOTE [ A forward without modules ]
+    # A loop with no nn.Module at all (parameters as plain tensors, the model a function of
+    # them) has no module pre-hook to say where its forward begins, nor a module to own its
+    # parameters. While no module has run forward, every op outside backward that builds
+    # autograd graph (grad mode on, a tensor argument that requires grad, not an op that never
+    # does: ``.item()``, ``detach``, comparisons) is looked at: the first one after the
+    # recorder is installed or a backward ended begins a forward (counted, its ops FORWARD),
+    # and the leaf tensors that require grad among its arguments are parameters (no module
+    # owns them). The op hook runs below autograd, where a step boundary cannot be taken (the
+    # boundary may write the trace and time checkpoint calls, which need autograd): without
+    # optimizer, such a loop's step ends at the end of its backward instead (the no_grad
+    # update after it belongs to the next step; NOTE [ Step = one optimizer iteration ] in
+    # steps.py), in autograd's final callback. Thread-local state (the op hook, saved-tensor
+    # hooks) changed there is undone when backward returns, so there the op hook stays on for
+    # timing steps, and when all is done both stay, inert, until ``close``. A script with
+    # modules pays one attribute test per op.
+
+    def _functional_op(self, func: Any, args: Any, kwargs: Any) -> None:
+        """An op about to run in a loop without modules (NOTE [ A forward without modules ])."""
+        if self._in_backward or _current_graph_task_id() >= 0 or not torch.is_grad_enabled():
+            return
+        graph = [t for t in _tensors_in(args, kwargs) if t.requires_grad]
+        if not graph or getattr(func, "_opname", "") in _NO_GRAPH:
+            return
+        if self._await_forward:
+            self._await_forward = False
+            self._tracker.forward_begun()
+            self._top_phase = _FORWARD
+        for t in graph:
+            if t.is_leaf and self._registry.add_loose(t) and self._state is State.RECORDING:
+                self._mark(t, _PARAMETER)
+
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         row = self._registry.row(module)
         if row is None:
+            if self._registry.passes_through(module):
+                return
             if self._state in (State.TIMING, State.DONE):
                 return  # timing steps: a module first seen now is not timed
             row = self._register_module(module)
@@ -1048,6 +1110,7 @@ class Recorder:
                 self._io.data.extend((call, sid, kind))
 
     def _register_module(self, module: torch.nn.Module) -> int:
+        self._no_modules = self._await_forward = False
         caller = self._stack[-1][0] if self._stack else NO_INDEX
         row, new_params = self._registry.register(module, caller)
         if self._state is State.RECORDING:

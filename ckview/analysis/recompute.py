@@ -11,7 +11,12 @@ NOTE [ Recompute in a bypassed run ]
     RECOMPUTE). In a 'baseline' that is the whole recompute; in a plan run, what lies outside
     the plan's own regions (the plan's recomputes are ckpt_runtime's, marked as regions with an
     id). Either way the run is not the un-checkpointed baseline it claims to be, and the
-    comparison says so instead of presenting it as one.
+    comparison says so instead of presenting it as one, once for all the runs that hold it.
+    When a plan run holds the same recompute as its baseline (``LeftoverRecompute.same_as``),
+    projection and measurement still describe the same step: the plan's regions on top of the
+    script's recompute, which both runs hold (the projection keeps what such a Function holds
+    outside autograd: NOTE [ Held from outside ] in projection.py). That plan is compared like
+    for like; what the output must still say is that the baseline is not un-checkpointed.
 """
 
 from __future__ import annotations
@@ -62,17 +67,29 @@ class LeftoverRecompute:
     names: tuple[str, ...]
     """Names of the recomputed regions (module paths or functions), first seen first."""
 
-    def describe(self, run: str) -> str:
-        """One sentence: what was seen and what it means."""
+    def describe(self, *runs: str) -> str:
+        """One sentence: what was seen in ``runs`` (this run's figures) and what it means."""
         names = ", ".join(self.names[:3]) + (", ..." if len(self.names) > 3 else "")
+        which = f"run {runs[0]!r}" if len(runs) == 1 else f"runs {', '.join(map(repr, runs))}"
+        these = "this run is" if len(runs) == 1 else "these runs are"
         return (
-            f"run {run!r} still recomputes ({self.regions} region(s): {names or 'unnamed'}; "
-            f"{self.ops} ops, {self.compute_ns / 1e6:.1f} ms) although the script's "
-            "checkpointing was bypassed: the script checkpoints in a way ckview cannot switch "
-            "off (a hand-written torch.autograd.Function that recomputes in backward?), so this "
-            "run is not an un-checkpointed baseline; remove that checkpointing from the script "
-            "to compare like for like (if the script has none, a forward checkpointed before "
-            "the run began was recomputed in it: its steps are not whole iterations)"
+            f"{which} still recompute{'s' if len(runs) == 1 else ''} ({self.regions} "
+            f"region(s): {names or 'unnamed'}; {self.ops} ops, {self.compute_ns / 1e6:.1f} ms) "
+            "although the script's checkpointing was bypassed: the script checkpoints in a way "
+            "ckview cannot switch off (a hand-written torch.autograd.Function that recomputes "
+            f"in backward?), so {these} not an un-checkpointed baseline; remove that "
+            "checkpointing from the script to see the step without it (if the script has none, "
+            "a forward checkpointed before the run began was recomputed in it: its steps are "
+            "not whole iterations)"
+        )
+
+    def same_as(self, other: LeftoverRecompute | None) -> bool:
+        """Whether ``other`` is the same recompute (regions, ops, names): NOTE [ Recompute in
+        a bypassed run ]."""
+        return other is not None and (self.regions, self.ops, self.names) == (
+            other.regions,
+            other.ops,
+            other.names,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -162,12 +162,13 @@ def never_checkpointed(output: Path) -> bool:
 
 
 def leftover_warnings(output: Path) -> list[str]:
-    """One line per run whose script checkpointing was bypassed and that still recomputed
-    (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
+    """One line naming every run whose script checkpointing was bypassed and that still
+    recomputed (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py), with
+    the first one's figures; none if there is none."""
     from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
     from ckview.trace import open_trace
 
-    lines = []
+    found = []
     with open_trace(output) as trace:
         strings = list(trace.strings)
         for name in trace.run_names:
@@ -178,8 +179,8 @@ def leftover_warnings(output: Path) -> list[str]:
             tables = {t: run.table(t).read() for t in ("ops", "recompute_regions")}
             leftover = leftover_recompute(tables, strings, plan_run=kind == PLAN)
             if leftover is not None:
-                lines.append(leftover.describe(name))
-    return lines
+                found.append((name, leftover))
+    return [found[0][1].describe(*(name for name, _ in found))] if found else []
 
 
 def record_script(
@@ -396,8 +397,9 @@ class PlanCheck:
         from recorder import StopScript
 
         try:
-            model = recorder.main_model()
-            for source, plan in self.plans:
+            plans = [(s, p) for s, p in self.plans if not p.checks_nothing]
+            for source, plan in plans:  # a plan that checkpoints nothing needs no model
+                model = recorder.main_model()
                 try:
                     resolve_plan(model, plan)
                 except PlanError as exc:
@@ -436,6 +438,10 @@ def plan_context(plan: Any) -> Any:
 
     @contextmanager
     def applied(recorder: Any) -> Any:
+        if plan.checks_nothing:  # no model needed (a loop without modules has none)
+            with bypass():
+                yield None
+            return
         model = recorder.main_model()
         applied_plan = apply_plan(model, plan)
         try:

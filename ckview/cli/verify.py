@@ -92,22 +92,29 @@ class Check:
     """The plan run's ``checkpointing`` (see ckview.analysis.recompute.run_checkpointing)."""
     leftover: Any = None
     """Recompute in the plan run outside the plan's regions (LeftoverRecompute), or None."""
+    shared_recompute: bool = False
+    """The leftover recompute is the baseline's too (NOTE [ Recompute in a bypassed run ])."""
     time: Any = None
     """ExtraTime per step, projected vs measured, or None (NOTE [ Extra time, like for like ])."""
     start_offset_bytes: int = 0
     """Parameters, gradients and optimizer state the plan run began with beyond the baseline's
-    (NOTE [ Runs that begin from another state ])."""
+    (NOTE [ Runs that begin from another state ] in ckview/analysis/timeline.py)."""
+    state_peak_bytes: int | None = None
+    """The projection from the plan run's own training state (that NOTE); None: the same as
+    the baseline's."""
 
     @property
     def like_for_like(self) -> bool:
         """Whether the plan run is what the projection describes: no recompute in it beyond the
-        plan's (the script's own checkpointing was bypassed)."""
-        return self.leftover is None
+        plan's (the script's own checkpointing was bypassed), or the same as the baseline's."""
+        return self.leftover is None or self.shared_recompute
 
     @property
     def projected_peak_bytes(self) -> int:
-        """The projection over the baseline, from the state the plan run began with."""
-        return self.projection.peak_bytes + self.start_offset_bytes
+        """The projection over the baseline, from the training state of the plan run."""
+        if self.state_peak_bytes is None:
+            return self.projection.peak_bytes
+        return self.state_peak_bytes
 
     @property
     def peak_error(self) -> float:
@@ -137,6 +144,7 @@ class Check:
             "extra_error_percent": None if extra is None else round(100 * extra, 3),
             "checkpointing": self.checkpointing,
             "like_for_like": self.like_for_like,
+            "recompute_as_in_baseline": self.shared_recompute,
             "leftover_recompute": None if self.leftover is None else self.leftover.to_json(),
             "extra_time_per_step": None if self.time is None else self.time.to_json(),
             "projection": self.projection.to_json(),
@@ -202,9 +210,10 @@ def _verify(
     """Each recorded plan run against its projection; the plan runs not recorded; and what
     the plans were projected over (None without a baseline run). Extra times come from the
     runs' plain timing steps where the trace has them (NOTE [ Extra time, like for like ])."""
-    from ckview.analysis import phase_time_ns
+    from ckview.analysis import phase_time_ns, project
+    from ckview.analysis.projection import peak_from_state
     from ckview.analysis.recompute import leftover_recompute, run_checkpointing
-    from ckview.analysis.timeline import persistent_bytes_at_start
+    from ckview.analysis.timeline import stretch_offsets
     from ckview.trace import open_trace
     from ckview.trace.schema import Phase
 
@@ -225,18 +234,23 @@ def _verify(
                 continue
             run = trace.read_run(name)
             projection = proj.project_plan(base, plan.to_json(), source)
-            offset = persistent_bytes_at_start(
-                run["storages"], run["memory_events"]
-            ) - persistent_bytes_at_start(base["storages"], base["memory_events"])
+            offsets = stretch_offsets(base, run)
+            state_peak = None  # NOTE [ Runs that begin from another state ]
+            if offsets.any():
+                raw = project(base, list(projection.regions.regions))
+                state_peak = peak_from_state(raw, base, run)
+            leftover = leftover_recompute(run, strings, plan_run=True)
             checks.append(
                 Check(
                     projection=projection,
                     measured_peak_bytes=proj.run_peak(run),
                     measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
                     checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
-                    leftover=leftover_recompute(run, strings, plan_run=True),
+                    leftover=leftover,
+                    shared_recompute=leftover is not None and leftover.same_as(baseline.leftover),
                     time=_extra_time(base, run, projection),
-                    start_offset_bytes=offset,
+                    start_offset_bytes=int(offsets[0]),
+                    state_peak_bytes=state_peak,
                 )
             )
     return checks, missing, baseline
@@ -332,6 +346,8 @@ def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
     from ckview.analysis.recompute import BYPASSED, PLAN, describe_checkpointing
 
     over = describe_checkpointing(baseline.checkpointing if baseline else BYPASSED)
+    if baseline is not None and baseline.leftover is not None:
+        over += ", but for a recompute that cannot be switched off"
     runs = {c.checkpointing for c in checks} or {PLAN}
     measured = "; ".join(describe_checkpointing(r) for r in sorted(runs))
     return (
@@ -341,15 +357,9 @@ def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
 
 
 def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
-    """NOTE [ Recompute in a bypassed run ]: one line per run that still recomputes."""
-    lines = []
-    if baseline is not None and baseline.leftover is not None:
-        lines.append("warning: " + baseline.leftover.describe(BASELINE))
-    lines += [
-        "warning: " + c.leftover.describe(f"plan:{c.projection.plan}")
-        for c in checks
-        if c.leftover is not None
-    ]
+    """NOTE [ Recompute in a bypassed run ]: one line for all the runs that still recompute,
+    then the other warnings and notes."""
+    lines = _recompute_warnings(baseline, checks)
     lines += [
         f"warning: plan {c.projection.plan}: projected extra time {c.time.projected_ns / 1e6:.1f}"
         f" ms per step is outside the measured {c.time.low_ns / 1e6:.1f} .. "
@@ -360,9 +370,9 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
     lines += [
         f"note: run plan:{c.projection.plan} began with {_signed_bytes(c.start_offset_bytes)} of "
         "parameters, gradients and optimizer state than the baseline (optimizer state that "
-        "grows from iteration to iteration, as L-BFGS's history does): its projection starts "
-        "from that state (NOTE [ Runs that begin from another state ]); a larger --warmup "
-        "lets it settle"
+        "grows from iteration to iteration, as L-BFGS's history does): its projection holds "
+        "that run's own state, stretch by stretch (NOTE [ Runs that begin from another "
+        "state ] in ckview/analysis/timeline.py)"
         for c in checks
         if c.start_offset_bytes
     ]
@@ -381,19 +391,33 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
     return lines
 
 
+def _recompute_warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
+    """One warning naming every run that still recomputes (NOTE [ Recompute in a bypassed
+    run ]), and whether the plans holding the baseline's recompute are compared like for like."""
+    held = [c for c in checks if c.leftover is not None]
+    runs = [f"plan:{c.projection.plan}" for c in held]
+    first = baseline.leftover if baseline is not None else None
+    if first is not None:
+        runs.insert(0, BASELINE)
+    elif held:
+        first = held[0].leftover
+    if first is None:
+        return []
+    lines = ["warning: " + first.describe(*runs)]
+    shared = [c.projection.plan for c in held if c.shared_recompute]
+    if shared:
+        lines.append(
+            f"note: plan(s) {', '.join(shared)} still compared like for like: projected over "
+            "a baseline that holds that recompute and measured in runs that hold the same, "
+            "i.e. the plan on top of the script's own checkpointing"
+        )
+    return lines
+
+
 def _signed_bytes(n: int) -> str:
     from ckview.analysis import format_bytes
 
     return f"{format_bytes(abs(n))} {'more' if n > 0 else 'less'}"
-
-
-# NOTE [ Runs that begin from another state ]
-# The runs of one verify are recorded one after another, so a run can begin from another
-# training state than the baseline: optimizer state that grows for a while (L-BFGS keeps up to
-# history_size pairs of vectors) is larger in every later run. No plan changes parameters,
-# gradients or optimizer state (the projection never moves them), so the plan run's projection
-# is the baseline's plus the difference of those bytes at the start of the runs; verify says
-# so whenever that difference is not zero, and reports the raw projection too (JSON).
 
 
 def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | None = None) -> str:
@@ -418,8 +442,9 @@ def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | Non
         )
     if not all(c.like_for_like for c in checks):
         lines.append(
-            "* not like for like: the script's own checkpointing still recomputes in that run "
-            "(warnings below), so the projection describes another step than the one measured"
+            "* not like for like: the script's own checkpointing still recomputes in that run, "
+            "not as in the baseline (warnings below), so the projection describes another step "
+            "than the one measured"
         )
     lines.append(f"compared: {compared(baseline, checks)}")
     lines += _warnings(baseline, checks)
