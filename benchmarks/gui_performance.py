@@ -183,7 +183,8 @@ def write_tables(path: str | os.PathLike[str], tables: dict[str, Any], run: str 
         writer.append_modules(tables["modules"])
         runner = writer.run(run)
         for table in RUN_TABLES:
-            runner.append(table, tables[table])
+            if table in tables:  # synthetic tables have no timing steps
+                runner.append(table, tables[table])
         runner.set_attrs(steps_recorded=len(tables["steps"]["step"]))
         runner.close(complete=True)
 

@@ -45,14 +45,14 @@ PRESETS = ("none", "all", "sqrt")
 BUDGET_SHARE = 0.6
 TARGET = 0.02
 TIMING_STEPS = 3
-"""verify's plain timing steps per run (its default; NOTE [ Plain timing steps ])."""
+"""Rounds of plain timing steps (verify's default; NOTE [ Plain timing steps ])."""
 
 
 def script_steps(n_plans: int) -> int:
     """Iterations a script runs under verify (``--stop-after`` ends it once all are recorded):
-    a warmup step, then per run (the baseline and one per plan) a warm-up and ``TIMING_STEPS``
-    plain timing steps and the recorded step; one more as a margin."""
-    return 1 + (1 + n_plans) * (1 + TIMING_STEPS + 1) + 1
+    a warmup step, then per run (the baseline and one per plan) the recorded step and
+    ``TIMING_STEPS`` rounds of a warm-up and a plain timing step; one more as a margin."""
+    return 1 + (1 + n_plans) * (1 + 2 * TIMING_STEPS) + 1
 
 
 def load_corpus() -> Any:
@@ -108,8 +108,9 @@ def verify_case(case: Case, folder: Path) -> Outcome:
     trace = folder / f"{case.label.replace(' ', '_')}-verify.h5"
     args = [a for plan in case.plans for a in ("--plan", plan)]
     proc = ckview_proc(
-        "verify", str(case.script), *args, "--steps", "1", "--stop-after", "--no-progress",
-        "--timing-steps", str(TIMING_STEPS), "--json", "-o", str(trace), "--", *case.script_args,
+        "verify", *args, "--steps", "1", "--stop-after", "--no-progress",
+        "--timing-steps", str(TIMING_STEPS), "--json", "-o", str(trace),
+        str(case.script), *case.script_args,
     )  # fmt: skip
     try:
         doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
@@ -141,7 +142,8 @@ def loop_cases(names: Sequence[str], quick: bool) -> list[Case]:
     cases = []
     for name in names:
         loop = by_name[name]
-        base = (*(loop.quick if quick else ()), "--steps", str(script_steps(len(loop.plans))))
+        steps = ("--steps", str(script_steps(len(loop.plans))))
+        base = (*loop.args, *(loop.quick if quick else ()), *steps)
         cases.append(Case(name, loop.script, loop.plans, base))
         if loop.checkpoint:
             cases.append(Case(f"{name} --checkpoint", loop.script, loop.plans,
@@ -159,7 +161,7 @@ def baseline_tables(example: str, folder: Path) -> dict[str, Any]:
 
     trace = folder / f"{example}-base.h5"
     script = str(ROOT / "examples" / f"{example}.py")
-    ckview("record", script, "-o", str(trace), "--steps", "1", "--stop-after", "--no-progress")
+    ckview("record", "-o", str(trace), "--steps", "1", "--stop-after", "--no-progress", script)
     with open_trace(trace) as t:
         return read_tables(t, "main")
 

@@ -370,11 +370,15 @@ def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> 
     first, once the new one has resolved). Undo with :func:`remove_plan` or
     ``AppliedPlan.remove()``.
 
+    ``torch.compile(model)``'s wrapper stands for the model it wraps: paths are the model's
+    (NOTE [ A compiled model is named as the user's model ]).
+
     Limitations: apply the plan before ``module.compile()`` (a compiled module ignores it), and
     not under ``nn.DataParallel`` (its replicas would run the original modules).
     """
     source = _as_plan(plan)
-    concrete, by_path = _resolve(check_model(model), source)
+    model = check_model(model)  # NOTE [ A compiled model is named as the user's model ]
+    concrete, by_path = _resolve(model, source)
     existing = _patches(model)
     if existing and not replace:
         names = sorted({patch.plan for _, _, patch in existing})

@@ -395,6 +395,12 @@ class Plan:
         """True if this plan names a preset still to be resolved against a model."""
         return self.preset is not None
 
+    @property
+    def checks_nothing(self) -> bool:
+        """True if the plan checkpoints nothing on any model (preset ``none``, or no regions):
+        it needs no model to resolve (a loop without modules has none)."""
+        return self.preset == "none" or (self.preset is None and not self.regions)
+
     @classmethod
     def from_json(
         cls, data: str | bytes | Mapping[str, Any], *, default_name: str = "plan"

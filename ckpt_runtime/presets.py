@@ -19,17 +19,48 @@ __all__ = [
     "BlockChain",
     "container_kind",
     "find_block_chain",
+    "is_compiled_wrapper",
     "module_tree",
     "resolve_preset",
     "runs_sequential_forward",
+    "user_model",
 ]
 
 
 def check_model(model: Any) -> nn.Module:
-    """``model`` if it is an ``nn.Module``, else ``TypeError``."""
+    """The model a plan names: ``model``, or the model that ``torch.compile(model)`` wraps
+    (NOTE [ A compiled model is named as the user's model ]); ``TypeError`` if ``model`` is
+    not an ``nn.Module``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return model
+    return user_model(model)
+
+
+# NOTE [ A compiled model is named as the user's model ]
+#     ``torch.compile(model)`` returns an ``OptimizedModule`` that holds the model as its child
+#     ``_orig_mod`` and calls it: named from the wrapper, every path gains ``_orig_mod.``. Users
+#     write plans against their model's paths (``layers.*``), so the wrapper is never named:
+#     plans resolve and apply over the model it wraps, and the recorder does not register the
+#     wrapper (recorder/modules.py): the trace's paths are the model's, compiled or not. (A
+#     compiled submodule keeps its ``_orig_mod`` level, as the model's own
+#     ``named_modules()`` shows it.)
+
+
+def is_compiled_wrapper(module: nn.Module) -> bool:
+    """Whether ``module`` is ``torch.compile``'s ``OptimizedModule`` wrapper (without
+    importing dynamo)."""
+    kind = type(module)
+    return kind.__name__ == "OptimizedModule" and kind.__module__.startswith("torch._dynamo")
+
+
+def user_model(module: nn.Module) -> nn.Module:
+    """The model under any ``torch.compile`` wrappers of ``module`` (NOTE [ A compiled model is
+    named as the user's model ])."""
+    while is_compiled_wrapper(module) and isinstance(
+        inner := module._modules.get("_orig_mod"), nn.Module
+    ):
+        module = inner
+    return module
 
 
 def has_sequential_forward(seq: nn.Module) -> bool:

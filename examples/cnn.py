@@ -4,7 +4,7 @@ A small, self-contained training script: no downloads, CPU friendly, determinist
 
     python examples/cnn.py --steps 6
     python examples/cnn.py --checkpoint          # gradient checkpointing per conv block
-    ckview record examples/cnn.py -o cnn.h5 --steps 2   # record 2 steps
+    ckview record -o cnn.h5 --steps 2 examples/cnn.py   # record 2 steps
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ real training step, not the model quality.
 
     python examples/gpt2.py --steps 6
     python examples/gpt2.py --checkpoint         # HF gradient checkpointing per block
-    ckview record examples/gpt2.py -o gpt2.h5 --steps 2   # record 2 steps
+    ckview record -o gpt2.h5 --steps 2 examples/gpt2.py   # record 2 steps
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A small, self-contained training script: no downloads, CPU friendly, determinist
 
     python examples/mlp.py --steps 6
     python examples/mlp.py --checkpoint          # gradient checkpointing per block
-    ckview record examples/mlp.py -o mlp.h5 --steps 2   # record 2 steps
+    ckview record -o mlp.h5 --steps 2 examples/mlp.py   # record 2 steps
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ memory profile of a real training step, not the model quality.
 
     python examples/transformer.py --steps 6
     python examples/transformer.py --checkpoint  # gradient checkpointing per layer
-    ckview record examples/transformer.py -o transformer.h5 --steps 2   # record 2 steps
+    ckview record -o transformer.h5 --steps 2 examples/transformer.py   # record 2 steps
 """
 
 from __future__ import annotations

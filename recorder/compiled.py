@@ -22,8 +22,11 @@ timeline would be wrong without saying so. So, while the recorder is installed:
   meta field says ``eager`` when the script uses ``torch.compile`` (a compiled module ran, or
   ``torch.compile`` was called while recording), else ``no``: recorded steps never run
   compiled code.
-* When recording ends the previous stance comes back, nothing was marked skipped, and the
-  script compiles and runs compiled as it would have without ckview.
+* The plain timing steps that follow the recorded runs (NOTE [ Plain timing steps ] in
+  timing.py) run eagerly too: their times compare with the recorded (eager) steps, and a
+  compile inside them would be timed as a step.
+* When recording and timing end the previous stance comes back, nothing was marked skipped, and
+  the script compiles and runs compiled as it would have without ckview.
 * Every function of the recorder is marked for dynamo to skip (a flag on the code object, no
   per-op cost, unlike the ``torch._dynamo.disable`` wrapper ``TorchDispatchMode`` would put
   around ``__torch_dispatch__``), so that dynamo never traces ckview's hooks, whatever stance a

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ckpt_runtime.presets import container_kind, runs_sequential_forward
+from ckpt_runtime.presets import container_kind, is_compiled_wrapper, runs_sequential_forward
 from ckview.trace.schema import NO_INDEX
 
 
@@ -19,7 +19,9 @@ class ModuleRegistry:
     A module is registered the first time it runs forward: a root (nothing else running)
     brings its whole tree in at once, paths as ``named_modules()`` gives them; a module called
     from inside another is named after its attribute in that parent. Holds modules and
-    parameters weakly only.
+    parameters weakly only. ``torch.compile``'s wrapper is never registered: the model it
+    wraps is the root (NOTE [ A compiled model is named as the user's model ] in
+    ckpt_runtime/presets.py).
     """
 
     def __init__(self, intern: Callable[[str], int]) -> None:
@@ -37,6 +39,20 @@ class ModuleRegistry:
             "sequential_forward": [],
         }
         self._owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> module row
+        self._saw_wrapper = False
+
+    def passes_through(self, module: torch.nn.Module) -> bool:
+        """Whether ``module`` is ``torch.compile``'s wrapper, whose calls the trace leaves out
+        (its model's calls are recorded)."""
+        if is_compiled_wrapper(module):
+            self._saw_wrapper = True
+            return True
+        return False
+
+    @property
+    def empty(self) -> bool:
+        """Whether no module has run forward yet."""
+        return not self._paths
 
     def row(self, module: object) -> int | None:
         return self._rows.get(module) if isinstance(module, torch.nn.Module) else None
@@ -52,6 +68,14 @@ class ModuleRegistry:
                 prefix = self._paths[caller]
                 return self._register_tree(module, f"{prefix}.{name}" if prefix else name, caller)
         return self._register_tree(module, "", NO_INDEX)
+
+    def add_loose(self, parameter: torch.Tensor) -> bool:
+        """Know ``parameter``, owned by no module (NOTE [ A forward without modules ] in
+        session.py); False if it was known already."""
+        if parameter in self._owner:
+            return False
+        self._owner[parameter] = NO_INDEX
+        return True
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self._owner.keys())
@@ -85,13 +109,16 @@ class ModuleRegistry:
             if self.parents[row] == NO_INDEX and (m := ref()) is not None
         ]
         if not roots:
-            raise RuntimeError("no model found: no nn.Module ran forward before recording began")
+            raise RuntimeError(
+                "no model found: no nn.Module ran forward before recording began, and a "
+                "checkpoint plan names a model's modules (plan 'none' needs none)"
+            )
         return max(roots, key=lambda r: r[:2])[2]
 
     def saw_compiled(self) -> bool:
         """Whether a module that ran is ``torch.compile``'d: an ``OptimizedModule`` wrapper
         (``torch.compile(model)``) or a module with a compiled call (``module.compile()``)."""
-        return "OptimizedModule" in self._types or any(
+        return self._saw_wrapper or any(
             getattr(ref(), "_compiled_call_impl", None) is not None for ref in self._refs
         )
 

@@ -1,46 +1,58 @@
-"""Steps recorded / to go, on stderr (the script's own stdout stays untouched)."""
+"""Steps recorded / to go, one line each on stderr (the script's own stdout stays untouched).
+
+NOTE [ Progress on its own line ]
+A live bar (tqdm's ``\\r`` redraws) leaves the cursor after itself, so whatever the script
+prints next runs into it ("...3.54s/step]step 0 loss 7.08"). Progress is therefore whole
+lines: before each, the script's buffered stdout is flushed (its text comes first), and each
+ends with a newline (the script's next text starts on a line of its own). By default it shows
+only when stderr is a terminal: a log file or a pipe gets none unless asked (``--progress``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
-
-from tqdm import tqdm
+from time import perf_counter
 
 
 class StepProgress:
-    """A progress bar over warmup + recorded steps."""
+    """One line per warmup or recorded step; ``enabled=None`` means "if stderr is a TTY"."""
 
-    def __init__(self, warmup: int, steps: int, enabled: bool = True) -> None:
+    def __init__(self, warmup: int, steps: int, enabled: bool | None = None) -> None:
         self._warmup = warmup
         self._steps = steps
         self._enabled = enabled
-        self._bar: tqdm | None = None
+        self._on = False
         self._done = 0
+        self._t = 0.0
 
     def start(self) -> None:
-        if self._enabled:
-            self._bar = tqdm(
-                total=self._warmup + self._steps,
-                desc=self._describe(),
-                unit="step",
-                file=sys.stderr,
-                leave=True,
-                dynamic_ncols=True,
-            )
+        self._on = _stderr_is_tty() if self._enabled is None else self._enabled
+        self._t = perf_counter()
 
     def step_done(self) -> None:
         self._done += 1
-        if self._bar is not None:
-            self._bar.set_description_str(self._describe(), refresh=False)
-            self._bar.update(1)
+        if not self._on:
+            return
+        now = perf_counter()
+        took, self._t = now - self._t, now
+        if self._done <= self._warmup:
+            self._line(f"warmup step {self._done}/{self._warmup} done ({took:.2f} s)")
+        elif self._done - self._warmup <= self._steps:
+            self._line(f"recorded step {self._done - self._warmup}/{self._steps} ({took:.2f} s)")
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        self._on = False
 
-    def _describe(self) -> str:
-        if self._done < self._warmup:
-            return f"ckview: warmup {self._done + 1}/{self._warmup}"
-        recorded = min(self._done - self._warmup, self._steps)
-        return f"ckview: recorded {recorded}/{self._steps} steps"
+    @staticmethod
+    def _line(text: str) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a closed/replaced stdout
+            sys.stdout.flush()
+        print(f"ckview: {text}", file=sys.stderr, flush=True)
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False

@@ -115,9 +115,10 @@ from recorder import buffers, modules, steps
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
+from recorder.output import settle, staging_path
 from recorder.progress import StepProgress
-from recorder.steps import IterationTracker, StepCounts, StepRule
-from recorder.timing import RunTimes, StepTimer
+from recorder.steps import IterationTracker, StepCounts, StepRule, plural
+from recorder.timing import RunTimes, StepTimer, plan_call_cost_ns, timing_schedule
 
 _RANK = [0] * len(Category)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -182,6 +183,13 @@ class StopScript(BaseException):
     """
 
 
+_NO_GRAPH = frozenset(
+    {"_local_scalar_dense", "detach", "alias", "equal", "is_nonzero", "eq", "ne", "lt", "le"}
+    | {"gt", "ge", "argmax", "argmin", "isnan", "isinf", "isfinite"}
+)
+"""Ops that never build autograd graph (NOTE [ A forward without modules ])."""
+
+
 class _StorageRef(weakref.ref):
     """Weak reference to a storage that remembers its trace row and registry key."""
 
@@ -207,6 +215,8 @@ class _OpObserver(TorchDispatchMode):
         rec = self._rec
         if kwargs is None:
             kwargs = {}
+        if rec._no_modules:
+            rec._functional_op(func, args, kwargs)  # NOTE [ A forward without modules ]
         if rec._state is State.RECORDING and not rec._busy:
             t0 = perf_counter_ns()
             out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
@@ -230,6 +240,11 @@ class Recorder:
     ``warmup`` iterations run unrecorded first; after ``steps`` recorded steps the trace is
     written and closed and the code runs on unrecorded, or stops with :class:`StopScript` if
     ``stop_after`` is set.
+
+    The trace is written beside ``path`` and replaces it only if it is good (NOTE [ Writing
+    beside the target ] in recorder/output.py); :attr:`written` says where it went. No step
+    recorded is a failure: the trace is marked incomplete. ``progress``: a line on stderr per
+    step; None (default) shows it when stderr is a terminal.
     """
 
     def __init__(
@@ -241,7 +256,7 @@ class Recorder:
         stop_after: bool = False,
         command: list[str] | None = None,
         runs: Sequence[RunSpec] = (),
-        progress: bool = True,
+        progress: bool | None = None,
         step_every: str | StepRule = "auto",
         timing_steps: int = 0,
     ) -> None:
@@ -250,6 +265,9 @@ class Recorder:
         if warmup < 0:
             raise ValueError(f"warmup must be 0 or more, got {warmup}")
         self.path = this_rank_path(path)  # NOTE [ One file per rank ] in ckview/trace/ranks.py
+        self.written: Path | None = None
+        """Where the trace went once closed (NOTE [ Writing beside the target ])."""
+        self._staging = staging_path(self.path)
         self.steps = steps
         self.warmup = warmup
         self.stop_after = stop_after
@@ -259,7 +277,9 @@ class Recorder:
             raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
         self._timer = StepTimer(timing_steps)  # NOTE [ Plain timing steps ] in timing.py
-        self._timing_index = 0
+        self._schedule = timing_schedule(len(self.runs), timing_steps)
+        self._timing_pos = -1  # entry of the schedule under way
+        self._timing_run: int | None = None  # the run whose context the timing step is in
         self._run_index = 0
         self._run_context: AbstractContextManager[Any] | None = None
         self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
@@ -278,6 +298,9 @@ class Recorder:
         self._optimizer_depth = 0  # > 0 inside optimizer.step(), 0 again inside its closure
         self._recompute_depth = 0
         self._top_phase = _OTHER
+        self._no_modules = False  # NOTE [ A forward without modules ]
+        self._await_forward = False
+        self._in_backward_callback = False
         self._node_budget = _NODE_BUDGET  # NOTE [ Autograd nodes stay unwrapped ]
         # open module calls as (module row, call row or -1)
         self._modules: ModuleRegistry | None = None  # made with the trace's string table
@@ -348,11 +371,20 @@ class Recorder:
         if self._state is State.RECORDING and error is None and self._tracker.pending_at_close():
             self._end_step()
         if self._state is State.TIMING:
+            # Every run is recorded: a script that fails in its timing steps (NOTE [ Plain
+            # timing steps ] in timing.py) leaves a complete trace, with what was timed.
             self._stop_timing()
+            error = None
         if self._state is not State.DONE:
             self._finish(error or "")
         self._uninstall()
+        self._close_trace(error or "")
         self._progress.close()
+
+    @property
+    def warmup_done(self) -> int:
+        """Warmup steps that ended."""
+        return self._warmup_done
 
     @property
     def timings(self) -> dict[str, RunTimes]:
@@ -378,7 +410,7 @@ class Recorder:
             "steps_recorded": 0,
             "warmup": self.warmup,
         }
-        self._writer = TraceWriter(self.path, meta=meta)
+        self._writer = TraceWriter(self._staging, meta=meta)
         self._modules = ModuleRegistry(self._intern)
         self._cpu_id = self._intern("cpu")
         self._begin_run_tables()
@@ -453,7 +485,9 @@ class Recorder:
                 context.__exit__(None, None, None)
 
     def _finish(self, error: str) -> None:
-        """End the current run if one is open, then write the modules and close the trace."""
+        """End the current run if one is open, then write the modules and meta. The trace stays
+        open for the timings (``_close_trace``)."""
+        error = self._failure(error)
         if self._state is State.RECORDING:
             self._end_run(error)
         early, self._early_context = self._early_context, None
@@ -461,7 +495,7 @@ class Recorder:
             early.__exit__(None, None, None)
         self._state = State.DONE
         self._known.clear()
-        writer, self._writer = self._writer, None
+        writer = self._writer
         if writer is None:
             return
         self._busy = True
@@ -471,12 +505,48 @@ class Recorder:
             writer.update_meta(
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
-                step_rule=self._tracker.describe(self.warmup),
+                step_rule=self._tracker.describe(self.warmup, modules=not self._no_modules),
                 compiled=self._compiled(),
             )
-            writer.close(complete=not error, error=error)
+            writer.flush()
         finally:
             self._busy = False
+
+    def _close_trace(self, error: str) -> None:
+        """Write the plain timings (NOTE [ Plain timing steps ] in timing.py), with checkpoint's
+        cost per call unless the script failed, close the trace and settle it (NOTE [ Writing
+        beside the target ] in output.py). Call with every hook removed: the cost is measured
+        on a model of its own."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        error = self._failure(error)
+        try:
+            timed = [(name, t) for name, t in self._timer.runs.items() if t.steps_ns]
+            for name, times in timed:
+                run = writer.run(name)
+                run.append("timing_steps", times.step_columns())
+                run.append("timed_calls", times.call_columns())
+            if timed and not error:
+                cost = plan_call_cost_ns()
+                writer.update_meta(
+                    checkpoint_call_ns=cost.median_ns,
+                    checkpoint_call_low_ns=cost.low_ns,
+                    checkpoint_call_high_ns=cost.high_ns,
+                )
+        finally:
+            writer.close(complete=not error, error=error)
+            self.written = settle(self._staging, self.path, good=not error)
+
+    def _failure(self, error: str) -> str:
+        """``error``, or why no step was recorded: that is a failure too."""
+        if error or self.steps_recorded:
+            return error
+        if self._warmup_done < self.warmup:
+            done = f"{self._warmup_done} of {plural(self.warmup, 'warmup step')}"
+            return f"no step was recorded: the code ended after {done}"
+        rule = self._tracker.describe(self.warmup)
+        return f"no step was recorded: the first recorded step never ended (steps: {rule})"
 
     # ----------------------------------------------------------------- install / uninstall
 
@@ -499,9 +569,13 @@ class Recorder:
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
+        self._no_modules = self._await_forward = self._registry.empty
 
     def _uninstall(self, keep_optimizer_hooks: bool = False) -> None:
-        """Remove every hook; a hook that others stacked on top of stays, inert."""
+        """Remove every hook; a hook that others stacked on top of stays, inert. Inside
+        backward the thread-local ones (saved-tensor hooks, the op hook) stay for ``close``:
+        autograd restores thread-local state when backward returns (NOTE [ A forward without
+        modules ])."""
         keep = self._handles[2:] if keep_optimizer_hooks else []
         for handle in self._handles:
             if handle not in keep:
@@ -512,6 +586,8 @@ class Recorder:
         if self._orig_hooks_init is not None:
             torch.autograd.graph.saved_tensors_hooks.__init__ = self._orig_hooks_init  # type: ignore[method-assign]
             self._orig_hooks_init = None
+        if self._in_backward_callback:
+            return
         if self._hooks_cm is not None:
             top = torch._C._autograd._top_saved_tensors_default_hooks(True)
             if top is not None and top[0] == self._pack:
@@ -697,7 +773,7 @@ class Recorder:
         self._state = State.RECORDING
         self._t0 = self._last_file_flush = perf_counter_ns()
         self._wrap_fsdp_resize()
-        for p in self._registry.parameters():
+        for p in self._parameters():  # an optimizer's parameters that no module owns too
             self._mark(p, _PARAMETER)
         self._mark_gradients()
         self._mark_optimizer_tensors()
@@ -726,8 +802,8 @@ class Recorder:
             if self._warmup_done >= self.warmup:
                 self._start_recording()
         elif self._state is State.TIMING:
-            if self._timer.end_step():
-                self._next_timing_run()
+            self._timer.end_step()
+            self._next_timing_step()
         elif self._state is State.RECORDING:
             self._close_step_row(now, counts, complete=True)
             self._step += 1
@@ -747,43 +823,54 @@ class Recorder:
             early, self._early_context = self._early_context, None  # the timing's, if any
             self._finish("")
             self._early_context = early
-            if self._timer.steps:
-                self._start_timing(0)  # the hooks stay for the timing steps
+            if self._schedule:
+                self._start_timing()  # the hooks stay for the timing steps
                 return
             self._all_done()
 
     def _all_done(self) -> None:
-        """Recording (and timing) done: the script runs on unrecorded, or stops."""
+        """Recording (and timing) done: close the trace; the script runs on unrecorded, or
+        stops."""
         early, self._early_context = self._early_context, None
         if early is not None:  # never expected: no run follows
             early.__exit__(None, None, None)
         self._state = State.DONE
         # Optimizer hooks are being iterated right now: they stay, inert, until close().
         self._uninstall(keep_optimizer_hooks=True)
+        self._close_trace("")
         self._progress.close()
         if self.stop_after:
             raise StopScript
 
-    # NOTE [ Plain timing steps ] in timing.py: once every run is recorded and the trace
-    # written, each run's context is entered once more for its timing steps, so that timing
-    # never costs a recorded run when the script ends early.
+    # NOTE [ Plain timing steps ] in timing.py: once every run is recorded, the runs are
+    # entered again in turn for unrecorded timing steps, following ``self._schedule``.
 
-    def _start_timing(self, index: int) -> None:
-        spec = self.runs[index]
-        self._timing_index = index
-        self._run_context, self._early_context = self._early_context, None
-        if spec.context is not None and self._run_context is None:
-            self._run_context = spec.context(self)
-            self._run_context.__enter__()
+    def _start_timing(self) -> None:
         self._state = State.TIMING
-        self._timer.begin(spec.name, self._observer)
+        # In backward's callback the op hook cannot be taken off (NOTE [ A forward without
+        # modules ]): those timing steps run with it.
+        self._timer.begin(None if self._in_backward_callback else self._observer)
+        self._next_timing_step()
 
-    def _next_timing_run(self) -> None:
-        self._leave_run_context()
-        if self._timing_index + 1 < len(self.runs):
-            self._start_timing(self._timing_index + 1)
-        else:
+    def _next_timing_step(self) -> None:
+        """Begin the schedule's next step, in its run's context; the last one done, close."""
+        self._timing_pos += 1
+        if self._timing_pos >= len(self._schedule):
+            self._timer.stop()
+            self._leave_run_context()
+            self._timing_run = None
             self._all_done()
+            return
+        entry = self._schedule[self._timing_pos]
+        if entry.run != self._timing_run:
+            self._leave_run_context()
+            spec = self.runs[entry.run]
+            self._run_context, self._early_context = self._early_context, None
+            if spec.context is not None and self._run_context is None:
+                self._run_context = spec.context(self)
+                self._run_context.__enter__()
+            self._timing_run = entry.run
+        self._timer.start_step(self.runs[entry.run].name, entry.keep, entry.round)
 
     def _stop_timing(self) -> None:
         """The script ended during the timing steps: keep what was timed."""
@@ -890,7 +977,15 @@ class Recorder:
         self._counted_task = task
         if self._state is State.RECORDING:
             self._mark_gradients()
-        if self._tracker.boundary_at_next_forward():
+        self._await_forward = self._no_modules
+        if self._no_modules and self._tracker.boundary_at_next_forward():
+            # No forward hook to wait for: NOTE [ A forward without modules ].
+            self._in_backward_callback = True
+            try:
+                self._end_step()
+            finally:
+                self._in_backward_callback = False
+        elif self._tracker.boundary_at_next_forward():
             self._enter_next_context_early()
 
     # NOTE [ Early run context ]
@@ -922,8 +1017,9 @@ class Recorder:
         if self._state is State.WARMUP:
             return self._warmup_done + 1 >= self.warmup
         if self._state is State.TIMING:
-            return self._timer.last_step() and self._timing_index + 1 < len(self.runs)
-        more = self._run_index + 1 < len(self.runs) or self._timer.steps > 0
+            following = self._schedule[self._timing_pos + 1 : self._timing_pos + 2]
+            return bool(following) and following[0].run != self._timing_run
+        more = self._run_index + 1 < len(self.runs) or bool(self._schedule)
         return self._state is State.RECORDING and self._steps_in_run + 1 >= self.steps and more
 
     def _next_run_index(self) -> int:
@@ -931,7 +1027,7 @@ class Recorder:
         if self._state is State.WARMUP:
             return self._run_index
         if self._state is State.TIMING:
-            return self._timing_index + 1
+            return self._schedule[self._timing_pos + 1].run
         return self._run_index + 1 if self._run_index + 1 < len(self.runs) else 0
 
     def _pre_optimizer(
@@ -977,11 +1073,45 @@ class Recorder:
 
     # ----------------------------------------------------------------- modules
 
+    # NOTE [ A forward without modules ]
+    # A loop with no nn.Module at all (parameters as plain tensors, the model a function of
+    # them) has no module pre-hook to say where its forward begins, nor a module to own its
+    # parameters. While no module has run forward, every op outside backward that builds
+    # autograd graph (grad mode on, a tensor argument that requires grad, not an op that never
+    # does: ``.item()``, ``detach``, comparisons) is looked at: the first one after the
+    # recorder is installed or a backward ended begins a forward (counted, its ops FORWARD),
+    # and the leaf tensors that require grad among its arguments are parameters (no module
+    # owns them). The op hook runs below autograd, where a step boundary cannot be taken (the
+    # boundary may write the trace and time checkpoint calls, which need autograd): without
+    # optimizer, such a loop's step ends at the end of its backward instead (the no_grad
+    # update after it belongs to the next step; NOTE [ Step = one optimizer iteration ] in
+    # steps.py), in autograd's final callback. Thread-local state (the op hook, saved-tensor
+    # hooks) changed there is undone when backward returns, so there the op hook stays on for
+    # timing steps, and when all is done both stay, inert, until ``close``. A script with
+    # modules pays one attribute test per op.
+
+    def _functional_op(self, func: Any, args: Any, kwargs: Any) -> None:
+        """An op about to run in a loop without modules (NOTE [ A forward without modules ])."""
+        if self._in_backward or _current_graph_task_id() >= 0 or not torch.is_grad_enabled():
+            return
+        graph = [t for t in _tensors_in(args, kwargs) if t.requires_grad]
+        if not graph or getattr(func, "_opname", "") in _NO_GRAPH:
+            return
+        if self._await_forward:
+            self._await_forward = False
+            self._tracker.forward_begun()
+            self._top_phase = _FORWARD
+        for t in graph:
+            if t.is_leaf and self._registry.add_loose(t) and self._state is State.RECORDING:
+                self._mark(t, _PARAMETER)
+
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         row = self._registry.row(module)
         if row is None:
-            if self._writer is None:
-                return  # timing steps, the trace written: a module first seen now is not timed
+            if self._registry.passes_through(module):
+                return
+            if self._state in (State.TIMING, State.DONE):
+                return  # timing steps: a module first seen now is not timed
             row = self._register_module(module)
         if not self._in_backward and _current_graph_task_id() >= 0:
             self._enter_backward()  # a recompute before backward's first op
@@ -1056,6 +1186,7 @@ class Recorder:
                 self._io.data.extend((call, sid, kind))
 
     def _register_module(self, module: torch.nn.Module) -> int:
+        self._no_modules = self._await_forward = False
         caller = self._stack[-1][0] if self._stack else NO_INDEX
         row, new_params = self._registry.register(module, caller)
         if self._state is State.RECORDING:

@@ -16,7 +16,9 @@ and backward run inside the step). The rule, by ``StepRule.kind``:
   never used would otherwise hold every step open; a WGAN critic's n steps before the
   generator's first are then n iterations, until the generator has stepped once).
 * ``auto`` without any optimizer: an iteration ends at the first top-level forward after a
-  backward (a manual SGD update under ``no_grad`` then belongs to the step it follows).
+  backward (a manual SGD update under ``no_grad`` then belongs to the step it follows); in a
+  loop without any nn.Module, at the end of the backward (NOTE [ A forward without modules ]
+  in session.py).
 * ``optimizer:N``: every N-th optimizer step ends an iteration (all optimizers count).
 * ``backward:N``: the first top-level forward after every N-th backward ends one.
 * ``manual``: only ``Recorder.mark_step()`` ends a step; calling it switches any rule to this
@@ -84,8 +86,8 @@ class StepCounts:
 
     def describe(self) -> str:
         return (
-            f"{_n(self.forwards, 'forward')}, {_n(self.backwards, 'backward')}, "
-            f"{_n(self.optimizer_steps, 'optimizer step')}"
+            f"{plural(self.forwards, 'forward')}, {plural(self.backwards, 'backward')}, "
+            f"{plural(self.optimizer_steps, 'optimizer step')}"
         )
 
 
@@ -168,8 +170,9 @@ class IterationTracker:
 
     # ----------------------------------------------------------------- description
 
-    def describe(self, warmup: int) -> str:
-        """The rule as stored in the trace's ``step_rule`` meta field."""
+    def describe(self, warmup: int, modules: bool = True) -> str:
+        """The rule as stored in the trace's ``step_rule`` meta field (``modules``: whether
+        the loop has any nn.Module; NOTE [ A forward without modules ] in session.py)."""
         kind, n = self.rule.kind, self.rule.count
         if kind == "manual":
             text = "manual: Recorder.mark_step() ends each step"
@@ -189,6 +192,8 @@ class IterationTracker:
             text = f"auto: a step ends once {which} stepped"
         else:
             text = "auto: no optimizer; the first forward after a backward ends a step"
+            if not modules:
+                text = "auto: no optimizer and no nn.Module; the end of a backward ends a step"
         if warmup == 0:
             return text + "; warmup 0: nothing seen before recording, the first step may be partial"
         if self.learned is not None:
@@ -210,7 +215,8 @@ class IterationTracker:
         )
 
 
-def _n(count: int, noun: str) -> str:
+def plural(count: int, noun: str) -> str:
+    """'1 step', '2 steps'."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 

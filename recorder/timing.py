@@ -5,20 +5,25 @@ NOTE [ Plain timing steps ]
     The recorder's per-op hook (a TorchDispatchMode) costs microseconds per op, more than many
     ops themselves, and it is paid again by every recomputed op: times from recorded steps
     inflate both the step and its extra compute, unevenly. So with ``timing_steps=k``, once
-    every run is recorded and the trace written, each run's context (a plan applied, or
-    checkpointing bypassed) is entered once more for 1 + k unrecorded steps with the op hook
-    taken off the dispatch stack: only the global module hooks remain, which take a
-    ``perf_counter_ns`` pair per module call. The first of them warms the run up (the first
-    step after a switch of context is the slowest, often by a third) and is not kept. Timing
-    comes last so that a script that ends early loses timings, never a recorded run.
-    ``StepTimer`` keeps, per run, each plain step's duration and the duration of every module
-    call in it (by module row, in call order), so that medians over the k steps, with their
-    spread, give the plain step time of each run and the plain forward time of each call of
-    the baseline. A loop
-    without optimizer ends a timing step when its next top-level forward begins (no backward
-    is seen without the op hook; the recorder learned in warmup that there is no optimizer).
-    If the op hook is not on top of the dispatch stack (another mode above it), it stays and
-    runs its fast path; the timings then still carry one Python call per op.
+    every run is recorded, each run's context (a plan applied, or checkpointing bypassed) is
+    entered again for unrecorded steps with the op hook taken off the dispatch stack: only the
+    global module hooks remain, which take a ``perf_counter_ns`` pair per forward call.
+    ``timing_schedule`` orders them in k rounds, each run in turn: a machine that slows down
+    for a while (other processes, frequency scaling) then slows every run alike instead of
+    biasing one run against another. The first step after a switch of context is the slowest
+    (often by a third: the allocator's cache holds the other run's blocks), so a run's turn
+    starts with a warm-up step that is timed, not kept; with a single run only its first step
+    warms up. Timing comes after the last recorded run, so that a script that ends early loses
+    timings, never a recorded run; the timings are written to the trace's ``timing_steps`` and
+    ``timed_calls`` tables before it is closed (docs/trace-format.md).
+    ``StepTimer`` keeps, per run, each kept step's duration and the duration of every forward
+    module call in it (by module row, in call order), so that medians over the k steps, with
+    their spread, give the plain step time of each run and the plain forward time of each call
+    of the baseline (ckview/analysis/timing.py). A loop without optimizer ends a timing step
+    when its next top-level forward begins (no backward is seen without the op hook; the
+    recorder learned in warmup that there is no optimizer). If the op hook is not on top of the
+    dispatch stack (another mode above it), it stays and runs its fast path; the timings then
+    still carry one Python call per op.
 
 NOTE [ Fixed cost of a checkpoint call ]
     A checkpointed call costs more than its recomputed ops: in forward, checkpoint saves the
@@ -28,11 +33,12 @@ NOTE [ Fixed cost of a checkpoint call ]
     projection that sums only the recomputed ops says +2% where the step runs several times
     slower. ``plan_call_cost_ns`` measures it on this machine, outside any recorder, the
     way plans checkpoint (module regions of ``apply_plan``: the region's module call, hooks
-    and running-statistics guard included): the median over ``repeats`` rounds of (forward +
-    backward of ``calls`` one-op modules, each a region) minus the same without the plan,
-    per call, with the spread of the rounds (benchmarks/checkpoint_runtime.py compares the
-    fixed cost of ckpt_runtime's and torch's checkpoint of a function). ``ckview verify``
-    adds the plan cost per recomputed instance to the projected extra time.
+    and running-statistics guard included): the median over ``repeats`` interleaved rounds
+    of (forward + backward of ``calls`` one-op modules, each a region) minus the same without
+    the plan, per call, with the spread of the rounds (benchmarks/checkpoint_runtime.py
+    compares the fixed cost of ckpt_runtime's and torch's checkpoint of a function). The
+    recorder stores it in the trace's meta (``checkpoint_call_ns``), and projections add it
+    per recomputed instance to the extra time (ckview/analysis/timing.py).
 """
 
 from __future__ import annotations
@@ -46,81 +52,102 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
+@dataclass(frozen=True)
+class TimingStep:
+    """One entry of the timing schedule: a step of run ``run`` (its index), kept or warm-up."""
+
+    run: int
+    keep: bool
+    round: int
+
+
+def timing_schedule(runs: int, rounds: int) -> list[TimingStep]:
+    """NOTE [ Plain timing steps ]: ``rounds`` rounds of the runs in turn, each turn a warm-up
+    step then a kept one; a run that follows itself (a single run) needs no new warm-up."""
+    schedule: list[TimingStep] = []
+    for r in range(rounds):
+        for run in range(runs):
+            if not schedule or schedule[-1].run != run:
+                schedule.append(TimingStep(run, False, r))
+            schedule.append(TimingStep(run, True, r))
+    return schedule
+
+
 @dataclass
 class RunTimes:
-    """Plain timing steps of one run (NOTE [ Plain timing steps ])."""
+    """Kept plain timing steps of one run (NOTE [ Plain timing steps ])."""
 
+    rounds: list[int] = field(default_factory=list)
     steps_ns: list[int] = field(default_factory=list)
     calls_ns: list[dict[int, list[int]]] = field(default_factory=list)
-    """Per timing step: module row -> durations of its forward calls, in call order."""
+    """Per kept step: module row -> durations of its forward calls, in call order."""
 
-    def call_medians(self) -> dict[int, list[int]]:
-        """Module row -> median duration of its i-th forward call of a step, over the steps
-        that made an i-th call."""
-        rows = {row for step in self.calls_ns for row in step}
-        out = {}
-        for row in rows:
-            per_step = [step.get(row, []) for step in self.calls_ns]
-            n = max(len(calls) for calls in per_step)
-            out[row] = [
-                _median([calls[i] for calls in per_step if len(calls) > i]) for i in range(n)
-            ]
-        return out
+    def step_columns(self) -> dict[str, list[int]]:
+        """The rows of the run's ``timing_steps`` table."""
+        return {"round": self.rounds, "duration_ns": self.steps_ns}
 
-
-def _median(values: list[int]) -> int:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+    def call_columns(self) -> dict[str, list[int]]:
+        """The rows of the run's ``timed_calls`` table (by step, module, call order)."""
+        columns: dict[str, list[int]] = {
+            "timing_step": [],
+            "module": [],
+            "order": [],
+            "duration_ns": [],
+        }
+        for step, calls in enumerate(self.calls_ns):
+            for row in sorted(calls):
+                for order, duration in enumerate(calls[row]):
+                    columns["timing_step"].append(step)
+                    columns["module"].append(row)
+                    columns["order"].append(order)
+                    columns["duration_ns"].append(duration)
+        return columns
 
 
 class StepTimer:
-    """Times a run's plain steps and module calls (NOTE [ Plain timing steps ])."""
+    """Times plain steps and module calls, run by run (NOTE [ Plain timing steps ])."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
+        """Kept timing steps per run (rounds of the schedule)."""
         self.runs: dict[str, RunTimes] = {}
         self._run: RunTimes | None = None
+        self._keep = False
+        self._round = 0
         self._start = 0
+        self._calls: dict[int, list[int]] = {}
         self._open: list[tuple[int, int]] = []  # (module row, start) of open calls
         self._observer: Any = None
         self.forwards = 0
         """Top-level forwards begun in the current timing step."""
-        self._warming = False
-        """The current timing step is the run's first: timed, not kept."""
 
     @property
     def active(self) -> bool:
         return self._run is not None
 
-    def begin(self, run: str, observer: Any) -> None:
-        """Start ``run``'s timing steps now; take ``observer`` (the op hook) off if on top."""
-        self._run = self.runs.setdefault(run, RunTimes())
-        self._warming = True
+    def begin(self, observer: Any) -> None:
+        """Timing begins: take ``observer`` (the op hook) off the dispatch stack if on top."""
         if observer is not None and _get_current_dispatch_mode() is observer:
             self._observer = observer
             self._observer.__exit__(None, None, None)
-        self._new_step(perf_counter_ns())
 
-    def last_step(self) -> bool:
-        """Whether the timing step under way is the run's last."""
-        run = self._run
-        return run is not None and not self._warming and len(run.steps_ns) + 1 >= self.steps
+    def start_step(self, run: str, keep: bool, round: int) -> None:
+        """A timing step of ``run`` begins now (kept, or a warm-up)."""
+        self._run = self.runs.setdefault(run, RunTimes())
+        self._keep, self._round = keep, round
+        self._calls = {}
+        self._open.clear()
+        self.forwards = 0
+        self._start = perf_counter_ns()
 
-    def end_step(self) -> bool:
-        """A timing step ended: keep its duration. True once the run's timing steps are done
-        (the op hook is back on then)."""
+    def end_step(self) -> None:
+        """The timing step ended: keep its duration and calls if it is a kept step."""
         now = perf_counter_ns()
-        assert self._run is not None
-        if self._warming:
-            self._warming = False
-            self._run.calls_ns.pop()
-        else:
+        if self._run is not None and self._keep:
+            self._run.rounds.append(self._round)
             self._run.steps_ns.append(now - self._start)
-        if len(self._run.steps_ns) < self.steps:
-            self._new_step(now)
-            return False
-        self.stop()
-        return True
+            self._run.calls_ns.append(self._calls)
+        self._run = None
 
     def stop(self) -> None:
         """Leave timing (also when the script ends mid-way): put the op hook back."""
@@ -130,13 +157,6 @@ class StepTimer:
         if observer is not None:
             observer.__enter__()
 
-    def _new_step(self, now: int) -> None:
-        assert self._run is not None
-        self._run.calls_ns.append({})
-        self._open.clear()
-        self.forwards = 0
-        self._start = now
-
     def call_begin(self, row: int) -> None:
         self._open.append((row, perf_counter_ns()))
 
@@ -144,7 +164,7 @@ class StepTimer:
         if not self._open or self._open[-1][0] != row or self._run is None:
             return
         _, start = self._open.pop()
-        self._run.calls_ns[-1].setdefault(row, []).append(perf_counter_ns() - start)
+        self._calls.setdefault(row, []).append(perf_counter_ns() - start)
 
 
 @dataclass(frozen=True)
@@ -164,9 +184,13 @@ def plan_call_cost_ns(calls: int = 100, repeats: int = 7) -> CallCost:
 
     model = torch.nn.Sequential(*[_Tiny() for _ in range(calls)])
     x = torch.ones(8, requires_grad=True)
-    plain = [_time(model, x) for _ in range(repeats)]
-    with apply_plan(model, {"format": "ckview-plan", "version": 1, "regions": [{"module": "*"}]}):
-        planned = [_time(model, x) for _ in range(repeats)]
+    plan = {"format": "ckview-plan", "version": 1, "regions": [{"module": "*"}]}
+    plain, planned = [], []
+    with torch.enable_grad():  # called from the script's step, maybe under no_grad
+        for _ in range(repeats):  # interleaved: a slow moment of the machine hits both
+            plain.append(_time(model, x))
+            with apply_plan(model, plan):
+                planned.append(_time(model, x))
     return _per_call(plain, planned, calls)
 
 

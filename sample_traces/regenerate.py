@@ -17,14 +17,23 @@ ROOT = HERE.parent
 
 #: trace name -> (example script, ckview options, script arguments)
 SAMPLES: dict[str, tuple[str, list[str], list[str]]] = {
-    "mlp": ("mlp.py", ["--steps", "2"], []),
-    "mlp_checkpointed": ("mlp.py", ["--steps", "2"], ["--checkpoint"]),
-    "cnn": ("cnn.py", ["--steps", "2"], []),
-    "transformer": ("transformer.py", ["--steps", "2"], []),
-    "transformer_checkpointed": ("transformer.py", ["--steps", "2"], ["--checkpoint"]),
-    "gpt2": ("gpt2.py", ["--steps", "2"], []),
-    "transformer_compare": ("transformer.py", ["--steps", "1", "--compare"], ["--checkpoint"]),
-    "gpt2_compare": ("gpt2.py", ["--steps", "1", "--compare"], ["--checkpoint"]),
+    # Enough script steps for the warmup, the recorded steps and 3 rounds of timing steps.
+    "mlp": ("mlp.py", ["--steps", "2"], ["--steps", "8"]),
+    "mlp_checkpointed": ("mlp.py", ["--steps", "2"], ["--steps", "8", "--checkpoint"]),
+    "cnn": ("cnn.py", ["--steps", "2"], ["--steps", "8"]),
+    "transformer": ("transformer.py", ["--steps", "2"], ["--steps", "8"]),
+    "transformer_checkpointed": (
+        "transformer.py",
+        ["--steps", "2"],
+        ["--steps", "8", "--checkpoint"],
+    ),
+    "gpt2": ("gpt2.py", ["--steps", "2"], ["--steps", "8"]),
+    "transformer_compare": (
+        "transformer.py",
+        ["--steps", "1", "--compare"],
+        ["--steps", "16", "--checkpoint"],
+    ),
+    "gpt2_compare": ("gpt2.py", ["--steps", "1", "--compare"], ["--steps", "16", "--checkpoint"]),
 }
 
 
@@ -33,12 +42,11 @@ def record(name: str, script: str, options: list[str], script_args: list[str]) -
     command = [
         "ckview",
         "record",
-        f"examples/{script}",
         "-o",
         f"sample_traces/{out.name}",
         *options,
         "--no-progress",
-        "--",
+        f"examples/{script}",
         *script_args,
     ]
     subprocess.run(

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from ckview.trace.schema import RUN_TABLES
-
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,9 +32,7 @@ def read_run(path: Path, run: str = "main") -> dict[str, Any]:
     from ckview.trace import open_trace
 
     with open_trace(path) as trace:
-        tables: dict[str, Any] = {name: trace.run(run).table(name).read() for name in RUN_TABLES}
-        tables["modules"] = trace.modules.read()
-        tables["strings"] = [trace.strings[i] for i in range(len(trace.strings))]
+        tables = trace.read_run(run)
         tables["meta"] = trace.meta
     return tables
 

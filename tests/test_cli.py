@@ -50,12 +50,12 @@ def mlp_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rec") / "mlp.h5"
     proc = ckview(
         "record",
-        str(EXAMPLES / "mlp.py"),
         "-o",
         str(out),
         "--steps",
         "2",
-        "--",
+        "--progress",
+        str(EXAMPLES / "mlp.py"),
         "--depth",
         "2",
         "--steps",
@@ -63,14 +63,14 @@ def mlp_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("loss") == 4  # the script's own output, untouched
-    assert "recorded 2/2 steps" in proc.stderr
+    assert "ckview: recorded step 2/2" in proc.stderr
     return out
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "gpt2"])
 def test_record_validate_summary_each_example(name: str, tmp_path: Path) -> None:
     out = tmp_path / "t.h5"
-    proc = ckview("record", f"examples/{name}.py", "-o", str(out), "--steps", "2")
+    proc = ckview("record", "-o", str(out), "--steps", "2", f"examples/{name}.py")
     assert proc.returncode == 0, proc.stderr
     assert ckview("validate", str(out)).returncode == 0
     summary = ckview("summary", str(out))
@@ -83,7 +83,7 @@ def test_record_validate_summary_each_example(name: str, tmp_path: Path) -> None
     assert run["by_category"]["activation"] >= 0 and len(run["steps"]) == 2
 
 
-def test_options_after_the_script_and_after_dashdash(mlp_trace: Path) -> None:
+def test_the_script_arguments_are_in_the_command(mlp_trace: Path) -> None:
     from ckview.trace import open_trace
 
     with open_trace(mlp_trace) as trace:
@@ -103,7 +103,6 @@ def test_module_target(tmp_path: Path) -> None:
         str(out),
         "-m",
         "trainpkg.train",
-        "--",
         "--depth",
         "1",
         "--steps",
@@ -125,7 +124,7 @@ def test_script_that_raises_leaves_incomplete_trace_and_its_exit_code(tmp_path: 
         "raise RuntimeError('out of patience')\n"
     )
     out = tmp_path / "boom.h5"
-    proc = ckview("record", str(script), "-o", str(out), "--steps", "5")
+    proc = ckview("record", "-o", str(out), "--steps", "5", str(script))
     assert proc.returncode == 1
     assert "RuntimeError: out of patience" in proc.stderr
     assert "marked incomplete" in proc.stderr
@@ -137,7 +136,7 @@ def test_script_that_raises_leaves_incomplete_trace_and_its_exit_code(tmp_path: 
 def test_script_exit_code_is_passed_through(tmp_path: Path) -> None:
     script = tmp_path / "exit3.py"
     script.write_text("import sys\nsys.exit(3)\n")
-    assert ckview("record", str(script), "-o", str(tmp_path / "e.h5")).returncode == 3
+    assert ckview("record", "-o", str(tmp_path / "e.h5"), str(script)).returncode == 3
 
 
 def test_missing_script(tmp_path: Path) -> None:
@@ -151,7 +150,7 @@ def test_missing_module() -> None:
 
 def test_unwritable_output(tmp_path: Path) -> None:
     line = _one_line_error(
-        ckview("record", str(EXAMPLES / "mlp.py"), "-o", str(tmp_path / "no" / "t.h5"))
+        ckview("record", "-o", str(tmp_path / "no" / "t.h5"), str(EXAMPLES / "mlp.py"))
     )
     assert "does not exist" in line
 

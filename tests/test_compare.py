@@ -31,7 +31,7 @@ def test_compare_records_baseline_and_checkpointed(
 ) -> None:
     out = tmp_path / "cmp.h5"
     proc = ckview(
-        "record", f"examples/{example}.py", "-o", str(out), "--compare", "--", "--checkpoint"
+        "record", "-o", str(out), "--compare", f"examples/{example}.py", "--checkpoint"
     )
     assert proc.returncode == 0, proc.stderr
     with open_trace(out) as trace:
@@ -60,10 +60,10 @@ def test_compare_records_baseline_and_checkpointed(
 
 
 def test_compare_keeps_losses(tmp_path: Path) -> None:
-    plain = ckview("record", "examples/mlp.py", "-o", str(tmp_path / "a.h5"), "--", "--depth", "2")
+    plain = ckview("record", "-o", str(tmp_path / "a.h5"), "examples/mlp.py", "--depth", "2")
     cmp = ckview(
-        "record", "examples/mlp.py", "-o", str(tmp_path / "b.h5"), "--compare",
-        "--", "--depth", "2", "--checkpoint",
+        "record", "-o", str(tmp_path / "b.h5"), "--compare",
+        "examples/mlp.py", "--depth", "2", "--checkpoint",
     )  # fmt: skip
     assert plain.returncode == cmp.returncode == 0
     assert plain.stdout == cmp.stdout
@@ -72,10 +72,10 @@ def test_compare_keeps_losses(tmp_path: Path) -> None:
 
 def test_plan_runs_lower_the_peak_as_planned_and_keep_losses(tmp_path: Path) -> None:
     out = tmp_path / "plans.h5"
-    plain = ckview("record", "examples/transformer.py", "-o", str(tmp_path / "p.h5"))
+    plain = ckview("record", "-o", str(tmp_path / "p.h5"), "examples/transformer.py")
     proc = ckview(
-        "record", "examples/transformer.py", "-o", str(out), "--plan", "none", "--plan", "sqrt",
-        "--plan", "all",
+        "record", "-o", str(out), "--plan", "none", "--plan", "sqrt", "--plan", "all",
+        "examples/transformer.py",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == plain.stdout  # the plans change memory, never the losses
@@ -102,7 +102,7 @@ def test_plan_file_and_bad_plans(tmp_path: Path) -> None:
         )
     )
     out = tmp_path / "t.h5"
-    proc = ckview("record", "examples/transformer.py", "-o", str(out), "--plan", str(plan))
+    proc = ckview("record", "-o", str(out), "--plan", str(plan), "examples/transformer.py")
     assert proc.returncode == 0, proc.stderr
     regions = read_run(out, "plan:two")["recompute_regions"]
     assert len(regions["step"]) == 2
@@ -110,14 +110,14 @@ def test_plan_file_and_bad_plans(tmp_path: Path) -> None:
     nowhere.write_text(
         json.dumps({"format": "ckview-plan", "version": 1, "regions": [{"module": "no.such"}]})
     )
-    proc = ckview("record", "examples/transformer.py", "-o", str(tmp_path / "n.h5"), "--plan",
-                  str(nowhere))  # fmt: skip
+    proc = ckview("record", "-o", str(tmp_path / "n.h5"), "--plan", str(nowhere),
+                  "examples/transformer.py")  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "no.such" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "n.h5").exists()
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "something-else"}')
     for source in (str(bad), str(tmp_path / "missing.json"), "every:zero"):
-        proc = ckview("record", "examples/transformer.py", "-o", str(out), "--plan", source)
+        proc = ckview("record", "-o", str(out), "--plan", source, "examples/transformer.py")
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -21,8 +21,9 @@ other on the main thread (``ckview.cli.main.main``, as ``python -m ckview`` call
 recorder's SIGTERM handler needs the main thread), each checked to leave torch's global hooks
 and patches as it found them (``test_recorder_leaves_nothing_behind``). The loops in
 ``OWN_PROCESS`` keep ``python -m ckview`` subprocesses, started first, running meanwhile. Each
-verify lets the script run exactly the steps it needs (``--stop-after``): a warmup step, then
-per run a warm-up and ``TIMING_STEPS`` plain timing steps and the recorded step.
+verify lets the script run exactly the steps it needs (``--stop-after``): a warmup step, the
+recorded step of each run, then ``TIMING_STEPS`` rounds of a warm-up and a plain timing step
+per run.
 
 CI runs ``CI_LOOPS``: every pattern of issue 9 at least once (the loops left out repeat a
 pattern: BERT and the HF Trainer beside Llama, blocks ending in ReLU and GELU beside Tanh, the
@@ -53,7 +54,7 @@ import pytest
 
 from ckview.analysis import live_storages
 from ckview.cli.main import main as ckview_main
-from ckview.cli.verify import TIMING_STEPS
+from ckview.cli.record import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import Category, MemoryEventKind, Phase
 
@@ -91,6 +92,8 @@ CI_LOOPS = {
     "grad_accumulation": "gradient accumulation",
     "gan": "two optimizers",
     "manual_sgd": "no optimizer (manual SGD)",
+    "functional": "no nn.Module (plain tensors and functions), an optimizer",
+    "functional_sgd": "no nn.Module and no optimizer",
     "lbfgs": "optimizer.step(closure) (L-BFGS)",
     "ddp": "DistributedDataParallel",
     "dataloader_workers": "DataLoader worker processes",
@@ -133,24 +136,23 @@ class Job:
     def argv(self) -> list[str]:
         """The arguments of ``ckview``."""
         loop = LOOPS[self.loop]
-        script_args = [*loop.quick, "--steps", str(self.script_steps())]
+        script_args = [*loop.args, *loop.quick, "--steps", str(self.script_steps())]
         if self.kind != "verify":
             script_args.append("--checkpoint")
         common = ["--steps", "1", "--stop-after", "--no-progress", "-o", str(self.trace)]
         if self.kind == "compare":
-            verb = ["record", str(loop.script), "--compare", *common]
+            verb = ["record", "--compare", *common]
         else:
             plans = [a for plan in loop.plans for a in ("--plan", plan)]
-            verb = ["verify", str(loop.script), *plans, "--json", *common]
-        return [*verb, "--", *script_args]
+            verb = ["verify", *plans, "--json", *common]
+        return [*verb, str(loop.script), *script_args]
 
     def script_steps(self) -> int:
         """Iterations the script needs: a warmup step, then per run (baseline or compared
-        run, and one per plan) its recorded step, after a warm-up and ``TIMING_STEPS`` plain
-        timing steps under verify; one more as a margin (``--stop-after`` ends the script)."""
-        if self.kind == "compare":
-            return 1 + 2 + 1
-        return 1 + (1 + len(LOOPS[self.loop].plans)) * (1 + TIMING_STEPS + 1) + 1
+        run, and one per plan) its recorded step and ``TIMING_STEPS`` rounds of a warm-up and a
+        plain timing step; one more as a margin (``--stop-after`` ends the script)."""
+        runs = 2 if self.kind == "compare" else 1 + len(LOOPS[self.loop].plans)
+        return 1 + runs * (1 + 2 * TIMING_STEPS) + 1
 
     def command(self) -> str:
         """The command to rerun by hand, for failure messages."""
@@ -414,21 +416,56 @@ def test_verify_within_2_percent(done: dict[tuple[str, str], Done], name: str) -
     _check_verify(done["verify", name])
 
 
+def test_run_from_another_training_state_is_projected_exactly(
+    done: dict[tuple[str, str], Done],
+) -> None:
+    # L-BFGS's history grows until it is full, so every plan run begins from another state
+    # than the baseline, and once full it changes differently during the step: projected
+    # with the plan run's own state per phase stretch (NOTE [ Runs that begin from another
+    # state ] in ckview/analysis/timeline.py), every plan lands at the issue's 0.1% target
+    # (an offset taken at the start was +1.8%).
+    d = done["verify", "lbfgs"]
+    plans = json.loads(d.stdout)["plans"]
+    assert any(p["start_offset_bytes"] for p in plans), "the runs began from one state"
+    off = {p["plan"]: p["peak_error_percent"] for p in plans if abs(p["peak_error_percent"]) > 0.1}
+    assert not off, f"{off}\n{d.context()}"
+
+
 @pytest.mark.parametrize("name", CHECKPOINTING)
 def test_verify_checkpointed_script_like_for_like(
     done: dict[tuple[str, str], Done], name: str
 ) -> None:
     # The script's own checkpointing is on: projection and plan runs must describe the same
-    # thing (issue 9, item 2), so the same 2% holds. Where it cannot be switched off, verify
-    # must say that its plans are not compared like for like (the exact 'none' aside).
+    # thing (issue 9, item 2), so the same 2% holds. Where it cannot be switched off, the
+    # baseline and every plan run hold the same recompute: the plans are still compared like
+    # for like (NOTE [ Recompute in a bypassed run ]), and verify says why the baseline holds
+    # recompute.
     d = done["verify-ckpt", name]
-    if name in BYPASSABLE:
-        _check_verify(d)
-        return
-    assert d.returncode == 0, f"verify failed\n{d.context()}"
-    plans = {p["plan"]: p for p in json.loads(d.stdout)["plans"]}
-    assert not any(p["like_for_like"] for p in plans.values()), d.context()
-    assert abs(plans["none"]["peak_error_percent"]) <= TARGET_PERCENT, d.context()
+    _check_verify(d)
+    doc = json.loads(d.stdout)
+    assert all(p["like_for_like"] for p in doc["plans"]), d.context()
+    if name in UNBYPASSABLE:
+        assert doc["baseline_recompute"] is not None, d.context()
+        assert all(p["recompute_as_in_baseline"] for p in doc["plans"]), d.context()
+
+
+@pytest.mark.parametrize("name", UNBYPASSABLE)
+def test_verify_warns_once_about_unbypassable_checkpointing(
+    done: dict[tuple[str, str], Done], name: str
+) -> None:
+    # Every run holds the script's recompute: verify's text says so in one warning naming
+    # them all, not once per run (issue 9 loose ends, item 5).
+    from ckpt_runtime.plan import load_plan
+    from ckview.cli import verify
+
+    trace = _trace(done["verify-ckpt", name])
+    plans = [(p, load_plan(p)) for p in LOOPS[name].plans]
+    checks, _, baseline = verify._verify(trace, plans)
+    text = verify.format_table(trace, checks, baseline)
+    warned = [line for line in text.splitlines() if line.startswith("warning: ")]
+    said = [line for line in warned if SAYS_NOT_BYPASSED.search(line)]
+    assert len(said) == 1, text
+    assert all(f"'plan:{p}'" in said[0] for p in LOOPS[name].plans), text
 
 
 @pytest.mark.parametrize("name", BYPASSABLE)
@@ -472,7 +509,15 @@ def test_compiled_model_says_how_it_ran(done: dict[tuple[str, str], Done]) -> No
     assert d.returncode == 0, f"verify failed\n{d.context()}"
     with open_trace(_trace(d)) as t:
         compiled = getattr(t.meta, "compiled", None)
+        paths = [t.strings[i] for i in t.modules.read()["path"]]
+        regions = t.run("plan:all").table("recompute_regions").read()
+        recomputed = sorted({t.strings[i] for i in regions["name"]})
     assert compiled == "eager", f"trace meta 'compiled' is {compiled!r}"
+    # The model's own paths, not the wrapper's (NOTE [ A compiled model is named as the
+    # user's model ] in ckpt_runtime/presets.py): 'blocks.*' means the same compiled or not,
+    # and plan 'all', applied through the wrapper, checkpoints the model's blocks.
+    assert "blocks.0" in paths and not any("_orig_mod" in p for p in paths), paths
+    assert recomputed == [f"MLP.blocks.{i}" for i in range(3)], recomputed
     _, summary = _cli("summary", str(d.job.trace))
     said = [line for line in summary.splitlines() if line.startswith("torch.compile:")]
     assert said, f"the summary does not say whether the steps ran compiled:\n{summary[:800]}"
@@ -480,9 +525,7 @@ def test_compiled_model_says_how_it_ran(done: dict[tuple[str, str], Done]) -> No
     assert "recompile" not in d.stderr, f"dynamo recompiled under the recorder\n{d.context()}"
 
 
-def _live_at(
-    storages: dict[str, np.ndarray], events: dict[str, np.ndarray], t: int
-) -> np.ndarray:
+def _live_at(storages: dict[str, np.ndarray], events: dict[str, np.ndarray], t: int) -> np.ndarray:
     """Mask of the storages alive at time ``t``: allocated, or for one that existed before the
     run, first seen (a batch arrives from a worker when the loop takes it), at or before ``t``,
     and not yet freed."""

@@ -164,9 +164,7 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-def record(
-    model: nn.Module, path: Path, step: Callable[[nn.Module], None] | None = None
-) -> Path:
+def record(model: nn.Module, path: Path, step: Callable[[nn.Module], None] | None = None) -> Path:
     """One recorded training step of ``model`` (after one warmup step), with a loss module
     that the recorder sees as a second root."""
     loss_fn = nn.MSELoss()

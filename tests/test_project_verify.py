@@ -146,7 +146,6 @@ def test_verify_transformer_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "v.h5"
     proc = ckview(
         "verify",
-        str(EXAMPLES / "transformer.py"),
         "--plan",
         "all",
         "--json",
@@ -158,9 +157,9 @@ def test_verify_transformer_end_to_end(tmp_path: Path) -> None:
         "--stop-after",
         "--timing-steps",
         "2",
-        "--",
+        str(EXAMPLES / "transformer.py"),
         "--steps",
-        "13",
+        "17",  # 1 warmup + 3 runs + 2 rounds x 3 runs x (warm-up + timed)
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -196,7 +195,6 @@ def test_verify_table_and_too_few_steps(tmp_path: Path) -> None:
     has, says what to do, and exits 1."""
     proc = ckview(
         "verify",
-        str(EXAMPLES / "mlp.py"),
         "--plan",
         "sqrt",
         "--plan",
@@ -206,7 +204,7 @@ def test_verify_table_and_too_few_steps(tmp_path: Path) -> None:
         "--no-progress",
         "--timing-steps",
         "0",
-        "--",
+        str(EXAMPLES / "mlp.py"),
         "--steps",
         "3",
         "--depth",
@@ -215,7 +213,7 @@ def test_verify_table_and_too_few_steps(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert "projected peak" in proc.stdout and "measured peak" in proc.stdout
     assert "\nsqrt " in proc.stdout and "\nall " not in proc.stdout
-    assert "before run(s) plan:all were recorded" in proc.stderr
+    assert "before 1 run (plan:all) was recorded" in proc.stderr
     assert "compared: each plan projected over run 'baseline'" in proc.stdout
     assert "extra times are from recorded steps" in proc.stdout
 
@@ -223,11 +221,11 @@ def test_verify_table_and_too_few_steps(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "wanted"),
     [
-        (["missing.py", "--plan", "all"], "script missing.py not found"),
-        (["{mlp}", "--plan", "every:0"], "K must be >= 1"),
-        (["{mlp}", "--plan", "nope.json"], "no plan file 'nope.json'"),
+        (["--plan", "all", "missing.py"], "script missing.py not found"),
+        (["--plan", "every:0", "{mlp}"], "K must be >= 1"),
+        (["--plan", "nope.json", "{mlp}"], "no plan file 'nope.json'"),
         (["{mlp}"], "verify needs a plan"),
-        (["{mlp}", "--plan", "{bad}", "--", "--depth", "2"], "plan {bad}: module pattern"),
+        (["--plan", "{bad}", "{mlp}", "--depth", "2"], "plan {bad}: module pattern"),
     ],
     ids=["missing script", "bad preset", "missing plan file", "no plan", "plan misses model"],
 )

@@ -893,3 +893,88 @@ def test_chain_of_blocks_on_sample_traces(name: str, chain: str) -> None:
         tables["module_calls"], tables["modules"], tables["strings"], [ModuleRegion(blocks[0])]
     )
     assert len(instances) == tables["meta"].steps_recorded
+
+
+# ----------------------------------------------------------------------------- training state
+
+
+def history_step(history: int, full: bool, extra_ops: int = 0) -> Tables:
+    """Two closure iterations (forward, backward, optimizer) of an optimizer that keeps a
+    history of 100 B vectors: ``history`` of them exist at the start; each optimizer stretch
+    appends one, after dropping the oldest if the history is ``full`` (as L-BFGS does).
+    ``extra_ops``: optimizer ops that do nothing (their count depends on the history)."""
+    b = StepBuilder()
+    kept = [b.existing(100, Category.OPTIMIZER_STATE) for _ in range(history)]
+    for _ in range(2):
+        (act,) = b.op(Phase.FORWARD, alloc=[1000])
+        b.op(Phase.BACKWARD, free=[act])
+        for _ in range(extra_ops):
+            b.op(Phase.OPTIMIZER)
+        if full:
+            b.op(Phase.OPTIMIZER, free=[kept.pop(0)])
+        kept += b.op(Phase.OPTIMIZER, alloc=[100], category=Category.OPTIMIZER_STATE)
+    return b.tables()
+
+
+def test_run_from_another_state_takes_its_state_per_stretch() -> None:
+    # NOTE [ Runs that begin from another state ] (ckview/analysis/timeline.py): the baseline's
+    # history grows from 3 to 5 vectors; the plan run's is full at 5 and stays there. Offset
+    # at the start (+200 B) would put the second forward's 1400 B at 1600 B; the plan run's
+    # peak is 1500 B: at that forward the runs differ by 100 B.
+    from ckview.analysis.projection import peak_from_state
+    from ckview.analysis.timeline import stretch_offsets
+
+    base, run = history_step(3, full=False), history_step(5, full=True, extra_ops=2)
+    measured = find_peak(memory_timeline(run["storages"], run["memory_events"])).bytes
+    projection = project(base, [])
+    assert (projection.peak.bytes, measured) == (1400, 1500)
+    assert stretch_offsets(base, run).tolist() == [200, 200, 200, 200, 100, 100, 100]
+    assert peak_from_state(projection, base, run) == measured
+
+
+def test_run_of_another_structure_takes_the_offset_at_the_start() -> None:
+    from ckview.analysis.timeline import stretch_offsets
+
+    base = history_step(3, full=False)
+    b = StepBuilder()
+    for _ in range(5):
+        b.existing(100, Category.OPTIMIZER_STATE)
+    b.op(Phase.OPTIMIZER)
+    assert stretch_offsets(base, b.tables()).tolist() == [200] * 7
+
+
+def block_with_a_function(saved: bool) -> tuple[Tables, int, int]:
+    """One block: a hand-written Function keeps its 300-byte input on ``ctx`` (no PACK unless
+    ``saved``) and frees it in backward; the block's 10-byte output is saved by the loss.
+    Returns the tables, the block's row and the kept storage."""
+    b = StepBuilder()
+    net = b.module("", "Net")
+    row = b.module("0", "Block", net)
+    x = b.existing(10, Category.INPUT)
+    with b.call(net) as root:
+        with b.call(row, inputs=[x]) as call:
+            (kept,) = b.op(alloc=[300], pack=[x])
+            (out,) = b.op(alloc=[10], pack=[kept] if saved else [])
+            b.output(call, out)
+        b.op(alloc=[4], pack=[out])
+    b.op(Phase.BACKWARD, call=root, unpack=[out], alloc=[20], category=Category.GRADIENT)
+    b.op(Phase.BACKWARD, call=call, unpack=[x] + ([kept] if saved else []), free=[kept])
+    return b.tables(), row, kept
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_unsaved_storage_held_from_outside_keeps_its_free(saved: bool) -> None:
+    """NOTE [ Held from outside ]: what the Function keeps on ctx outlives the checkpointed
+    block as in the baseline (to its free in backward); the same storage saved by autograd is
+    freed at the block's end (NOTE [ Checkpointed forward ])."""
+    tables, row, kept = block_with_a_function(saved)
+    projection = project(tables, [ModuleRegion(row)])
+    events = projection.events
+    (free,) = np.flatnonzero((events.storage == kept) & ~events.copy & (events.kind == FREE))
+    baseline_free = int(np.flatnonzero(tables["memory_events"]["storage"] == kept)[-1])
+    assert events.source[free] == baseline_free
+    assert events.instance[free] == (0 if saved else -1)
+    lower = (
+        before_backward(tables, projection) - baseline_total(tables)[first_backward_event(tables)]
+    )
+    assert lower == (-300 if saved else 0)

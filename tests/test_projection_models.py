@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ckview.cli.record import load_plans, plan_runs
-from ckview.cli.verify import Check, Timing, _verify, format_table
+from ckview.cli.verify import Check, _verify, format_table
+from ckview.trace import open_trace
 from recorder import Recorder
 
 PLANS = ("none", "sqrt", "all")
@@ -146,7 +147,7 @@ TIMING_STEPS = 2
 
 
 def verify(model: nn.Module, shape: tuple[int, ...], path: Path, optimizer: bool) -> list[Check]:
-    """Record 'baseline' and one run per plan of ``PLANS``, each after its plain timing steps
+    """Record 'baseline' and one run per plan of ``PLANS``, then their plain timing steps
     (NOTE [ Plain timing steps ]), as ``ckview verify`` does; each plan's projected vs measured.
     """
     plans = load_plans(list(PLANS))
@@ -157,21 +158,28 @@ def verify(model: nn.Module, shape: tuple[int, ...], path: Path, optimizer: bool
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a segment that does not take effect warns
         with recorder:
-            train(model, shape, 1 + len(runs) * (1 + TIMING_STEPS + 1) + 1, optimizer)
-    assert_timed(recorder.timings, [r.name for r in runs])
-    checks, missing, _ = _verify(path, plans, Timing(recorder.timings, 0))
+            train(model, shape, 1 + len(runs) * (1 + 2 * TIMING_STEPS) + 1, optimizer)
+    assert_timed(path, [r.name for r in runs])
+    checks, missing, _ = _verify(path, plans)
     assert not missing
     assert all(c.time is not None and c.time.plain for c in checks)
     return checks
 
 
-def assert_timed(timings: dict[str, Any], runs: list[str]) -> None:
-    """Every run kept its timing steps (the warm-up one dropped), each with its module calls."""
-    assert list(timings) == runs
-    for times in timings.values():
-        assert len(times.steps_ns) == len(times.calls_ns) == TIMING_STEPS
-        assert all(ns > 0 for ns in times.steps_ns)
-        assert all(step for step in times.calls_ns)
+def assert_timed(path: Path, runs: list[str]) -> None:
+    """Every run kept one timing step per round (warm-ups dropped), each with its module calls,
+    and the trace holds checkpoint's cost per call."""
+    with open_trace(path) as trace:
+        assert trace.meta.checkpoint_call_low_ns <= trace.meta.checkpoint_call_ns
+        assert trace.meta.checkpoint_call_ns <= trace.meta.checkpoint_call_high_ns
+        assert trace.meta.checkpoint_call_low_ns >= 0
+        for name in runs:
+            steps = trace.run(name).table("timing_steps").read()
+            calls = trace.run(name).table("timed_calls").read()
+            assert steps["round"].tolist() == list(range(TIMING_STEPS))
+            assert (steps["duration_ns"] > 0).all()
+            assert set(calls["timing_step"].tolist()) == set(range(TIMING_STEPS))
+            assert (calls["duration_ns"] > 0).all()
 
 
 def assert_exact(checks: list[Check]) -> None:
@@ -339,11 +347,15 @@ def test_recompute_left_in_a_bypassed_run_is_reported(hand: bool, tmp_path: Path
         assert lines == [] and baseline.leftover is None
         return
     # 'checkpointed' runs the script as it is: its recompute is expected there, not reported.
-    assert [line.split("'")[1] for line in lines] == ["baseline", "plan:none", "plan:all"]
-    assert "cannot switch off" in lines[0] and "blocks" in lines[0]
+    # One line names every run that holds it (not one line per run).
+    (line,) = lines
+    assert line.startswith("runs 'baseline', 'plan:none', 'plan:all' still recompute ")
+    assert "cannot switch off" in line and "blocks" in line
     assert baseline.leftover is not None and baseline.leftover.ops > 0
     assert all(c.leftover is not None for c in checks)
-    assert "warning: run 'baseline' still recomputes" in format_table(path, checks, baseline)
+    text = format_table(path, checks, baseline)
+    assert text.count("still recompute") == 1
+    assert "warning: runs 'baseline', 'plan:none', 'plan:all' still recompute" in text
 
 
 def test_a_script_that_ends_before_the_timing_steps_loses_no_run(tmp_path: Path) -> None:
@@ -357,9 +369,10 @@ def test_a_script_that_ends_before_the_timing_steps_loses_no_run(tmp_path: Path)
     recorder = Recorder(path, steps=1, warmup=1, runs=runs, progress=False, timing_steps=3)
     with recorder:
         train(model, shape, 1 + len(runs) + 2, optimizer=True)  # 2 steps into the timing
-    timed = recorder.timings
-    assert list(timed) == ["baseline"] and len(timed["baseline"].steps_ns) == 1
-    checks, missing, _ = _verify(path, plans, Timing(timed, 0))
+    with open_trace(path) as trace:  # one round began: baseline's kept step, none of plan:none
+        kept = {name: len(trace.run(name).table("timing_steps")) for name in trace.run_names}
+    assert kept == {"baseline": 1, "plan:none": 0, "plan:sqrt": 0, "plan:all": 0}
+    checks, missing, _ = _verify(path, plans)
     assert not missing
     assert all(c.time is not None and not c.time.plain for c in checks)
     assert_exact(checks)

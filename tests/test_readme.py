@@ -14,7 +14,7 @@ def _readme_commands() -> list[str]:
 
 def test_readme_starts_with_run_and_test_commands() -> None:
     run, test = _readme_commands()[:2]
-    assert "ckview record examples/" in run and "ckview summary" in run
+    assert re.search(r"ckview record (-\S+ \S+ )*examples/", run) and "ckview summary" in run
     assert "pytest" in test and "pip install -q torch==2.13.0" in test
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -77,7 +78,7 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
 forward = torch.compile(lambda x: model(x), backend=backend)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(4):
+for step in range(8):
     forward(torch.randn(8, 16)).square().mean().backward()
     opt.step()
     opt.zero_grad()
@@ -93,13 +94,51 @@ def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     trace = tmp_path / "t.h5"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "ckview", "record", str(script), "-o", str(trace), "--steps", "2"]
+    cmd = [sys.executable, "-m", "ckview", "record", "-o", str(trace), "--steps", "2", str(script)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert done.returncode == 0, done.stderr
     assert "recompile" not in done.stderr
     assert "session.py" not in done.stderr
-    # Steps 1-3 (warmup and two recorded) ran eagerly; step 4 compiled once and ran compiled.
+    # Steps 1-7 (warmup, two recorded, four timing steps) ran eagerly; step 8 compiled once
+    # and ran compiled.
     assert "runs 1 1" in done.stdout
     tables = read_run(trace)
     assert tables["meta"].compiled == "eager"
     assert (tables["ops"]["phase"] == Phase.FORWARD).sum() > 0
+
+
+# torch warns on every call of a compiled module while global module hooks (the recorder's)
+# are installed: they fire for the wrapper too, which the recorder passes through.
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks")
+def test_compiled_model_is_named_as_the_model(tmp_path: Path) -> None:
+    """NOTE [ A compiled model is named as the user's model ] (ckpt_runtime/presets.py): the
+    trace's paths are the model's (no ``_orig_mod.``), a plan resolves to the same modules
+    over ``torch.compile(model)`` as over the model, and a plan run recorded through the
+    wrapper recomputes the modules the plan names."""
+    from ckpt_runtime import ModuleRegion, Plan, resolve_plan
+    from ckview.cli.record import plan_runs
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.Sequential(nn.Linear(32, 32), nn.Tanh()), nn.Linear(32, 4)
+    )
+    compiled = torch.compile(model, backend=CountingBackend())
+    assert isinstance(compiled, nn.Module)  # the OptimizedModule wrapper
+    plan = Plan("mid", (ModuleRegion("1"),))
+    assert resolve_plan(compiled, plan) == resolve_plan(model, plan)
+    assert resolve_plan(compiled, "all") == resolve_plan(model, "all")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    runs = plan_runs([("mid", plan)], baseline=True, checkpointed=False)
+    with Recorder(tmp_path / "t.h5", steps=1, warmup=1, runs=runs, progress=False):
+        for _ in range(3):
+            compiled(torch.randn(8, 16)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+    tables = read_run(tmp_path / "t.h5", "plan:mid")
+    strings = tables["strings"]
+    paths = [strings[i] for i in tables["modules"]["path"]]
+    assert paths == [path for path, _ in model.named_modules()]
+    assert tables["meta"].compiled == "eager"
+    names = {strings[i] for i in tables["recompute_regions"]["name"]}
+    assert names == {"Sequential.1"}

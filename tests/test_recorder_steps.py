@@ -202,6 +202,47 @@ def test_manual_sgd_without_optimizer(tmp_path: Path) -> None:
     assert set(tables["ops"]["step"][updates].tolist()) == {0, 1}
 
 
+def _plain_parameters() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [(torch.randn(16, 32) / 4).requires_grad_(), torch.zeros(32, requires_grad=True)]
+
+
+def _function(params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x @ params[0] + params[1]).sum(dim=1, keepdim=True)
+
+
+@pytest.mark.parametrize("optimizer", [False, True])
+def test_loop_without_modules(tmp_path: Path, optimizer: bool) -> None:
+    # NOTE [ A forward without modules ] (recorder/session.py): no nn.Module at all, the
+    # model a function of plain tensors; a step is one optimizer iteration, or per backward
+    # without optimizer, and the tensors trained are parameters (their grads gradients).
+    def loop() -> None:
+        params = _plain_parameters()
+        opt = torch.optim.SGD(params, lr=0.1) if optimizer else None
+        for _ in range(4):
+            x, y = _batch()
+            ((_function(params, x) - y[:, :1]) ** 2).mean().backward()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
+                continue
+            with torch.no_grad():
+                for p in params:
+                    p -= 0.1 * p.grad  # type: ignore[operator]
+                    p.grad = None
+
+    tables = _record(tmp_path / "t.h5", loop)
+    assert _held(tables) == [(1, 1, int(optimizer), 1)] * 2
+    assert len(tables["modules"]["path"]) == 0
+    storages = tables["storages"]
+    params = storages["nbytes"][storages["category"] == Category.PARAMETER]
+    assert sorted(params.tolist()) == [32 * 4, 16 * 32 * 4]
+    assert (storages["category"] == Category.GRADIENT).any()
+    forward = tables["ops"]["phase"] == Phase.FORWARD
+    names = {tables["strings"][i] for i in tables["ops"]["name"][forward]}
+    assert {"aten.mm.default", "aten.tanh.default"} <= names
+
+
 def test_step_every_backward(tmp_path: Path) -> None:
     """Manual SGD with 2 micro-batches per update: not learnable, so the user says it."""
 
@@ -322,7 +363,7 @@ def test_cli_step_every_and_summary(tmp_path: Path, run_cli: Any) -> None:
     script = tmp_path / "accumulate.py"
     script.write_text(ACCUMULATING_SCRIPT)
     trace = tmp_path / "t.h5"
-    code, _, err = run_cli("record", str(script), "-o", str(trace), "--steps", "2")
+    code, _, err = run_cli("record", "-o", str(trace), "--steps", "2", str(script))
     assert code == 0, err
     code, out, _ = run_cli("summary", str(trace))
     assert code == 0
@@ -336,17 +377,18 @@ def test_cli_step_every_and_summary(tmp_path: Path, run_cli: Any) -> None:
     assert [(s["forwards"], s["backwards"], s["optimizer_steps"]) for s in steps] == [(3, 3, 1)] * 2
 
     code, _, err = run_cli(
-        "record", str(script), "-o", str(tmp_path / "u.h5"), "--step-every", "optimizer:3"
+        "record", "-o", str(tmp_path / "u.h5"), "--step-every", "optimizer:3", str(script)
     )
-    assert code == 0, err
-    # Warmup: 3 optimizer steps (iterations 1-3); the 4th iteration begins a step, then ends.
+    # Warmup: 3 optimizer steps (iterations 1-3); the 4th iteration begins a step, and the
+    # script ends before the step does: no step was recorded (a failure), the partial one kept.
+    assert code == 1 and "no step was recorded" in err, err
     assert _held(read_run(tmp_path / "u.h5")) == [(3, 3, 1, 0)]
 
 
 def test_cli_rejects_a_bad_step_rule(tmp_path: Path, run_cli: Any) -> None:
     script = tmp_path / "accumulate.py"
     script.write_text(ACCUMULATING_SCRIPT)
-    code, _, err = run_cli("record", str(script), "--step-every", "epoch:1")
+    code, _, err = run_cli("record", "--step-every", "epoch:1", str(script))
     assert code != 0
     assert "--step-every: cannot read step rule 'epoch:1'" in err
     assert "Traceback" not in err

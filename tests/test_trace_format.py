@@ -37,6 +37,7 @@ from ckview.trace.schema import (
     META_FIELDS,
     MODULES,
     RUN_TABLES,
+    TIMING_TABLES,
     Column,
     MemoryEventKind,
     SavedEventKind,
@@ -621,7 +622,7 @@ V1_TRACES = sorted((Path(__file__).parent / "data" / "traces_v1").glob("*.h5"))
 
 @pytest.mark.parametrize("path", V1_TRACES, ids=lambda p: p.stem)
 def test_version_1_files_read_through_the_migration(path: Path) -> None:
-    """NOTE [ Migrations build views ]: a v1 file reads as v2, with v2's "unknown" values."""
+    """NOTE [ Migrations build views ]: a v1 file reads as current, with "unknown" values."""
     report = validate_trace(path)
     assert report.ok, report.problems
     with open_trace(path) as t:
@@ -651,6 +652,37 @@ def test_version_1_files_read_through_the_migration(path: Path) -> None:
 
 def test_version_1_files_are_kept() -> None:
     assert {p.stem for p in V1_TRACES} >= {"mlp", "transformer_compare"}
+
+
+V2_TRACES = sorted((Path(__file__).parent / "data" / "traces_v2").glob("*.h5"))
+
+
+@pytest.mark.parametrize("path", V2_TRACES, ids=lambda p: p.stem)
+def test_version_2_files_read_through_the_migration(path: Path) -> None:
+    """NOTE [ Migrations build views ]: a v2 file reads as v3, its timing tables empty and the
+    checkpoint call cost unknown."""
+    report = validate_trace(path)
+    assert report.ok, report.problems
+    with open_trace(path) as t:
+        assert t.format_version == 2
+        meta = t.meta
+        cost = (meta.checkpoint_call_ns, meta.checkpoint_call_low_ns, meta.checkpoint_call_high_ns)
+        assert cost == (-1, -1, -1)
+        assert t.meta.step_rule  # v2's own fields are stored
+        for name in t.run_names:
+            for table in TIMING_TABLES:
+                columns = t.run(name).table(table).read()
+                assert set(columns) == {c.name for c in RUN_TABLES[table]}
+                assert all(
+                    len(v) == 0 and v.dtype == c.dtype
+                    for c, v in zip(RUN_TABLES[table], columns.values(), strict=True)
+                )
+    with h5py.File(path, "r") as f:  # read-only: nothing was written
+        assert "timing_steps" not in f["runs"][next(iter(f["runs"]))]
+
+
+def test_version_2_files_are_kept() -> None:
+    assert {p.stem for p in V2_TRACES} >= {"mlp", "transformer_compare"}
 
 
 def test_damaged_meta_is_corrupt(valid_trace: Path) -> None:

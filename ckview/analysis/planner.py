@@ -77,6 +77,7 @@ import numpy as np
 from ckview.analysis.plans import TraceTree
 from ckview.analysis.projection import ProjectionModel
 from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, sequential_children
+from ckview.analysis.timing import step_time_ns
 from ckview.analysis.units import format_bytes
 
 __all__ = [
@@ -245,7 +246,9 @@ class Planner:
         self.pool = list(self.candidates)
         self._presets = self._resolve_presets()
         self.model = ProjectionModel(tables, self.pool)
-        self.step_ns = _step_ns(tables)
+        self.step_ns, self.plain_times = step_time_ns(tables)
+        """Summed time of the recorded steps, and whether it (and every extra compute) comes
+        from plain timing steps (NOTE [ Extra compute from plain times ] in timing.py)."""
         self.search = self._searchable()
         self.cost = {i: self.model.extra_compute_ns([i]) for i in self.search}
         self.conflicts = self._conflicts()
@@ -692,14 +695,6 @@ def _front(points: list[_Point]) -> list[_Point]:
         if not front or p.peak < front[-1].peak:
             front.append(p)
     return front
-
-
-def _step_ns(tables: RunTables) -> int:
-    steps = tables.get("steps")
-    if steps is None or len(steps["start_ns"]) == 0:
-        return 0
-    duration = np.asarray(steps["end_ns"], dtype=np.int64) - np.asarray(steps["start_ns"])
-    return int(np.maximum(duration, 0).sum())
 
 
 def _instance_conflicts(model: ProjectionModel, search: Sequence[int]) -> dict[int, int]:

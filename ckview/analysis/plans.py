@@ -249,7 +249,17 @@ def resolve_on_trace(
     """Resolve ``plan`` over the model recorded in ``modules`` as ``ckpt_runtime.resolve_plan``
     resolves it over the live model; with a run's ``module_calls`` as ``calls``, each region
     says whether it takes effect in that run's step. Raises PlanError (a ValueError, one line)
-    for a malformed plan, a pattern that matches nothing, or regions the model cannot have."""
+    for a malformed plan, a pattern that matches nothing, or regions the model cannot have.
+    A trace without modules (a loop without ``nn.Module``) resolves only a plan that
+    checkpoints nothing."""
+    if len(modules["parent"]) == 0:
+        concrete = as_plan(plan)
+        if not concrete.checks_nothing:
+            raise PlanError(
+                f"plan {concrete.name!r} names modules, but no nn.Module ran in the recorded "
+                "step: only plan 'none' applies to a loop without modules"
+            )
+        return PlanRegions(Plan(concrete.name, ()), (), (), ())
     return TraceTree(modules, strings, calls).resolve(plan)
 
 

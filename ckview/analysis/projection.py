@@ -17,7 +17,21 @@ NOTE [ Checkpointed forward ]
     baseline kept for backward would, under checkpointing, be freed after its last forward use,
     which is never later than the end of the instance (nothing outside references it: it is no
     output, and checkpoint's pack hook drops the saved reference), so freeing it at the end
-    over-estimates memory inside the instance, never under-estimates it.
+    over-estimates memory inside the instance, never under-estimates it. A storage that
+    nothing saved and that still outlived the instance is held from outside and keeps its
+    free (NOTE [ Held from outside ]).
+
+NOTE [ Held from outside ]
+    A storage created inside an instance that the baseline kept beyond the instance's end,
+    although it is no OUTPUT and autograd never saved it (no PACK anywhere in the run), was
+    kept by a reference that checkpointing does not take away: a hand-written
+    ``autograd.Function`` that keeps its inputs on ``ctx`` (``ctx.input_tensors = ...``, as
+    the efficient DenseNet's ``CheckpointFunction`` does; saved-tensor hooks never see those),
+    a cache on a module, a tensor nested too deep in an output for the recorder to list it.
+    Its free stays where the baseline has it. (Freed at the instance's end, the efficient
+    DenseNet's features that each layer's Function keeps put sqrt 9.6% and all 4.7% below the
+    measured peak; kept, both are exact.) Its recomputed copy, if the replay makes one, dies
+    with the replay: the recompute's own Function nodes are dropped when it ends.
 
 NOTE [ Released outputs ]
     An OUTPUT of an instance stays alive, but checkpointing takes away one of its holders: an op
@@ -88,10 +102,10 @@ NOTE [ Event keys ]
 
 NOTE [ What the projection leaves out ]
     It replays live bytes of storages (what the recorder sees), not the allocator: caching,
-    fragmentation and rounding are not modelled. Storages created inside an instance but
-    reachable from outside other than through its outputs (a cache on a module, tensors nested
-    more than three levels deep in an output: the recorder's ``_tensors_in``) are freed at the
-    instance's end although they live on.
+    fragmentation and rounding are not modelled. A storage created inside an instance that
+    autograd saved and that is reachable from outside too (other than through the instance's
+    outputs) is freed at the instance's end although it lives on; unsaved ones keep their
+    free (NOTE [ Held from outside ]).
     Reentrant checkpoint runs the whole forward again; the replay stops early as
     non-reentrant checkpoint does (NOTE [ Early stop ]), a lower bound for reentrant plans.
 """
@@ -112,7 +126,10 @@ from ckview.analysis.timeline import (
     find_peak,
     live_at_start,
     memory_timeline,
+    point_stretches,
+    stretch_offsets,
 )
+from ckview.analysis.timing import plain_instance_ns, plain_times
 from ckview.trace.schema import Category, IOKind, MemoryEventKind, Phase, SavedEventKind
 
 Table = Mapping[str, np.ndarray]
@@ -170,6 +187,9 @@ class ProjectedEvents:
     """(m,) int64: baseline event row the event is, moves or replays; -1 for a new free."""
     key: np.ndarray
     """(m,) int64: the sort key (NOTE [ Event keys ])."""
+    point: np.ndarray
+    """(m,) int64: baseline timeline point the event stands at (after baseline event e: e + 1;
+    inserted before baseline event p: p)."""
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -205,7 +225,8 @@ class Recompute:
     point: int
     """Projected timeline point the replay starts from (its first event makes point+1)."""
     compute_ns: int
-    """Summed duration of the instance's forward ops: the extra compute of the recompute."""
+    """The extra compute of the recompute (NOTE [ Extra compute from plain times ] in
+    timing.py): from plain times with checkpoint's cost per call, or recorded op times."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +258,9 @@ class Projection:
     """Storages live at the projected peak."""
     recomputes: tuple[Recompute, ...]
     extra_compute_ns: int
+    plain_times: bool
+    """``extra_compute_ns`` comes from plain timing steps (else from recorded op times, with
+    the recorder's per-op cost: NOTE [ Extra compute from plain times ] in timing.py)."""
     instances: RegionInstances
     checkpointed: np.ndarray
     """(k,) bool: the instances checkpointed (the selected ones, outermost only)."""
@@ -329,7 +353,10 @@ class InstanceEffects:
     trigger_ns: np.ndarray
     backward_end_ns: np.ndarray
     compute_ns: np.ndarray
-    """(k,) summed duration of the instance's forward ops."""
+    """(k,) extra compute of the instance's recompute (NOTE [ Extra compute from plain times ]
+    in timing.py)."""
+    plain_times: bool
+    """``compute_ns`` comes from plain timing steps."""
     drop_instance: np.ndarray
     drop_storage: np.ndarray
     """Storages whose free moves earlier: created inside, no output, alive at the instance's
@@ -365,15 +392,18 @@ def _effects(tables: RunTables, inst: RegionInstances) -> tuple[_Baseline, Insta
     moments = _moments(base, tables, inst, end_point, released)
     free = base.free_row[c_storage]
     alive_at_end = (free >= end_point[c_inst]) | (free < 0)
-    drop = ~_pair_in(c_inst, c_storage, out_inst, out_storage) & alive_at_end
+    unsaved = ~np.isin(c_storage, _packed(tables["saved_events"]))  # NOTE [ Held from outside ]
+    drop = ~_pair_in(c_inst, c_storage, out_inst, out_storage) & alive_at_end & ~unsaved
     order = np.lexsort((base.alloc_row[c_storage], c_inst))
     replayed = order[base.alloc_row[c_storage[order]] < stop[c_inst[order]]]
     keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
+    compute_ns, plain = _compute_ns(tables, inst, last_op)
     return base, InstanceEffects(
         instances=inst,
         **moments,
-        compute_ns=_forward_ns(tables["ops"], inst, last_op),
+        compute_ns=compute_ns,
+        plain_times=plain,
         drop_instance=np.concatenate([c_inst[drop], released[0]]),
         drop_storage=np.concatenate([c_storage[drop], released[1]]),
         drop_key=np.concatenate([moments["end_key"][c_inst[drop]], release_key]),
@@ -591,6 +621,13 @@ def _io_pairs(io: Table, inst: RegionInstances, kind: IOKind) -> tuple[np.ndarra
     return owner, np.asarray(io["storage"], dtype=np.int64)[rows]
 
 
+def _packed(saved: Table) -> np.ndarray:
+    """Storages autograd saved anywhere in the run (a PACK); NOTE [ Held from outside ]."""
+    return np.asarray(saved["storage"], dtype=np.int64)[
+        np.asarray(saved["kind"]) == SavedEventKind.PACK
+    ]
+
+
 def _saved_pairs(saved: Table, inst: RegionInstances) -> tuple[np.ndarray, np.ndarray]:
     """``(instance, storage)``: storages PACKed by a call inside the instance."""
     pack = np.asarray(saved["kind"]) == SavedEventKind.PACK
@@ -640,6 +677,24 @@ def _recompute_stop(
     event_op = np.maximum.accumulate(np.asarray(base.events["op"], dtype=np.int64))
     stop = np.searchsorted(event_op, last_op, side="right")
     return last_op, np.where(last_op >= 0, stop, 0)
+
+
+def _compute_ns(
+    tables: RunTables, inst: RegionInstances, last_op: np.ndarray
+) -> tuple[np.ndarray, bool]:
+    """Each instance's extra compute, and whether it comes from plain times (NOTE [ Extra
+    compute from plain times ] in timing.py)."""
+    replayed = _forward_ns(tables["ops"], inst, last_op)
+    times = plain_times(tables)
+    cost = times.call_cost.median_ns if times and times.call_cost else 0
+    plain = None
+    if times is not None:
+        plain = plain_instance_ns(tables, times, inst.top_instance, inst.top_call, len(inst))
+    if plain is None:
+        return replayed + cost, False
+    whole = _forward_ns(tables["ops"], inst, np.full(len(inst), np.iinfo(np.int64).max))
+    share = np.divide(replayed, whole, out=np.ones(len(inst)), where=whole > 0)
+    return np.round(plain * share).astype(np.int64) + cost, True
 
 
 def _forward_ns(ops: Table, inst: RegionInstances, last_op: np.ndarray) -> np.ndarray:
@@ -819,7 +874,14 @@ def _project(eff: InstanceEffects, base: _Baseline, active: np.ndarray) -> Proje
     )
     rec = records.take(np.lexsort((records.sub, records.key)))
     events = ProjectedEvents(
-        rec.kind, rec.storage, rec.time, rec.instance, rec.copy, rec.source, rec.key
+        rec.kind,
+        rec.storage,
+        rec.time,
+        rec.instance,
+        rec.copy,
+        rec.source,
+        rec.key,
+        base.point_of_key(rec.key),
     )
     timeline = memory_timeline(base.storages, events.table())
     peak = find_peak(timeline)
@@ -832,6 +894,7 @@ def _project(eff: InstanceEffects, base: _Baseline, active: np.ndarray) -> Proje
         live=_live_at(base, events, peak.event),
         recomputes=recomputes,
         extra_compute_ns=sum(r.compute_ns for r in recomputes),
+        plain_times=eff.plain_times,
         instances=eff.instances,
         checkpointed=active,
     )
@@ -899,6 +962,16 @@ def project(tables: RunTables, regions: Sequence[Region]) -> Projection:
     )
     base, eff = _effects(tables, instances)
     return _project(eff, base, outermost(instances, np.ones(len(instances), dtype=bool)))
+
+
+def peak_from_state(projection: Projection, base: RunTables, run: RunTables) -> int:
+    """The peak of ``projection`` (over ``base``) with the baseline's parameters, gradients and
+    optimizer state exchanged for those of ``run``, a run of the same step that began from
+    another training state: NOTE [ Runs that begin from another state ] in timeline.py."""
+    offsets = stretch_offsets(base, run)
+    stretch = point_stretches(base["ops"], base["memory_events"])
+    points = np.concatenate(([0], projection.events.point))
+    return int(np.max(projection.total + offsets[stretch[points]]))
 
 
 # ----------------------------------------------------------------------------- incremental

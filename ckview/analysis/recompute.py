@@ -11,7 +11,12 @@ NOTE [ Recompute in a bypassed run ]
     RECOMPUTE). In a 'baseline' that is the whole recompute; in a plan run, what lies outside
     the plan's own regions (the plan's recomputes are ckpt_runtime's, marked as regions with an
     id). Either way the run is not the un-checkpointed baseline it claims to be, and the
-    comparison says so instead of presenting it as one.
+    comparison says so instead of presenting it as one, once for all the runs that hold it.
+    When a plan run holds the same recompute as its baseline (``LeftoverRecompute.same_as``),
+    projection and measurement still describe the same step: the plan's regions on top of the
+    script's recompute, which both runs hold (the projection keeps what such a Function holds
+    outside autograd: NOTE [ Held from outside ] in projection.py). That plan is compared like
+    for like; what the output must still say is that the baseline is not un-checkpointed.
 """
 
 from __future__ import annotations
@@ -62,17 +67,29 @@ class LeftoverRecompute:
     names: tuple[str, ...]
     """Names of the recomputed regions (module paths or functions), first seen first."""
 
-    def describe(self, run: str) -> str:
-        """One sentence: what was seen and what it means."""
+    def describe(self, *runs: str) -> str:
+        """One sentence: what was seen in ``runs`` (this run's figures) and what it means."""
         names = ", ".join(self.names[:3]) + (", ..." if len(self.names) > 3 else "")
+        which = f"run {runs[0]!r}" if len(runs) == 1 else f"runs {', '.join(map(repr, runs))}"
+        these = "this run is" if len(runs) == 1 else "these runs are"
         return (
-            f"run {run!r} still recomputes ({self.regions} region(s): {names or 'unnamed'}; "
-            f"{self.ops} ops, {self.compute_ns / 1e6:.1f} ms) although the script's "
-            "checkpointing was bypassed: the script checkpoints in a way ckview cannot switch "
-            "off (a hand-written torch.autograd.Function that recomputes in backward?), so this "
-            "run is not an un-checkpointed baseline; remove that checkpointing from the script "
-            "to compare like for like (if the script has none, a forward checkpointed before "
-            "the run began was recomputed in it: its steps are not whole iterations)"
+            f"{which} still recompute{'s' if len(runs) == 1 else ''} ({self.regions} "
+            f"region(s): {names or 'unnamed'}; {self.ops} ops, {self.compute_ns / 1e6:.1f} ms) "
+            "although the script's checkpointing was bypassed: the script checkpoints in a way "
+            "ckview cannot switch off (a hand-written torch.autograd.Function that recomputes "
+            f"in backward?), so {these} not an un-checkpointed baseline; remove that "
+            "checkpointing from the script to see the step without it (if the script has none, "
+            "a forward checkpointed before the run began was recomputed in it: its steps are "
+            "not whole iterations)"
+        )
+
+    def same_as(self, other: LeftoverRecompute | None) -> bool:
+        """Whether ``other`` is the same recompute (regions, ops, names): NOTE [ Recompute in
+        a bypassed run ]."""
+        return other is not None and (self.regions, self.ops, self.names) == (
+            other.regions,
+            other.ops,
+            other.names,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -173,10 +190,17 @@ class ExtraTime:
 
 
 def step_durations(steps: Table) -> np.ndarray:
-    """Durations of the run's complete steps (those with an end)."""
+    """Durations of the run's complete steps: those with an end that ended at a step boundary.
+
+    A step still open when the script ended or failed (``complete`` 0) is left out of every
+    per-step figure: its time is only part of a step.
+    """
     end = np.asarray(steps["end_ns"], dtype=np.int64)
     start = np.asarray(steps["start_ns"], dtype=np.int64)
-    return (end - start)[end >= 0]
+    keep = end >= 0
+    if "complete" in steps:
+        keep &= np.asarray(steps["complete"]) != 0
+    return (end - start)[keep]
 
 
 def extra_time(
@@ -198,49 +222,3 @@ def extra_time(
         steps=int(min(len(base), len(plan))),
         plain=plain,
     )
-
-
-def plain_recompute_ns(
-    tables: Mapping[str, Table], projection: Any, plain_calls: Mapping[int, Sequence[int]]
-) -> int | None:
-    """The projection's recompute time from plain forward times (NOTE [ Extra time, like for
-    like ]): per recomputed instance, the plain duration of its top-level calls (median over
-    timing steps, matched by module and call order within the step), times the share of its
-    recorded forward op time that the replay runs (NOTE [ Early stop ]). None if a call has no
-    plain time."""
-    calls, ops = tables["module_calls"], tables["ops"]
-    order = _call_order(calls)
-    module = np.asarray(calls["module"], dtype=np.int64)
-    inst = projection.instances
-    forward = np.asarray(ops["phase"]) == Phase.FORWARD
-    op_call = np.asarray(ops["module_call"], dtype=np.int64)
-    duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
-    total = 0.0
-    for r in projection.recomputes:
-        i = r.instance
-        plain = 0
-        for call in inst.top_call[inst.top_instance == i]:
-            times = plain_calls.get(int(module[call]), ())
-            if order[call] >= len(times):
-                return None
-            plain += times[order[call]]
-        inside = forward & (op_call >= inst.first_call[i]) & (op_call < inst.call_stop[i])
-        recorded = int(duration[inside].sum())
-        total += plain * (r.compute_ns / recorded if recorded else 1.0)
-    return round(total)
-
-
-def _call_order(calls: Table) -> np.ndarray:
-    """(c,) int64: each FORWARD call's index among the forward calls of its module in its step
-    (-1 for other calls)."""
-    module = np.asarray(calls["module"], dtype=np.int64)
-    step = np.asarray(calls["step"], dtype=np.int64)
-    rows = np.flatnonzero(np.asarray(calls["phase"]) == Phase.FORWARD)
-    rows = rows[np.lexsort((rows, module[rows], step[rows]))]
-    out = np.full(len(module), -1, dtype=np.int64)
-    if rows.size:
-        key = step[rows] * (module.max() + 1) + module[rows]
-        starts = np.flatnonzero(np.append(True, key[1:] != key[:-1]))
-        first = np.repeat(starts, np.diff(np.append(starts, len(rows))))
-        out[rows] = np.arange(len(rows)) - first
-    return out

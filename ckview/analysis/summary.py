@@ -15,6 +15,7 @@ from ckview.analysis.breakdown import (
     module_paths,
     storage_modules,
 )
+from ckview.analysis.recompute import step_durations
 from ckview.analysis.timeline import (
     MemoryTimeline,
     find_peak,
@@ -23,6 +24,7 @@ from ckview.analysis.timeline import (
     step_allocated_peaks,
     step_segments,
 )
+from ckview.analysis.timing import Spread
 from ckview.trace.schema import NO_INDEX, Category, Phase
 
 Table = Mapping[str, np.ndarray]
@@ -75,14 +77,17 @@ class RunSummary:
     recompute_ns: int
     """Time spent recomputing checkpointed regions in backward (sum of RECOMPUTE op times)."""
     step_ns: int
-    """Total time of the recorded steps."""
+    """Total time of the complete recorded steps (analysis.recompute.step_durations)."""
     activation_peak: ActivationPeak
+    plain_step: Spread | None = None
+    """The run's plain step time (its unrecorded timing steps), None without them."""
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict (lists instead of tuples)."""
         out = dataclasses.asdict(self)
         out["top_modules"] = [list(pair) for pair in self.top_modules]
         out["activation_peak"] = self.activation_peak.to_json()
+        out["plain_step"] = None if self.plain_step is None else self.plain_step.to_json()
         return out
 
 
@@ -114,9 +119,15 @@ def summarize_run(
         n_ops=len(tables["ops"]["name"]),
         n_memory_events=len(events["kind"]),
         recompute_ns=phase_time_ns(tables["ops"], Phase.RECOMPUTE),
-        step_ns=int(np.sum(tables["steps"]["end_ns"] - tables["steps"]["start_ns"])),
+        step_ns=int(np.sum(step_durations(tables["steps"]))),
         activation_peak=activation_peak(tables, tl, paths, top),
+        plain_step=_plain_step(tables),
     )
+
+
+def _plain_step(tables: Mapping[str, Table]) -> Spread | None:
+    steps = tables.get("timing_steps")
+    return None if steps is None else Spread.of(steps["duration_ns"])
 
 
 def activation_peak(

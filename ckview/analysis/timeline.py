@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckview.trace.schema import Category, MemoryEventKind
+from ckview.trace.schema import Category, MemoryEventKind, Phase
 
 Table = Mapping[str, np.ndarray]
 
@@ -237,12 +237,72 @@ PERSISTENT = (
     Category.SHARDED_PARAMETER,
 )
 
+# NOTE [ Runs that begin from another state ]
+#     The runs of one ``verify`` are recorded one after another, so a run can begin from another
+#     training state than the baseline: optimizer state that grows for a while (L-BFGS keeps up
+#     to ``history_size`` pairs of vectors, one pair more per inner iteration) is larger in
+#     every later run. No plan changes parameters, gradients or optimizer state (NOTE [ Fixed
+#     categories ] in projection.py), so the plan run's timeline is the projection over the
+#     baseline with the baseline's persistent bytes exchanged for the plan run's own.
+#     A difference taken once, at the start, is not enough: the state changes during the step
+#     in a way that depends on the state. Once L-BFGS's history is full, every inner iteration
+#     pops a pair before it appends one, while the baseline's growing history only appends:
+#     the two runs differ by 4 pairs at their start but by 1 pair less at every later closure
+#     call, so an offset taken at the start put sqrt/all 1.8% / 1.5% above measured.
+#     So the two runs are aligned by their phase stretches (``phase_stretches``: maximal runs
+#     of ops of one phase, RECOMPUTE counted as BACKWARD; the same sequence in both runs, since
+#     a plan only inserts recompute into backward): the offset inside a stretch is the
+#     difference of persistent bytes when that stretch begins (``stretch_offsets``). Within a
+#     forward, backward or other stretch the state changes alike in both runs (gradients are
+#     made and dropped by the same ops), so the offset is exact there, where activations peak;
+#     within an optimizer stretch, what the optimizer frees and allocates may differ with its
+#     state and the offset is that of the stretch's start. Runs whose stretch sequences differ
+#     (another loop structure) fall back to the offset at the start.
 
-def persistent_bytes_at_start(storages: Table, events: Table) -> int:
-    """Bytes of parameters, gradients and optimizer state live when the run began (point 0).
 
-    Two runs of one step that differ here began from different training states (optimizer
-    state that grows from iteration to iteration, as L-BFGS's history does).
-    """
-    tl = memory_timeline(storages, events)
-    return int(sum(tl.by_category[c, 0] for c in PERSISTENT))
+def persistent_bytes(tl: MemoryTimeline) -> np.ndarray:
+    """Bytes of parameters, gradients and optimizer state at each point of a timeline."""
+    return np.asarray(sum(tl.by_category[c] for c in PERSISTENT), dtype=np.int64)
+
+
+def phase_stretches(ops: Table, events: Table) -> tuple[np.ndarray, np.ndarray]:
+    """``(stretch, phases)``: per memory event, the index of the phase stretch it falls in
+    (NOTE [ Runs that begin from another state ]), non-decreasing, -1 before the first op;
+    and the phase of each stretch. An event outside any op (``op == -1``) belongs to the
+    stretch of the event before it."""
+    phase = np.asarray(ops["phase"], dtype=np.int64).copy()
+    phase[phase == Phase.RECOMPUTE] = Phase.BACKWARD
+    begins = np.ones(phase.size, dtype=bool)
+    begins[1:] = phase[1:] != phase[:-1]
+    op_stretch = np.cumsum(begins) - 1
+    op = np.asarray(events["op"], dtype=np.int64)
+    last = np.maximum.accumulate(np.where(op >= 0, np.arange(op.size), -1))
+    stretch = np.full(op.size, -1, dtype=np.int64)
+    known = last >= 0
+    stretch[known] = op_stretch[op[last[known]]]
+    return stretch, phase[begins]
+
+
+def stretch_offsets(base: Mapping[str, Table], run: Mapping[str, Table]) -> np.ndarray:
+    """Persistent bytes of ``run`` minus those of ``base`` when each phase stretch begins,
+    indexed by stretch + 1 (index 0: the start of the runs); NOTE [ Runs that begin from
+    another state ]. ``base`` and ``run`` hold ``storages``, ``memory_events`` and ``ops``.
+    Runs whose stretch sequences differ get the offset at the start for every stretch."""
+    states = []
+    for tables in (base, run):
+        events = tables["memory_events"]
+        stretch, phases = phase_stretches(tables["ops"], events)
+        pers = persistent_bytes(memory_timeline(tables["storages"], events))
+        begins = np.searchsorted(stretch, np.arange(-1, len(phases)), side="left")
+        states.append((phases, pers[begins]))
+    (base_phases, base_at), (run_phases, run_at) = states
+    if not np.array_equal(base_phases, run_phases):
+        return np.full(len(base_at), run_at[0] - base_at[0], dtype=np.int64)
+    return run_at - base_at
+
+
+def point_stretches(ops: Table, events: Table) -> np.ndarray:
+    """Per timeline point (``memory_timeline``): its phase stretch + 1 (point 0 and the
+    points before the first op: 0), for indexing ``stretch_offsets``."""
+    stretch, _ = phase_stretches(ops, events)
+    return np.concatenate(([0], stretch + 1))

@@ -90,3 +90,8 @@ def parse_budget(text: str) -> Budget:
     if size <= 0:
         raise ValueError(f"budget {text!r} is no memory at all; give a positive size, e.g. 3GiB")
     return Budget(size=size)
+
+
+def plural(count: int, noun: str) -> str:
+    """'1 step', '2 steps' (nouns that take an s)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -9,9 +9,12 @@ from collections.abc import Sequence
 
 from ckview import __version__
 from ckview.cli import export, plan, project, record, summary, validate, verify, view
+from ckview.cli.command import split_command
 from ckview.cli.errors import EXIT_USAGE, CLIError
 
 VERBS = (record, summary, view, export, validate, project, verify, plan)
+SCRIPT_VERBS = ("record", "verify")
+"""Verbs that run a script: NOTE [ The script's arguments are the script's ] in command.py."""
 TRACE_SUFFIXES = (".h5", ".hdf5")
 
 
@@ -24,12 +27,39 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb in VERBS:
         verb.add_parser(verbs)
+    for sub in verbs.choices.values():
+        sub.allow_abbrev = False  # `--step 3` is not `--steps 3`: say so instead of guessing
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; for a verb that runs a script, only ckview's options go to argparse and
+    the script's arguments are kept apart, unchanged (``args.target``, ``args.module``,
+    ``args.args``)."""
+    sub = _verb_parsers(parser).get(argv[0]) if argv and argv[0] in SCRIPT_VERBS else None
+    if sub is None:
+        return parser.parse_args(argv)
+    command = split_command(argv[1:], sub)
+    args = parser.parse_args([argv[0], *command.options])
+    args.target, args.module, args.args = command.target, command.module, command.args
+    return args
+
+
+def _verb_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ckview`` command line; return the process exit code."""
-    args = build_parser().parse_args(_with_verb(sys.argv[1:] if argv is None else list(argv)))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return 0
+    args = parse_args(parser, _with_verb(argv))
     from ckview.trace.errors import TraceError
 
     try:

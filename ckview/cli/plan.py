@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckview.cli.errors import CLIError
+from ckview.cli.project import times_line
 
 if TYPE_CHECKING:
     from ckview.analysis import Budget
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     front = planner.pareto() if args.pareto else None
     context = _Context(args.trace, name, tables["modules"], tables["strings"], planner)
     context.json = args.json
+    context.times = times_line(tables)
     if args.json:
         json.dump(_document(context, result, front), sys.stdout, indent=2)
         print()
@@ -127,7 +129,6 @@ def _parse_budget(text: str) -> Budget:
 def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
     """The run to plan over (``wanted``, else 'baseline', else 'main') and its tables."""
     from ckview.trace import open_trace
-    from ckview.trace.schema import RUN_TABLES
 
     with open_trace(path) as trace:
         names = trace.run_names
@@ -140,9 +141,7 @@ def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
                 )
         elif wanted not in names:
             raise CLIError(f"{path} has no run {wanted!r}; runs: {', '.join(names) or 'none'}")
-        tables: dict[str, Any] = {t: trace.run(wanted).table(t).read() for t in RUN_TABLES}
-        tables["modules"] = trace.modules.read()
-        tables["strings"] = list(trace.strings)
+        tables: dict[str, Any] = trace.read_run(wanted)
     return wanted, tables
 
 
@@ -158,6 +157,8 @@ class _Context:
         self.path, self.run, self.planner = path, run, planner
         self.modules, self.strings = modules, strings
         self.json = False
+        self.times = ""
+        """Where step time and extra compute come from (``project.times_line``)."""
 
     def region(self, region: Any) -> str:
         """A region as a plan names it: a module path, or ``path[start:stop]``."""
@@ -184,7 +185,8 @@ def _report(context: _Context, result: Any, front: Any, budget_text: str | None)
     planner = context.planner
     lines = [
         f"{context.path}, run {context.run}: peak {fb(planner.baseline_peak)}, "
-        f"step {planner.step_ns / 1e6:.1f} ms"
+        f"step {planner.step_ns / 1e6:.1f} ms",
+        context.times,
     ]
     lines += [f"note: {note}" for note in planner.notes()]
     if result is not None:
@@ -282,6 +284,7 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
         "run": context.run,
         "baseline_peak_bytes": planner.baseline_peak,
         "step_ns": planner.step_ns,
+        "times": "plain" if planner.plain_times else "recorded",
         "exact": planner.exact,
         "notes": list(planner.notes()),
     }

@@ -80,7 +80,10 @@ class PlanProjection:
     run_peak_bytes: int
     extra_compute_ns: int
     step_ns: int
-    """Summed duration of the run's recorded steps."""
+    """Summed time of the run's recorded steps (``step_time_ns``)."""
+    plain_times: bool
+    """Extra compute and step time come from plain timing steps (NOTE [ Extra compute from
+    plain times ] in ckview/analysis/timing.py), else from recorded op times."""
     recomputes: tuple[RecomputeRow, ...]
     regions: PlanRegions
     """The plan's regions, each saying whether it takes effect in the run's step."""
@@ -107,6 +110,7 @@ class PlanProjection:
             "saving_percent": round(100 * self.saving_share, 3),
             "extra_compute_ns": self.extra_compute_ns,
             "extra_compute_percent": round(100 * self.extra_share, 3),
+            "times": "plain" if self.plain_times else "recorded",
             "recomputes": [
                 {"region": r.region, "count": r.count, "compute_ns": r.compute_ns}
                 for r in self.recomputes
@@ -121,6 +125,7 @@ class PlanProjection:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ckview.analysis.timing import step_time_ns
     from ckview.trace import open_trace
 
     with open_trace(args.trace) as trace:
@@ -136,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             "run": name,
             "run_peak_bytes": run_peak(tables),
             "step_ns": step_ns(tables),
+            "times": "plain" if step_time_ns(tables)[1] else "recorded",
             "plans": [r.to_json() for r in results],
         }
         json.dump(doc, sys.stdout, indent=2)
@@ -161,13 +167,8 @@ def pick_run(names: Sequence[str], wanted: str | None, path: Path) -> str:
 
 
 def read_tables(trace: Any, name: str) -> Tables:
-    """All tables of run ``name``, plus the trace's ``modules`` and ``strings``."""
-    from ckview.trace.schema import RUN_TABLES
-
-    tables: Tables = {t: trace.run(name).table(t).read() for t in RUN_TABLES}
-    tables["modules"] = trace.modules.read()
-    tables["strings"] = list(trace.strings)
-    return tables
+    """All tables of run ``name``, plus the trace's ``modules`` and ``strings`` (``read_run``)."""
+    return trace.read_run(name)
 
 
 # ----------------------------------------------------------------------------- plans
@@ -199,6 +200,7 @@ def resolve_plan(plan: Any, tables: Tables, source: str) -> PlanRegions:
 def project_plan(tables: Tables, plan: Any, source: str) -> PlanProjection:
     """Project ``plan`` (a ``Plan``, a plan document or a preset) over the run ``tables``."""
     from ckview.analysis import project
+    from ckview.analysis.timing import step_time_ns
 
     resolved = resolve_plan(plan, tables, source)
     projection = project(tables, list(resolved.regions))
@@ -209,6 +211,7 @@ def project_plan(tables: Tables, plan: Any, source: str) -> PlanProjection:
         run_peak_bytes=run_peak(tables),
         extra_compute_ns=int(projection.extra_compute_ns),
         step_ns=step_ns(tables),
+        plain_times=projection.plain_times and step_time_ns(tables)[1],
         recomputes=_recompute_rows(projection, resolved.labels),
         regions=resolved,
     )
@@ -239,11 +242,11 @@ def run_peak(tables: Tables) -> int:
 
 
 def step_ns(tables: Tables) -> int:
-    """Summed duration of the run's recorded steps."""
-    import numpy as np
+    """Summed time of the run's recorded steps: plain if it has timing steps (NOTE [ Extra
+    compute from plain times ] in ckview/analysis/timing.py)."""
+    from ckview.analysis.timing import step_time_ns
 
-    steps = tables["steps"]
-    return int(np.sum(np.asarray(steps["end_ns"]) - np.asarray(steps["start_ns"])))
+    return step_time_ns(tables)[0]
 
 
 # ----------------------------------------------------------------------------- text
@@ -254,8 +257,29 @@ def _header(path: Path, name: str, tables: Tables) -> str:
 
     return (
         f"{path}, run {name!r}: peak {fb(run_peak(tables))}, "
-        f"step time {step_ns(tables) / 1e6:.1f} ms"
+        f"step time {step_ns(tables) / 1e6:.1f} ms\n{times_line(tables)}"
     )
+
+
+def times_line(tables: Tables) -> str:
+    """Where the step time and extra compute come from (NOTE [ Extra compute from plain
+    times ] in ckview/analysis/timing.py)."""
+    from ckview.analysis.timing import plain_times
+
+    times = plain_times(tables)
+    if times is None:
+        return (
+            "times: recorded op times, with the recorder's per-op cost (record with "
+            "--timing-steps 3 for plain times)"
+        )
+    s, cost = times.step, times.call_cost
+    line = (
+        f"times: plain, median of {s.count} unrecorded steps: {s.median_ns / 1e6:.1f} ms a step "
+        f"({s.low_ns / 1e6:.1f}..{s.high_ns / 1e6:.1f})"
+    )
+    if cost is not None:
+        line += f"; checkpoint's cost {cost.median_ns / 1e3:.0f} us a call included"
+    return line
 
 
 def format_projection(p: PlanProjection) -> str:

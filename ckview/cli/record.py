@@ -8,7 +8,8 @@ import importlib.util
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +17,27 @@ from ckview.cli.distributed import is_launcher, run_launcher
 from ckview.cli.errors import CLIError
 from ckview.trace.ranks import this_rank_path
 
+USAGE = "%(prog)s [OPTIONS] script.py [ARGS ...]\n       %(prog)s [OPTIONS] -m module [ARGS ...]"
+ARGS_HELP = (
+    "ckview's options go before the script (or -m module); everything after it goes to the "
+    "script unchanged, as with python script.py ARGS, '--' and options named like ckview's "
+    "included."
+)
+
 
 def add_parser(verbs: Any) -> None:
     p = verbs.add_parser(
         "record",
         help="record training steps of a script into a trace",
-        description=(
-            "Run TARGET with its own arguments and record training steps. ckview's options may "
-            "come before or after TARGET; arguments after '--' all go to the script."
-        ),
+        usage=USAGE,
+        description=f"Run a training script with its own arguments and record steps. {ARGS_HELP}",
     )
     add_record_options(p)
-    p.add_argument("target", metavar="TARGET", help="the training script (or module with -m)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(handler=run)
+
+
+TIMING_STEPS = 3
+"""Rounds of plain timing steps (NOTE [ Plain timing steps ] in recorder/timing.py)."""
 
 
 def add_record_options(p: argparse.ArgumentParser) -> None:
@@ -64,32 +72,58 @@ def add_record_options(p: argparse.ArgumentParser) -> None:
         "of the script's own checkpointing (bypassed): a plan file or a preset (none, all, "
         "every:K, sqrt); repeatable",
     )
-    p.add_argument("--no-progress", action="store_true", help="do not show progress on stderr")
     p.add_argument(
-        "-m", dest="module", action="store_true", help="TARGET is a module, as python -m"
+        "--timing-steps",
+        type=_non_negative,
+        default=TIMING_STEPS,
+        metavar="N",
+        help="after the recorded runs, N rounds of plain (unrecorded) steps per run, timed "
+        "for step times and extra compute without the recorder's cost (default "
+        f"{TIMING_STEPS}; 0: times from the recorded steps)",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="a line on stderr per step (default: on when stderr is a terminal)",
+    )
+    p.add_argument(
+        "-m",
+        dest="module",
+        metavar="MODULE",
+        help="run a module, as python -m MODULE; it ends ckview's options like a script does",
     )
 
 
-def split_script_args(args: argparse.Namespace) -> None:
-    """Move ckview's own options found after TARGET (and before '--') out of the script's args.
+def check_command(args: argparse.Namespace) -> None:
+    """A script (or module) was named: CLIError with the usage otherwise."""
+    if args.target is None:
+        raise CLIError(
+            f"name the script: ckview {args.verb} [OPTIONS] script.py [ARGS ...] "
+            "(or -m module [ARGS ...])"
+        )
 
-    ``ckview record train.py -o t.h5 --steps 2`` then means what it reads like, while
-    ``ckview record train.py -- --steps 2`` passes ``--steps 2`` to the script.
-    """
-    parser = argparse.ArgumentParser(prog="ckview record", add_help=False)
+
+def hint_misplaced(args: argparse.Namespace, exit_code: int, extra: Sequence[str] = ()) -> None:
+    """The script failed as argparse does (exit 2) on arguments named like ckview's options
+    (``extra``: the verb's own besides record's): say where ckview's options go
+    (NOTE [ The script's arguments are the script's ] in ckview/cli/command.py)."""
+    from ckview.cli.command import misplaced_options
+
+    parser = argparse.ArgumentParser(add_help=False)
     add_record_options(parser)
-    rest = list(args.args)
-    if "--" in rest:
-        cut = rest.index("--")
-        ours, theirs = rest[:cut], rest[cut + 1 :]
-    else:
-        ours, theirs = rest, []
-    _, script_args = parser.parse_known_args(ours, namespace=args)
-    args.args = script_args + theirs
+    named_like_ours = misplaced_options(args.args, [*parser._option_string_actions, *extra])
+    if exit_code != 2 or not named_like_ours:
+        return
+    target = f"-m {args.target}" if args.module else args.target
+    print(
+        f"ckview: hint: {' '.join(named_like_ours)} went to the script, as everything after it "
+        f"does; ckview's options go before it: ckview {args.verb} [OPTIONS] {target} [ARGS ...]",
+        file=sys.stderr,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    split_script_args(args)
+    check_command(args)
     if args.plan and args.warmup == 0:
         raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
     if is_launcher(args.target, args.module):  # NOTE [ Recording every rank ]
@@ -97,11 +131,20 @@ def run(args: argparse.Namespace) -> int:
     check_target(args.target, args.module)
     output = this_rank_path(args.output or default_output(args.target))
     runs = plan_runs(load_plans(args.plan or []), args.compare, args.compare)
-    exit_code, steps, error = record_script(args, output, runs)
-    report(output, steps, args, error)
-    if steps and len(runs) > 1:
+    ending = record_script(args, output, runs)
+    exit_code = report(output, ending, args, len(runs))
+    hint_misplaced(args, ending.exit_code)
+    if ending.steps and ending.written == output and len(runs) > 1:
         for line in leftover_warnings(output):
             print(f"ckview: warning: {line}", file=sys.stderr)
+        if args.compare and never_checkpointed(output):
+            print(
+                "ckview: note: the script never checkpointed (nothing was recomputed in run "
+                "'checkpointed'), so runs 'baseline' and 'checkpointed' are the same step and "
+                "comparing them shows nothing; to see what checkpointing would change, add "
+                "--plan sqrt or run: ckview plan " + str(output),
+                file=sys.stderr,
+            )
     return exit_code
 
 
@@ -110,13 +153,31 @@ def default_output(target: str, suffix: str = "") -> Path:
     return Path(f"{Path(target).stem.split('.')[-1]}{suffix}.h5")
 
 
+def never_checkpointed(output: Path) -> bool:
+    """Whether run 'checkpointed' was recorded and recomputed nothing (no checkpointed region,
+    no recompute op): then it is the same step as run 'baseline'."""
+    import numpy as np
+
+    from ckview.trace import open_trace
+    from ckview.trace.schema import Phase
+
+    with open_trace(output) as trace:
+        if "checkpointed" not in trace.run_names:
+            return False
+        run = trace.run("checkpointed")
+        if run.steps_recorded == 0 or len(run.table("recompute_regions")):
+            return False
+        return not np.any(run.table("ops").column("phase") == Phase.RECOMPUTE)
+
+
 def leftover_warnings(output: Path) -> list[str]:
-    """One line per run whose script checkpointing was bypassed and that still recomputed
-    (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
+    """One line naming every run whose script checkpointing was bypassed and that still
+    recomputed (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py), with
+    the first one's figures; none if there is none."""
     from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
     from ckview.trace import open_trace
 
-    lines = []
+    found = []
     with open_trace(output) as trace:
         strings = list(trace.strings)
         for name in trace.run_names:
@@ -127,8 +188,8 @@ def leftover_warnings(output: Path) -> list[str]:
             tables = {t: run.table(t).read() for t in ("ops", "recompute_regions")}
             leftover = leftover_recompute(tables, strings, plan_run=kind == PLAN)
             if leftover is not None:
-                lines.append(leftover.describe(name))
-    return lines
+                found.append((name, leftover))
+    return [found[0][1].describe(*(name for name, _ in found))] if found else []
 
 
 def record_script(
@@ -136,14 +197,13 @@ def record_script(
     output: Path,
     runs: list[Any],
     stdout_to_stderr: bool = False,
-    timing_steps: int = 0,
-    timings: dict[str, Any] | None = None,
-) -> tuple[int, int, str | None]:
-    """Run the script under the recorder: (exit code, steps recorded, error or None).
+) -> Ending:
+    """Run the script under the recorder; how it ended.
 
-    The trace is closed (incomplete if the script failed) whatever happens, also on Ctrl-C
-    and SIGTERM. With ``timing_steps``, each run first runs that many plain timing steps
-    (NOTE [ Plain timing steps ] in recorder/timing.py), handed back in ``timings`` by run.
+    The trace is closed (incomplete if the script failed) and settled whatever happens, also on
+    Ctrl-C and SIGTERM (NOTE [ Writing beside the target ] in recorder/output.py). After the
+    recorded runs come ``args.timing_steps`` rounds of plain timing steps (NOTE [ Plain timing
+    steps ] in recorder/timing.py), written to the trace.
     """
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
@@ -163,9 +223,9 @@ def record_script(
         stop_after=args.stop_after,
         command=list(command),
         runs=runs,
-        progress=not args.no_progress,
+        progress=args.progress,
         step_every=step_rule,
-        timing_steps=timing_steps,
+        timing_steps=args.timing_steps,
     )
     try:
         recorder.__enter__()
@@ -178,14 +238,34 @@ def record_script(
             outcome = run_script(args.target, args.args, module=args.module)
     except StopScript as abort:  # PlanCheck: a plan does not fit the model
         recorder.close(error=str(abort))
-        output.unlink(missing_ok=True)  # nothing was recorded in it
+        if recorder.written is not None:
+            recorder.written.unlink(missing_ok=True)  # nothing was recorded in it
         raise CLIError(str(abort)) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
-        if timings is not None:
-            timings.update(recorder.timings)
-    return outcome.exit_code, recorder.steps_recorded, outcome.error
+    return Ending(
+        outcome.exit_code,
+        recorder.steps_recorded,
+        outcome.error,
+        recorder.written,
+        recorder.warmup_done,
+    )
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a recording ended."""
+
+    exit_code: int
+    """The script's."""
+    steps: int
+    """Steps recorded, in all runs."""
+    error: str | None
+    """Why the script failed or was interrupted; None if it ended well."""
+    written: Path | None
+    """Where the trace went (NOTE [ Writing beside the target ] in recorder/output.py)."""
+    warmup_done: int
 
 
 @contextlib.contextmanager
@@ -207,23 +287,68 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
         os.close(saved)
 
 
-def report(output: Path, steps: int, args: argparse.Namespace, error: str | None) -> None:
-    if error:
+def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1) -> int:
+    """Say how the recording of ``runs`` runs ended; the command's exit code: the script's, or
+    1 if no step was recorded."""
+    from ckview.analysis.units import plural
+
+    written = ending.written or output
+    kept = "" if written == output else f"; {output} was left as it was"
+    if ending.error and not _complete(written):
         print(
-            f"ckview: the script failed ({error}); {output} is marked incomplete", file=sys.stderr
-        )
-        return
-    if steps == 0:
-        print(
-            f"ckview: no step was recorded in {output}: the script ended after its warmup "
-            f"({args.warmup} steps) or no step ended ({args.step_every}); lower --warmup or "
-            "say what a step is with --step-every",
+            f"ckview: the script failed ({ending.error}); the trace, marked incomplete, is "
+            f"{written}{kept}",
             file=sys.stderr,
         )
-        return
-    elif steps < args.steps:
-        print(f"ckview: the script ended after {steps} of {args.steps} steps", file=sys.stderr)
-    print(f"ckview: wrote {output} ({steps} steps); next: ckview summary {output}", file=sys.stderr)
+        return ending.exit_code or 1
+    if ending.steps == 0:
+        if ending.warmup_done < args.warmup:
+            why = (
+                f"the script ended after {ending.warmup_done} of "
+                f"{plural(args.warmup, 'warmup step')}; no step was recorded: lower --warmup or "
+                "let the script run more steps"
+            )
+        else:
+            lower = "lower --warmup, " if args.warmup else ""
+            why = (
+                f"the script ended after {plural(args.warmup, 'warmup step')}, before a recorded "
+                f"step ended; no step was recorded: {lower}let the script run more steps, or say "
+                f"what a step is with --step-every (now {args.step_every})"
+            )
+        print(f"ckview: {why} (incomplete trace: {written}{kept})", file=sys.stderr)
+        return ending.exit_code or 1
+    if written != output:  # complete, yet not valid: never expected (our bug), never hidden
+        print(
+            f"ckview: the new trace does not pass ckview validate {written}; it is kept there"
+            f"{kept}",
+            file=sys.stderr,
+        )
+        return 1
+    if ending.error:
+        print(f"ckview: the script failed after the recording ({ending.error})", file=sys.stderr)
+    elif ending.steps < args.steps * runs:
+        per_run = f" ({args.steps} per run)" if runs > 1 else ""
+        print(
+            f"ckview: the script ended after {ending.steps} of "
+            f"{plural(args.steps * runs, 'step')}{per_run}",
+            file=sys.stderr,
+        )
+    print(
+        f"ckview: wrote {output} ({plural(ending.steps, 'step')}); next: ckview summary {output}",
+        file=sys.stderr,
+    )
+    return ending.exit_code
+
+
+def _complete(path: Path) -> bool:
+    from ckview.trace import open_trace
+    from ckview.trace.errors import TraceError
+
+    try:
+        with open_trace(path) as trace:
+            return bool(trace.meta.complete)
+    except (TraceError, OSError):
+        return False
 
 
 def load_plans(sources: list[str]) -> list[tuple[str, Any]]:
@@ -281,8 +406,9 @@ class PlanCheck:
         from recorder import StopScript
 
         try:
-            model = recorder.main_model()
-            for source, plan in self.plans:
+            plans = [(s, p) for s, p in self.plans if not p.checks_nothing]
+            for source, plan in plans:  # a plan that checkpoints nothing needs no model
+                model = recorder.main_model()
                 try:
                     resolve_plan(model, plan)
                 except PlanError as exc:
@@ -321,6 +447,10 @@ def plan_context(plan: Any) -> Any:
 
     @contextmanager
     def applied(recorder: Any) -> Any:
+        if plan.checks_nothing:  # no model needed (a loop without modules has none)
+            with bypass():
+                yield None
+            return
         model = recorder.main_model()
         applied_plan = apply_plan(model, plan)
         try:

@@ -183,7 +183,15 @@ def _format_ranks(name: str, c: Any, summaries: list[Any]) -> str:
 
 
 _FSDP_CATEGORIES = ("sharded_parameter", "unsharded_parameter", "comm_buffer")
-_TABLES = ("steps", "module_calls", "ops", "memory_events", "storages", "recompute_regions")
+_TABLES = (
+    "steps",
+    "module_calls",
+    "ops",
+    "memory_events",
+    "storages",
+    "recompute_regions",
+    "timing_steps",
+)
 
 
 def _leftover(run: Any, tables: dict[str, Any], strings: list[str]) -> Any:
@@ -214,9 +222,12 @@ def _jsonable(meta: Any) -> dict[str, Any]:
 
 
 def _header(path: Path, meta: Any, n_runs: int) -> str:
+    from ckview.analysis.units import plural
+
     state = "complete" if meta.complete else f"INCOMPLETE: {meta.error}"
     lines = [
-        f"{path}: {meta.steps_recorded} step(s) recorded on {meta.device} in {n_runs} run(s) "
+        f"{path}: {plural(meta.steps_recorded, 'step')} recorded on {meta.device} in "
+        f"{plural(n_runs, 'run')} "
         f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}",
         f"command: {' '.join(meta.command)}",
     ]
@@ -235,23 +246,58 @@ _COMPILED = {
 
 
 def _comparison(runs: dict[str, Any]) -> str:
-    """The runs side by side: peak, activations at the peak, recompute time."""
+    """The runs side by side: peak and activations at the peak, step time (plain where every
+    run has timing steps: NOTE [ Extra compute from plain times ] in analysis/timing.py). A run
+    without a complete step (the script ended before or in its first step) is listed as such,
+    never compared: its peak is not a step's."""
     from ckview.analysis import format_bytes as fb
 
-    first = next(iter(runs.values()))
     width = max(len(n) for n in runs) + 2
+    recorded = {name: s for name, s in runs.items() if _complete_steps(s)}
+    if not recorded:
+        return "\n".join(f"{name:<{width}}  no step recorded" for name in runs)
+    first_name, first = next(iter(recorded.items()))
+    plain = all(s.plain_step is not None for s in recorded.values())
     lines = [
-        f"{'run':<{width}}{'peak':>11}{'vs ' + next(iter(runs)):>16}{'activations':>13}"
-        f"{'recompute':>12}{'of step time':>14}"
+        f"{'run':<{width}}{'peak':>11}{'vs ' + first_name:>16}{'activations':>13}"
+        f"{'step time':>12}{'vs ' + first_name:>16}"
     ]
     for name, s in runs.items():
-        change = (s.peak_bytes - first.peak_bytes) / first.peak_bytes if first.peak_bytes else 0
-        share = s.recompute_ns / s.step_ns if s.step_ns else 0.0
+        if name not in recorded:
+            lines.append(f"{name:<{width}}  no step recorded (the script ended first)")
+            continue
+        change = _change(s.peak_bytes, first.peak_bytes)
+        step, spread = _step_time(s, plain)
+        slower = _change(step, _step_time(first, plain)[0])
         lines.append(
             f"{name:<{width}}{fb(s.peak_bytes):>11}{change:>+15.1%} "
-            f"{fb(s.activation_bytes_saved):>12}{s.recompute_ns / 1e6:>9.1f} ms{share:>13.1%}"
+            f"{fb(s.activation_bytes_saved):>12}{step / 1e6:>9.1f} ms{slower:>+15.1%}{spread}"
+        )
+    if plain:
+        n = min(s.plain_step.count for s in recorded.values())
+        lines.append(f"step time: median of {n} plain (unrecorded) steps per run (low..high)")
+    else:
+        lines.append(
+            "step time: mean of the recorded steps, with the recorder's per-op cost (it "
+            "inflates recompute most); record with --timing-steps 3 for plain step times"
         )
     return "\n".join(lines)
+
+
+def _complete_steps(s: Any) -> int:
+    return sum(1 for st in s.steps if st["complete"])
+
+
+def _change(value: float, reference: float) -> float:
+    return (value - reference) / reference if reference else 0.0
+
+
+def _step_time(s: Any, plain: bool) -> tuple[float, str]:
+    """One step's time (plain median, else the recorded mean) and its spread as text."""
+    if plain:
+        p = s.plain_step
+        return p.median_ns, f"  ({p.low_ns / 1e6:.1f}..{p.high_ns / 1e6:.1f})"
+    return s.step_ns / max(_complete_steps(s), 1), ""  # step_ns: complete steps only
 
 
 def _activation_lines(peak: Any, phase: str) -> list[str]:
@@ -278,7 +324,8 @@ def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) ->
         f"  at start    {fb(s.baseline_bytes):>11}",
         *_activation_lines(s.activation_peak, phase_at_activation_peak),
         f"  ops {s.n_ops}, memory events {s.n_memory_events}, "
-        f"recompute {s.recompute_ns / 1e6:.1f} ms of {s.step_ns / 1e6:.1f} ms",
+        f"recompute {s.recompute_ns / 1e6:.1f} ms of {s.step_ns / 1e6:.1f} ms (recorded)",
+        *_plain_step_line(s.plain_step),
         "  at the peak, by category:",
     ]
     for category, nbytes in sorted(s.by_category.items(), key=lambda kv: -kv[1]):
@@ -301,6 +348,15 @@ def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) ->
             f"allocated in step up to {fb(st['allocated_peak_bytes'])}"
         )
     return "\n".join(lines)
+
+
+def _plain_step_line(step: Any) -> list[str]:
+    if step is None:
+        return []
+    return [
+        f"  plain step  {step.median_ns / 1e6:8.1f} ms  (median of {step.count} unrecorded "
+        f"steps, {step.low_ns / 1e6:.1f}..{step.high_ns / 1e6:.1f} ms)"
+    ]
 
 
 def _held(step: dict[str, int]) -> str:

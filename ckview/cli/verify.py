@@ -8,7 +8,8 @@ then projected over ``baseline`` (``ckview project``) and compared with its run:
 and extra time (the plan run's recompute ops against the projected recompute). Both sides
 describe the same computation; where the script's checkpointing could not be bypassed
 (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py) the output says so.
-Options and the script's arguments are parsed exactly as by ``ckview record``.
+Options and the script's arguments are split exactly as by ``ckview record`` (NOTE [ The
+script's arguments are the script's ] in ckview/cli/command.py).
 """
 
 from __future__ import annotations
@@ -25,42 +26,32 @@ from ckview.cli import project as proj
 from ckview.cli.distributed import is_launcher, run_launcher
 from ckview.cli.errors import CLIError
 from ckview.cli.record import (
-    _non_negative,
+    ARGS_HELP,
+    USAGE,
     add_record_options,
+    check_command,
     check_target,
     default_output,
+    hint_misplaced,
     load_plans,
     plan_runs,
     record_script,
     report,
-    split_script_args,
 )
 from ckview.trace.ranks import this_rank_path
 
 BASELINE = "baseline"
-TIMING_STEPS = 3
-"""Plain timing steps per run (NOTE [ Plain timing steps ] in recorder/timing.py)."""
-
-
-@dataclass(frozen=True)
-class Timing:
-    """What the extra-time comparison reads besides the trace (NOTE [ Extra time, like for
-    like ]): each run's plain timing steps (recorder.timing.RunTimes by run name) and
-    checkpoint's fixed cost per call."""
-
-    runs: dict[str, Any]
-    call_cost_ns: int
 
 
 def add_parser(verbs: Any) -> None:
     p = verbs.add_parser(
         "verify",
         help="record a script with checkpoint plans and compare projected vs measured",
+        usage=USAGE,
         description=(
-            "Run TARGET once, recording run 'baseline' (checkpointing bypassed) and then run "
-            "'plan:<name>' for each --plan; project each plan over the baseline and compare "
-            "with what its run measured. ckview's options may come before or after TARGET; "
-            "arguments after '--' all go to the script."
+            "Run a training script once, recording run 'baseline' (checkpointing bypassed) and "
+            "then run 'plan:<name>' for each --plan; project each plan over the baseline and "
+            f"compare with what its run measured. {ARGS_HELP}"
         ),
     )
     add_record_options(p)
@@ -73,19 +64,13 @@ def add_parser(verbs: Any) -> None:
     )
     _set_help(p, "compare", argparse.SUPPRESS)
     p.add_argument(
-        "--timing-steps",
-        type=_non_negative,
-        default=TIMING_STEPS,
-        help=f"plain unrecorded steps per run, timed for the extra time, after one more that "
-        f"warms the run up (default {TIMING_STEPS}; 0: time the recorded steps, with the "
-        "recorder's cost)",
-    )
-    p.add_argument(
         "--json", action="store_true", help="print JSON (the script's stdout goes to stderr)"
     )
-    p.add_argument("target", metavar="TARGET", help="the training script (or module with -m)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(handler=run)
+
+
+VERIFY_OPTIONS = ("--json",)
+"""verify's options besides record's (for hint_misplaced)."""
 
 
 def _set_help(parser: argparse.ArgumentParser, dest: str, text: str) -> None:
@@ -110,22 +95,29 @@ class Check:
     """The plan run's ``checkpointing`` (see ckview.analysis.recompute.run_checkpointing)."""
     leftover: Any = None
     """Recompute in the plan run outside the plan's regions (LeftoverRecompute), or None."""
+    shared_recompute: bool = False
+    """The leftover recompute is the baseline's too (NOTE [ Recompute in a bypassed run ])."""
     time: Any = None
     """ExtraTime per step, projected vs measured, or None (NOTE [ Extra time, like for like ])."""
     start_offset_bytes: int = 0
     """Parameters, gradients and optimizer state the plan run began with beyond the baseline's
-    (NOTE [ Runs that begin from another state ])."""
+    (NOTE [ Runs that begin from another state ] in ckview/analysis/timeline.py)."""
+    state_peak_bytes: int | None = None
+    """The projection from the plan run's own training state (that NOTE); None: the same as
+    the baseline's."""
 
     @property
     def like_for_like(self) -> bool:
         """Whether the plan run is what the projection describes: no recompute in it beyond the
-        plan's (the script's own checkpointing was bypassed)."""
-        return self.leftover is None
+        plan's (the script's own checkpointing was bypassed), or the same as the baseline's."""
+        return self.leftover is None or self.shared_recompute
 
     @property
     def projected_peak_bytes(self) -> int:
-        """The projection over the baseline, from the state the plan run began with."""
-        return self.projection.peak_bytes + self.start_offset_bytes
+        """The projection over the baseline, from the training state of the plan run."""
+        if self.state_peak_bytes is None:
+            return self.projection.peak_bytes
+        return self.state_peak_bytes
 
     @property
     def peak_error(self) -> float:
@@ -155,6 +147,7 @@ class Check:
             "extra_error_percent": None if extra is None else round(100 * extra, 3),
             "checkpointing": self.checkpointing,
             "like_for_like": self.like_for_like,
+            "recompute_as_in_baseline": self.shared_recompute,
             "leftover_recompute": None if self.leftover is None else self.leftover.to_json(),
             "extra_time_per_step": None if self.time is None else self.time.to_json(),
             "projection": self.projection.to_json(),
@@ -175,8 +168,7 @@ class Baseline:
 
 def run(args: argparse.Namespace) -> int:
     """Record, project, compare; the script's exit code (1 if a plan run is missing)."""
-    _take_verify_options(args)
-    split_script_args(args)
+    check_command(args)
     _check_args(args)
     if is_launcher(args.target, args.module):  # NOTE [ Recording every rank ]
         return run_launcher(args, lambda target: default_output(target, "-verify"))
@@ -184,14 +176,12 @@ def run(args: argparse.Namespace) -> int:
     output = this_rank_path(args.output or default_output(args.target, "-verify"))
     plans = load_plans(args.plan)
     runs = plan_runs(plans, baseline=True, checkpointed=False)
-    timings: dict[str, Any] = {}
-    exit_code, steps, error = record_script(
-        args, output, runs, args.json, timing_steps=args.timing_steps, timings=timings
-    )
-    report(output, steps, args, error)
-    if error or steps == 0:
+    ending = record_script(args, output, runs, args.json)
+    exit_code = report(output, ending, args)
+    hint_misplaced(args, ending.exit_code, VERIFY_OPTIONS)
+    if ending.error or ending.steps == 0 or ending.written != output:
         return exit_code
-    checks, missing, baseline = _verify(output, plans, Timing(timings, _call_cost_ns()))
+    checks, missing, baseline = _verify(output, plans)
     _print(output, checks, missing, baseline, args.json)
     if missing:
         print(_missing_note(missing, args), file=sys.stderr)
@@ -199,23 +189,10 @@ def run(args: argparse.Namespace) -> int:
     return exit_code
 
 
-def _take_verify_options(args: argparse.Namespace) -> None:
-    """Take verify's own options (``--json``, ``--timing-steps N``: unknown to ``record``'s
-    option set) from the arguments after TARGET and before '--'; ``split_script_args`` takes
-    the rest."""
-    rest = list(args.args)
-    cut = rest.index("--") if "--" in rest else len(rest)
-    own = argparse.ArgumentParser(prog="ckview verify", add_help=False)
-    own.add_argument("--json", action="store_true", default=args.json)
-    own.add_argument("--timing-steps", type=_non_negative, default=args.timing_steps)
-    known, theirs = own.parse_known_args(rest[:cut])
-    args.json, args.timing_steps = known.json, known.timing_steps
-    args.args = theirs + rest[cut:]
-
-
 def _timing(args: argparse.Namespace) -> int:
-    """Unrecorded steps per run: the timing steps and their warm-up step."""
-    return args.timing_steps + 1 if args.timing_steps else 0
+    """Unrecorded steps per run: a kept and a warm-up step per timing round (one warm-up in
+    all with a single run: NOTE [ Plain timing steps ] in recorder/timing.py)."""
+    return 2 * args.timing_steps
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -232,24 +209,16 @@ def _check_args(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- comparing
 
 
-def _call_cost_ns() -> int:
-    """Checkpoint's fixed cost per call on this machine (recorder/timing.py), measured after
-    the recording, outside the recorder."""
-    from recorder.timing import plan_call_cost_ns
-
-    return plan_call_cost_ns().median_ns
-
-
 def _verify(
-    output: Path, plans: Sequence[tuple[str, Any]], timing: Timing | None = None
+    output: Path, plans: Sequence[tuple[str, Any]]
 ) -> tuple[list[Check], list[str], Baseline | None]:
     """Each recorded plan run against its projection; the plan runs not recorded; and what
-    the plans were projected over (None without a baseline run). ``timing``: the plain timing
-    steps and checkpoint's cost per call (NOTE [ Extra time, like for like ]); without it,
-    times come from the recorded steps."""
-    from ckview.analysis import phase_time_ns
+    the plans were projected over (None without a baseline run). Extra times come from the
+    runs' plain timing steps where the trace has them (NOTE [ Extra time, like for like ])."""
+    from ckview.analysis import phase_time_ns, project
+    from ckview.analysis.projection import peak_from_state
     from ckview.analysis.recompute import leftover_recompute, run_checkpointing
-    from ckview.analysis.timeline import persistent_bytes_at_start
+    from ckview.analysis.timeline import stretch_offsets
     from ckview.trace import open_trace
     from ckview.trace.schema import Phase
 
@@ -268,51 +237,49 @@ def _verify(
             if not _has_steps(trace, name):
                 missing.append(name)
                 continue
-            run = {t: trace.run(name).table(t).read() for t in _PLAN_TABLES}
+            run = trace.read_run(name)
             projection = proj.project_plan(base, plan.to_json(), source)
-            offset = persistent_bytes_at_start(
-                run["storages"], run["memory_events"]
-            ) - persistent_bytes_at_start(base["storages"], base["memory_events"])
+            offsets = stretch_offsets(base, run)
+            state_peak = None  # NOTE [ Runs that begin from another state ]
+            if offsets.any():
+                raw = project(base, list(projection.regions.regions))
+                state_peak = peak_from_state(raw, base, run)
+            leftover = leftover_recompute(run, strings, plan_run=True)
             checks.append(
                 Check(
                     projection=projection,
                     measured_peak_bytes=proj.run_peak(run),
                     measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
                     checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
-                    leftover=leftover_recompute(run, strings, plan_run=True),
-                    time=_extra_time(base, run, plan.to_json(), name, timing),
-                    start_offset_bytes=offset,
+                    leftover=leftover,
+                    shared_recompute=leftover is not None and leftover.same_as(baseline.leftover),
+                    time=_extra_time(base, run, projection),
+                    start_offset_bytes=int(offsets[0]),
+                    state_peak_bytes=state_peak,
                 )
             )
     return checks, missing, baseline
 
 
-def _extra_time(
-    base: proj.Tables, run: proj.Tables, plan: Any, name: str, timing: Timing | None
-) -> Any:
-    """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them,
-    else from the recorded steps and op times."""
+def _extra_time(base: proj.Tables, run: proj.Tables, projection: proj.PlanProjection) -> Any:
+    """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them and
+    the projection's times are plain, else from the recorded steps and op times."""
     from ckview.analysis import project
-    from ckview.analysis.recompute import extra_time, plain_recompute_ns, step_durations
+    from ckview.analysis.recompute import extra_time, step_durations
+    from ckview.analysis.timing import plain_times, recorded_times_only
 
-    projection = project(base, list(proj.resolve_plan(plan, base, name).regions))
-    recomputes = len(projection.recomputes)
-    n_steps = max(1, len(step_durations(base["steps"])))
-    base_t = timing.runs.get(BASELINE) if timing else None
-    plan_t = timing.runs.get(name) if timing else None
-    if timing is not None and base_t is not None and plan_t is not None and plan_t.steps_ns:
-        plain = plain_recompute_ns(base, projection, base_t.call_medians())
-        if plain is not None:
-            projected = plain + recomputes * timing.call_cost_ns
-            return extra_time(base_t.steps_ns, plan_t.steps_ns, projected // n_steps, True)
-    cost = timing.call_cost_ns if timing else 0
-    projected = projection.extra_compute_ns + recomputes * cost
-    return extra_time(
-        step_durations(base["steps"]), step_durations(run["steps"]), projected // n_steps, False
-    )
-
-
-_PLAN_TABLES = ("storages", "memory_events", "ops", "recompute_regions", "steps")
+    steps = max(1, len(step_durations(base["steps"])))
+    base_t, plan_t = plain_times(base), plain_times(run)
+    if projection.plain_times and base_t is not None and plan_t is not None:
+        projected = projection.extra_compute_ns
+        return extra_time(base_t.steps_ns, plan_t.steps_ns, projected // steps, True)
+    if projection.plain_times:  # recorded steps against recorded op times
+        regions = list(projection.regions.regions)
+        projected = project(recorded_times_only(base), regions).extra_compute_ns
+    else:
+        projected = projection.extra_compute_ns
+    base_steps, plan_steps = step_durations(base["steps"]), step_durations(run["steps"])
+    return extra_time(base_steps, plan_steps, projected // steps, False)
 
 
 def _checkpointing(trace: Any, name: str) -> str:
@@ -327,12 +294,16 @@ def _has_steps(trace: Any, name: str) -> bool:
 
 
 def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
+    from ckview.analysis.units import plural
+
     runs = 1 + len(args.plan)
+    target = f"-m {args.target}" if args.module else args.target
     return (
-        f"ckview: the script ended before run(s) {', '.join(missing)} were recorded; verify "
-        f"needs {args.warmup} warmup + {runs} x {args.steps} steps (and {runs} x "
-        f"{_timing(args)} more for the timing): let the script run more steps (e.g. -- "
-        "--steps N)"
+        f"ckview: the script ended before {plural(len(missing), 'run')} "
+        f"({', '.join(missing)}) {'was' if len(missing) == 1 else 'were'} recorded; verify needs "
+        f"{plural(args.warmup, 'warmup step')} + {runs} x {plural(args.steps, 'step')} (and "
+        f"{runs} x {_timing(args)} more for the timing): let the script run more steps, e.g. "
+        f"ckview verify [OPTIONS] {target} --steps N, if the script takes --steps"
     )
 
 
@@ -380,6 +351,8 @@ def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
     from ckview.analysis.recompute import BYPASSED, PLAN, describe_checkpointing
 
     over = describe_checkpointing(baseline.checkpointing if baseline else BYPASSED)
+    if baseline is not None and baseline.leftover is not None:
+        over += ", but for a recompute that cannot be switched off"
     runs = {c.checkpointing for c in checks} or {PLAN}
     measured = "; ".join(describe_checkpointing(r) for r in sorted(runs))
     return (
@@ -389,15 +362,9 @@ def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:
 
 
 def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
-    """NOTE [ Recompute in a bypassed run ]: one line per run that still recomputes."""
-    lines = []
-    if baseline is not None and baseline.leftover is not None:
-        lines.append("warning: " + baseline.leftover.describe(BASELINE))
-    lines += [
-        "warning: " + c.leftover.describe(f"plan:{c.projection.plan}")
-        for c in checks
-        if c.leftover is not None
-    ]
+    """NOTE [ Recompute in a bypassed run ]: one line for all the runs that still recompute,
+    then the other warnings and notes."""
+    lines = _recompute_warnings(baseline, checks)
     lines += [
         f"warning: plan {c.projection.plan}: projected extra time {c.time.projected_ns / 1e6:.1f}"
         f" ms per step is outside the measured {c.time.low_ns / 1e6:.1f} .. "
@@ -408,9 +375,9 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
     lines += [
         f"note: run plan:{c.projection.plan} began with {_signed_bytes(c.start_offset_bytes)} of "
         "parameters, gradients and optimizer state than the baseline (optimizer state that "
-        "grows from iteration to iteration, as L-BFGS's history does): its projection starts "
-        "from that state (NOTE [ Runs that begin from another state ]); a larger --warmup "
-        "lets it settle"
+        "grows from iteration to iteration, as L-BFGS's history does): its projection holds "
+        "that run's own state, stretch by stretch (NOTE [ Runs that begin from another "
+        "state ] in ckview/analysis/timeline.py)"
         for c in checks
         if c.start_offset_bytes
     ]
@@ -429,19 +396,33 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
     return lines
 
 
+def _recompute_warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
+    """One warning naming every run that still recomputes (NOTE [ Recompute in a bypassed
+    run ]), and whether the plans holding the baseline's recompute are compared like for like."""
+    held = [c for c in checks if c.leftover is not None]
+    runs = [f"plan:{c.projection.plan}" for c in held]
+    first = baseline.leftover if baseline is not None else None
+    if first is not None:
+        runs.insert(0, BASELINE)
+    elif held:
+        first = held[0].leftover
+    if first is None:
+        return []
+    lines = ["warning: " + first.describe(*runs)]
+    shared = [c.projection.plan for c in held if c.shared_recompute]
+    if shared:
+        lines.append(
+            f"note: plan(s) {', '.join(shared)} still compared like for like: projected over "
+            "a baseline that holds that recompute and measured in runs that hold the same, "
+            "i.e. the plan on top of the script's own checkpointing"
+        )
+    return lines
+
+
 def _signed_bytes(n: int) -> str:
     from ckview.analysis import format_bytes
 
     return f"{format_bytes(abs(n))} {'more' if n > 0 else 'less'}"
-
-
-# NOTE [ Runs that begin from another state ]
-# The runs of one verify are recorded one after another, so a run can begin from another
-# training state than the baseline: optimizer state that grows for a while (L-BFGS keeps up to
-# history_size pairs of vectors) is larger in every later run. No plan changes parameters,
-# gradients or optimizer state (the projection never moves them), so the plan run's projection
-# is the baseline's plus the difference of those bytes at the start of the runs; verify says
-# so whenever that difference is not zero, and reports the raw projection too (JSON).
 
 
 def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | None = None) -> str:
@@ -466,8 +447,9 @@ def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | Non
         )
     if not all(c.like_for_like for c in checks):
         lines.append(
-            "* not like for like: the script's own checkpointing still recomputes in that run "
-            "(warnings below), so the projection describes another step than the one measured"
+            "* not like for like: the script's own checkpointing still recomputes in that run, "
+            "not as in the baseline (warnings below), so the projection describes another step "
+            "than the one measured"
         )
     lines.append(f"compared: {compared(baseline, checks)}")
     lines += _warnings(baseline, checks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,7 @@ def add_parser(verbs: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ckview.trace.ranks import expand_rank_paths, rank_of
 
-    args.traces = expand_rank_paths(args.traces)  # run.h5: every rank of a distributed run
-    for path in args.traces:
-        check_trace(path)
+    traces = readable_traces(expand_rank_paths(args.traces))  # run.h5: every rank of a run
     from ckview.gui.display import display_problem
 
     problem = display_problem()
@@ -42,8 +41,28 @@ def run(args: argparse.Namespace) -> int:
             f"the explorer needs PyQt6 and pyqtgraph ({exc}); install them: "
             "pip install 'ckview[gui]'"
         ) from None
-    ranks = sum(rank_of(p) is not None for p in args.traces) > 1
-    return run_app([str(p) for p in args.traces], theme=args.theme, axis=args.axis, compare=ranks)
+    ranks = sum(rank_of(p) is not None for p in traces) > 1
+    return run_app([str(p) for p in traces], theme=args.theme, axis=args.axis, compare=ranks)
+
+
+def readable_traces(paths: list[Path]) -> list[Path]:
+    """The paths that are readable traces; for each other one, a warning line saying what is
+    wrong with it. If none of several is readable, the first one's error (one line)."""
+    from ckview.trace.errors import TraceError
+
+    good: list[Path] = []
+    problems: list[TraceError] = []
+    for path in paths:
+        try:
+            check_trace(path)
+            good.append(path)
+        except TraceError as exc:
+            problems.append(exc)
+    if paths and not good:
+        raise problems[0]
+    for problem in problems:
+        print(f"ckview: warning: not opened: {problem}", file=sys.stderr)
+    return good
 
 
 def check_trace(path: Path) -> None:

@@ -415,8 +415,19 @@ def readout_html(outcome: PlanOutcome, regions: int) -> str:
         f"</b></span> &nbsp; {sign}{format_bytes(abs(outcome.saving_bytes))} "
         f"({sign}{abs(outcome.saving_share):.1%} of {base})<br>"
         f"extra compute +{outcome.extra_compute_ns / 1e6:.1f} ms "
-        f"({outcome.extra_share:.1%} of the step) · {regions} region(s), "
+        f"({outcome.extra_share:.1%} of the step{_times_hint(outcome)}) · {regions} region(s), "
         f"{len(outcome.recomputes)} recompute(s)" + idle_html(outcome, regions)
+    )
+
+
+def _times_hint(outcome: PlanOutcome) -> str:
+    """Where the times come from (NOTE [ Extra compute from plain times ] in
+    ckview/analysis/timing.py): said only when they carry the recorder's cost."""
+    if outcome.plain_times:
+        return ""
+    return (
+        "; <span title='No plain timing steps in this trace: times are recorded op times, "
+        "inflated by the recorder. Record with --timing-steps 3.'>recorded times</span>"
     )
 
 

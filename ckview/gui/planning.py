@@ -43,6 +43,7 @@ from ckview.analysis import (
 )
 from ckview.analysis.plans import TraceTree
 from ckview.analysis.regions import subtree_sums
+from ckview.analysis.timing import forward_ns_by_module, step_time_ns
 from ckview.gui.rundata import RunData
 from ckview.trace.schema import Category, Phase
 
@@ -62,7 +63,7 @@ class ModuleInfo:
     activation_bytes: int
     """Bytes of activations (saved for backward) created inside the module's calls."""
     forward_ns: int
-    """Summed duration of its forward calls."""
+    """Summed time of its forward calls (plain where the run has timing steps)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,8 @@ class PlanOutcome:
     """Selected regions that cannot take effect in the recorded step."""
     notes: tuple[str, ...] = ()
     """Why they cannot (NOTE [ Regions that cannot take effect ] in ckpt_runtime/resolve.py)."""
+    plain_times: bool = False
+    """Extra compute and step time come from plain timing steps, not recorded op times."""
 
     @property
     def saving_bytes(self) -> int:
@@ -173,7 +176,9 @@ class PlanSession:
         )
         self.index = {r: i for i, r in enumerate(self.candidates)}
         self.model: ProjectionModel | None = None
-        self.step_ns = int(np.sum(t["steps"]["end_ns"] - t["steps"]["start_ns"]))
+        self.step_ns, self.plain_times = step_time_ns(t)
+        """Summed time of the recorded steps; from plain timing steps (NOTE [ Extra compute
+        from plain times ] in ckview/analysis/timing.py), else recorded."""
 
     # -- preparing (slow on big runs: the GUI does it off the UI thread)
 
@@ -353,6 +358,7 @@ class PlanSession:
             baseline_peak_bytes=peak.bytes,
             extra_compute_ns=0,
             step_ns=self.step_ns,
+            plain_times=self.plain_times,
             time_ns=timeline.time_ns,
             point=np.arange(len(timeline.total)),
             total=timeline.total,
@@ -382,6 +388,7 @@ class PlanSession:
             baseline_peak_bytes=self.run.peak.bytes,
             extra_compute_ns=model.extra_compute_ns(chosen),
             step_ns=self.step_ns,
+            plain_times=self.plain_times,
             time_ns=curve.time_ns,
             point=curve.point,
             total=curve.total,
@@ -409,6 +416,7 @@ class PlanSession:
             baseline_peak_bytes=self.run.peak.bytes,
             extra_compute_ns=p.extra_compute_ns,
             step_ns=self.step_ns,
+            plain_times=self.plain_times,
             time_ns=p.timeline.time_ns,
             point=points,
             total=p.timeline.total,
@@ -471,13 +479,12 @@ def _module_infos(run: RunData) -> list[ModuleInfo]:
     calls = t["module_calls"]
     forward = np.asarray(calls["phase"]) == Phase.FORWARD
     called = np.asarray(calls["module"], dtype=np.int64)[forward]
-    duration = np.maximum(calls["end_ns"][forward] - calls["start_ns"][forward], 0)
     st = t["storages"]
     act = (np.asarray(st["category"]) == Category.ACTIVATION) & (np.asarray(st["module"]) >= 0)
     own_act = np.bincount(st["module"][act], weights=st["nbytes"][act], minlength=n)
     activation = subtree_sums(parent, own_act.astype(np.int64))
     counts = np.bincount(called, minlength=n)
-    time = np.bincount(called, weights=duration, minlength=n).astype(np.int64)
+    time, _ = forward_ns_by_module(t, n)  # plain where the run has timing steps
     return [
         ModuleInfo(
             row=row,

@@ -390,6 +390,7 @@ def _comparison_curves(
             f"plan {name} over {base} (projected): peak {format_bytes(outcome.peak_bytes)} "
             f"({_change(outcome.peak_bytes, ref_peak)} vs {ref}), "
             f"+{outcome.extra_share:.0%} compute"
+            + ("" if outcome.plain_times else " (recorded times)")
         )
         if outcome.idle_regions:  # the notes row says why
             label += (

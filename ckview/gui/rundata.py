@@ -243,17 +243,18 @@ def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -
     report(0.0, f"opening {os.path.basename(path)}")
     with open_trace(path) as trace:
         names = trace.run_names
-        modules = trace.modules.read()
-        strings = list(trace.strings)
         meta = dataclasses.asdict(trace.meta)
         runs = []
-        steps = max(len(names), 1) * (len(RUN_TABLES) + 1)
+        per_run = len(RUN_TABLES) + 1
+        steps = max(len(names), 1) * per_run
         for i, name in enumerate(names):
-            tables: dict[str, Any] = {"modules": modules, "strings": strings}
-            for j, table in enumerate(RUN_TABLES):
-                report((i * (len(RUN_TABLES) + 1) + j) / steps, f"run {name!r}: {table}")
-                tables[table] = trace.run(name).table(table).read()
-            report((i + 1) * (len(RUN_TABLES) + 1) / steps - 0.5 / steps, f"run {name!r}: curves")
+            read = iter(range(per_run))
+
+            def on_table(table: str, i: int = i, name: str = name, read: Any = read) -> None:
+                report((i * per_run + next(read)) / steps, f"run {name!r}: {table}")
+
+            tables = trace.read_run(name, on_table)
+            report((i + 1) * per_run / steps - 0.5 / steps, f"run {name!r}: curves")
             runs.append(run_data(path, name, tables))
     report(1.0, "done")
     return TraceData(path=path, meta=meta, runs=runs)

@@ -30,7 +30,11 @@ STRING_CHUNK_ROWS = 1024
 #: Filters of column datasets: shuffle + deflate level 1, both built into every HDF5.
 DEFAULT_FILTERS: dict[str, Any] = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
-_INT_FIELDS = frozenset({"steps_requested", "steps_recorded", "warmup"})
+_UNKNOWN_INT_FIELDS = frozenset(
+    {"checkpoint_call_ns", "checkpoint_call_low_ns", "checkpoint_call_high_ns"}
+)
+"""Int fields whose unset value is -1 (not measured), not 0."""
+_INT_FIELDS = frozenset({"steps_requested", "steps_recorded", "warmup"}) | _UNKNOWN_INT_FIELDS
 _BOOL_FIELDS = frozenset({"complete"})
 _JSON_FIELDS = frozenset({"command"})
 
@@ -50,12 +54,17 @@ class TraceMeta:
     warmup: int
     step_rule: str
     compiled: str
+    checkpoint_call_ns: int
+    checkpoint_call_low_ns: int
+    checkpoint_call_high_ns: int
     complete: bool
     error: str
 
 
 def meta_default(name: str) -> Any:
     """The value a writer stores for a meta field nobody set."""
+    if name in _UNKNOWN_INT_FIELDS:
+        return -1
     if name in _INT_FIELDS:
         return 0
     if name in _BOOL_FIELDS:

@@ -4,10 +4,11 @@ NOTE [ Migrations build views ]
     Files are opened read-only and writers write only the current version. A migration says
     what version ``source + 1`` added and how a version-``source`` file reads as if it had it:
     each added column is computed from the columns the old file has (a constant, or a function
-    of them and the string table), added meta fields and run attributes get the value that
-    stands for "unknown". The reader applies every step from the file's version up to
-    ``FORMAT_VERSION``, so a reader only ever sees current-version tables. Old files are kept
-    as test data (``tests/data/traces_v1``), and a migration is tested by reading them.
+    of them and the string table), added tables read as empty, added meta fields and run
+    attributes get the value that stands for "unknown". The reader applies every step from the
+    file's version up to ``FORMAT_VERSION``, so a reader only ever sees current-version tables.
+    Old files are kept as test data (``tests/data/traces_v1``, ``traces_v2``), and a migration
+    is tested by reading them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Migration:
     """Added meta fields -> their value in older files."""
     run_attrs: Mapping[str, Any]
     """Added run attributes -> their value in older files."""
+    tables: tuple[str, ...] = ()
+    """Added run tables: they read as empty in older files."""
 
 
 def _constant(value: int) -> ColumnRule:
@@ -88,6 +91,17 @@ MIGRATIONS: dict[int, Migration] = {
         meta={"step_rule": "", "compiled": ""},
         run_attrs={"checkpointing": ""},
     ),
+    2: Migration(
+        source=2,
+        columns={},
+        meta={
+            "checkpoint_call_ns": -1,
+            "checkpoint_call_low_ns": -1,
+            "checkpoint_call_high_ns": -1,
+        },
+        run_attrs={},
+        tables=("timing_steps", "timed_calls"),
+    ),
 }
 """Migrations by the version they read."""
 
@@ -108,6 +122,11 @@ def stored_columns(table: str, version: int) -> tuple[Column, ...]:
     """The columns of ``table`` that a version-``version`` file stores."""
     added = added_columns(table, version)
     return tuple(c for c in _schema(table) if c.name not in added)
+
+
+def added_table(table: str, version: int) -> bool:
+    """Whether ``table`` was added after ``version`` (a version-``version`` file has none)."""
+    return any(table in MIGRATIONS[source].tables for source in range(version, FORMAT_VERSION))
 
 
 def added_values(kind: str, version: int) -> dict[str, Any]:

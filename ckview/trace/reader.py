@@ -9,9 +9,10 @@ from __future__ import annotations
 import operator
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
+from typing import Any
 
 import h5py
 import numpy as np
@@ -27,7 +28,13 @@ from .errors import (
     not_found,
     one_line,
 )
-from .migrations import MIGRATIONS, added_values, computed_column, stored_columns
+from .migrations import (
+    MIGRATIONS,
+    added_table,
+    added_values,
+    computed_column,
+    stored_columns,
+)
 from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, MODULES, RUN_TABLES
 from .schema import Column as SchemaColumn
 
@@ -151,8 +158,13 @@ def _open_table(
 ) -> Table:
     """Open table ``name`` (a key of RUN_TABLES, or 'modules') of a version-``version`` file.
 
-    Columns added after ``version`` are computed (NOTE [ Migrations build views ]).
+    Columns added after ``version`` are computed, tables added after it are empty
+    (NOTE [ Migrations build views ]).
     """
+    schema = MODULES if name == "modules" else RUN_TABLES[name]
+    if added_table(name, version):
+        empty = {c.name: _ComputedColumn(np.empty(0, c.dtype)) for c in schema}
+        return Table(path, name, empty)
     with _reading(path):
         group = _child(parent, name, path)
         _check_type(group, kind, path)
@@ -161,7 +173,6 @@ def _open_table(
         if problems:
             raise corrupt(path, "; ".join(problems))
         columns: dict[str, h5py.Dataset | _ComputedColumn] = {c.name: group[c.name] for c in stored}
-        schema = MODULES if name == "modules" else RUN_TABLES[name]
         rows = group[stored[0].name].shape[0]
         for column in schema:
             if column.name not in columns:
@@ -365,6 +376,26 @@ class Trace:
                 )
             self._runs[name] = Run(self, group)
         return self._runs[name]
+
+    def read_run(self, name: str, on_table: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Everything the analysis of run ``name`` reads, in memory: each of its tables (a dict
+        of columns, by table name), the root ``modules`` table, the ``strings`` (a list) and
+        ``checkpoint_call_ns`` (median, low, high of checkpoint's cost per call; -1 unknown).
+        ``on_table(table)`` is called before each run table is read (for progress)."""
+        run = self.run(name)
+        tables: dict[str, Any] = {}
+        for table in RUN_TABLES:
+            if on_table is not None:
+                on_table(table)
+            tables[table] = run.table(table).read()
+        tables["modules"] = self.modules.read()
+        tables["strings"] = list(self.strings)
+        meta = self.meta
+        tables["checkpoint_call_ns"] = np.array(
+            [meta.checkpoint_call_ns, meta.checkpoint_call_low_ns, meta.checkpoint_call_high_ns],
+            dtype=np.int64,
+        )
+        return tables
 
     def close(self) -> None:
         """Close the file; tables and runs obtained from this trace become unreadable."""

@@ -14,7 +14,7 @@ from enum import IntEnum
 import numpy as np
 
 FORMAT_NAME = "ckview-trace"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 #: Value of the ``ckview_type`` attribute on each kind of group, with its own version.
 GROUP_TYPES: dict[str, tuple[str, int]] = {
@@ -201,7 +201,30 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         _c("nbytes", "<i8", "bytes of the saved tensor view (numel * element size)"),
         _c("time_ns", "<i8", "time of the event"),
     ),
+    "timing_steps": (
+        _c(
+            "round",
+            "<i4",
+            "timing round of the step: runs are timed in turn, a warm-up and a kept step each per "
+            "round (since v3)",
+        ),
+        _c("duration_ns", "<i8", "wall time of the plain (unrecorded) step (since v3)"),
+    ),
+    "timed_calls": (
+        _c("timing_step", "<i4", "row in 'timing_steps' (since v3)"),
+        _c("module", "<i4", "row in 'modules' (since v3)"),
+        _c(
+            "order",
+            "<i4",
+            "index of the call among the calls of its module in the plain step (since v3)",
+        ),
+        _c("duration_ns", "<i8", "wall time of the call, forward pre-hook to hook (since v3)"),
+    ),
 }
+
+#: Run tables that hold plain timing steps, not the recorded steps (NOTE [ Plain timing steps ]
+#: in recorder/timing.py): written once every run is recorded, possibly empty.
+TIMING_TABLES = ("timing_steps", "timed_calls")
 
 #: Attributes of the root ``meta`` group. ``complete`` is false until the writer closes cleanly.
 META_FIELDS: dict[str, str] = {
@@ -217,6 +240,10 @@ META_FIELDS: dict[str, str] = {
     "step_rule": "how steps were delimited, e.g. '1 optimizer step (learned in warmup)' (since v2)",
     "compiled": "'eager' if the script uses torch.compile (its compiled code was run eagerly "
     "while recording), 'no' if not (since v2)",
+    "checkpoint_call_ns": "median extra time of one checkpointed call (forward and backward) "
+    "measured on this machine, -1 if not measured (since v3)",
+    "checkpoint_call_low_ns": "lowest of those measurements, -1 if not measured (since v3)",
+    "checkpoint_call_high_ns": "highest of those measurements, -1 if not measured (since v3)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
@@ -259,6 +286,8 @@ REFERENCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("saved_events", "storage"): ("storages", False),
     ("saved_events", "op"): ("ops", True),
     ("saved_events", "module_call"): ("module_calls", True),
+    ("timed_calls", "timing_step"): ("timing_steps", False),
+    ("timed_calls", "module"): ("modules", False),
 }
 
 #: Columns holding string ids (rows of the root string table), by table.

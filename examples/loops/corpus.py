@@ -1,10 +1,10 @@
 """The manifest of the training loops in this folder: what each one is and what it runs.
 
 Not a training script: ``tests/test_loops.py`` and ``benchmarks/projection_accuracy.py`` read
-it (torch-free), so that both use the same sizes and the same expectations. ``quick`` are the
-script arguments that keep a loop small enough for the tests; ``forwards``, ``backwards`` and
-``optimizer_steps`` say what ONE iteration of the loop does with those arguments (top-level
-forward passes, backward passes, ``optimizer.step()`` calls).
+it (torch-free), so that both use the same sizes and the same expectations. ``args`` are the
+script arguments that make a case, ``quick`` those that keep it small enough for the tests;
+``forwards``, ``backwards`` and ``optimizer_steps`` say what ONE iteration of the loop does
+with those arguments (top-level forward passes, backward passes, ``optimizer.step()`` calls).
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class Loop:
 
     file: str = ""
     """The script's name without ``.py`` when it differs from ``name``."""
+    args: tuple[str, ...] = ()
+    """Script arguments that make this case (a variant of a shared script), always passed;
+    ``quick`` only shrinks it."""
 
     @property
     def script(self) -> Path:
@@ -91,6 +94,19 @@ LOOPS: tuple[Loop, ...] = (
         optimizer_steps=0,
     ),
     Loop(
+        "functional",
+        "no nn.Module: an MLP written as a function of plain tensors, Adam",
+        plans=("none",),
+    ),
+    Loop(
+        "functional_sgd",
+        "no nn.Module and no optimizer: plain tensors, updated by hand under torch.no_grad()",
+        optimizer_steps=0,
+        plans=("none",),
+        file="functional",
+        args=("--manual",),
+    ),
+    Loop(
         "lbfgs",
         "L-BFGS: optimizer.step(closure); the closure runs forward and backward 4 times a step",
         forwards=4,  # max_iter=4: the first evaluation and one after each of 3 updates
@@ -105,20 +121,20 @@ LOOPS: tuple[Loop, ...] = (
     Loop(
         "activation_tanh",
         "blocks ending in Tanh (Linear-LayerNorm-Tanh) in a Sequential",
-        ("--activation", "tanh"),
         file="activation_blocks",
+        args=("--activation", "tanh"),
     ),
     Loop(
         "activation_relu",
         "blocks ending in ReLU",
-        ("--activation", "relu"),
         file="activation_blocks",
+        args=("--activation", "relu"),
     ),
     Loop(
         "activation_gelu",
         "blocks ending in GELU",
-        ("--activation", "gelu"),
         file="activation_blocks",
+        args=("--activation", "gelu"),
     ),
     Loop("linear_relu", "one flat nn.Sequential of alternating Linear / ReLU"),
     Loop(

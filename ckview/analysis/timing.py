@@ -1,0 +1,193 @@
+"""Plain timings of a run as figures: its step time and each module call's forward time,
+measured without the recorder's per-op hook, and checkpoint's fixed cost per call.
+
+The recorder takes them in unrecorded timing steps (NOTE [ Plain timing steps ] and NOTE [ Fixed
+cost of a checkpoint call ] in recorder/timing.py) and stores them in the run's ``timing_steps``
+and ``timed_calls`` tables and the meta field ``checkpoint_call_ns``. Pure functions over a
+run's tables as ``Trace.read_run`` gives them.
+
+NOTE [ Extra compute from plain times ]
+    A recomputed instance costs the forward of its region once more, plus checkpoint's fixed
+    cost per call. Recorded op times carry the recorder's per-op cost, several times the op
+    itself for small ops. So where the run has plain timings, an instance's extra compute is
+    the plain time of its top-level calls (median over the timing steps of the same call: same
+    module, same index among that module's forward calls in the step), times the share of its
+    recorded forward op time that its recompute replays (NOTE [ Early stop ] in
+    projection.py), plus the median cost per call. Without them (older traces, a script that
+    ended before its timing steps, ``--timing-steps 0``) it is the recorded op time of what the
+    recompute replays (plus the cost per call where it was measured), and every surface says
+    so. Step times, the base of every extra-compute share, come from the same source
+    (``step_time_ns``), so that a share never divides plain time by recorded time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ckview.trace.schema import Phase
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of a few measurements, with the lowest and the highest."""
+
+    median_ns: int
+    low_ns: int
+    high_ns: int
+    count: int
+
+    @classmethod
+    def of(cls, values: Sequence[int] | np.ndarray) -> Spread | None:
+        """The spread of ``values``; None if there are none."""
+        v = np.sort(np.asarray(values, dtype=np.int64))
+        if not v.size:
+            return None
+        return cls(int(v[v.size // 2]), int(v[0]), int(v[-1]), int(v.size))
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "median_ns": self.median_ns,
+            "low_ns": self.low_ns,
+            "high_ns": self.high_ns,
+            "count": self.count,
+        }
+
+
+@dataclass(frozen=True)
+class PlainTimes:
+    """A run's plain timings (NOTE [ Plain timing steps ] in recorder/timing.py)."""
+
+    step: Spread
+    """The run's plain step time over its kept timing steps."""
+    steps_ns: np.ndarray
+    """(s,) int64: each kept timing step's duration, in the order they were taken."""
+    calls: Mapping[int, np.ndarray]
+    """Module row -> (n,) int64: median plain time of the module's i-th forward call of a
+    step, over the timing steps that made an i-th call."""
+    call_cost: Spread | None
+    """Checkpoint's fixed cost per call (forward and backward), None if not measured."""
+
+
+def plain_times(tables: Mapping[str, Any]) -> PlainTimes | None:
+    """The run's plain timings, None if it has no kept timing step."""
+    steps = tables.get("timing_steps")
+    if steps is None or not len(steps["duration_ns"]):
+        return None
+    durations = np.asarray(steps["duration_ns"], dtype=np.int64)
+    step = Spread.of(durations)
+    assert step is not None
+    return PlainTimes(
+        step=step,
+        steps_ns=durations,
+        calls=_call_medians(tables["timed_calls"]),
+        call_cost=_call_cost(tables.get("checkpoint_call_ns")),
+    )
+
+
+def _call_medians(calls: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
+    module = np.asarray(calls["module"], dtype=np.int64)
+    order = np.asarray(calls["order"], dtype=np.int64)
+    duration = np.asarray(calls["duration_ns"], dtype=np.int64)
+    out: dict[int, np.ndarray] = {}
+    for row in np.unique(module).tolist():
+        mine = module == row
+        n = int(order[mine].max()) + 1
+        out[row] = np.array(
+            [np.median(duration[mine & (order == i)]) for i in range(n)], dtype=np.int64
+        )
+    return out
+
+
+def _call_cost(values: Any) -> Spread | None:
+    if values is None or len(values) != 3 or int(values[0]) < 0:
+        return None
+    median, low, high = (int(v) for v in values)
+    return Spread(median, low, high, 0)
+
+
+def plain_instance_ns(
+    tables: Mapping[str, Any],
+    times: PlainTimes,
+    top_instance: np.ndarray,
+    top_call: np.ndarray,
+    instances: int,
+) -> np.ndarray | None:
+    """(k,) int64: the plain forward time of each instance's top-level calls (NOTE [ Extra
+    compute from plain times ]); None if a call has no plain time (the timing steps called the
+    modules otherwise than the recorded steps)."""
+    calls = tables["module_calls"]
+    module = np.asarray(calls["module"], dtype=np.int64)
+    order = forward_call_order(calls)
+    out = np.zeros(instances, dtype=np.int64)
+    for i, call in zip(top_instance.tolist(), top_call.tolist(), strict=True):
+        medians = times.calls.get(int(module[call]))
+        k = int(order[call])
+        if medians is None or not 0 <= k < len(medians):
+            return None
+        out[i] += medians[k]
+    return out
+
+
+def forward_call_order(calls: Mapping[str, np.ndarray]) -> np.ndarray:
+    """(c,) int64: each FORWARD call's index among the forward calls of its module in its step
+    (-1 for other calls), as ``timed_calls.order`` counts them."""
+    module = np.asarray(calls["module"], dtype=np.int64)
+    step = np.asarray(calls["step"], dtype=np.int64)
+    rows = np.flatnonzero(np.asarray(calls["phase"]) == Phase.FORWARD)
+    rows = rows[np.lexsort((rows, module[rows], step[rows]))]
+    out = np.full(len(module), -1, dtype=np.int64)
+    if rows.size:
+        key = step[rows] * (module.max() + 1) + module[rows]
+        starts = np.flatnonzero(np.append(True, key[1:] != key[:-1]))
+        first = np.repeat(starts, np.diff(np.append(starts, len(rows))))
+        out[rows] = np.arange(len(rows)) - first
+    return out
+
+
+def step_time_ns(tables: Mapping[str, Any]) -> tuple[int, bool]:
+    """The summed time of the run's complete recorded steps (a step cut short is left out:
+    ``recompute.step_durations``), and whether it comes from plain timing steps: their median
+    times the number of those steps (else the recorded steps' own durations, with the
+    recorder's cost)."""
+    from ckview.analysis.recompute import step_durations
+
+    durations = step_durations(tables["steps"])
+    times = plain_times(tables)
+    if times is not None:
+        return times.step.median_ns * max(len(durations), 1), True
+    return int(durations.sum()), False
+
+
+def recorded_times_only(tables: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's tables without its timing steps: what projects extra compute from recorded op
+    times, to compare with recorded steps when the other run has no plain timings."""
+    return {name: table for name, table in tables.items() if name != "timing_steps"}
+
+
+def forward_ns_by_module(tables: Mapping[str, Any], modules: int) -> tuple[np.ndarray, bool]:
+    """(modules,) int64: the summed time of each module's forward calls in the recorded steps,
+    from plain times where the run has them for every call (else recorded call durations), and
+    whether they are plain."""
+    calls = tables["module_calls"]
+    forward = np.flatnonzero(np.asarray(calls["phase"]) == Phase.FORWARD)
+    module = np.asarray(calls["module"], dtype=np.int64)[forward]
+    times = plain_times(tables)
+    if times is not None:
+        order = forward_call_order(calls)[forward]
+        plain = [_plain_call(times, int(m), int(k)) for m, k in zip(module, order, strict=True)]
+        if all(p is not None for p in plain):
+            weights = np.asarray(plain, dtype=np.float64)
+            return np.bincount(module, weights, minlength=modules).astype(np.int64), True
+    end = np.asarray(calls["end_ns"], dtype=np.int64)[forward]
+    start = np.asarray(calls["start_ns"], dtype=np.int64)[forward]
+    duration = np.maximum(end - start, 0).astype(np.float64)
+    return np.bincount(module, duration, minlength=modules).astype(np.int64), False
+
+
+def _plain_call(times: PlainTimes, module: int, order: int) -> int | None:
+    medians = times.calls.get(module)
+    return int(medians[order]) if medians is not None and 0 <= order < len(medians) else None

@@ -1,0 +1,68 @@
+"""Where a recording is written, and where it ends up.
+
+NOTE [ Writing beside the target ]
+A recording never destroys a good trace at its target path. It is written to a file beside the
+target (same folder, so that the final move is an atomic ``os.replace``), named
+``NAME.recording-PID.h5`` (readable even if the process is killed: whole steps are flushed).
+When the recorder closes:
+- a good recording (complete, at least one step, and valid per ``validate_trace``) replaces the
+  target;
+- a failed one (the script failed or was interrupted, or no step was recorded) takes the
+  target's place only if there is no good trace there (none, or one that is incomplete or
+  unreadable); otherwise it is kept beside as ``NAME.incomplete.h5`` and the target is left
+  as it was. ``Recorder.written`` says where it went.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ckview.trace import open_trace, validate_trace
+from ckview.trace.errors import TraceError
+
+
+def staging_path(target: Path) -> Path:
+    """The file a recording for ``target`` is written to until it is settled."""
+    return target.with_name(f"{_stem(target)}.recording-{os.getpid()}{_suffix(target)}")
+
+
+def incomplete_path(target: Path) -> Path:
+    """Where a failed recording goes when ``target`` holds a good trace."""
+    return target.with_name(f"{_stem(target)}.incomplete{_suffix(target)}")
+
+
+def settle(staging: Path, target: Path, good: bool) -> Path:
+    """Move the closed recording at ``staging`` to where it belongs (NOTE [ Writing beside the
+    target ]); return that path."""
+    if good and not _is_valid(staging):
+        good = False
+    destination = target if good or not _is_good(target) else incomplete_path(target)
+    os.replace(staging, destination)
+    return destination
+
+
+def _is_valid(path: Path) -> bool:
+    try:
+        return validate_trace(path).ok
+    except TraceError:
+        return False
+
+
+def _is_good(path: Path) -> bool:
+    """Whether ``path`` holds a complete, readable trace (one a failed recording must keep)."""
+    if not path.exists():
+        return False
+    try:
+        with open_trace(path) as trace:
+            return bool(trace.meta.complete) and trace.meta.steps_recorded > 0
+    except (TraceError, OSError):
+        return False
+
+
+def _stem(target: Path) -> str:
+    return target.stem if target.suffix else target.name
+
+
+def _suffix(target: Path) -> str:
+    return target.suffix or ".h5"

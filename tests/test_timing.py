@@ -1,0 +1,225 @@
+"""Plain timing steps: the schedule, what the trace stores, and extra compute from plain times
+(NOTE [ Plain timing steps ] in recorder/timing.py, NOTE [ Extra compute from plain times ] in
+ckview/analysis/timing.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ckview.analysis import project
+from ckview.analysis.regions import ModuleRegion
+from ckview.analysis.timing import (
+    Spread,
+    forward_call_order,
+    plain_times,
+    recorded_times_only,
+    step_time_ns,
+)
+from ckview.cli.record import plan_runs
+from ckview.trace import open_trace
+from recorder import Recorder
+from recorder.timing import TimingStep, timing_schedule
+
+
+def test_runs_are_timed_in_turn_each_turn_warmed_up() -> None:
+    """Round-robin: a slow moment of the machine falls on every run alike."""
+    schedule = timing_schedule(runs=2, rounds=2)
+    assert schedule == [
+        TimingStep(0, False, 0),
+        TimingStep(0, True, 0),
+        TimingStep(1, False, 0),
+        TimingStep(1, True, 0),
+        TimingStep(0, False, 1),
+        TimingStep(0, True, 1),
+        TimingStep(1, False, 1),
+        TimingStep(1, True, 1),
+    ]
+
+
+def test_a_single_run_warms_up_once() -> None:
+    assert timing_schedule(runs=1, rounds=3) == [
+        TimingStep(0, False, 0),
+        TimingStep(0, True, 0),
+        TimingStep(0, True, 1),
+        TimingStep(0, True, 2),
+    ]
+    assert timing_schedule(runs=3, rounds=0) == []
+
+
+def test_spread_is_median_and_range() -> None:
+    assert Spread.of([5, 1, 9]) == Spread(5, 1, 9, 3)
+    assert Spread.of([]) is None
+
+
+def test_plain_times_take_medians_per_call() -> None:
+    """Module 0 is called twice a step: each call has its own median over the steps."""
+    tables = {
+        "timing_steps": {"round": np.array([0, 1, 2]), "duration_ns": np.array([30, 10, 20])},
+        "timed_calls": {
+            "timing_step": np.array([0, 0, 1, 1, 2, 2, 2]),
+            "module": np.array([0, 0, 0, 0, 0, 0, 1]),
+            "order": np.array([0, 1, 0, 1, 0, 1, 0]),
+            "duration_ns": np.array([1, 100, 3, 300, 2, 200, 7]),
+        },
+        "checkpoint_call_ns": np.array([50, 40, 70]),
+    }
+    times = plain_times(tables)
+    assert times is not None
+    assert times.step == Spread(20, 10, 30, 3)
+    assert times.calls[0].tolist() == [2, 200] and times.calls[1].tolist() == [7]
+    assert times.call_cost == Spread(50, 40, 70, 0)
+    unmeasured = {**tables, "checkpoint_call_ns": np.array([-1, -1, -1])}
+    assert plain_times(unmeasured).call_cost is None  # type: ignore[union-attr]
+    assert plain_times({**tables, "timing_steps": _empty_steps()}) is None
+
+
+def _empty_steps() -> dict[str, np.ndarray]:
+    return {"round": np.zeros(0, np.int32), "duration_ns": np.zeros(0, np.int64)}
+
+
+def test_forward_call_order_counts_per_module_and_step() -> None:
+    calls = {
+        "module": np.array([3, 4, 3, 3, 3]),
+        "step": np.array([0, 0, 0, 1, 1]),
+        "phase": np.array([0, 0, 0, 0, 2]),  # the last one a recompute
+    }
+    assert forward_call_order(calls).tolist() == [0, 0, 1, 0, -1]
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+def _record(path: Path, timing_steps: int, script_steps: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block(64) for _ in range(6)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(path, steps=2, warmup=1, progress=False, timing_steps=timing_steps):
+        for _ in range(script_steps):
+            model(torch.randn(32, 64)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return model
+
+
+def test_the_trace_holds_plain_timings_and_the_cost_per_call(tmp_path: Path) -> None:
+    path = tmp_path / "t.h5"
+    _record(path, timing_steps=3, script_steps=1 + 2 + 4)
+    with open_trace(path) as trace:
+        meta = trace.meta
+        assert 0 <= meta.checkpoint_call_low_ns <= meta.checkpoint_call_ns
+        assert meta.checkpoint_call_ns <= meta.checkpoint_call_high_ns
+        tables = trace.read_run("main")
+    assert tables["timing_steps"]["round"].tolist() == [0, 1, 2]
+    calls = tables["timed_calls"]
+    # Every module (the Sequential, 6 blocks, 6 Linears) once per kept step.
+    assert np.bincount(calls["timing_step"]).tolist() == [13, 13, 13]
+    assert (calls["order"] == 0).all() and (calls["duration_ns"] > 0).all()
+    rows = calls["module"][calls["timing_step"] == 0]
+    assert sorted(rows.tolist()) == list(range(13))
+
+
+def test_extra_compute_comes_from_plain_times(tmp_path: Path) -> None:
+    """NOTE [ Extra compute from plain times ]: per recomputed block, its plain forward time
+    (median over the timing steps) plus checkpoint's cost per call; without timing steps, the
+    recorded op times."""
+    path = tmp_path / "t.h5"
+    _record(path, timing_steps=3, script_steps=1 + 2 + 4)
+    with open_trace(path) as trace:
+        tables = trace.read_run("main")
+        paths = [trace.strings[int(p)] for p in tables["modules"]["path"]]
+    blocks = [ModuleRegion(paths.index(str(i))) for i in range(6)]
+    projection = project(tables, blocks)
+    assert projection.plain_times
+    times = plain_times(tables)
+    assert times is not None and times.call_cost is not None
+    # Each block's recompute replays it whole (tanh's saved output is its last op).
+    assert len(projection.recomputes) == 6 * 2
+    expected = 0
+    for r in projection.recomputes:
+        row = int(tables["module_calls"]["module"][r.call])
+        expected += int(times.calls[row][0]) + times.call_cost.median_ns
+        assert r.compute_ns == int(times.calls[row][0]) + times.call_cost.median_ns
+    assert projection.extra_compute_ns == expected > 0
+    recorded = project(recorded_times_only(tables), blocks)
+    assert not recorded.plain_times
+    assert [r.instance for r in recorded.recomputes] == [r.instance for r in projection.recomputes]
+    assert step_time_ns(tables) == (times.step.median_ns * 2, True)
+    assert step_time_ns(recorded_times_only(tables))[1] is False
+
+
+def test_a_script_that_ends_in_its_timing_steps_keeps_what_was_timed(tmp_path: Path) -> None:
+    path = tmp_path / "t.h5"
+    _record(path, timing_steps=3, script_steps=1 + 2 + 2)  # the warm-up and one kept step
+    with open_trace(path) as trace:
+        assert trace.meta.complete
+        tables: dict[str, Any] = trace.read_run("main")
+    assert tables["timing_steps"]["round"].tolist() == [0]
+    assert plain_times(tables) is not None
+
+
+def test_no_timing_steps_leave_empty_tables(tmp_path: Path) -> None:
+    path = tmp_path / "t.h5"
+    _record(path, timing_steps=0, script_steps=1 + 2)
+    with open_trace(path) as trace:
+        assert trace.meta.checkpoint_call_ns == -1
+        tables = trace.read_run("main")
+    assert plain_times(tables) is None
+    assert len(tables["timed_calls"]["module"]) == 0
+
+
+def test_plan_runs_are_timed_in_their_own_context(tmp_path: Path) -> None:
+    """Each plan run's timing steps run with its plan applied: the plan run's plain step
+    calls every block's forward twice (forward, then recompute in backward), recompute calls
+    are not counted as forward calls, so its timed calls match the baseline's."""
+    from ckview.cli.record import load_plans
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block(64) for _ in range(4)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    runs = plan_runs(load_plans(["all"]), baseline=True, checkpointed=False)
+    path = tmp_path / "p.h5"
+    with Recorder(path, steps=1, warmup=1, runs=runs, progress=False, timing_steps=2):
+        for _ in range(1 + 2 + 2 * 2 * 2):
+            model(torch.randn(32, 64)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    with open_trace(path) as trace:
+        kept = {
+            n: trace.run(n).table("timing_steps").read()["round"].tolist() for n in trace.run_names
+        }
+        calls = {n: len(trace.run(n).table("timed_calls")) for n in trace.run_names}
+    assert kept == {"baseline": [0, 1], "plan:all": [0, 1]}
+    assert calls["baseline"] == calls["plan:all"] == 2 * 9
+
+
+def test_a_script_that_fails_in_its_timing_steps_leaves_a_complete_trace(tmp_path: Path) -> None:
+    """Every run was recorded before the timing steps: the trace is complete, with what was
+    timed, whatever the script does next."""
+    path = tmp_path / "t.h5"
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block(64) for _ in range(2)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        with Recorder(path, steps=1, warmup=1, progress=False, timing_steps=3):
+            for step in range(6):
+                if step == 4:  # warmup, recorded, timing warm-up, one kept timing step
+                    raise KeyboardInterrupt
+                model(torch.randn(8, 64)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    except KeyboardInterrupt:
+        pass
+    with open_trace(path) as trace:
+        assert trace.meta.complete and trace.meta.error == ""
+        assert len(trace.run("main").table("timing_steps")) == 1
