@@ -94,6 +94,7 @@ def _rank_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def _report(stem: Path, started: float, failed: dict[int, Any]) -> int:
     """One line per rank trace written by this launch; CLIError if none recorded a step."""
+    from ckview.analysis.units import plural
     from ckview.trace import open_trace
     from ckview.trace.errors import TraceError
     from ckview.trace.ranks import rank_files
@@ -110,7 +111,7 @@ def _report(stem: Path, started: float, failed: dict[int, Any]) -> int:
             continue
         recorded += meta.steps_recorded > 0
         state = "complete" if meta.complete else f"incomplete: {meta.error or 'stopped'}"
-        lines.append(f"{path}: {meta.steps_recorded} steps, {state}")
+        lines.append(f"{path}: {plural(meta.steps_recorded, 'step')}, {state}")
     why = _failures(failed)
     if not recorded:
         raise CLIError(
