@@ -30,9 +30,7 @@ def test_compare_records_baseline_and_checkpointed(
     example: str, blocks: list[str], tmp_path: Path
 ) -> None:
     out = tmp_path / "cmp.h5"
-    proc = ckview(
-        "record", "-o", str(out), "--compare", f"examples/{example}.py", "--checkpoint"
-    )
+    proc = ckview("record", "-o", str(out), "--compare", f"examples/{example}.py", "--checkpoint")
     assert proc.returncode == 0, proc.stderr
     with open_trace(out) as trace:
         assert trace.run_names == ["baseline", "checkpointed"]
