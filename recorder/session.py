@@ -100,7 +100,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ckview import __version__ as ckview_version
 from ckview.trace import TraceWriter
-from ckview.trace.ranks import this_rank_path
+from ckview.trace.ranks import launcher_world, this_rank_path
 from ckview.trace.schema import (
     CATEGORY_PRIORITY,
     NO_INDEX,
@@ -410,6 +410,7 @@ class Recorder:
             "steps_recorded": 0,
             "warmup": self.warmup,
         }
+        meta["rank"], meta["world_size"] = launcher_world()
         self._writer = TraceWriter(self._staging, meta=meta)
         self._modules = ModuleRegistry(self._intern)
         self._cpu_id = self._intern("cpu")

@@ -20,6 +20,7 @@ from ckview.trace.ranks import (
     common_stem,
     expand_rank_paths,
     launcher_rank,
+    launcher_world,
     rank_files,
     rank_of,
     rank_path,
@@ -89,6 +90,28 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Comp
     return folder, proc
 
 
+def _rank_trace(path: Path, rank: int, world: int, start: str) -> None:
+    from ckview.trace import TraceWriter
+
+    meta = {"rank": rank, "world_size": world, "start_time": start}
+    with TraceWriter(path, meta=meta):
+        pass
+
+
+def test_rank_files_left_from_a_larger_run_are_not_shown(tmp_path: Path) -> None:
+    """NOTE [ One file per rank ]: ranks 2 and 3 of an earlier 4-rank run stay on disk beside
+    a new 2-rank run's files; the run's meta (world_size) leaves them out."""
+    for rank in range(4):
+        _rank_trace(tmp_path / f"run.rank{rank}.h5", rank, 4, "2026-11-01T10:00:00+00:00")
+    for rank in range(2):
+        _rank_trace(tmp_path / f"run.rank{rank}.h5", rank, 2, "2026-11-23T10:00:00+00:00")
+    assert [p.name for p in rank_files(tmp_path / "run.h5")] == ["run.rank0.h5", "run.rank1.h5"]
+    with open_trace(tmp_path / "run.rank1.h5") as trace:
+        assert (trace.meta.rank, trace.meta.world_size) == (1, 2)
+    assert launcher_world({"RANK": "1", "WORLD_SIZE": "2"}) == (1, 2)
+    assert launcher_world({}) == (-1, 1)
+
+
 def test_ddp_one_complete_trace_per_rank(ddp: tuple[Path, subprocess.CompletedProcess[str]]):
     folder, proc = ddp
     assert proc.returncode == 0, proc.stderr
@@ -97,6 +120,7 @@ def test_ddp_one_complete_trace_per_rank(ddp: tuple[Path, subprocess.CompletedPr
     for rank in (0, 1):
         with open_trace(folder / f"run.rank{rank}.h5") as trace:
             assert trace.meta.complete and trace.meta.steps_recorded == 2
+            assert (trace.meta.rank, trace.meta.world_size) == (rank, 2)
             assert "torch.distributed.run" in trace.meta.command
             run = trace.run("main")
             steps = run.table("steps").read()

@@ -31,10 +31,12 @@ STRING_CHUNK_ROWS = 1024
 DEFAULT_FILTERS: dict[str, Any] = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
 _UNKNOWN_INT_FIELDS = frozenset(
-    {"checkpoint_call_ns", "checkpoint_call_low_ns", "checkpoint_call_high_ns"}
+    {"checkpoint_call_ns", "checkpoint_call_low_ns", "checkpoint_call_high_ns", "rank"}
 )
 """Int fields whose unset value is -1 (not measured), not 0."""
-_INT_FIELDS = frozenset({"steps_requested", "steps_recorded", "warmup"}) | _UNKNOWN_INT_FIELDS
+_INT_FIELDS = (
+    frozenset({"steps_requested", "steps_recorded", "warmup", "world_size"}) | _UNKNOWN_INT_FIELDS
+)
 _BOOL_FIELDS = frozenset({"complete"})
 _JSON_FIELDS = frozenset({"command"})
 
@@ -57,6 +59,8 @@ class TraceMeta:
     checkpoint_call_ns: int
     checkpoint_call_low_ns: int
     checkpoint_call_high_ns: int
+    rank: int
+    world_size: int
     complete: bool
     error: str
 
@@ -65,6 +69,8 @@ def meta_default(name: str) -> Any:
     """The value a writer stores for a meta field nobody set."""
     if name in _UNKNOWN_INT_FIELDS:
         return -1
+    if name == "world_size":
+        return 1
     if name in _INT_FIELDS:
         return 0
     if name in _BOOL_FIELDS:

@@ -98,6 +98,8 @@ MIGRATIONS: dict[int, Migration] = {
             "checkpoint_call_ns": -1,
             "checkpoint_call_low_ns": -1,
             "checkpoint_call_high_ns": -1,
+            "rank": -1,
+            "world_size": 1,
         },
         run_attrs={},
         tables=("timing_steps", "timed_calls"),

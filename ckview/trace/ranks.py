@@ -5,7 +5,9 @@ Under ``torchrun`` every rank records on its own into ``NAME.rank{R}.h5`` (``R``
 ``RANK`` variable the launcher sets), so that no two processes ever write one HDF5 file and no
 rank waits for another while writing. The recorder picks the name (for ``ckview record`` and a
 ``Recorder`` used by hand alike); readers find all ranks of a run from the common stem
-``NAME.h5`` or from the rank files themselves.
+``NAME.h5`` or from the rank files themselves. Each trace's meta says its ``rank`` and
+``world_size``: a rank file beyond the world size of the newest recording is left over from an
+earlier run with more ranks, and is not shown with this one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 _RANK_SUFFIX = re.compile(r"\.rank(\d+)$")
+
+
+def launcher_world(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``(rank, world size)`` when a distributed launcher started this process with more than
+    one rank, else ``(-1, 1)``: the trace's meta fields ``rank`` and ``world_size``."""
+    env = os.environ if environ is None else environ
+    rank = launcher_rank(env)
+    return (-1, 1) if rank is None else (rank, int(env["WORLD_SIZE"]))
 
 
 def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
@@ -71,7 +81,25 @@ def rank_files(stem: str | Path) -> list[Path]:
         rank = rank_of(entry)
         if rank is not None and common_stem(entry).name == stem.name:
             found[rank] = entry
-    return [found[r] for r in sorted(found)]
+    world = _newest_world_size(list(found.values()))
+    return [found[r] for r in sorted(found) if world is None or r < world]
+
+
+def _newest_world_size(paths: Sequence[Path]) -> int | None:
+    """The ``world_size`` of the most recently started of ``paths`` (None if none can be read):
+    rank files beyond it are left over from an earlier run with more ranks."""
+    from ckview.trace import TraceError, open_trace
+
+    newest: tuple[str, int] | None = None
+    for path in paths:
+        try:
+            with open_trace(path) as trace:
+                meta = trace.meta
+        except (TraceError, OSError):
+            continue
+        if meta.world_size > 1 and (newest is None or meta.start_time > newest[0]):
+            newest = (meta.start_time, meta.world_size)
+    return None if newest is None else newest[1]
 
 
 def expand_rank_paths(paths: Sequence[str | Path]) -> list[Path]:

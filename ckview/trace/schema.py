@@ -244,6 +244,10 @@ META_FIELDS: dict[str, str] = {
     "measured on this machine, -1 if not measured (since v3)",
     "checkpoint_call_low_ns": "lowest of those measurements, -1 if not measured (since v3)",
     "checkpoint_call_high_ns": "highest of those measurements, -1 if not measured (since v3)",
+    "rank": "rank of the recording process in a distributed run (RANK), -1 if not distributed "
+    "(since v3)",
+    "world_size": "number of ranks of the distributed run (WORLD_SIZE), 1 if not distributed "
+    "(since v3)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
