@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from itertools import pairwise
 
@@ -464,6 +465,16 @@ def test_parse_budget() -> None:
 
     assert parse_budget(" 60 % ").bytes(1000) == 600
     assert parse_budget("1.5 KiB").bytes(10**9) == 1536
-    for bad, why in (("0%", "no memory at all"), ("0", "no memory at all"), ("lots", "size")):
-        with pytest.raises(ValueError, match=why):
+    assert parse_budget("60 B").bytes(10**9) == 60  # bytes, when said so
+    for bad, why in (
+        ("0%", "no memory at all"),
+        ("0", "no memory at all"),
+        ("lots", "size"),
+        (
+            "60",
+            "has no unit: write a size such as '60 MiB' or a share of the run's peak such as '60%'",
+        ),
+        (" 1.5 ", "'1.5 MiB'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(why)):
             parse_budget(bad)
