@@ -1335,7 +1335,7 @@ class Recorder:
         module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
         sid = len(self._st_data) // _ST_WIDTH
         self._st_data.extend(
-            (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now, -1)
+            (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now, -1, -1)
         )
         ref = _StorageRef(st, self._on_free)
         ref.sid = sid
