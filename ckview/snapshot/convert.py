@@ -1,0 +1,410 @@
+"""Convert a PyTorch memory snapshot (the dict) into a ckview trace: numpy only, no torch.
+
+One run per device (``snapshot:cuda:N``) with one step covering the whole history. Storages are
+the allocator's blocks: one row per lifetime (an ``alloc`` and its ``free_completed``). What a
+snapshot cannot say (what a block is for, its module, the op, dtype and shape) is left unknown:
+category ``UNKNOWN``, no module, no op, empty dtype and shape.
+
+NOTE [ Blocks live when the history began ]
+    The history is a ring buffer, so it may begin with blocks already live. A free whose block
+    has no ``alloc`` before it in the history, and a live block of the final ``segments`` whose
+    address the history never touches, was live from the start: it becomes a pre-existing
+    storage (``alloc_ns`` -1, a ``SEEN`` event at the start, category UNKNOWN, so the timeline
+    counts it from point 0: NOTE [ Pre-existing storages ] in ckview/analysis/timeline.py). This
+    is the start state NOTE [ Snapshot replay ] finds by walking the history backwards, so the
+    imported timeline equals the replay.
+
+NOTE [ Pairing frees with allocs ]
+    Events are sorted stably by address: within one address, history order remains, so each
+    ``free_completed`` pairs with the ``alloc`` right before it at that address, if it is one.
+    This pairs every block lifetime without a per-event Python loop.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ckview import __version__
+from ckview.trace.schema import NO_INDEX, Category, MemoryEventKind
+from ckview.trace.writer import RunWriter, TraceWriter
+
+from .errors import SnapshotError
+from .layout import (
+    ALLOC,
+    FREES,
+    LIVE_STATES,
+    SEGMENT_CLOSES,
+    SEGMENT_OPENS,
+    blocks,
+    device_traces,
+    devices,
+    integer,
+    segments,
+)
+
+Progress = Callable[[int, int], None]
+"""Called with (events done, events in all) while converting."""
+
+#: Rows handed to the writer per append (the writer chunks them further).
+BATCH = 1 << 18
+
+_OTHER, _ALLOC, _FREE, _SEG_OPEN, _SEG_CLOSE = 0, 1, 2, 3, 4
+_ACTION_CODES = {ALLOC: _ALLOC, **dict.fromkeys(FREES, _FREE)}
+_ACTION_CODES.update(dict.fromkeys(SEGMENT_OPENS, _SEG_OPEN))
+_ACTION_CODES.update(dict.fromkeys(SEGMENT_CLOSES, _SEG_CLOSE))
+
+
+def run_name(device: int) -> str:
+    """The name of the run that holds ``device``'s history."""
+    return f"snapshot:cuda:{device}"
+
+
+class StackTable:
+    """Interns frames and call stacks into the trace's root ``frames`` and ``stacks`` tables.
+
+    A stack is named by the row of its innermost frame (docs/trace-format.md, ``stacks``).
+    """
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self._writer = writer
+        self._frames: dict[tuple[str, int, str], int] = {}
+        self._stacks: dict[tuple[int, int], int] = {}
+        self.frame_rows: list[tuple[int, int, int]] = []
+        self.stack_rows: list[tuple[int, int]] = []
+
+    def stack(self, frames: Any) -> int:
+        """The stack row of a list of frame dicts (innermost first); -1 for none."""
+        if not isinstance(frames, list) or not frames:
+            return NO_INDEX
+        parent = NO_INDEX
+        for frame in reversed(frames):
+            key = (self._frame(frame), parent)
+            row = self._stacks.get(key)
+            if row is None:
+                row = self._stacks[key] = len(self.stack_rows)
+                self.stack_rows.append(key)
+            parent = row
+        return parent
+
+    def _frame(self, frame: Any) -> int:
+        if not isinstance(frame, dict):
+            raise SnapshotError(f"a frame is not a dict ({type(frame).__name__})")
+        line = frame.get("line", 0)
+        key = (str(frame.get("filename", "")), line if isinstance(line, int) else 0, str(frame.get("name", "")))
+        row = self._frames.get(key)
+        if row is None:
+            row = self._frames[key] = len(self.frame_rows)
+            intern = self._writer.intern
+            self.frame_rows.append((intern(key[0]), key[1], intern(key[2])))
+        return row
+
+    def write(self) -> None:
+        """Append the interned frames and stacks to the trace."""
+        frames = np.array(self.frame_rows, dtype=np.int64).reshape(-1, 3)
+        self._writer.append_root(
+            "frames", {"file": frames[:, 0], "line": frames[:, 1], "name": frames[:, 2]}
+        )
+        stacks = np.array(self.stack_rows, dtype=np.int64).reshape(-1, 2)
+        self._writer.append_root("stacks", {"frame": stacks[:, 0], "parent": stacks[:, 1]})
+
+
+@dataclass
+class _Events:
+    """One device's history as columns."""
+
+    code: np.ndarray
+    addr: np.ndarray
+    size: np.ndarray
+    time_ns: np.ndarray
+    stream: np.ndarray
+    stack: np.ndarray
+
+
+def _read_events(
+    events: list[Any], device: int, t0_us: int, stacks: StackTable, tick: Callable[[int], None]
+) -> _Events:
+    """Stream a device's events into numpy arrays (NOTE [ Snapshot layouts ])."""
+    n = len(events)
+    out = _Events(
+        code=np.zeros(n, np.uint8),
+        addr=np.zeros(n, np.int64),
+        size=np.zeros(n, np.int64),
+        time_ns=np.zeros(n, np.int64),
+        stream=np.zeros(n, np.int64),
+        stack=np.full(n, NO_INDEX, np.int32),
+    )
+    codes, stack = _ACTION_CODES, stacks.stack
+    for i, e in enumerate(events):
+        where = f"device_traces[{device}][{i}]"
+        if not isinstance(e, dict) or "action" not in e:
+            raise SnapshotError(f"{where} is not an event (a dict with an 'action')")
+        code = codes.get(e["action"], _OTHER)
+        out.code[i] = code
+        if code != _OTHER:
+            out.addr[i] = integer(e.get("addr"), f"{where}.addr")
+            out.size[i] = integer(e.get("size"), f"{where}.size")
+            out.stream[i] = integer(e.get("stream", 0), f"{where}.stream")
+            if code == _ALLOC or code == _FREE:
+                out.stack[i] = stack(e.get("frames"))
+        time_us = e.get("time_us")
+        out.time_ns[i] = (integer(time_us, f"{where}.time_us") - t0_us) * 1000 if time_us is not None else i * 1000
+        if i % 65536 == 65535:
+            tick(65536)
+    tick(n % 65536)
+    np.maximum.accumulate(out.time_ns, out=out.time_ns)  # NOTE [ Event order ] in timeline.py
+    return out
+
+
+def _first_time_us(snapshot: dict[str, Any]) -> int:
+    """The earliest ``time_us`` of the first events of all devices (0 if none has one)."""
+    firsts = [
+        events[0].get("time_us")
+        for events in device_traces(snapshot)
+        if events and isinstance(events[0], dict)
+    ]
+    times = [t for t in firsts if isinstance(t, int) and not isinstance(t, bool)]
+    return min(times) if times else 0
+
+
+@dataclass
+class _Lifetimes:
+    """Pairing of a kind of open/close events into lifetimes (NOTE [ Pairing frees with allocs ])."""
+
+    owner: np.ndarray  # per open/close event (history order): its lifetime row
+    rows: int  # lifetimes in all: pre-existing first, then one per open event
+    pre_events: np.ndarray  # the close event of each pre-existing lifetime that has one
+    open_event: np.ndarray  # per lifetime after the pre-existing ones: its open event
+    close_event: np.ndarray  # per lifetime: its close event, -1 if none
+
+
+def _pair(is_open: np.ndarray, addr: np.ndarray, extra_pre: int) -> _Lifetimes:
+    """Pair events at the same address: each close with the open right before it, if any.
+
+    Lifetimes: first the closes with no open (live when the history began), then ``extra_pre``
+    more pre-existing ones (the caller's), then one per open event, in history order."""
+    k = len(is_open)
+    order = np.lexsort((np.arange(k), addr))
+    open_s, addr_s = is_open[order], addr[order]
+    after_open = np.zeros(k, bool)
+    after_open[1:] = (addr_s[1:] == addr_s[:-1]) & open_s[:-1]
+    paired_s = ~open_s & after_open
+    orphan = np.zeros(k, bool)
+    orphan[order] = ~open_s & ~after_open
+    n_orphan = int(orphan.sum())
+    base = n_orphan + extra_pre
+    owner = np.empty(k, np.int64)
+    owner[orphan] = np.arange(n_orphan)
+    owner[is_open] = base + np.arange(int(is_open.sum()))
+    owner_s = owner[order]
+    paired_at = np.flatnonzero(paired_s)
+    owner_s[paired_at] = owner_s[paired_at - 1]
+    owner[order] = owner_s
+    rows = base + int(is_open.sum())
+    close_event = np.full(rows, NO_INDEX, np.int64)
+    closes = np.flatnonzero(~is_open)
+    close_event[owner[closes]] = closes
+    return _Lifetimes(
+        owner=owner,
+        rows=rows,
+        pre_events=np.flatnonzero(orphan),
+        open_event=np.flatnonzero(is_open),
+        close_event=close_event,
+    )
+
+
+def _final_blocks(
+    snapshot: dict[str, Any], device: int, touched: np.ndarray, stacks: StackTable
+) -> tuple[np.ndarray, np.ndarray]:
+    """(size, stack) of the live blocks of the final state whose address the history never
+    touches (NOTE [ Blocks live when the history began ])."""
+    sizes, stack_rows = [], []
+    for i, seg in segments(snapshot, device):
+        for address, size, state, frames in blocks(seg, f"segments[{i}]"):
+            if state in LIVE_STATES and not _contains(touched, address):
+                sizes.append(size)
+                stack_rows.append(stacks.stack(frames))
+    return np.asarray(sizes, np.int64), np.asarray(stack_rows, np.int64)
+
+
+def _final_segments(
+    snapshot: dict[str, Any], device: int, touched: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(address, size, stream) of the final segments the history never reserves or releases."""
+    rows = []
+    for i, seg in segments(snapshot, device):
+        address = integer(seg.get("address"), f"segments[{i}].address")
+        if not _contains(touched, address):
+            size = integer(seg.get("total_size"), f"segments[{i}].total_size")
+            rows.append((address, size, integer(seg.get("stream", 0), f"segments[{i}].stream")))
+    arr = np.asarray(rows, np.int64).reshape(-1, 3)
+    return arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+def _contains(sorted_values: np.ndarray, value: int) -> bool:
+    i = int(np.searchsorted(sorted_values, value))
+    return i < len(sorted_values) and int(sorted_values[i]) == value
+
+
+def _write_device(
+    writer: TraceWriter,
+    run: RunWriter,
+    snapshot: dict[str, Any],
+    device: int,
+    ev: _Events,
+    stacks: StackTable,
+) -> None:
+    """The tables of one device's run (NOTE [ Blocks live when the history began ])."""
+    device_id = writer.intern(f"cuda:{device}")
+    empty = writer.intern("")
+    mem = np.flatnonzero((ev.code == _ALLOC) | (ev.code == _FREE))
+    is_alloc = ev.code[mem] == _ALLOC
+    addr = ev.addr[mem]
+    end_size, end_stack = _final_blocks(snapshot, device, np.unique(addr), stacks)
+    life = _pair(is_alloc, addr, len(end_size))
+    n_orphan = len(life.pre_events)
+    n_pre = n_orphan + len(end_size)
+    start_ns = int(ev.time_ns[0]) if len(ev.time_ns) else 0
+    end_ns = int(ev.time_ns[-1]) if len(ev.time_ns) else 0
+
+    nbytes = np.concatenate((ev.size[mem][life.pre_events], end_size, ev.size[mem][life.open_event]))
+    stack = np.concatenate((ev.stack[mem][life.pre_events], end_stack, ev.stack[mem][life.open_event]))
+    alloc_ns = np.concatenate((np.full(n_pre, -1, np.int64), ev.time_ns[mem][life.open_event]))
+    free_ns = np.where(life.close_event >= 0, ev.time_ns[mem][life.close_event], -1)
+    rows = life.rows
+    _append(
+        run,
+        "storages",
+        {
+            "nbytes": nbytes,
+            "device": np.full(rows, device_id, np.int32),
+            "category": np.full(rows, Category.UNKNOWN, np.uint8),
+            "dtype": np.full(rows, empty, np.int32),
+            "shape": np.full(rows, empty, np.int32),
+            "op": np.full(rows, NO_INDEX, np.int32),
+            "module_call": np.full(rows, NO_INDEX, np.int32),
+            "module": np.full(rows, NO_INDEX, np.int32),
+            "alloc_ns": alloc_ns,
+            "free_ns": free_ns,
+            "stack": stack,
+        },
+    )
+    kind = np.where(is_alloc, MemoryEventKind.ALLOC, MemoryEventKind.FREE).astype(np.uint8)
+    _append(
+        run,
+        "memory_events",
+        {
+            "kind": np.concatenate((np.full(n_pre, MemoryEventKind.SEEN, np.uint8), kind)),
+            "storage": np.concatenate((np.arange(n_pre), life.owner)),
+            "op": np.full(n_pre + len(mem), NO_INDEX, np.int32),
+            "time_ns": np.concatenate((np.full(n_pre, start_ns, np.int64), ev.time_ns[mem])),
+        },
+    )
+    _write_segments(run, snapshot, device, device_id, ev)
+    run.append(
+        "steps",
+        {
+            "step": [0],
+            "start_ns": [start_ns],
+            "end_ns": [end_ns],
+            "first_op": [0],
+            "first_memory_event": [0],
+            "forwards": [-1],
+            "backwards": [-1],
+            "optimizer_steps": [-1],
+            "complete": [1],
+        },
+    )
+    run.set_attrs(steps_recorded=1)
+    run.close()
+
+
+def _write_segments(
+    run: RunWriter, snapshot: dict[str, Any], device: int, device_id: int, ev: _Events
+) -> None:
+    """Reserved memory: the history's segment events paired, plus final segments it never
+    touches (reserved from the start)."""
+    seg = np.flatnonzero((ev.code == _SEG_OPEN) | (ev.code == _SEG_CLOSE))
+    is_open = ev.code[seg] == _SEG_OPEN
+    addr = ev.addr[seg]
+    end_addr, end_size, end_stream = _final_segments(snapshot, device, np.unique(addr))
+    life = _pair(is_open, addr, len(end_addr))
+    pre = life.pre_events
+    n_pre = len(pre) + len(end_addr)
+    free_ns = np.where(life.close_event >= 0, ev.time_ns[seg][life.close_event], -1)
+    _append(
+        run,
+        "segments",
+        {
+            "device": np.full(life.rows, device_id, np.int32),
+            "address": np.concatenate((addr[pre], end_addr, addr[life.open_event])),
+            "nbytes": np.concatenate((ev.size[seg][pre], end_size, ev.size[seg][life.open_event])),
+            "alloc_ns": np.concatenate(
+                (np.full(n_pre, -1, np.int64), ev.time_ns[seg][life.open_event])
+            ),
+            "free_ns": free_ns,
+            "stream": np.concatenate(
+                (ev.stream[seg][pre], end_stream, ev.stream[seg][life.open_event])
+            ),
+        },
+    )
+
+
+def _append(run: RunWriter, table: str, columns: dict[str, np.ndarray]) -> None:
+    rows = len(next(iter(columns.values())))
+    for start in range(0, max(rows, 1), BATCH):
+        run.append(table, {k: v[start : start + BATCH] for k, v in columns.items()})
+
+
+def snapshot_to_trace(
+    snapshot: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    source: str = "",
+    progress: Progress | None = None,
+) -> list[str]:
+    """Write ``snapshot`` (a dict as ``torch.cuda.memory._snapshot()`` returns, already checked
+    by ``reading.check_snapshot``) as a trace at ``path``; return the run names written.
+
+    ``source`` names where the snapshot came from (for the trace's ``command``)."""
+    found = devices(snapshot)
+    if not found:
+        raise SnapshotError(
+            f"{source or 'the snapshot'} holds no memory history and no segments; take it with "
+            "torch.cuda.memory._record_memory_history() enabled"
+        )
+    traces = device_traces(snapshot)
+    total = sum(len(traces[d]) for d in found if d < len(traces))
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    t0 = _first_time_us(snapshot)
+    meta = {
+        "ckview_version": __version__,
+        "device": f"cuda:{found[0]}",
+        "command": ["ckview", "import", source] if source else [],
+        "steps_requested": 1,
+        "steps_recorded": 1,
+        "step_rule": "the whole allocator history of the snapshot",
+        "source": "snapshot",
+    }
+    with TraceWriter(path, meta) as writer:
+        stacks = StackTable(writer)
+        names = []
+        for device in found:
+            events = traces[device] if device < len(traces) else []
+            ev = _read_events(events, device, t0, stacks, tick)
+            name = run_name(device)
+            _write_device(writer, writer.run(name), snapshot, device, ev, stacks)
+            names.append(name)
+        stacks.write()
+    return names

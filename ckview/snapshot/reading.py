@@ -1,0 +1,99 @@
+"""Reading a PyTorch memory snapshot pickle without running any code in it.
+
+NOTE [ A pickle is code ]
+    ``pickle.load`` calls whatever callables a pickle names (``os.system`` via ``__reduce__``),
+    so a downloaded snapshot could run anything. ``torch.cuda.memory._dump_snapshot`` pickles
+    only dicts, lists, tuples, str, int, float, bool and None, which pickle encodes with opcodes
+    of their own; no class is ever looked up. ``_PlainUnpickler.find_class`` therefore refuses
+    every class, so a pickle that names one fails before anything is called, and out-of-band
+    buffers (protocol 5) and persistent ids are refused too. Nothing but plain data is built.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from typing import Any, NoReturn
+
+from .errors import SnapshotError
+
+IMPORT_HINT = "pass a file written by torch.cuda.memory._dump_snapshot()"
+
+
+class _RefusedClass(pickle.UnpicklingError):
+    """The pickle names a class or function (NOTE [ A pickle is code ])."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds plain containers, numbers, strings, bytes, None and bools only."""
+
+    def find_class(self, module: str, name: str) -> NoReturn:
+        raise _RefusedClass(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> NoReturn:
+        raise _RefusedClass("a persistent id")
+
+
+def loads_plain(data: bytes, label: str = "the snapshot") -> Any:
+    """Unpickle ``data`` with the restricted unpickler (NOTE [ A pickle is code ])."""
+    return _load(io.BytesIO(data), label)
+
+
+def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a snapshot pickle; SnapshotError (one line) if it is unreadable, refused, or not a
+    snapshot."""
+    label = os.fspath(path)
+    if os.path.isdir(label):
+        raise SnapshotError(f"{label} is a directory; {IMPORT_HINT}")
+    try:
+        with open(label, "rb") as f:
+            data = _load(f, label)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise SnapshotError(f"cannot read {label} ({reason}); check the path") from None
+    check_snapshot(data, label)
+    return data
+
+
+def _load(f: Any, label: str) -> Any:
+    try:
+        return _PlainUnpickler(f, buffers=None).load()
+    except _RefusedClass as exc:
+        raise SnapshotError(
+            f"{label} is refused: it asks to load {exc} (a pickle can run code, and a snapshot "
+            f"holds only plain data); {IMPORT_HINT}"
+        ) from None
+    except RecursionError:
+        raise SnapshotError(f"{label} is nested too deeply to be a snapshot; {IMPORT_HINT}") from None
+    except MemoryError:
+        raise SnapshotError(f"{label} does not fit in memory; {IMPORT_HINT}") from None
+    except OSError:
+        raise
+    except Exception as exc:  # pickle raises many types on damaged input
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise SnapshotError(
+            f"{label} is not a readable pickle ({reason}: truncated or damaged?); {IMPORT_HINT}"
+        ) from None
+
+
+def check_snapshot(data: Any, label: str = "the snapshot") -> None:
+    """The top level of a snapshot: a dict with a list of ``segments`` and/or a list of
+    ``device_traces`` (one list of events per device). SnapshotError otherwise."""
+    if not isinstance(data, dict):
+        raise SnapshotError(
+            f"{label} is not a memory snapshot (it holds a {type(data).__name__}, not a dict "
+            f"with 'segments' and 'device_traces'); {IMPORT_HINT}"
+        )
+    if "segments" not in data and "device_traces" not in data:
+        keys = ", ".join(sorted(repr(k) for k in data)[:5]) or "none"
+        raise SnapshotError(
+            f"{label} is not a memory snapshot (no 'segments' or 'device_traces'; keys: "
+            f"{keys}); {IMPORT_HINT}"
+        )
+    for key in ("segments", "device_traces"):
+        if not isinstance(data.get(key, []), list):
+            raise SnapshotError(f"{label}: '{key}' is not a list; {IMPORT_HINT}")
+    for i, events in enumerate(data.get("device_traces", [])):
+        if not isinstance(events, list):
+            raise SnapshotError(f"{label}: device_traces[{i}] is not a list; {IMPORT_HINT}")
