@@ -46,6 +46,7 @@ CATEGORY_LABELS: dict[Category, str] = {
     Category.SHARDED_PARAMETER: "sharded parameters",
     Category.UNSHARDED_PARAMETER: "unsharded parameters",
     Category.COMM_BUFFER: "communication buffers",
+    Category.UNKNOWN: "unknown",
 }
 STACK_ORDER: tuple[Category, ...] = CATEGORY_PRIORITY
 """Bottom to top: what stays all step at the bottom (parameters, gradients, optimizer state,
