@@ -147,17 +147,26 @@ def _read_events(
         out.code[i] = code
         if code != _OTHER:
             out.addr[i] = integer(e.get("addr"), f"{where}.addr")
-            out.size[i] = integer(e.get("size"), f"{where}.size")
+            out.size[i] = size = integer(e.get("size"), f"{where}.size")
+            if size < 0:
+                raise SnapshotError(f"{where}.size is negative ({size})")
             out.stream[i] = integer(e.get("stream", 0), f"{where}.stream")
             if code == _ALLOC or code == _FREE:
                 out.stack[i] = stack(e.get("frames"))
-        time_us = e.get("time_us")
-        out.time_ns[i] = (integer(time_us, f"{where}.time_us") - t0_us) * 1000 if time_us is not None else i * 1000
+        out.time_ns[i] = _time_ns(e.get("time_us"), i, t0_us, where)
         if i % 65536 == 65535:
             tick(65536)
     tick(n % 65536)
     np.maximum.accumulate(out.time_ns, out=out.time_ns)  # NOTE [ Event order ] in timeline.py
     return out
+
+
+def _time_ns(time_us: Any, i: int, t0_us: int, where: str) -> int:
+    """Nanoseconds since the first event; without ``time_us`` (older layouts) the event's
+    index in microseconds, which keeps the order and nothing more."""
+    if time_us is None:
+        return i * 1000
+    return integer((integer(time_us, f"{where}.time_us") - t0_us) * 1000, f"{where}.time_us")
 
 
 def _first_time_us(snapshot: dict[str, Any]) -> int:
@@ -274,7 +283,7 @@ def _write_device(
     nbytes = np.concatenate((ev.size[mem][life.pre_events], end_size, ev.size[mem][life.open_event]))
     stack = np.concatenate((ev.stack[mem][life.pre_events], end_stack, ev.stack[mem][life.open_event]))
     alloc_ns = np.concatenate((np.full(n_pre, -1, np.int64), ev.time_ns[mem][life.open_event]))
-    free_ns = np.where(life.close_event >= 0, ev.time_ns[mem][life.close_event], -1)
+    free_ns = _times(ev.time_ns[mem], life.close_event)
     rows = life.rows
     _append(
         run,
@@ -335,7 +344,7 @@ def _write_segments(
     life = _pair(is_open, addr, len(end_addr))
     pre = life.pre_events
     n_pre = len(pre) + len(end_addr)
-    free_ns = np.where(life.close_event >= 0, ev.time_ns[seg][life.close_event], -1)
+    free_ns = _times(ev.time_ns[seg], life.close_event)
     _append(
         run,
         "segments",
@@ -352,6 +361,14 @@ def _write_segments(
             ),
         },
     )
+
+
+def _times(time_ns: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``time_ns[rows]``, -1 where a row is -1."""
+    out = np.full(len(rows), -1, np.int64)
+    known = rows >= 0
+    out[known] = time_ns[rows[known]]
+    return out
 
 
 def _append(run: RunWriter, table: str, columns: dict[str, np.ndarray]) -> None:

@@ -31,10 +31,15 @@ SEGMENT_CLOSES = frozenset({"segment_free", "segment_unmap"})
 LIVE_STATES = frozenset({"active_allocated", "active_awaiting_free", "active_pending_free"})
 
 
+INT64 = (-(2**63), 2**63 - 1)
+
+
 def integer(value: Any, where: str) -> int:
-    """``value`` as an int (bool is not one); SnapshotError naming ``where`` otherwise."""
+    """``value`` as an int64 (bool is not one); SnapshotError naming ``where`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise SnapshotError(f"{where} is not an integer ({type(value).__name__})")
+    if not INT64[0] <= value <= INT64[1]:
+        raise SnapshotError(f"{where} is out of range ({value})")
     return value
 
 
