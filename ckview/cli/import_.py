@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from ckview.snapshot import SnapshotError, load_snapshot, snapshot_to_trace
 
     source: Path = args.snapshot
+    if source.is_dir():
+        raise CLIError(f"{source} is a directory; pass a snapshot .pickle file")
+    if not source.exists():
+        raise CLIError(f"cannot read {source} (no such file); check the path")
     output: Path = args.output or source.with_suffix(".h5")
     _check_output(source, output)
     show = _stderr_is_tty() if args.progress is None else args.progress
