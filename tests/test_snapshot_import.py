@@ -182,7 +182,7 @@ def test_frames_and_stacks_form_a_prefix_tree(tmp_path: Path) -> None:
     assert names[0].startswith("c10::") and names[-1] == "train"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(0, 60))
 def test_random_histories_import_as_their_replay(seed: int, steps: int, tmp_path_factory: Any) -> None:
     snapshot = random_history(np.random.default_rng(seed), steps)
