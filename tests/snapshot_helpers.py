@@ -23,7 +23,30 @@ def fixture_path() -> Path | None:
 def frames(*names: str) -> list[dict[str, Any]]:
     """Frames innermost first: a C++ allocator frame, then Python frames named ``names``."""
     cpp = [{"name": "c10::cuda::CUDACachingAllocator::malloc", "filename": "??", "line": 0}]
-    return cpp + [{"name": n, "filename": f"/src/{n}.py", "line": 10 + i} for i, n in enumerate(names)]
+    return cpp + [
+        {"name": n, "filename": f"/src/{n}.py", "line": 10 + i} for i, n in enumerate(names)
+    ]
+
+
+class _History:
+    """Events of one device, 13 us apart."""
+
+    def __init__(self, time_us: int) -> None:
+        self.time_us = time_us
+        self.events: list[dict[str, Any]] = []
+
+    def add(self, action: str, addr: int, size: int, *names: str) -> None:
+        self.time_us += 13
+        self.events.append(
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "time_us": self.time_us,
+                "frames": frames(*names),
+            }
+        )
 
 
 def today(devices: int = 2) -> dict[str, Any]:
@@ -34,17 +57,8 @@ def today(devices: int = 2) -> dict[str, Any]:
     traces: list[list[dict[str, Any]]] = []
     for d in range(devices):
         base = 0x7000_0000_0000 + d * 0x1_0000_0000
-        t = 1_700_000_000_000_000 + d * 7
-        ev: list[dict[str, Any]] = []
-
-        def add(action: str, addr: int, size: int, *names: str) -> None:
-            nonlocal t
-            t += 13
-            ev.append(
-                {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
-                 "frames": frames(*names)}
-            )
-
+        history = _History(1_700_000_000_000_000 + d * 7)
+        ev, add = history.events, history.add
         add("free_requested", base + 0x100000, 4096, "old")  # allocated before the history
         add("free_completed", base + 0x100000, 4096, "old")
         add("segment_alloc", base + 0x400000, 2 << 20, "train")
@@ -56,8 +70,16 @@ def today(devices: int = 2) -> dict[str, Any]:
         add("alloc", base + 0x400000, 256 << 10, "backward", "train")  # the address reused
         add("segment_map", base + 0x800000, 2 << 20, "train")
         add("alloc", base + 0x800000, 2 << 20, "optimizer", "train")
-        ev.append({"action": "oom", "size": 1 << 40, "device_free": 123, "stream": 0,
-                   "time_us": t + 1, "frames": []})
+        ev.append(
+            {
+                "action": "oom",
+                "size": 1 << 40,
+                "device_free": 123,
+                "stream": 0,
+                "time_us": history.time_us + 1,
+                "frames": [],
+            }
+        )
         add("free_requested", base + 0x800000, 2 << 20, "optimizer", "train")
         add("free_completed", base + 0x800000, 2 << 20, "optimizer", "train")
         add("segment_unmap", base + 0x800000, 2 << 20, "train")
@@ -65,29 +87,68 @@ def today(devices: int = 2) -> dict[str, Any]:
         traces.append(ev)
         segments += [
             {  # reserved before the history: one block live all along, one freed in it
-                "device": d, "address": base + 0x100000, "total_size": 2 << 20,
-                "allocated_size": 8192, "active_size": 8192, "requested_size": 8192,
-                "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
-                "is_expandable": False, "frames": [],
+                "device": d,
+                "address": base + 0x100000,
+                "total_size": 2 << 20,
+                "allocated_size": 8192,
+                "active_size": 8192,
+                "requested_size": 8192,
+                "stream": 0,
+                "segment_type": "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
                 "blocks": [
-                    {"address": base + 0x100000, "size": 4096, "requested_size": 4000,
-                     "state": "inactive", "frames": []},
-                    {"address": base + 0x101000, "size": 8192, "requested_size": 8000,
-                     "state": "active_allocated", "frames": frames("model_init")},
-                    {"address": base + 0x103000, "size": (2 << 20) - 12288,
-                     "requested_size": 0, "state": "inactive", "frames": []},
+                    {
+                        "address": base + 0x100000,
+                        "size": 4096,
+                        "requested_size": 4000,
+                        "state": "inactive",
+                        "frames": [],
+                    },
+                    {
+                        "address": base + 0x101000,
+                        "size": 8192,
+                        "requested_size": 8000,
+                        "state": "active_allocated",
+                        "frames": frames("model_init"),
+                    },
+                    {
+                        "address": base + 0x103000,
+                        "size": (2 << 20) - 12288,
+                        "requested_size": 0,
+                        "state": "inactive",
+                        "frames": [],
+                    },
                 ],
             },
             {
-                "device": d, "address": base + 0x400000, "total_size": 2 << 20,
-                "allocated_size": 256 << 10, "active_size": 256 << 10,
-                "requested_size": 256 << 10, "stream": 0, "segment_type": "large",
-                "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                "device": d,
+                "address": base + 0x400000,
+                "total_size": 2 << 20,
+                "allocated_size": 256 << 10,
+                "active_size": 256 << 10,
+                "requested_size": 256 << 10,
+                "stream": 0,
+                "segment_type": "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
                 "blocks": [
-                    {"address": base + 0x400000, "size": 256 << 10, "requested_size": 1,
-                     "state": "active_awaiting_free", "frames": frames("backward", "train")},
-                    {"address": base + 0x440000, "size": (2 << 20) - (256 << 10),
-                     "requested_size": 0, "state": "inactive", "frames": []},
+                    {
+                        "address": base + 0x400000,
+                        "size": 256 << 10,
+                        "requested_size": 1,
+                        "state": "active_awaiting_free",
+                        "frames": frames("backward", "train"),
+                    },
+                    {
+                        "address": base + 0x440000,
+                        "size": (2 << 20) - (256 << 10),
+                        "requested_size": 0,
+                        "state": "inactive",
+                        "frames": [],
+                    },
                 ],
             },
         ]
@@ -125,8 +186,9 @@ def torch_2_0(devices: int = 1) -> dict[str, Any]:
                 e["action"] = "free"
     for seg in snap["segments"]:
         for block in seg["blocks"]:
-            block["history"] = [{"addr": 0, "real_size": block["size"],
-                                 "frames": block.pop("frames")}]
+            block["history"] = [
+                {"addr": 0, "real_size": block["size"], "frames": block.pop("frames")}
+            ]
             if block["state"] == "active_awaiting_free":
                 block["state"] = "active_pending_free"
     return snap
@@ -141,14 +203,31 @@ def random_history(rng: np.random.Generator, steps: int) -> dict[str, Any]:
     for i in range(steps):
         a = addresses[int(rng.integers(len(addresses)))]
         if a in live:
-            events.append({"action": "free_completed", "addr": a, "size": live.pop(a),
-                           "stream": 0, "time_us": i, "frames": []})
+            events.append(
+                {
+                    "action": "free_completed",
+                    "addr": a,
+                    "size": live.pop(a),
+                    "stream": 0,
+                    "time_us": i,
+                    "frames": [],
+                }
+            )
         else:
             live[a] = int(rng.integers(1, 100))
-            events.append({"action": "alloc", "addr": a, "size": live[a], "stream": 0,
-                           "time_us": i, "frames": frames(f"f{i % 3}")})
-    blocks = [{"address": a, "size": s, "state": "active_allocated", "frames": []}
-              for a, s in sorted(live.items())]
-    segment = {"device": 0, "address": 0x1000, "total_size": 0x6000, "stream": 0,
-               "blocks": blocks}
+            events.append(
+                {
+                    "action": "alloc",
+                    "addr": a,
+                    "size": live[a],
+                    "stream": 0,
+                    "time_us": i,
+                    "frames": frames(f"f{i % 3}"),
+                }
+            )
+    blocks = [
+        {"address": a, "size": s, "state": "active_allocated", "frames": []}
+        for a, s in sorted(live.items())
+    ]
+    segment = {"device": 0, "address": 0x1000, "total_size": 0x6000, "stream": 0, "blocks": blocks}
     return {"segments": [segment] if blocks else [], "device_traces": [events]}

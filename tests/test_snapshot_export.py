@@ -52,8 +52,12 @@ def test_fixture_round_trip_keeps_the_peak_and_the_frames(run_cli: Any, tmp_path
 
 @pytest.mark.parametrize(
     ("name", "run"),
-    [("mlp.h5", "main"), ("transformer_compare.h5", "baseline"),
-     ("transformer_compare.h5", "checkpointed"), ("cnn.h5", "main")],
+    [
+        ("mlp.h5", "main"),
+        ("transformer_compare.h5", "baseline"),
+        ("transformer_compare.h5", "checkpointed"),
+        ("cnn.h5", "main"),
+    ],
 )
 def test_a_recorded_cpu_trace_exports_with_its_own_timeline(
     name: str, run: str, run_cli: Any, tmp_path: Path
@@ -111,7 +115,9 @@ def test_the_pickle_is_torchs_own_protocol_and_plain_data(run_cli: Any, tmp_path
     entry = snapshot["device_traces"][0][0]
     assert set(entry) == {"action", "addr", "size", "stream", "time_us", "frames"}
     assert {e["action"] for e in snapshot["device_traces"][0]} == {
-        "alloc", "free_requested", "free_completed"
+        "alloc",
+        "free_requested",
+        "free_completed",
     }
     blocks = [b for s in snapshot["segments"] for b in s["blocks"]]
     assert blocks and all(b["state"] == "active_allocated" for b in blocks)
@@ -142,8 +148,9 @@ def test_snapshot_errors_are_one_line(
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize(("out", "message"), [("x.h5", "name it NAME.pickle"),
-                                              ("nodir/x.pickle", "no directory")])
+@pytest.mark.parametrize(
+    ("out", "message"), [("x.h5", "name it NAME.pickle"), ("nodir/x.pickle", "no directory")]
+)
 def test_bad_snapshot_paths(out: str, message: str, run_cli: Any, tmp_path: Path) -> None:
     code, _, err = run_cli("export", "--snapshot", str(tmp_path / out), str(SAMPLES / "mlp.h5"))
     assert code == 2 and message in err, err

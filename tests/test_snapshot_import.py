@@ -34,7 +34,8 @@ from ckview.trace.schema import Category, MemoryEventKind
 
 FIXTURE = fixture_path()
 needs_fixture = pytest.mark.skipif(
-    FIXTURE is None, reason="the CUDA snapshot fixture (../shared/fixtures/cuda_snapshots) is absent"
+    FIXTURE is None,
+    reason="the CUDA snapshot fixture (../shared/fixtures/cuda_snapshots) is absent",
 )
 
 
@@ -153,7 +154,9 @@ def test_each_layout_imports_as_its_replay(layout: Any, tmp_path: Path) -> None:
 def test_segments_are_reserved_memory(tmp_path: Path) -> None:
     path = import_dict(today(1), tmp_path)
     seg = run_tables(path, "snapshot:cuda:0")["segments"]
-    rows = sorted(zip(seg["nbytes"].tolist(), seg["alloc_ns"] >= 0, seg["free_ns"] >= 0))
+    rows = sorted(
+        zip(seg["nbytes"].tolist(), seg["alloc_ns"] >= 0, seg["free_ns"] >= 0, strict=True)
+    )
     # One reserved before the history (never touched), one reserved in it and kept, one
     # expandable range mapped and unmapped.
     assert rows == [(2 << 20, False, False), (2 << 20, True, False), (2 << 20, True, True)]
@@ -171,7 +174,8 @@ def test_frames_and_stacks_form_a_prefix_tree(tmp_path: Path) -> None:
     from ckview.analysis.stacks import allocation_site, stack_frames
 
     sites = {
-        allocation_site(t["frames"], t["stacks"], t["strings"], int(s)) for s in t["storages"]["stack"]
+        allocation_site(t["frames"], t["stacks"], t["strings"], int(s))
+        for s in t["storages"]["stack"]
     }
     assert "/src/forward.py:10 (forward)" in sites and "/src/model_init.py:10 (model_init)" in sites
     # forward and backward share the caller's frames: the stacks tree stores them once.
@@ -184,7 +188,9 @@ def test_frames_and_stacks_form_a_prefix_tree(tmp_path: Path) -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(0, 60))
-def test_random_histories_import_as_their_replay(seed: int, steps: int, tmp_path_factory: Any) -> None:
+def test_random_histories_import_as_their_replay(
+    seed: int, steps: int, tmp_path_factory: Any
+) -> None:
     snapshot = random_history(np.random.default_rng(seed), steps)
     if not snapshot["segments"] and not snapshot["device_traces"][0]:
         return  # nothing at all: refused, tested below
@@ -260,7 +266,9 @@ def _fixture_bytes() -> bytes:
         (lambda: pickle.dumps({"segments": [], "device_traces": []}), "holds no memory history"),
         (lambda: pickle.dumps({"segments": 3}), "'segments' is not a list"),
         (
-            lambda: pickle.dumps({"device_traces": [[{"action": "alloc", "addr": "x", "size": 1}]]}),
+            lambda: pickle.dumps(
+                {"device_traces": [[{"action": "alloc", "addr": "x", "size": 1}]]}
+            ),
             r"device_traces\[0\]\[0\].addr is not an integer",
         ),
         (
@@ -273,8 +281,16 @@ def _fixture_bytes() -> bytes:
         (lambda: b"\x80\x02" + b"]" * 200_000 + b".", "not a memory snapshot"),
     ],
     ids=[
-        "truncated", "empty", "garbage", "a list", "other dict", "empty snapshot",
-        "segments not a list", "bad addr", "huge addr", "segment without address",
+        "truncated",
+        "empty",
+        "garbage",
+        "a list",
+        "other dict",
+        "empty snapshot",
+        "segments not a list",
+        "bad addr",
+        "huge addr",
+        "segment without address",
         "a deep stack",
     ],
 )
@@ -285,7 +301,7 @@ def test_broken_input_is_one_line_exit_2(
     path.write_bytes(content())
     existing = tmp_path / "bad.h5"
     existing.write_bytes(b"keep me")
-    code, out, err = run_cli("import", str(path))
+    code, _, err = run_cli("import", str(path))
     assert code == 2, err
     assert err.count("\n") == 1 and err.startswith("ckview: error: ")
     import re
@@ -304,8 +320,9 @@ def test_broken_input_is_one_line_exit_2(
         (["x.pickle", "-o", "nodir/x.h5"], "no directory"),
     ],
 )
-def test_bad_paths_are_one_line(args: list[str], message: str, run_cli: Any, tmp_path: Path,
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_paths_are_one_line(
+    args: list[str], message: str, run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x.pickle").write_bytes(pickle.dumps(today(1)))
     code, _, err = run_cli("import", *args)

@@ -16,6 +16,7 @@ from ckview.analysis.breakdown import (
     storage_modules,
 )
 from ckview.analysis.recompute import step_durations
+from ckview.analysis.stacks import allocation_site
 from ckview.analysis.timeline import (
     MemoryTimeline,
     find_peak,
@@ -24,7 +25,6 @@ from ckview.analysis.timeline import (
     step_allocated_peaks,
     step_segments,
 )
-from ckview.analysis.stacks import allocation_site
 from ckview.analysis.timing import Spread
 from ckview.trace.schema import NO_INDEX, Category, Phase
 

@@ -57,19 +57,19 @@ def run(args: argparse.Namespace) -> int:
     output: Path = args.output or source.with_suffix(".h5")
     _check_output(source, output)
     show = _stderr_is_tty() if args.progress is None else args.progress
-    progress = _Bar() if show else None
+    bar = _Bar() if show else None
     try:
-        if progress is not None:
-            progress.say(f"reading {source}")
+        if bar is not None:
+            bar.say(f"reading {source}")
         snapshot = load_snapshot(source)
         staging = _staging_path(output)
         try:
             runs = snapshot_to_trace(
-                snapshot, staging, source=str(source), progress=progress and progress.update
+                snapshot, staging, source=str(source), progress=bar.update if bar else None
             )
             del snapshot
-            if progress is not None:
-                progress.done()
+            if bar is not None:
+                bar.done()
             replaced = output.exists()
             os.replace(staging, output)
         finally:

@@ -363,7 +363,9 @@ class MainWindow(QMainWindow):
         if len(run.tables["modules"]["path"]):
             self.plan.set_session(PlanSession(run))
         else:  # imported from a memory snapshot: no module tree to checkpoint
-            self.plan.set_session(None, "This run has no modules (a memory snapshot): nothing to plan.")
+            self.plan.set_session(
+                None, "This run has no modules (a memory snapshot): nothing to plan."
+            )
         self.status_run.setText(
             f"{run.label} · {run.n_events:,} events · peak {format_bytes(run.peak.bytes)}"
         )

@@ -95,7 +95,11 @@ class StackTable:
         if not isinstance(frame, dict):
             raise SnapshotError(f"a frame is not a dict ({type(frame).__name__})")
         line = frame.get("line", 0)
-        key = (str(frame.get("filename", "")), line if isinstance(line, int) else 0, str(frame.get("name", "")))
+        key = (
+            str(frame.get("filename", "")),
+            line if isinstance(line, int) else 0,
+            str(frame.get("name", "")),
+        )
         row = self._frames.get(key)
         if row is None:
             row = self._frames[key] = len(self.frame_rows)
@@ -151,7 +155,7 @@ def _read_events(
             if size < 0:
                 raise SnapshotError(f"{where}.size is negative ({size})")
             out.stream[i] = integer(e.get("stream", 0), f"{where}.stream")
-            if code == _ALLOC or code == _FREE:
+            if code in (_ALLOC, _FREE):
                 out.stack[i] = stack(e.get("frames"))
         out.time_ns[i] = _time_ns(e.get("time_us"), i, t0_us, where)
         if i % 65536 == 65535:
@@ -182,7 +186,7 @@ def _first_time_us(snapshot: dict[str, Any]) -> int:
 
 @dataclass
 class _Lifetimes:
-    """Pairing of a kind of open/close events into lifetimes (NOTE [ Pairing frees with allocs ])."""
+    """Open/close events paired into lifetimes (NOTE [ Pairing frees with allocs ])."""
 
     owner: np.ndarray  # per open/close event (history order): its lifetime row
     rows: int  # lifetimes in all: pre-existing first, then one per open event
@@ -280,8 +284,12 @@ def _write_device(
     start_ns = int(ev.time_ns[0]) if len(ev.time_ns) else 0
     end_ns = int(ev.time_ns[-1]) if len(ev.time_ns) else 0
 
-    nbytes = np.concatenate((ev.size[mem][life.pre_events], end_size, ev.size[mem][life.open_event]))
-    stack = np.concatenate((ev.stack[mem][life.pre_events], end_stack, ev.stack[mem][life.open_event]))
+    nbytes = np.concatenate(
+        (ev.size[mem][life.pre_events], end_size, ev.size[mem][life.open_event])
+    )
+    stack = np.concatenate(
+        (ev.stack[mem][life.pre_events], end_stack, ev.stack[mem][life.open_event])
+    )
     alloc_ns = np.concatenate((np.full(n_pre, -1, np.int64), ev.time_ns[mem][life.open_event]))
     free_ns = _times(ev.time_ns[mem], life.close_event)
     rows = life.rows

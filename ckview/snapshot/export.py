@@ -100,7 +100,9 @@ def trace_to_snapshot(tables: Mapping[str, Any], strings: Sequence[str]) -> dict
     born = births(storages, kind, storage)
     freed = kind == MemoryEventKind.FREE
     time_us = np.asarray(events["time_ns"], np.int64) // 1000
-    traces: list[list[dict[str, Any]]] = [[] for _ in range(int(device.max()) + 1 if len(device) else 1)]
+    traces: list[list[dict[str, Any]]] = [
+        [] for _ in range(int(device.max()) + 1 if len(device) else 1)
+    ]
     for row in np.flatnonzero(born | freed).tolist():
         s = int(storage[row])
         common = {
@@ -116,8 +118,10 @@ def trace_to_snapshot(tables: Mapping[str, Any], strings: Sequence[str]) -> dict
         else:
             out.append({"action": "free_requested", **common})
             out.append({"action": "free_completed", **common})
-    return {"segments": _final_segments(storages, storage, born, freed, address, device, frames),
-            "device_traces": traces}
+    return {
+        "segments": _final_segments(storages, storage, born, freed, address, device, frames),
+        "device_traces": traces,
+    }
 
 
 def _final_segments(

@@ -65,7 +65,9 @@ def _load(f: Any, label: str) -> Any:
             f"holds only plain data); {IMPORT_HINT}"
         ) from None
     except RecursionError:
-        raise SnapshotError(f"{label} is nested too deeply to be a snapshot; {IMPORT_HINT}") from None
+        raise SnapshotError(
+            f"{label} is nested too deeply to be a snapshot; {IMPORT_HINT}"
+        ) from None
     except MemoryError:
         raise SnapshotError(f"{label} does not fit in memory; {IMPORT_HINT}") from None
     except OSError:

@@ -133,8 +133,11 @@ FRAMES: tuple[Column, ...] = (
 #: Root-level prefix tree of call stacks (since v4): one row per distinct (frame, parent).
 STACKS: tuple[Column, ...] = (
     _c("frame", "<i4", "row in 'frames' of this stack's innermost frame (since v4)"),
-    _c("parent", "<i4", "row in 'stacks' of the stack of the caller, -1 at the outermost frame "
-       "(since v4)"),
+    _c(
+        "parent",
+        "<i4",
+        "row in 'stacks' of the stack of the caller, -1 at the outermost frame (since v4)",
+    ),
 )
 
 #: Tables at the root of the file (shared by all runs), by name.
@@ -258,7 +261,11 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         ),
         _c("address", "<i8", "device address of the segment (since v4)"),
         _c("nbytes", "<i8", "size of the segment in bytes (since v4)"),
-        _c("alloc_ns", "<i8", "time it was reserved, -1 if it existed before the history (since v4)"),
+        _c(
+            "alloc_ns",
+            "<i8",
+            "time it was reserved, -1 if it existed before the history (since v4)",
+        ),
         _c("free_ns", "<i8", "time it was released, -1 if still reserved at the end (since v4)"),
         _c("stream", "<i8", "CUDA stream the segment belongs to (since v4)"),
     ),
