@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -68,12 +68,24 @@ class StackTable:
     """Interns frames and call stacks into the trace's root ``frames`` and ``stacks`` tables.
 
     A stack is named by the row of its innermost frame (docs/trace-format.md, ``stacks``).
+
+    NOTE [ Frames by identity ]
+        Torch shares frame dicts between the events of a snapshot (symbolized once each), so a
+        frame dict already seen is found by ``id`` without reading its fields, and a whole stack
+        by the tuple of its frame rows. The frame dicts are kept referenced while their ids are
+        cached, so an id is never reused for another dict; the cache is emptied when it grows
+        past ``MAX_CACHED`` (snapshots whose frames are not shared), which costs speed only.
     """
+
+    MAX_CACHED = 1 << 20
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._frames: dict[tuple[str, int, str], int] = {}
         self._stacks: dict[tuple[int, int], int] = {}
+        self._by_frames: dict[tuple[int, ...], int] = {}
+        self._ids: dict[int, int] = {}
+        self._alive: list[Any] = []
         self.frame_rows: list[tuple[int, int, int]] = []
         self.stack_rows: list[tuple[int, int]] = []
 
@@ -81,9 +93,20 @@ class StackTable:
         """The stack row of a list of frame dicts (innermost first); -1 for none."""
         if not isinstance(frames, list) or not frames:
             return NO_INDEX
+        ids = self._ids
+        try:
+            key = tuple([ids[id(f)] for f in frames])
+        except KeyError:
+            key = tuple([self._frame(f) for f in frames])
+        row = self._by_frames.get(key)
+        if row is None:
+            row = self._by_frames[key] = self._insert(key)
+        return row
+
+    def _insert(self, frames: tuple[int, ...]) -> int:
         parent = NO_INDEX
         for frame in reversed(frames):
-            key = (self._frame(frame), parent)
+            key = (frame, parent)
             row = self._stacks.get(key)
             if row is None:
                 row = self._stacks[key] = len(self.stack_rows)
@@ -97,7 +120,7 @@ class StackTable:
         line = frame.get("line", 0)
         key = (
             str(frame.get("filename", "")),
-            line if isinstance(line, int) else 0,
+            line if type(line) is int and 0 <= line < 2**31 else 0,
             str(frame.get("name", "")),
         )
         row = self._frames.get(key)
@@ -105,6 +128,11 @@ class StackTable:
             row = self._frames[key] = len(self.frame_rows)
             intern = self._writer.intern
             self.frame_rows.append((intern(key[0]), key[1], intern(key[2])))
+        if len(self._ids) >= self.MAX_CACHED:
+            self._ids.clear()
+            self._alive.clear()
+        self._ids[id(frame)] = row
+        self._alive.append(frame)
         return row
 
     def write(self) -> None:
@@ -129,10 +157,20 @@ class _Events:
     stack: np.ndarray
 
 
+#: Events read per chunk: Python lists of one chunk, then numpy arrays.
+CHUNK = 65536
+#: Largest ``time_us`` accepted (2**53: exact in a float, and x1000 fits int64).
+MAX_TIME_US = 2**53
+
+
+class _Bad(Exception):
+    """An event failed the fast checks of ``_read_events``; ``_check_event`` says why."""
+
+
 def _read_events(
     events: list[Any], device: int, t0_us: int, stacks: StackTable, tick: Callable[[int], None]
 ) -> _Events:
-    """Stream a device's events into numpy arrays (NOTE [ Snapshot layouts ])."""
+    """Stream a device's events into numpy arrays, chunk by chunk (NOTE [ Snapshot layouts ])."""
     n = len(events)
     out = _Events(
         code=np.zeros(n, np.uint8),
@@ -142,35 +180,88 @@ def _read_events(
         stream=np.zeros(n, np.int64),
         stack=np.full(n, NO_INDEX, np.int32),
     )
-    codes, stack = _ACTION_CODES, stacks.stack
-    for i, e in enumerate(events):
-        where = f"device_traces[{device}][{i}]"
-        if not isinstance(e, dict) or "action" not in e:
-            raise SnapshotError(f"{where} is not an event (a dict with an 'action')")
-        code = codes.get(e["action"], _OTHER)
-        out.code[i] = code
-        if code != _OTHER:
-            out.addr[i] = integer(e.get("addr"), f"{where}.addr")
-            out.size[i] = size = integer(e.get("size"), f"{where}.size")
-            if size < 0:
-                raise SnapshotError(f"{where}.size is negative ({size})")
-            out.stream[i] = integer(e.get("stream", 0), f"{where}.stream")
-            if code in (_ALLOC, _FREE):
-                out.stack[i] = stack(e.get("frames"))
-        out.time_ns[i] = _time_ns(e.get("time_us"), i, t0_us, where)
-        if i % 65536 == 65535:
-            tick(65536)
-    tick(n % 65536)
+    raw_time = np.zeros(n, np.int64)
+    for start in range(0, n, CHUNK):
+        part = events[start : start + CHUNK]
+        columns = _read_chunk(part, start, device, stacks)
+        stop = start + len(part)
+        for name, values in zip(("code", "addr", "size", "stream", "stack"), columns, strict=False):
+            getattr(out, name)[start:stop] = values
+        raw_time[start:stop] = columns[-1]
+        tick(len(part))
+    if (raw_time < 0).any():  # an event without time_us (older layouts): order only
+        out.time_ns[:] = np.arange(n, dtype=np.int64) * 1000
+    else:
+        out.time_ns[:] = (raw_time - t0_us) * 1000
     np.maximum.accumulate(out.time_ns, out=out.time_ns)  # NOTE [ Event order ] in timeline.py
     return out
 
 
-def _time_ns(time_us: Any, i: int, t0_us: int, where: str) -> int:
-    """Nanoseconds since the first event; without ``time_us`` (older layouts) the event's
-    index in microseconds, which keeps the order and nothing more."""
-    if time_us is None:
-        return i * 1000
-    return integer((integer(time_us, f"{where}.time_us") - t0_us) * 1000, f"{where}.time_us")
+def _read_chunk(part: list[Any], start: int, device: int, stacks: StackTable) -> list[np.ndarray]:
+    """(code, addr, size, stream, stack, time_us or -1) of a chunk of events. Only allocations
+    get their stack here (a free carries its block's allocation frames again; the few frees
+    whose block was allocated before the history get theirs in ``_write_device``)."""
+    codes, stack = _ACTION_CODES, stacks.stack
+    rows: list[list[int]] = [[], [], [], [], [], []]
+    code_l, addr_l, size_l, stream_l, stack_l, time_l = rows
+    for j, e in enumerate(part):
+        try:
+            code = codes.get(e["action"], _OTHER)
+            addr = size = stream = 0
+            frames = NO_INDEX
+            if code:
+                addr, size, stream = e["addr"], e["size"], e.get("stream", 0)
+                if type(addr) is not int or type(size) is not int or type(stream) is not int:
+                    raise _Bad
+                if code == _ALLOC:
+                    frames = stack(e.get("frames"))
+            time_us = e.get("time_us", -1)
+            if type(time_us) is not int:
+                raise _Bad
+        except SnapshotError:
+            raise
+        except Exception:
+            _bad_event(e, device, start + j)
+        code_l.append(code)
+        addr_l.append(addr)
+        size_l.append(size)
+        stream_l.append(stream)
+        stack_l.append(frames)
+        time_l.append(time_us)
+    try:
+        columns = [np.array(r, np.int64) for r in rows]
+    except OverflowError:
+        columns = []
+    if (
+        len(columns) < len(rows)
+        or (columns[2] < 0).any()
+        or (columns[5] < -1).any()
+        or (columns[5] >= MAX_TIME_US).any()
+    ):
+        for j, e in enumerate(part):  # find the culprit and say what is wrong with it
+            _check_event(e, f"device_traces[{device}][{start + j}]")
+    return columns
+
+
+def _bad_event(e: Any, device: int, index: int) -> NoReturn:
+    where = f"device_traces[{device}][{index}]"
+    _check_event(e, where)
+    raise SnapshotError(f"{where} is not a valid event")
+
+
+def _check_event(e: Any, where: str) -> None:
+    """Raise the SnapshotError that says what is wrong with event ``e``, if anything."""
+    if not isinstance(e, dict) or "action" not in e:
+        raise SnapshotError(f"{where} is not an event (a dict with an 'action')")
+    if not isinstance(e["action"], str):
+        raise SnapshotError(f"{where}.action is not a string")
+    if _ACTION_CODES.get(e["action"], _OTHER):
+        integer(e.get("addr"), f"{where}.addr")
+        if integer(e.get("size"), f"{where}.size") < 0:
+            raise SnapshotError(f"{where}.size is negative ({e['size']})")
+        integer(e.get("stream", 0), f"{where}.stream")
+    if "time_us" in e and not 0 <= integer(e["time_us"], f"{where}.time_us") < MAX_TIME_US:
+        raise SnapshotError(f"{where}.time_us is out of range ({e['time_us']})")
 
 
 def _first_time_us(snapshot: dict[str, Any]) -> int:
@@ -180,7 +271,7 @@ def _first_time_us(snapshot: dict[str, Any]) -> int:
         for events in device_traces(snapshot)
         if events and isinstance(events[0], dict)
     ]
-    times = [t for t in firsts if isinstance(t, int) and not isinstance(t, bool)]
+    times = [t for t in firsts if type(t) is int and 0 <= t < MAX_TIME_US]
     return min(times) if times else 0
 
 
@@ -287,8 +378,10 @@ def _write_device(
     nbytes = np.concatenate(
         (ev.size[mem][life.pre_events], end_size, ev.size[mem][life.open_event])
     )
+    events = device_traces(snapshot)[device] if device < len(device_traces(snapshot)) else []
+    pre_stack = [stacks.stack(events[int(i)].get("frames")) for i in mem[life.pre_events]]
     stack = np.concatenate(
-        (ev.stack[mem][life.pre_events], end_stack, ev.stack[mem][life.open_event])
+        (np.asarray(pre_stack, np.int64), end_stack, ev.stack[mem][life.open_event])
     )
     alloc_ns = np.concatenate((np.full(n_pre, -1, np.int64), ev.time_ns[mem][life.open_event]))
     free_ns = _times(ev.time_ns[mem], life.close_event)
