@@ -105,7 +105,11 @@ def main() -> None:
         pickle_path = Path(tmp) / "big.pickle"
         trace_path = Path(tmp) / "big.h5"
         start = time.perf_counter()
-        gen = f"from benchmarks.snapshot_import import make_snapshot as m; from pathlib import Path; m(Path({str(pickle_path)!r}), {args.events}, {args.frames}, shared={not args.unshared})"
+        gen = (
+            "from benchmarks.snapshot_import import make_snapshot as m; from pathlib import Path; "
+            f"m(Path({str(pickle_path)!r}), {args.events}, {args.frames}, "
+            f"shared={not args.unshared})"
+        )
         subprocess.run(
             [sys.executable, "-c", gen], env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import shlex
 import sys
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     _check_output(source, output)
     show = _stderr_is_tty() if args.progress is None else args.progress
     bar = _Bar() if show else None
+    gc.disable()  # NOTE [ No cyclic GC while unpickling ]: conversion makes no cycles either
     try:
         if bar is not None:
             bar.say(f"reading {source}")
@@ -79,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     except OSError as exc:
         raise CLIError(f"cannot write {output} ({exc.strerror or exc}); check the path") from None
+    finally:
+        gc.enable()
     print(_report(output, runs, replaced), file=sys.stderr)
     return 0
 

@@ -11,6 +11,7 @@ NOTE [ A pickle is code ]
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -57,6 +58,11 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _load(f: Any, label: str) -> Any:
+    # NOTE [ No cyclic GC while unpickling ]: a snapshot is millions of dicts and lists, and
+    # each thousand new containers start a collection that walks the older ones: 2.5x the
+    # time of the load itself. Plain data holds no cycles to collect, so the collector waits.
+    enabled = gc.isenabled()
+    gc.disable()
     try:
         return _PlainUnpickler(f, buffers=None).load()
     except _RefusedClass as exc:
@@ -77,6 +83,9 @@ def _load(f: Any, label: str) -> Any:
         raise SnapshotError(
             f"{label} is not a readable pickle ({reason}: truncated or damaged?); {IMPORT_HINT}"
         ) from None
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def check_snapshot(data: Any, label: str = "the snapshot") -> None:
