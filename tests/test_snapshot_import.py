@@ -350,3 +350,15 @@ def test_importing_never_imports_torch(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_snapshot_without_history_is_its_final_state(tmp_path: Path) -> None:
+    """``_record_memory_history`` off: segments only; the blocks are live all along."""
+    snapshot = today(1)
+    del snapshot["device_traces"]
+    path = import_dict(snapshot, tmp_path)
+    t = run_tables(path, "snapshot:cuda:0")
+    assert sorted(t["storages"]["nbytes"].tolist()) == [8192, 256 << 10]
+    assert (t["memory_events"]["kind"] == MemoryEventKind.SEEN).all()
+    assert memory_timeline(t["storages"], t["memory_events"]).total.max() == 8192 + (256 << 10)
+    assert len(t["segments"]["nbytes"]) == 2

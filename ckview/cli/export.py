@@ -278,7 +278,10 @@ def _subtitle(traces: list[TraceData]) -> str:
 
 def _recorded(meta: dict[str, Any]) -> str:
     start = str(meta.get("start_time", "")).replace("T", " ")[:16]
-    text = f"{meta.get('device', '?')}, torch {meta.get('torch_version', '?')}, recorded {start}"
+    if meta.get("source") == "snapshot":
+        return f"{meta.get('device', '?')}, imported from a PyTorch memory snapshot {start}"
+    torch = meta.get("torch_version") or "?"
+    text = f"{meta.get('device', '?')}, torch {torch}, recorded {start}"
     if not meta.get("complete", True):
         text += " (INCOMPLETE recording)"
     return text
