@@ -121,6 +121,8 @@ def test_the_explorer_opens_an_imported_fixture(qtbot: Any, tmp_path: Path) -> N
     run = w.current_run()
     assert run is not None and run.name == "snapshot:cuda:0" and run.peak.bytes == 108268548
     assert "nothing to plan" in w.plan.readout.text()
+    sites = {t.module for t in run.live_tensors(run.peak.point)}
+    assert "/oscar/home/jsolt/FourierNN/counterfactuals.py:102 (generate_counterfactuals)" in sites
     w.peak_action.trigger()
     assert "103 MiB" in w.inspector.findChildren(type(w.status_run))[0].text()
     assert not w.grab().isNull()
