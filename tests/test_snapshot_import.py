@@ -281,6 +281,16 @@ def _fixture_bytes() -> bytes:
         ),
         (lambda: pickle.dumps({"segments": [{"device": 0}]}), r"segments\[0\] has no 'address'"),
         (lambda: b"\x80\x02" + b"]" * 200_000 + b".", "not a memory snapshot"),
+        (
+            lambda: pickle.dumps({"segments": [{"device": -1, "address": 0, "blocks": []}]}),
+            r"segments\[0\].device is not a device ordinal",
+        ),
+        (
+            lambda: pickle.dumps(
+                {"device_traces": [[{"action": "alloc", "addr": 1, "size": 1, "frames": [3]}]]}
+            ),
+            r"bad.pickle is not a valid snapshot \(a frame is not a dict",
+        ),
     ],
     ids=[
         "truncated",
@@ -294,6 +304,8 @@ def _fixture_bytes() -> bytes:
         "huge addr",
         "segment without address",
         "a deep stack",
+        "negative device",
+        "bad frame",
     ],
 )
 def test_broken_input_is_one_line_exit_2(

@@ -46,6 +46,7 @@ from .layout import (
     integer,
     segments,
 )
+from .reading import IMPORT_HINT
 
 Progress = Callable[[int, int], None]
 """Called with (events done, events in all) while converting."""
@@ -344,6 +345,8 @@ def _final_segments(
         address = integer(seg.get("address"), f"segments[{i}].address")
         if not _contains(touched, address):
             size = integer(seg.get("total_size"), f"segments[{i}].total_size")
+            if size < 0:
+                raise SnapshotError(f"segments[{i}].total_size is negative ({size})")
             rows.append((address, size, integer(seg.get("stream", 0), f"segments[{i}].stream")))
     arr = np.asarray(rows, np.int64).reshape(-1, 3)
     return arr[:, 0], arr[:, 1], arr[:, 2]
@@ -488,8 +491,13 @@ def snapshot_to_trace(
     """Write ``snapshot`` (a dict as ``torch.cuda.memory._snapshot()`` returns, already checked
     by ``reading.check_snapshot``) as a trace at ``path``; return the run names written.
 
-    ``source`` names where the snapshot came from (for the trace's ``command``)."""
-    found = devices(snapshot)
+    ``source`` names where the snapshot came from (for the trace's ``command`` and messages).
+    A snapshot that breaks its format raises SnapshotError (one line, naming ``source``)."""
+    label = source or "the snapshot"
+    try:
+        found = devices(snapshot)
+    except SnapshotError as exc:
+        raise _invalid(label, exc) from None
     if not found:
         raise SnapshotError(
             f"{source or 'the snapshot'} holds no memory history and no segments; take it with "
@@ -520,9 +528,16 @@ def snapshot_to_trace(
         names = []
         for device in found:
             events = traces[device] if device < len(traces) else []
-            ev = _read_events(events, device, t0, stacks, tick)
-            name = run_name(device)
-            _write_device(writer, writer.run(name), snapshot, device, ev, stacks)
+            try:
+                ev = _read_events(events, device, t0, stacks, tick)
+                name = run_name(device)
+                _write_device(writer, writer.run(name), snapshot, device, ev, stacks)
+            except SnapshotError as exc:
+                raise _invalid(label, exc) from None
             names.append(name)
         stacks.write()
     return names
+
+
+def _invalid(label: str, exc: SnapshotError) -> SnapshotError:
+    return SnapshotError(f"{label} is not a valid snapshot ({exc}); {IMPORT_HINT}")

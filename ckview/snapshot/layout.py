@@ -58,10 +58,22 @@ def device_traces(snapshot: dict[str, Any]) -> list[list[Any]]:
     return traces
 
 
+#: Device indices accepted (CUDA device ordinals).
+MAX_DEVICES = 1 << 16
+
+
+def segment_device(segment: Any, i: int) -> int:
+    """The device of ``segments[i]``: an ordinal from 0 (SnapshotError otherwise)."""
+    device = integer(field(segment, "device", f"segments[{i}]"), f"segments[{i}].device")
+    if not 0 <= device < MAX_DEVICES:
+        raise SnapshotError(f"segments[{i}].device is not a device ordinal ({device})")
+    return device
+
+
 def segments(snapshot: dict[str, Any], device: int) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(index, segment)`` of each segment of ``device`` in the final state."""
     for i, seg in enumerate(snapshot.get("segments", [])):
-        if integer(field(seg, "device", f"segments[{i}]"), f"segments[{i}].device") == device:
+        if segment_device(seg, i) == device:
             yield i, seg
 
 
@@ -69,7 +81,7 @@ def devices(snapshot: dict[str, Any]) -> list[int]:
     """Devices with a history or a segment, in order."""
     found = {d for d, events in enumerate(device_traces(snapshot)) if events}
     for i, seg in enumerate(snapshot.get("segments", [])):
-        found.add(integer(field(seg, "device", f"segments[{i}]"), f"segments[{i}].device"))
+        found.add(segment_device(seg, i))
     return sorted(found)
 
 
@@ -83,6 +95,8 @@ def blocks(segment: dict[str, Any], where: str) -> Iterator[tuple[int, int, str,
     for j, block in enumerate(entries):
         at = f"{where}.blocks[{j}]"
         size = integer(field(block, "size", at), f"{at}.size")
+        if size < 0:
+            raise SnapshotError(f"{at}.size is negative ({size})")
         address = integer(block.get("address", address), f"{at}.address")
         state = field(block, "state", at)
         yield address, size, str(state), block_frames(block)
