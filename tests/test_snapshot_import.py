@@ -376,3 +376,24 @@ def test_a_snapshot_without_history_is_its_final_state(tmp_path: Path) -> None:
     assert (t["memory_events"]["kind"] == MemoryEventKind.SEEN).all()
     assert memory_timeline(t["storages"], t["memory_events"]).total.max() == 8192 + (256 << 10)
     assert len(t["segments"]["nbytes"]) == 2
+
+
+def test_a_profiler_snapshot_keeps_torchs_own_categories(tmp_path: Path) -> None:
+    """``torch.cuda._memory_viz._profile_to_snapshot`` (the CPU profiler's memory timeline as a
+    snapshot: blocks without addresses, no ``time_us``, a ``category`` on each event)."""
+    torch = pytest.importorskip("torch")
+    from torch.cuda._memory_viz import _profile_to_snapshot
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(32, 64)
+    with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    snapshot = loads_plain(pickle.dumps(_profile_to_snapshot(prof)))  # plain data only
+    path = import_dict(snapshot, tmp_path)
+    assert_timeline_is_replay(snapshot, path, 0)
+    categories = set(run_tables(path, "snapshot:cuda:0")["storages"]["category"].tolist())
+    assert {Category.ACTIVATION, Category.GRADIENT, Category.OPTIMIZER_STATE} <= categories

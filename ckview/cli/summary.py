@@ -333,12 +333,12 @@ def _format_run(
         f"(step {s.peak_step}, {phase})",
         f"  at start    {fb(s.baseline_bytes):>11}",
     ]
-    if snapshot:
-        lines += [
-            "  activations     unknown  (a snapshot does not say what autograd saved)",
-            f"  memory events {s.n_memory_events} (from a snapshot: ops, modules and "
-            "categories unknown)",
-        ]
+    if snapshot:  # NOTE [ Unknown, never guessed ] in ckview/snapshot/convert.py
+        if not s.activation_peak.bytes:
+            lines.append("  activations     unknown  (a snapshot does not say what autograd saved)")
+        lines.append(
+            f"  memory events {s.n_memory_events} (from a snapshot: ops and modules unknown)"
+        )
     else:
         lines += [
             *_activation_lines(s.activation_peak, phase_at_activation_peak),

@@ -1,9 +1,13 @@
 """Convert a PyTorch memory snapshot (the dict) into a ckview trace: numpy only, no torch.
 
 One run per device (``snapshot:cuda:N``) with one step covering the whole history. Storages are
-the allocator's blocks: one row per lifetime (an ``alloc`` and its ``free_completed``). What a
-snapshot cannot say (what a block is for, its module, the op, dtype and shape) is left unknown:
-category ``UNKNOWN``, no module, no op, empty dtype and shape.
+the allocator's blocks: one row per lifetime (an ``alloc`` and its ``free_completed``).
+
+NOTE [ Unknown, never guessed ]
+    What a snapshot cannot say (what a block is for, its module, the op, dtype and shape) is
+    left unknown: category ``UNKNOWN``, no module, no op, empty dtype and shape. The one
+    exception is a category torch itself wrote on the event (``_profile_to_snapshot`` of the
+    CPU/CUDA profiler does): that is torch's classification, not a guess.
 
 NOTE [ Blocks live when the history began ]
     The history is a ring buffer, so it may begin with blocks already live. A free whose block
@@ -395,7 +399,13 @@ def _write_device(
         {
             "nbytes": nbytes,
             "device": np.full(rows, device_id, np.int32),
-            "category": np.full(rows, Category.UNKNOWN, np.uint8),
+            "category": np.concatenate(
+                (
+                    _categories(events, mem[life.pre_events]),
+                    np.full(len(end_size), Category.UNKNOWN, np.uint8),
+                    _categories(events, mem[life.open_event]),
+                )
+            ),
             "dtype": np.full(rows, empty, np.int32),
             "shape": np.full(rows, empty, np.int32),
             "op": np.full(rows, NO_INDEX, np.int32),
@@ -465,6 +475,30 @@ def _write_segments(
             ),
         },
     )
+
+
+#: Categories of torch's memory profiler (``torch.profiler._memory_profiler.Category``), as
+#: ``torch.cuda._memory_viz._profile_to_snapshot`` writes them on events: torch's own
+#: classification, so kept (NOTE [ Unknown, never guessed ]). Others (``autograd_detail``,
+#: ``unknown``) and events without one are UNKNOWN.
+TORCH_CATEGORIES = {
+    "parameter": Category.PARAMETER,
+    "gradient": Category.GRADIENT,
+    "optimizer_state": Category.OPTIMIZER_STATE,
+    "activation": Category.ACTIVATION,
+    "temporary": Category.TEMPORARY,
+    "input": Category.INPUT,
+}
+
+
+def _categories(events: list[Any], rows: np.ndarray) -> np.ndarray:
+    """The category of each event row: TORCH_CATEGORIES of its ``category``, else UNKNOWN."""
+    get, unknown = TORCH_CATEGORIES.get, Category.UNKNOWN
+    found = [
+        get(c, unknown) if isinstance(c := events[i].get("category"), str) else unknown
+        for i in rows.tolist()
+    ]
+    return np.asarray(found, np.uint8)
 
 
 def _times(time_ns: np.ndarray, rows: np.ndarray) -> np.ndarray:
