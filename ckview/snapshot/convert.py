@@ -371,51 +371,22 @@ def _write_device(
 ) -> None:
     """The tables of one device's run (NOTE [ Blocks live when the history began ])."""
     device_id = writer.intern(f"cuda:{device}")
-    empty = writer.intern("")
     mem = np.flatnonzero((ev.code == _ALLOC) | (ev.code == _FREE))
     is_alloc = ev.code[mem] == _ALLOC
-    addr = ev.addr[mem]
-    end_size, end_stack = _final_blocks(snapshot, device, np.unique(addr), stacks)
-    life = _pair(is_alloc, addr, len(end_size))
-    n_orphan = len(life.pre_events)
-    n_pre = n_orphan + len(end_size)
+    end_size, end_stack = _final_blocks(snapshot, device, np.unique(ev.addr[mem]), stacks)
+    life = _pair(is_alloc, ev.addr[mem], len(end_size))
+    n_pre = len(life.pre_events) + len(end_size)
     start_ns = int(ev.time_ns[0]) if len(ev.time_ns) else 0
     end_ns = int(ev.time_ns[-1]) if len(ev.time_ns) else 0
-
-    nbytes = np.concatenate(
-        (ev.size[mem][life.pre_events], end_size, ev.size[mem][life.open_event])
-    )
-    events = device_traces(snapshot)[device] if device < len(device_traces(snapshot)) else []
-    pre_stack = [stacks.stack(events[int(i)].get("frames")) for i in mem[life.pre_events]]
-    stack = np.concatenate(
-        (np.asarray(pre_stack, np.int64), end_stack, ev.stack[mem][life.open_event])
-    )
-    alloc_ns = np.concatenate((np.full(n_pre, -1, np.int64), ev.time_ns[mem][life.open_event]))
-    free_ns = _times(ev.time_ns[mem], life.close_event)
-    rows = life.rows
-    _append(
-        run,
-        "storages",
-        {
-            "nbytes": nbytes,
-            "device": np.full(rows, device_id, np.int32),
-            "category": np.concatenate(
-                (
-                    _categories(events, mem[life.pre_events]),
-                    np.full(len(end_size), Category.UNKNOWN, np.uint8),
-                    _categories(events, mem[life.open_event]),
-                )
-            ),
-            "dtype": np.full(rows, empty, np.int32),
-            "shape": np.full(rows, empty, np.int32),
-            "op": np.full(rows, NO_INDEX, np.int32),
-            "module_call": np.full(rows, NO_INDEX, np.int32),
-            "module": np.full(rows, NO_INDEX, np.int32),
-            "alloc_ns": alloc_ns,
-            "free_ns": free_ns,
-            "stack": stack,
-        },
-    )
+    traces = device_traces(snapshot)
+    events = traces[device] if device < len(traces) else []
+    # Per storage: (what the pre-existing frees say, the final blocks, the allocations).
+    parts = (mem[life.pre_events], len(end_size), mem[life.open_event])
+    storages = _storage_columns(events, ev, parts, end_size, end_stack, stacks)
+    storages["free_ns"] = _times(ev.time_ns[mem], life.close_event)
+    storages["device"] = np.full(life.rows, device_id, np.int32)
+    storages["dtype"] = storages["shape"] = np.full(life.rows, writer.intern(""), np.int32)
+    _append(run, "storages", storages)
     kind = np.where(is_alloc, MemoryEventKind.ALLOC, MemoryEventKind.FREE).astype(np.uint8)
     _append(
         run,
@@ -428,6 +399,42 @@ def _write_device(
         },
     )
     _write_segments(run, snapshot, device, device_id, ev)
+    _write_step(run, start_ns, end_ns)
+
+
+def _storage_columns(
+    events: list[Any],
+    ev: _Events,
+    parts: tuple[np.ndarray, int, np.ndarray],
+    end_size: np.ndarray,
+    end_stack: np.ndarray,
+    stacks: StackTable,
+) -> dict[str, np.ndarray]:
+    """Storage columns known from the events: ``parts`` are the event rows of the frees of
+    blocks live when the history began, the number of final blocks the history never touches,
+    and the event rows of the allocations (NOTE [ Unknown, never guessed ])."""
+    pre, n_end, opened = parts
+    pre_stack = np.asarray([stacks.stack(events[i].get("frames")) for i in pre.tolist()], np.int64)
+    rows = len(pre) + n_end + len(opened)
+    return {
+        "nbytes": np.concatenate((ev.size[pre], end_size, ev.size[opened])),
+        "category": np.concatenate(
+            (
+                _categories(events, pre),
+                np.full(n_end, Category.UNKNOWN, np.uint8),
+                _categories(events, opened),
+            )
+        ),
+        "op": np.full(rows, NO_INDEX, np.int32),
+        "module_call": np.full(rows, NO_INDEX, np.int32),
+        "module": np.full(rows, NO_INDEX, np.int32),
+        "alloc_ns": np.concatenate((np.full(len(pre) + n_end, -1, np.int64), ev.time_ns[opened])),
+        "stack": np.concatenate((pre_stack, end_stack, ev.stack[opened])),
+    }
+
+
+def _write_step(run: RunWriter, start_ns: int, end_ns: int) -> None:
+    """One step covering the whole history; the run is then complete."""
     run.append(
         "steps",
         {
