@@ -397,3 +397,18 @@ def test_a_profiler_snapshot_keeps_torchs_own_categories(tmp_path: Path) -> None
     assert_timeline_is_replay(snapshot, path, 0)
     categories = set(run_tables(path, "snapshot:cuda:0")["storages"]["category"].tolist())
     assert {Category.ACTIVATION, Category.GRADIENT, Category.OPTIMIZER_STATE} <= categories
+
+
+@pytest.mark.parametrize(
+    ("verb", "message"),
+    [
+        (["plan", "--budget", "50%"], "nothing to checkpoint"),
+        (["project", "--plan", "sqrt"], "no nn.Module ran"),
+    ],
+)
+def test_planning_an_imported_snapshot_says_why_not(
+    verb: list[str], message: str, run_cli: Any, tmp_path: Path
+) -> None:
+    path = import_dict(today(1), tmp_path)
+    code, _, err = run_cli(verb[0], str(path), *verb[1:], "--run", "snapshot:cuda:0")
+    assert code == 2 and message in err and err.count("\n") == 1, err
