@@ -412,3 +412,33 @@ def test_planning_an_imported_snapshot_says_why_not(
     path = import_dict(today(1), tmp_path)
     code, _, err = run_cli(verb[0], str(path), *verb[1:], "--run", "snapshot:cuda:0")
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_snapshot_joins_a_trace_being_written(tmp_path: Path) -> None:
+    """The recorder's path: its own frames and stacks first, the snapshot's after them."""
+    from ckview.snapshot import write_snapshot
+    from ckview.trace import TraceWriter
+
+    path = tmp_path / "t.h5"
+    with TraceWriter(path) as writer:
+        f = writer.intern("own.py")
+        writer.append_root("frames", {"file": [f], "line": [1], "name": [f]})
+        writer.append_root("stacks", {"frame": [0], "parent": [-1]})
+        assert write_snapshot(writer, today(1)) == ["snapshot:cuda:0"]
+    assert validate_trace(path).ok
+    t = run_tables(path, "snapshot:cuda:0")
+    assert t["stacks"]["frame"][0] == 0 and (t["stacks"]["frame"][1:] > 0).all()
+    assert (t["storages"]["stack"] != 0).all()  # never the trace's own stack
+    from ckview.analysis.stacks import allocation_site
+
+    sites = {
+        allocation_site(t["frames"], t["stacks"], t["strings"], int(s))
+        for s in t["storages"]["stack"]
+    }
+    assert "/src/forward.py:10 (forward)" in sites
+
+
+def test_a_bad_snapshot_creates_no_file(tmp_path: Path) -> None:
+    with pytest.raises(SnapshotError, match="holds no memory history"):
+        snapshot_to_trace({"segments": [], "device_traces": []}, tmp_path / "t.h5")
+    assert not (tmp_path / "t.h5").exists()

@@ -93,6 +93,9 @@ class StackTable:
         self._alive: list[Any] = []
         self.frame_rows: list[tuple[int, int, int]] = []
         self.stack_rows: list[tuple[int, int]] = []
+        # Rows the trace already holds: ours come after them.
+        self._frame_base = writer.root_rows("frames")
+        self._stack_base = writer.root_rows("stacks")
 
     def stack(self, frames: Any) -> int:
         """The stack row of a list of frame dicts (innermost first); -1 for none."""
@@ -114,7 +117,7 @@ class StackTable:
             key = (frame, parent)
             row = self._stacks.get(key)
             if row is None:
-                row = self._stacks[key] = len(self.stack_rows)
+                row = self._stacks[key] = self._stack_base + len(self.stack_rows)
                 self.stack_rows.append(key)
             parent = row
         return parent
@@ -130,7 +133,7 @@ class StackTable:
         )
         row = self._frames.get(key)
         if row is None:
-            row = self._frames[key] = len(self.frame_rows)
+            row = self._frames[key] = self._frame_base + len(self.frame_rows)
             intern = self._writer.intern
             self.frame_rows.append((intern(key[0]), key[1], intern(key[2])))
         if len(self._ids) >= self.MAX_CACHED:
@@ -534,27 +537,7 @@ def snapshot_to_trace(
 
     ``source`` names where the snapshot came from (for the trace's ``command`` and messages).
     A snapshot that breaks its format raises SnapshotError (one line, naming ``source``)."""
-    label = source or "the snapshot"
-    try:
-        found = devices(snapshot)
-    except SnapshotError as exc:
-        raise _invalid(label, exc) from None
-    if not found:
-        raise SnapshotError(
-            f"{source or 'the snapshot'} holds no memory history and no segments; take it with "
-            "torch.cuda.memory._record_memory_history() enabled"
-        )
-    traces = device_traces(snapshot)
-    total = sum(len(traces[d]) for d in found if d < len(traces))
-    done = 0
-
-    def tick(n: int) -> None:
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(done, total)
-
-    t0 = _first_time_us(snapshot)
+    found = _devices(snapshot, source or "the snapshot")  # before the file is created
     meta = {
         "ckview_version": __version__,
         "device": f"cuda:{found[0]}",
@@ -565,19 +548,63 @@ def snapshot_to_trace(
         "source": "snapshot",
     }
     with TraceWriter(path, meta) as writer:
-        stacks = StackTable(writer)
-        names = []
-        for device in found:
-            events = traces[device] if device < len(traces) else []
-            try:
-                ev = _read_events(events, device, t0, stacks, tick)
-                name = run_name(device)
-                _write_device(writer, writer.run(name), snapshot, device, ev, stacks)
-            except SnapshotError as exc:
-                raise _invalid(label, exc) from None
-            names.append(name)
-        stacks.write()
+        return write_snapshot(writer, snapshot, source=source, progress=progress)
+
+
+def write_snapshot(
+    writer: TraceWriter,
+    snapshot: dict[str, Any],
+    *,
+    source: str = "",
+    progress: Progress | None = None,
+) -> list[str]:
+    """Add ``snapshot``'s runs (``snapshot:cuda:N``), frames and stacks to an open trace (the
+    recorder's, for one): the frames and stacks come after those the trace holds, and nothing
+    else may append to those two tables until this returns. Returns the run names."""
+    label = source or "the snapshot"
+    found = _devices(snapshot, label)
+    traces = device_traces(snapshot)
+    tick = _Ticker(sum(len(traces[d]) for d in found if d < len(traces)), progress)
+    t0 = _first_time_us(snapshot)
+    stacks = StackTable(writer)
+    names = []
+    for device in found:
+        events = traces[device] if device < len(traces) else []
+        try:
+            ev = _read_events(events, device, t0, stacks, tick)
+            name = run_name(device)
+            _write_device(writer, writer.run(name), snapshot, device, ev, stacks)
+        except SnapshotError as exc:
+            raise _invalid(label, exc) from None
+        names.append(name)
+    stacks.write()
     return names
+
+
+def _devices(snapshot: dict[str, Any], label: str) -> list[int]:
+    """The devices to convert; SnapshotError if none or if a segment's device is bad."""
+    try:
+        found = devices(snapshot)
+    except SnapshotError as exc:
+        raise _invalid(label, exc) from None
+    if not found:
+        raise SnapshotError(
+            f"{label} holds no memory history and no segments; take it with "
+            "torch.cuda.memory._record_memory_history() enabled"
+        )
+    return found
+
+
+class _Ticker:
+    """Counts events converted and tells ``progress``."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.done, self._progress = total, 0, progress
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self._progress is not None:
+            self._progress(self.done, self.total)
 
 
 def _invalid(label: str, exc: SnapshotError) -> SnapshotError:

@@ -388,6 +388,12 @@ class TraceWriter:
             raise ValueError(f"unknown root table {table!r}; root tables: {', '.join(ROOT_TABLES)}")
         self._root_tables[table].append(columns)
 
+    def root_rows(self, table: str) -> int:
+        """Rows appended so far to a root table (schema.ROOT_TABLES)."""
+        if table not in self._root_tables:
+            raise ValueError(f"unknown root table {table!r}; root tables: {', '.join(ROOT_TABLES)}")
+        return self._root_tables[table].rows
+
     def run(self, name: str) -> RunWriter:
         """The writer of run ``name``, creating ``/runs/<name>`` on first use."""
         writer = self._runs.get(name)
