@@ -442,3 +442,15 @@ def test_a_bad_snapshot_creates_no_file(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError, match="holds no memory history"):
         snapshot_to_trace({"segments": [], "device_traces": []}, tmp_path / "t.h5")
     assert not (tmp_path / "t.h5").exists()
+
+
+def test_progress_shows_reading_then_converting(run_cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(today(2)))
+    code, out, err = run_cli("import", str(path), "--progress")
+    assert code == 0 and out == ""
+    lines = [line.split("\r")[-1] for line in err.split("\n")]
+    assert lines[0].startswith("ckview: reading    [##############################]")
+    assert lines[1].endswith("] 32/32 events")
+    assert lines[2].startswith(f"ckview: wrote {tmp_path / 's.h5'}")
+    assert run_cli("import", str(path))[2].count("\n") == 1  # not a terminal: no progress

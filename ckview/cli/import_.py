@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -61,13 +62,18 @@ def run(args: argparse.Namespace) -> int:
     bar = _Bar() if show else None
     gc.disable()  # NOTE [ No cyclic GC while unpickling ]: conversion makes no cycles either
     try:
+        snapshot = load_snapshot(
+            source, progress=bar.stage("reading", "MiB", 2**20) if bar else None
+        )
         if bar is not None:
-            bar.say(f"reading {source}")
-        snapshot = load_snapshot(source)
+            bar.done()
         staging = _staging_path(output)
         try:
             runs = snapshot_to_trace(
-                snapshot, staging, source=str(source), progress=bar.update if bar else None
+                snapshot,
+                staging,
+                source=str(source),
+                progress=bar.stage("converting", "events", 1) if bar else None,
             )
             del snapshot
             if bar is not None:
@@ -120,27 +126,35 @@ def _report(output: Path, runs: list[str], replaced: bool) -> str:
 
 
 class _Bar:
-    """A progress bar on stderr, redrawn at most ten times a second."""
+    """A progress bar on stderr, one line per stage, redrawn at most ten times a second.
+
+    The import verb runs no user code, so a redrawn line cannot collide with a script's output
+    (NOTE [ Progress on its own line ] in recorder/progress.py does not apply)."""
 
     def __init__(self) -> None:
         self._last = 0.0
 
-    def say(self, text: str) -> None:
-        print(f"ckview: {text}", file=sys.stderr, flush=True)
+    def stage(self, what: str, unit: str, scale: int) -> Callable[[int, int], None]:
+        """The progress callback of one stage: ``(done, total)`` in units of ``scale`` (shown
+        with a decimal when it is not 1)."""
+        digits = 0 if scale == 1 else 1
+        self._last = 0.0
 
-    def update(self, done: int, total: int) -> None:
-        now = perf_counter()
-        if now - self._last < 0.1 and done < total:
-            return
-        self._last = now
-        share = done / total if total else 1.0
-        bar = "#" * int(30 * share)
-        print(
-            f"\rckview: converting [{bar:<30}] {done:,}/{total:,} events",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
+        def update(done: int, total: int) -> None:
+            now = perf_counter()
+            if now - self._last < 0.1 and done < total:
+                return
+            self._last = now
+            share = min(done / total, 1.0) if total else 1.0
+            text = f"{done / scale:,.{digits}f}/{total / scale:,.{digits}f} {unit}"
+            print(
+                f"\rckview: {what:<10} [{'#' * int(30 * share):<30}] {text}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        return update
 
     def done(self) -> None:
         print(file=sys.stderr, flush=True)

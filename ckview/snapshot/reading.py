@@ -15,6 +15,7 @@ import gc
 import io
 import os
 import pickle
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .errors import SnapshotError
@@ -41,20 +42,49 @@ def loads_plain(data: bytes, label: str = "the snapshot") -> Any:
     return _load(io.BytesIO(data), label)
 
 
-def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_snapshot(
+    path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
     """Read a snapshot pickle; SnapshotError (one line) if it is unreadable, refused, or not a
-    snapshot."""
+    snapshot. ``progress(bytes read, bytes in all)`` is called as the file is read."""
     label = os.fspath(path)
     if os.path.isdir(label):
         raise SnapshotError(f"{label} is a directory; {IMPORT_HINT}")
     try:
         with open(label, "rb") as f:
-            data = _load(f, label)
+            reader = f if progress is None else _Counting(f, os.fstat(f.fileno()).st_size, progress)
+            data = _load(reader, label)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise SnapshotError(f"cannot read {label} ({reason}); check the path") from None
     check_snapshot(data, label)
     return data
+
+
+class _Counting:
+    """A binary file that tells ``progress`` how much of it the unpickler has read."""
+
+    def __init__(self, f: Any, size: int, progress: Callable[[int, int], None]) -> None:
+        self._f, self._size, self._progress, self._done = f, size, progress, 0
+
+    def _count(self, n: int) -> None:
+        self._done += n
+        self._progress(self._done, self._size)
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self._f.read(n)
+        self._count(len(data))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        n: int = self._f.readinto(buffer)
+        self._count(n)
+        return n
+
+    def readline(self) -> bytes:
+        data: bytes = self._f.readline()
+        self._count(len(data))
+        return data
 
 
 def _load(f: Any, label: str) -> Any:
