@@ -196,7 +196,8 @@ def torch_2_0(devices: int = 1) -> dict[str, Any]:
 
 def random_history(rng: np.random.Generator, steps: int) -> dict[str, Any]:
     """A random history over a few addresses: blocks live at its start (freed in it or not),
-    allocations and frees in any order, addresses reused."""
+    allocations and frees in any order, addresses reused; and sometimes, as if the history had
+    been paused, a final block at an address where the history closed its last block."""
     addresses = [0x1000 * (i + 1) for i in range(6)]
     live = {a: int(rng.integers(1, 100)) for a in addresses if rng.random() < 0.4}
     events = []
@@ -225,6 +226,9 @@ def random_history(rng: np.random.Generator, steps: int) -> dict[str, Any]:
                     "frames": frames(f"f{i % 3}"),
                 }
             )
+    for a in addresses:
+        if a not in live and rng.random() < 0.2:
+            live[a] = int(rng.integers(1, 100))
     blocks = [
         {"address": a, "size": s, "state": "active_allocated", "frames": []}
         for a, s in sorted(live.items())

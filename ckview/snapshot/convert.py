@@ -11,12 +11,12 @@ NOTE [ Unknown, never guessed ]
 
 NOTE [ Blocks live when the history began ]
     The history is a ring buffer, so it may begin with blocks already live. A free whose block
-    has no ``alloc`` before it in the history, and a live block of the final ``segments`` whose
-    address the history never touches, was live from the start: it becomes a pre-existing
-    storage (``alloc_ns`` -1, a ``SEEN`` event at the start, category UNKNOWN, so the timeline
-    counts it from point 0: NOTE [ Pre-existing storages ] in ckview/analysis/timeline.py). This
-    is the start state NOTE [ Snapshot replay ] finds by walking the history backwards, so the
-    imported timeline equals the replay.
+    has no ``alloc`` before it in the history, and a live block of the final ``segments`` at an
+    address where no block of the history is open at its end, was live from the start (as
+    memory_viz reads it: NOTE [ Snapshot replay ]): it becomes a pre-existing storage
+    (``alloc_ns`` -1, a ``SEEN`` event at the start, so the timeline counts it from point 0:
+    NOTE [ Pre-existing storages ] in ckview/analysis/timeline.py), and the imported timeline
+    equals the replay.
 
 NOTE [ Pairing frees with allocs ]
     Events are sorted stably by address: within one address, history order remains, so each
@@ -330,14 +330,14 @@ def _pair(is_open: np.ndarray, addr: np.ndarray, extra_pre: int) -> _Lifetimes:
 
 
 def _final_blocks(
-    snapshot: dict[str, Any], device: int, touched: np.ndarray, stacks: StackTable
+    snapshot: dict[str, Any], device: int, open_at_end: np.ndarray, stacks: StackTable
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(size, stack) of the live blocks of the final state whose address the history never
-    touches (NOTE [ Blocks live when the history began ])."""
+    """(size, stack) of the live blocks of the final state at an address where no block of
+    the history is open at its end (NOTE [ Blocks live when the history began ])."""
     sizes, stack_rows = [], []
     for i, seg in segments(snapshot, device):
         for address, size, state, frames in blocks(seg, f"segments[{i}]"):
-            if state in LIVE_STATES and not _contains(touched, address):
+            if state in LIVE_STATES and not _contains(open_at_end, address):
                 sizes.append(size)
                 stack_rows.append(stacks.stack(frames))
     return np.asarray(sizes, np.int64), np.asarray(stack_rows, np.int64)
@@ -359,6 +359,15 @@ def _final_segments(
     return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
+def _open_at_end(is_open: np.ndarray, addr: np.ndarray) -> np.ndarray:
+    """Sorted addresses whose last event (in history order) opens a block there."""
+    order = np.lexsort((np.arange(len(addr)), addr))
+    addr_s = addr[order]
+    last = np.ones(len(addr_s), bool)
+    last[:-1] = addr_s[1:] != addr_s[:-1]
+    return addr_s[last & is_open[order]]
+
+
 def _contains(sorted_values: np.ndarray, value: int) -> bool:
     i = int(np.searchsorted(sorted_values, value))
     return i < len(sorted_values) and int(sorted_values[i]) == value
@@ -376,7 +385,9 @@ def _write_device(
     device_id = writer.intern(f"cuda:{device}")
     mem = np.flatnonzero((ev.code == _ALLOC) | (ev.code == _FREE))
     is_alloc = ev.code[mem] == _ALLOC
-    end_size, end_stack = _final_blocks(snapshot, device, np.unique(ev.addr[mem]), stacks)
+    end_size, end_stack = _final_blocks(
+        snapshot, device, _open_at_end(is_alloc, ev.addr[mem]), stacks
+    )
     life = _pair(is_alloc, ev.addr[mem], len(end_size))
     n_pre = len(life.pre_events) + len(end_size)
     start_ns = int(ev.time_ns[0]) if len(ev.time_ns) else 0
