@@ -344,13 +344,14 @@ def _final_blocks(
 
 
 def _final_segments(
-    snapshot: dict[str, Any], device: int, touched: np.ndarray
+    snapshot: dict[str, Any], device: int, open_at_end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(address, size, stream) of the final segments the history never reserves or releases."""
+    """(address, size, stream) of the final segments at an address where no segment of the
+    history is open at its end: reserved from the start."""
     rows = []
     for i, seg in segments(snapshot, device):
         address = integer(seg.get("address"), f"segments[{i}].address")
-        if not _contains(touched, address):
+        if not _contains(open_at_end, address):
             size = integer(seg.get("total_size"), f"segments[{i}].total_size")
             if size < 0:
                 raise SnapshotError(f"segments[{i}].total_size is negative ({size})")
@@ -475,7 +476,7 @@ def _write_segments(
     seg = np.flatnonzero((ev.code == _SEG_OPEN) | (ev.code == _SEG_CLOSE))
     is_open = ev.code[seg] == _SEG_OPEN
     addr = ev.addr[seg]
-    end_addr, end_size, end_stream = _final_segments(snapshot, device, np.unique(addr))
+    end_addr, end_size, end_stream = _final_segments(snapshot, device, _open_at_end(is_open, addr))
     life = _pair(is_open, addr, len(end_addr))
     pre = life.pre_events
     n_pre = len(pre) + len(end_addr)
