@@ -454,3 +454,21 @@ def test_progress_shows_reading_then_converting(run_cli: Any, tmp_path: Path) ->
     assert lines[1].endswith("] 32/32 events")
     assert lines[2].startswith(f"ckview: wrote {tmp_path / 's.h5'}")
     assert run_cli("import", str(path))[2].count("\n") == 1  # not a terminal: no progress
+
+
+def test_reserved_memory_is_the_segments_at_their_most(run_cli: Any, tmp_path: Path) -> None:
+    from ckview.analysis.stacks import reserved_peak
+
+    path = import_dict(today(1), tmp_path)
+    seg = run_tables(path, "snapshot:cuda:0")["segments"]
+    # 2 MiB reserved from the start, 2 MiB reserved and kept, then 2 MiB mapped and unmapped.
+    assert reserved_peak(seg) == 6 << 20
+    code, text, _ = run_cli("summary", str(path))
+    assert code == 0 and "reserved       6.00 MiB  at most" in text
+    back_to_back = {
+        "nbytes": np.array([5, 7]),
+        "alloc_ns": np.array([0, 10]),
+        "free_ns": np.array([10, -1]),
+    }
+    assert reserved_peak(back_to_back) == 7  # a release and a reservation at one time
+    assert reserved_peak({k: v[:0] for k, v in back_to_back.items()}) == 0

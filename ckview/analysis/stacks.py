@@ -1,4 +1,5 @@
-"""Call stacks of storages (the root ``frames`` and ``stacks`` tables, format v4) for people.
+"""Call stacks of storages (the root ``frames`` and ``stacks`` tables, format v4) for people,
+and the reserved memory of a run's allocator segments (run table ``segments``).
 
 NOTE [ The frame that names an allocation ]
     A stack lists every frame from the allocator up to ``<module>``: in a CUDA snapshot the
@@ -49,3 +50,20 @@ def allocation_site(frames: Table, stacks: Table, strings: Sequence[str], stack:
     files = np.asarray(frames["file"])
     python = [r for r in rows if strings[int(files[r])].endswith(".py")]
     return frame_label(frames, strings, python[0]) if python else NO_PYTHON_FRAME
+
+
+def reserved_peak(segments: Table) -> int:
+    """The most bytes reserved at once by the segments of a run (the CUDA caching allocator's
+    reserved memory; 0 without segments). A segment with ``alloc_ns`` -1 is reserved from the
+    start, one with ``free_ns`` -1 to the end; at equal times releases count first."""
+    nbytes = np.asarray(segments["nbytes"], np.int64)
+    if not len(nbytes):
+        return 0
+    alloc = np.asarray(segments["alloc_ns"], np.int64)
+    free = np.asarray(segments["free_ns"], np.int64)
+    start = int(min(alloc.min(), 0)) - 1
+    end = int(max(alloc.max(), free.max())) + 1
+    times = np.concatenate((np.where(alloc < 0, start, alloc), np.where(free < 0, end, free)))
+    deltas = np.concatenate((nbytes, -nbytes))
+    order = np.lexsort((deltas, times))  # at one time, releases (negative) first
+    return int(max(np.cumsum(deltas[order]).max(), 0))

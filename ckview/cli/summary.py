@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace) -> int:
     from ckview.analysis import summarize_run
+    from ckview.analysis.stacks import reserved_peak
     from ckview.trace import open_trace
 
     with open_trace(args.trace) as trace:
@@ -58,9 +59,11 @@ def _run_one(args: argparse.Namespace) -> int:
         modules = trace.modules.read()
         runs = {}
         leftovers: dict[str, Any] = {}
+        reserved: dict[str, int] = {}
         stacks = {t: trace.root_table(t).read() for t in ("frames", "stacks")}
         for name in names:
             tables = {**{t: trace.run(name).table(t).read() for t in _TABLES}, **stacks}
+            reserved[name] = reserved_peak(trace.run(name).table("segments").read())
             summary = summarize_run(tables, modules, list(strings), top=args.top)
             phases = (
                 _peak_phase(tables, summary.peak_event),
@@ -79,6 +82,7 @@ def _run_one(args: argparse.Namespace) -> int:
                     "peak_phase": ph[0],
                     "activation_peak_phase": ph[1],
                     "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
+                    "reserved_peak_bytes": reserved[n],
                 }
                 for n, (s, ph) in runs.items()
             },
@@ -92,7 +96,8 @@ def _run_one(args: argparse.Namespace) -> int:
         print(_comparison({name: summary for name, (summary, _) in runs.items()}))
     for name, (summary, phases) in runs.items():
         print()
-        print(_format_run(name, summary, *phases, snapshot=meta.source == "snapshot"))
+        text = _format_run(name, summary, *phases, snapshot=meta.source == "snapshot")
+        print(_with_reserved(text, reserved[name]))
         if leftovers[name] is not None:
             print(f"  warning: {leftovers[name].describe(name)}")
     return 0
@@ -367,6 +372,17 @@ def _format_run(
             f"peak {fb(st['peak_bytes'])}, "
             f"allocated in step up to {fb(st['allocated_peak_bytes'])}"
         )
+    return "\n".join(lines)
+
+
+def _with_reserved(text: str, reserved: int) -> str:
+    """A run's summary with the allocator's reserved memory after its peak, if it has some."""
+    if not reserved:
+        return text
+    from ckview.analysis import format_bytes as fb
+
+    lines = text.split("\n")
+    lines.insert(2, f"  reserved    {fb(reserved):>11}  at most (CUDA caching allocator segments)")
     return "\n".join(lines)
 
 
