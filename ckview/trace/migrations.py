@@ -107,7 +107,7 @@ MIGRATIONS: dict[int, Migration] = {
     3: Migration(
         source=3,
         columns={"storages": {"stack": _constant(-1)}},
-        meta={"source": "record"},
+        meta={"allocator_events": "", "source": "record"},
         run_attrs={},
         tables=("frames", "stacks", "segments"),
     ),

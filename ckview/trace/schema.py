@@ -297,6 +297,9 @@ META_FIELDS: dict[str, str] = {
     "(since v3)",
     "world_size": "number of ranks of the distributed run (WORLD_SIZE), 1 if not distributed "
     "(since v3)",
+    "allocator_events": "where allocations and frees come from: 'allocator' (the allocator's own "
+    "events merged with the op hook's), 'op hook: <why>' where the allocator's events are missing "
+    "from some window, '' if unknown (since v4)",
     "source": "where the trace comes from: 'record' (the recorder) or 'snapshot' (imported from "
     "a PyTorch memory snapshot by 'ckview import') (since v4)",
     "complete": "true once the recorder finished and closed the file cleanly",
