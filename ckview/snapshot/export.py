@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ckview.analysis.stacks import stack_frames
 from ckview.analysis.timeline import births, live_at_start
 from ckview.trace.schema import NO_INDEX, MemoryEventKind
 
@@ -68,8 +69,6 @@ class _Frames:
     def _build(self, stack: int) -> list[dict[str, Any]]:
         if self._frames is None or self._stacks is None:
             return []
-        from ckview.analysis.stacks import stack_frames
-
         files, lines, names = (self._frames[c] for c in ("file", "line", "name"))
         return [
             {
@@ -89,10 +88,8 @@ def trace_to_snapshot(tables: Mapping[str, Any], strings: Sequence[str]) -> dict
     nbytes = np.asarray(storages["nbytes"], np.int64)
     stack = np.asarray(storages.get("stack", np.full(len(nbytes), NO_INDEX)), np.int64)
     address = fake_addresses(nbytes)
-    device_ids = np.asarray(storages["device"], np.int64)
-    names = sorted({strings[int(d)] for d in np.unique(device_ids)})
-    index_of = dict(zip(names, device_indices(names), strict=True))
-    device = np.array([index_of[strings[int(d)]] for d in device_ids], np.int64).reshape(-1)
+    ids, which = np.unique(np.asarray(storages["device"], np.int64), return_inverse=True)
+    device = np.asarray(device_indices([strings[int(d)] for d in ids]), np.int64)[which]
     frames = _Frames(tables.get("frames"), tables.get("stacks"), strings)
 
     kind = np.asarray(events["kind"])
