@@ -530,7 +530,7 @@ class Recorder:
         unknown = self._intern("")
         sid = len(self._st_data) // _ST_WIDTH
         row = (block.nbytes, device, _TEMPORARY, unknown, unknown, op, call, module)
-        self._st_data.extend((*row, block.alloc_ns, block.free_ns))
+        self._st_data.extend((*row, block.alloc_ns, block.free_ns, NO_INDEX))  # no stack
         self._st_address.append(block.address)
         return sid
 
@@ -1419,7 +1419,7 @@ class Recorder:
         module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
         sid = len(self._st_data) // _ST_WIDTH
         self._st_data.extend(
-            (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now, -1)
+            (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now, -1, -1)
         )
         self._st_address.append(st.data_ptr())
         ref = _StorageRef(st, self._on_free)

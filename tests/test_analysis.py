@@ -347,7 +347,7 @@ def test_summarize_two_step_run():
     assert summary.by_category == {
         "parameter": 1000, "gradient": 1000, "optimizer_state": 0, "activation": 400,
         "temporary": 300, "input": 100, "other": 0, "sharded_parameter": 0,
-        "unsharded_parameter": 0, "comm_buffer": 0,
+        "unsharded_parameter": 0, "comm_buffer": 0, "unknown": 0,
     }  # fmt: skip
     assert summary.activation_bytes_saved == 400
     assert summary.top_modules == [(NO_MODULE, 2100), ("Net.fc1", 400)]
@@ -355,6 +355,7 @@ def test_summarize_two_step_run():
     assert summary.top_storages[1] == {
         "storage": 4, "nbytes": 1000, "category": "gradient", "shape": "64x128",
         "dtype": "float32", "module": NO_MODULE, "op": "aten.mm.default",
+        "allocated_at": "",
     }  # fmt: skip
     assert summary.top_storages[0]["op"] == ""  # pre-existing: no op created it
     held = ({"forwards": 4, "backwards": 4, "optimizer_steps": 1, "complete": 1},

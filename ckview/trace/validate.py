@@ -16,6 +16,7 @@ from .schema import (
     FLAG_COLUMNS,
     NO_INDEX,
     REFERENCES,
+    ROOT_TABLES,
     RUN_TABLES,
     STRING_COLUMNS,
     MemoryEventKind,
@@ -47,11 +48,18 @@ def validate_trace(path: str | os.PathLike[str]) -> ValidationReport:
         report = ValidationReport(trace.path)
         if not trace.meta.complete:
             report.notes.append(f"trace is incomplete: {trace.meta.error or 'no error recorded'}")
-        modules = _table_or_problem(report, "", lambda: trace.modules)
         sizes = {"strings": len(trace.strings)}
-        if modules is not None:
-            sizes["modules"] = len(modules)
-            _check_table(report, "modules", "modules", modules.read(), sizes)
+        roots = {}
+        for name in ROOT_TABLES:
+            found = _table_or_problem(report, "", partial(trace.root_table, name))
+            if found is not None:
+                roots[name] = found
+                sizes[name] = len(found)
+        for name, found in roots.items():
+            columns = found.read()
+            _check_table(report, name, name, columns, sizes)
+            if name == "stacks":
+                _check_stacks(report, columns)
         for name in trace.run_names:
             _check_run(report, trace, name, sizes)
     return report
@@ -190,6 +198,17 @@ def _at_most_once(
             f"{where} has {repeated.size} storages with more than one "
             f"{label} event, first: storage {repeated[0]}"
         )
+
+
+def _check_stacks(report: ValidationReport, columns: Columns) -> None:
+    """A stack's parent is an earlier row (the prefix tree has no cycles)."""
+    parent = columns["parent"].astype(np.int64)
+    _report(
+        report,
+        parent >= np.arange(len(parent)),
+        "stacks.parent has {n} values not before their own row",
+        values=parent,
+    )
 
 
 def _check_steps(report: ValidationReport, where: str, columns: Columns) -> None:
