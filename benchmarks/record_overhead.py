@@ -115,6 +115,17 @@ def recorded(step: Step, n: int) -> Timing:
         )
 
 
+def recorded_with_stacks(step: Step, n: int) -> Timing:
+    with tempfile.TemporaryDirectory() as tmp:
+        return _timed(
+            step,
+            n,
+            lambda: Recorder(
+                Path(tmp) / "t.h5", steps=n, warmup=0, progress=False, timing_steps=0, stacks=True
+            ),
+        )
+
+
 def profiled_memory(step: Step, n: int) -> Timing:
     return _timed(
         step,
@@ -145,6 +156,7 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
         "plain": plain,
         "empty mode": empty_mode,
         "ckview": recorded,
+        "ckview --stacks": recorded_with_stacks,
         "profiler memory": profiled_memory,
         "profiler": profiled,
     }
@@ -157,7 +169,8 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
         base = median["plain"]
         print(
             f"{name:<14} {label:<15} plain {base * 1e3:7.2f} ms | empty dispatch mode "
-            f"{median['empty mode'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x | "
+            f"{median['empty mode'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x "
+            f"(--stacks {median['ckview --stacks'] / base:5.2f}x) | "
             f"profiler (memory) {median['profiler memory'] / base:5.2f}x | "
             f"profiler (memory, shapes, stacks) {median['profiler'] / base:5.2f}x"
         )

@@ -119,6 +119,7 @@ from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
 from recorder.output import settle, staging_path
 from recorder.progress import StepProgress
+from recorder.stacks import Stacks
 from recorder.steps import IterationTracker, StepCounts, StepRule, plural
 from recorder.timing import RunTimes, StepTimer, plan_call_cost_ns, timing_schedule
 
@@ -265,6 +266,7 @@ class Recorder:
         progress: bool | None = None,
         step_every: str | StepRule = "auto",
         timing_steps: int = 0,
+        stacks: bool = False,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -282,6 +284,10 @@ class Recorder:
         if len({r.name for r in self.runs}) != len(self.runs):
             raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
+        self.stacks = stacks
+        """Record the user's frames of every allocation (NOTE [ User frames ] in stacks.py)."""
+        self._stacks: Stacks | None = None
+        self._op_stacks = array.array("q")  # the stack of each buffered op, with --stacks
         self._timer = StepTimer(timing_steps)  # NOTE [ Plain timing steps ] in timing.py
         self._schedule = timing_schedule(len(self.runs), timing_steps)
         self._timing_pos = -1  # entry of the schedule under way
@@ -420,6 +426,7 @@ class Recorder:
         meta["rank"], meta["world_size"] = launcher_world()
         self._writer = TraceWriter(self._staging, meta=meta)
         self._modules = ModuleRegistry(self._intern)
+        self._stacks = Stacks(self._writer) if self.stacks else None
         self._cpu_id = self._intern("cpu")
         self._begin_run_tables()
 
@@ -474,6 +481,8 @@ class Recorder:
             for buf in (self._ops, self._mem, self._saved, self._io):
                 if buf not in held:
                     buf.flush()
+            if self._ops not in held:
+                del self._op_stacks[:]
         finally:
             self._busy = False
 
@@ -492,6 +501,7 @@ class Recorder:
                 self._merge_window(window)
             self._ops.flush()
             self._mem.flush()
+            del self._op_stacks[:]
         finally:
             self._busy = busy
 
@@ -523,6 +533,11 @@ class Recorder:
                 data[at + _ST_FREE_NS] = block.free_ns
         self._merge.touched.clear()
 
+    def _stack_of(self, op: int) -> int:
+        """The stack row of buffered op ``op`` (-1 without --stacks or for an older op)."""
+        at = op - (self._ops.rows - len(self._op_stacks))
+        return self._op_stacks[at] if 0 <= at < len(self._op_stacks) else NO_INDEX
+
     def _add_workspace(self, block: Block, op: int, call: int) -> int:
         """A storage row for memory only the allocator saw (NOTE [ Matching blocks ])."""
         module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
@@ -530,7 +545,7 @@ class Recorder:
         unknown = self._intern("")
         sid = len(self._st_data) // _ST_WIDTH
         row = (block.nbytes, device, _TEMPORARY, unknown, unknown, op, call, module)
-        self._st_data.extend((*row, block.alloc_ns, block.free_ns, NO_INDEX))  # no stack
+        self._st_data.extend((*row, block.alloc_ns, block.free_ns, self._stack_of(op)))
         self._st_address.append(block.address)
         return sid
 
@@ -576,6 +591,8 @@ class Recorder:
         try:
             assert self._modules is not None
             writer.append_modules(self._modules.columns())
+            if self._stacks is not None:
+                self._stacks.write(writer)
             writer.update_meta(
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
@@ -1313,6 +1330,8 @@ class Recorder:
         self._n_ops = row + 1
         self._last_op = row
         self._ops.data.extend((name, phase, call, self._step, t0, t1, seq))
+        if self._stacks is not None:  # NOTE [ User frames ] in stacks.py
+            self._op_stacks.append(self._stacks.current())
 
         # NOTE [ New storage = unknown output storage ]: inputs first, then outputs.
         for arg in args:
@@ -1418,9 +1437,8 @@ class Recorder:
         device_id = self._cpu_id if t.is_cpu else self._device_id(t)
         module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
         sid = len(self._st_data) // _ST_WIDTH
-        self._st_data.extend(
-            (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now, -1, -1)
-        )
+        row = (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now)
+        self._st_data.extend((*row, -1, self._stack_of(op)))
         self._st_address.append(st.data_ptr())
         ref = _StorageRef(st, self._on_free)
         ref.sid = sid
