@@ -240,9 +240,8 @@ def _config() -> tuple[Any, set[Any]]:
 def _allocations(roots: list[Any], offset: int) -> AllocatorWindow:
     """Every allocation event under ``roots``, in time order, on the recorder's clock. Without
     ops (NOTE [ Allocations without ops ]) the roots are the allocations themselves."""
-    from torch._C._profiler import _EventType
+    from torch._C._profiler import _ExtraFields_Allocation
 
-    allocation = _EventType.Allocation
     times: list[int] = []
     addresses: list[int] = []
     sizes: list[int] = []
@@ -251,8 +250,8 @@ def _allocations(roots: list[Any], offset: int) -> AllocatorWindow:
     todo = list(roots)
     while todo:
         event = todo.pop()
-        if event.tag == allocation:
-            fields = event.extra_fields
+        fields = event.extra_fields
+        if type(fields) is _ExtraFields_Allocation:  # cheaper than event.tag
             times.append(event.start_time_ns)
             addresses.append(fields.ptr)
             sizes.append(fields.alloc_size)
@@ -293,8 +292,9 @@ class Block:
     workspace: bool = False  # its storage row was made for it: no op hook event is its
 
 
-Workspace = Callable[[Block, int], int]
-"""(a block no storage claims, the op running when it was allocated) -> its new storage row."""
+Workspaces = Callable[[list[Block], np.ndarray], int]
+"""(blocks no storage claims, the op running when each was allocated) -> the storage row of the
+first; the others follow it in order."""
 
 
 @dataclass
@@ -317,10 +317,10 @@ class AllocatorMerge:
         nbytes: np.ndarray,
         op_start_ns: np.ndarray,
         first_op: int,
-        add_workspace: Workspace,
+        add_workspaces: Workspaces,
     ) -> np.ndarray:
         """The window's memory events with the allocator's times, and the blocks no storage
-        claims as storages of their own (``add_workspace``), in time order.
+        claims as storages of their own (``add_workspaces``), in time order.
 
         ``events``: (n, 4) int64 rows ``kind, storage, op, time_ns`` the op hook wrote in this
         window; ``address`` and ``nbytes``: the ``data_ptr`` and size of every storage row so
@@ -348,23 +348,27 @@ class AllocatorMerge:
                 self.touched.append(block)
                 if kind == _ALLOC:
                     rows[i, 3] = block.alloc_ns
-        extra = []
-        for block in new:
-            if block.storage < 0:
-                op = _op_at(op_start_ns, first_op, block.alloc_ns)
-                block.storage = add_workspace(block, op)
-                block.workspace = True
-                extra.append((_ALLOC, block.storage, op, block.alloc_ns))
+        extra = [rows]
+        unclaimed = [block for block in new if block.storage < 0]
+        if unclaimed:
+            alloc_ns = np.array([block.alloc_ns for block in unclaimed], dtype=np.int64)
+            ops = _ops_at(op_start_ns, first_op, alloc_ns)
+            first = add_workspaces(unclaimed, ops)
+            for i, block in enumerate(unclaimed):
+                block.storage, block.workspace = first + i, True
                 if block.free_ns < 0:
                     self.by_storage[block.storage] = block
-        for block in (*new, *freed_old):
-            if block.workspace and block.free_ns >= 0:
+            storages = np.arange(first, first + len(unclaimed), dtype=np.int64)
+            extra.append(_rows(_ALLOC, storages, ops, alloc_ns))
+        freed = [b for b in (*new, *freed_old) if b.workspace and b.free_ns >= 0]
+        if freed:
+            for block in freed:
                 self.by_storage.pop(block.storage, None)
-                op = _op_at(op_start_ns, first_op, block.free_ns)
-                extra.append((_FREE, block.storage, op, block.free_ns))
+            free_ns = np.array([block.free_ns for block in freed], dtype=np.int64)
+            storages = np.array([block.storage for block in freed], dtype=np.int64)
+            extra.append(_rows(_FREE, storages, _ops_at(op_start_ns, first_op, free_ns), free_ns))
         self._forget_freed()
-        if extra:
-            rows = np.concatenate((rows, np.asarray(extra, dtype=np.int64)))
+        rows = np.concatenate(extra)
         return rows[np.argsort(rows[:, 3], kind="stable")]
 
     def _add(self, window: AllocatorWindow) -> tuple[list[Block], list[Block]]:
@@ -437,7 +441,14 @@ class AllocatorMerge:
                 del self.by_address[address]
 
 
-def _op_at(op_start_ns: np.ndarray, first_op: int, when_ns: int) -> int:
-    """The row of the op that started last at or before ``when_ns`` (-1 if none did)."""
-    at = int(np.searchsorted(op_start_ns, when_ns, side="right")) - 1
-    return first_op + at if at >= 0 else (first_op - 1 if first_op > 0 else -1)
+def _ops_at(op_start_ns: np.ndarray, first_op: int, when_ns: np.ndarray) -> np.ndarray:
+    """The row of the op that started last at or before each time (the op before the window,
+    or -1, where none did)."""
+    at = np.searchsorted(op_start_ns, when_ns, side="right") - 1
+    before = first_op - 1 if first_op > 0 else -1
+    return np.where(at >= 0, first_op + at, before).astype(np.int64)
+
+
+def _rows(kind: int, storages: np.ndarray, ops: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Memory event rows ``kind, storage, op, time_ns``."""
+    return np.stack((np.full(len(storages), kind, dtype=np.int64), storages, ops, times), axis=1)

@@ -137,8 +137,11 @@ _ST_WIDTH = len(RUN_TABLES["storages"])
 _ST_CATEGORY = [c.name for c in RUN_TABLES["storages"]].index("category")
 _ST_FREE_NS = [c.name for c in RUN_TABLES["storages"]].index("free_ns")
 _ST_MODULE = [c.name for c in RUN_TABLES["storages"]].index("module")
-_ST_NBYTES = [c.name for c in RUN_TABLES["storages"]].index("nbytes")
-_ST_ALLOC_NS = [c.name for c in RUN_TABLES["storages"]].index("alloc_ns")
+_ST_COLUMNS = [c.name for c in RUN_TABLES["storages"]]
+_ST_NBYTES, _ST_DEVICE, _ST_DTYPE, _ST_SHAPE, _ST_OP, _ST_CALL, _ST_ALLOC_NS, _ST_STACK = (
+    _ST_COLUMNS.index(name)
+    for name in ("nbytes", "device", "dtype", "shape", "op", "module_call", "alloc_ns", "stack")
+)
 _OP_START = [c.name for c in RUN_TABLES["ops"]].index("start_ns")
 _OP_CALL = [c.name for c in RUN_TABLES["ops"]].index("module_call")
 _CALL_WIDTH = len(RUN_TABLES["module_calls"])  # column 0 of a call row is its module
@@ -516,12 +519,13 @@ class Recorder:
         address = np.frombuffer(self._st_address, dtype=np.int64).copy()
         nbytes = np.frombuffer(self._st_data, dtype=np.int64)[_ST_NBYTES::_ST_WIDTH].copy()
 
-        def workspace(block: Block, op: int) -> int:
-            call = int(op_rows[op - first_op, _OP_CALL]) if op >= first_op else NO_INDEX
-            return self._add_workspace(block, op, call)
+        def workspaces(blocks: list[Block], ops: np.ndarray) -> int:
+            local = ops - first_op
+            calls = np.where(local >= 0, op_rows[np.maximum(local, 0), _OP_CALL], NO_INDEX)
+            return self._add_workspaces(blocks, ops, calls)
 
         start = op_rows[:, _OP_START]
-        merged = self._merge.merge(window, events, address, nbytes, start, first_op, workspace)
+        merged = self._merge.merge(window, events, address, nbytes, start, first_op, workspaces)
         mem.data = array.array("q", merged.tobytes()) + mem.data[taken:]
         data = self._st_data
         for block in self._merge.touched:
@@ -538,16 +542,29 @@ class Recorder:
         at = op - (self._ops.rows - len(self._op_stacks))
         return self._op_stacks[at] if 0 <= at < len(self._op_stacks) else NO_INDEX
 
-    def _add_workspace(self, block: Block, op: int, call: int) -> int:
-        """A storage row for memory only the allocator saw (NOTE [ Matching blocks ])."""
-        module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
-        device = self._cpu_id if block.device == "cpu" else self._intern(block.device)
+    def _add_workspaces(self, blocks: list[Block], ops: np.ndarray, calls: np.ndarray) -> int:
+        """Storage rows for memory only the allocator saw (NOTE [ Matching blocks ]): temporaries
+        of the op running when each block was allocated. Returns the first row."""
+        first = len(self._st_data) // _ST_WIDTH
+        call_module = np.frombuffer(self._calls.data, dtype=np.int64)[::_CALL_WIDTH]
+        modules = np.where(calls >= 0, call_module[np.maximum(calls, 0)], NO_INDEX)
+        devices = {
+            name: self._cpu_id if name == "cpu" else self._intern(name)
+            for name in {block.device for block in blocks}
+        }
         unknown = self._intern("")
-        sid = len(self._st_data) // _ST_WIDTH
-        row = (block.nbytes, device, _TEMPORARY, unknown, unknown, op, call, module)
-        self._st_data.extend((*row, block.alloc_ns, block.free_ns, self._stack_of(op)))
-        self._st_address.append(block.address)
-        return sid
+        rows = np.empty((len(blocks), _ST_WIDTH), dtype=np.int64)
+        rows[:, _ST_NBYTES] = [block.nbytes for block in blocks]
+        rows[:, _ST_DEVICE] = [devices[block.device] for block in blocks]
+        rows[:, _ST_CATEGORY] = _TEMPORARY
+        rows[:, _ST_DTYPE] = rows[:, _ST_SHAPE] = unknown
+        rows[:, _ST_OP], rows[:, _ST_CALL], rows[:, _ST_MODULE] = ops, calls, modules
+        rows[:, _ST_ALLOC_NS] = [block.alloc_ns for block in blocks]
+        rows[:, _ST_FREE_NS] = [block.free_ns for block in blocks]
+        rows[:, _ST_STACK] = [self._stack_of(int(op)) for op in ops] if self._stacks else NO_INDEX
+        self._st_data.frombytes(rows.tobytes())
+        self._st_address.frombytes(np.array([b.address for b in blocks], np.int64).tobytes())
+        return first
 
     def _end_run(self, error: str) -> None:
         """Write the run's tables that stayed editable, close it and leave its context."""

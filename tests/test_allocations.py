@@ -24,16 +24,16 @@ def window(*events: tuple[int, int, int], device: str = "cpu") -> AllocatorWindo
 
 
 class Workspaces:
-    """``add_workspace`` that appends storage rows after ``first`` existing ones."""
+    """``add_workspaces`` that appends storage rows after ``first`` existing ones."""
 
     def __init__(self, first: int) -> None:
         self.next = first
         self.made: list[tuple[Block, int]] = []
 
-    def __call__(self, block: Block, op: int) -> int:
-        self.made.append((block, op))
-        self.next += 1
-        return self.next - 1
+    def __call__(self, blocks: list[Block], ops: np.ndarray) -> int:
+        self.made += zip(blocks, ops.tolist(), strict=True)
+        self.next += len(blocks)
+        return self.next - len(blocks)
 
 
 def rows(*events: tuple[int, int, int, int]) -> np.ndarray:
@@ -52,7 +52,7 @@ def test_a_storage_takes_its_blocks_times_and_a_workspace_becomes_a_storage() ->
         nbytes=np.array([64]),
         op_start_ns=np.array([100]),
         first_op=0,
-        add_workspace=made,
+        add_workspaces=made,
     )
     assert out.tolist() == [[ALLOC, 0, 0, 110], [ALLOC, 1, 0, 120], [FREE, 1, 0, 150]]
     ((block, op),) = made.made
@@ -77,7 +77,7 @@ def test_the_peak_inside_an_op_is_the_allocators() -> None:
         nbytes=np.array([64]),
         op_start_ns=np.array([100]),
         first_op=0,
-        add_workspace=Workspaces(first=1),
+        add_workspaces=Workspaces(first=1),
     )
     sizes = {0: 64, 1: 32}
     live = np.cumsum([sizes[s] * (1 if k == ALLOC else -1) for k, s, _, _ in out.tolist()])
@@ -95,7 +95,7 @@ def test_a_reused_address_matches_the_block_alive_when_the_op_ended() -> None:
         nbytes=np.array([64, 64]),
         op_start_ns=np.array([100, 200]),
         first_op=0,
-        add_workspace=Workspaces(first=2),
+        add_workspaces=Workspaces(first=2),
     )
     assert out.tolist() == [[ALLOC, 0, 0, 110], [FREE, 0, 0, 130], [ALLOC, 1, 1, 210]]
 
@@ -110,7 +110,7 @@ def test_a_block_freed_in_a_later_window_keeps_its_storage() -> None:
         nbytes=np.array([], dtype=np.int64),
         op_start_ns=np.array([100]),
         first_op=0,
-        add_workspace=made,
+        add_workspaces=made,
     )
     ((block, _),) = made.made
     later = merge.merge(
@@ -120,7 +120,7 @@ def test_a_block_freed_in_a_later_window_keeps_its_storage() -> None:
         nbytes=np.array([16]),
         op_start_ns=np.array([500]),
         first_op=7,
-        add_workspace=made,
+        add_workspaces=made,
     )
     assert later.tolist() == [[FREE, block.storage, 7, 510]]
     assert len(made.made) == 1
@@ -138,7 +138,7 @@ def test_a_storage_seen_before_recording_claims_no_later_block() -> None:
         nbytes=np.array([64]),
         op_start_ns=np.array([190]),
         first_op=0,
-        add_workspace=made,
+        add_workspaces=made,
     )
     assert out.tolist() == [
         [SEEN, 0, -1, 100],
@@ -160,7 +160,7 @@ def test_a_block_seen_while_live_is_not_a_workspace() -> None:
         nbytes=np.array([128]),
         op_start_ns=np.array([90]),
         first_op=0,
-        add_workspace=made,
+        add_workspaces=made,
     )
     assert out.tolist() == [[SEEN, 0, -1, 100]]
     assert made.made == []
@@ -177,7 +177,7 @@ def test_cuda_blocks_keep_the_allocators_rounded_size() -> None:
         nbytes=np.array([400]),
         op_start_ns=np.array([100]),
         first_op=0,
-        add_workspace=Workspaces(first=1),
+        add_workspaces=Workspaces(first=1),
     )
     (block,) = merge.touched
     assert (block.storage, block.nbytes, block.device) == (0, 512, "cuda:0")
