@@ -37,6 +37,7 @@ from .migrations import (
 )
 from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, MODULES, RUN_TABLES
 from .schema import Column as SchemaColumn
+from .structure import check_structure
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -74,9 +75,15 @@ def _open_hdf5(path: str) -> h5py.File:
     if os.path.getsize(path) == 0:
         raise corrupt(path, "the file is empty")
     try:
-        return h5py.File(path, "r")
+        handle = h5py.File(path, "r")
     except OSError as e:  # also PermissionError, BlockingIOError
         raise _open_error(path, e) from e
+    try:
+        check_structure(path)  # NOTE [ Reading damaged and hostile files ]
+    except BaseException:
+        handle.close()
+        raise
+    return handle
 
 
 def _open_error(path: str, error: OSError) -> TraceError:
