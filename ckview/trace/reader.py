@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _layout as L
 from ._layout import TraceMeta
+from .checks import value_problems
 from .errors import (
     TraceError,
     TraceKeyError,
@@ -161,7 +162,13 @@ def table_problems(group: h5py.HLObject, columns: tuple[SchemaColumn, ...]) -> l
 
 
 def _open_table(
-    path: str, parent: h5py.Group, name: str, kind: str, version: int, strings: StringTable
+    path: str,
+    parent: h5py.Group,
+    name: str,
+    kind: str,
+    version: int,
+    strings: StringTable,
+    sizes: Callable[[], dict[str, int]],
 ) -> Table:
     """Open table ``name`` (a key of RUN_TABLES, or 'modules') of a version-``version`` file.
 
@@ -171,7 +178,7 @@ def _open_table(
     schema = MODULES if name == "modules" else RUN_TABLES[name]
     if added_table(name, version):
         empty = {c.name: _ComputedColumn(np.empty(0, c.dtype)) for c in schema}
-        return Table(path, name, empty)
+        return Table(path, name, empty, sizes)
     with _reading(path):
         group = _child(parent, name, path)
         _check_type(group, kind, path)
@@ -187,7 +194,7 @@ def _open_table(
                     name, column.name, version, lambda c: np.asarray(group[c][...]), rows, strings
                 )
                 columns[column.name] = _ComputedColumn(values)
-        return Table(path, name, {c.name: columns[c.name] for c in schema})
+        return Table(path, name, {c.name: columns[c.name] for c in schema}, sizes)
 
 
 class _ComputedColumn:
@@ -210,16 +217,24 @@ class _ComputedColumn:
 
 
 class Table:
-    """One table: equal-length columns, read lazily (only the slice asked for leaves the disk)."""
+    """One table: equal-length columns, read lazily (only the slice asked for leaves the disk).
+
+    ``sizes()`` gives the row counts of the tables it refers to, for the checks of ``read``.
+    """
 
     def __init__(
-        self, path: str, name: str, datasets: Mapping[str, h5py.Dataset | _ComputedColumn]
+        self,
+        path: str,
+        name: str,
+        datasets: Mapping[str, h5py.Dataset | _ComputedColumn],
+        sizes: Callable[[], dict[str, int]],
     ) -> None:
         self.name = name
         self.columns: tuple[str, ...] = tuple(datasets)
         self._path = path
         self._datasets = datasets
         self._rows = next(iter(datasets.values())).shape[0]
+        self._sizes = sizes
 
     def __len__(self) -> int:
         return self._rows
@@ -242,17 +257,45 @@ class Table:
         if high <= low:
             return np.empty(0, ds.dtype)
         with _reading(self._path):
-            return np.asarray(ds[low:high])
+            return _read_rows(ds, low, high)
 
     def read(
         self,
         start: int | None = None,
         stop: int | None = None,
         columns: Iterable[str] | None = None,
+        *,
+        check: bool = True,
     ) -> dict[str, np.ndarray]:
-        """Rows ``[start:stop]`` of several columns (all by default), by column name."""
+        """Rows ``[start:stop]`` of several columns (all by default), by column name.
+
+        Reading all rows checks their values (NOTE [ What the analysis may assume of a table ]
+        in checks.py) and raises CorruptTraceError on the first problem, unless ``check`` is
+        false (the validator, which lists them all).
+        """
         names = self.columns if columns is None else tuple(columns)
-        return {name: self.column(name, start, stop) for name in names}
+        values = {name: self.column(name, start, stop) for name in names}
+        if check and slice(start, stop).indices(self._rows)[:2] == (0, self._rows):
+            problems = value_problems(self.name, values, self._sizes())
+            if problems:
+                more = f" (and {len(problems) - 1} more: see 'ckview validate')"
+                raise corrupt(self._path, problems[0] + (more if len(problems) > 1 else ""))
+        return values
+
+
+READ_ROWS = 1 << 22
+"""Rows read per HDF5 call: a large column is read in slices into one array, so that memory
+grows with what was read and Ctrl-C is seen between slices."""
+
+
+def _read_rows(ds: h5py.Dataset | _ComputedColumn, low: int, high: int) -> np.ndarray:
+    if isinstance(ds, _ComputedColumn) or high - low <= READ_ROWS:
+        return np.asarray(ds[low:high])
+    out = np.empty(high - low, dtype=ds.dtype)
+    for start in range(low, high, READ_ROWS):
+        stop = min(start + READ_ROWS, high)
+        out[start - low : stop - low] = ds[start:stop]
+    return out
 
 
 class StringTable:
@@ -335,9 +378,20 @@ class Run:
         if name not in self._tables:
             trace = self._trace
             self._tables[name] = _open_table(
-                self._path, self._group, name, "table", trace.format_version, trace.strings
+                self._path,
+                self._group,
+                name,
+                "table",
+                trace.format_version,
+                trace.strings,
+                self._sizes,
             )
         return self._tables[name]
+
+    def _sizes(self) -> dict[str, int]:
+        """Rows of the string table, the modules and each of the run's tables."""
+        tables = {name: len(self.table(name)) for name in RUN_TABLES}
+        return {**self._trace.root_sizes(), **tables}
 
 
 class Trace:
@@ -368,9 +422,19 @@ class Trace:
         """The root ``modules`` table (shared by all runs)."""
         if self._modules is None:
             self._modules = _open_table(
-                self.path, self._root, L.MODULES, "modules", self.format_version, self.strings
+                self.path,
+                self._root,
+                L.MODULES,
+                "modules",
+                self.format_version,
+                self.strings,
+                self.root_sizes,
             )
         return self._modules
+
+    def root_sizes(self) -> dict[str, int]:
+        """Rows of the string table and of the modules table."""
+        return {"strings": len(self.strings), "modules": len(self.modules)}
 
     def run(self, name: str) -> Run:
         """The run called ``name``; TraceKeyError listing the run names if there is none."""
