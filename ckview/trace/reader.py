@@ -39,6 +39,7 @@ from .migrations import (
 from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, MODULES, RUN_TABLES
 from .schema import Column as SchemaColumn
 from .structure import check_structure
+from .text import printable
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -340,7 +341,8 @@ class StringTable:
                 raise ValueError(f"{self._path} is closed")
             with _reading(self._path):
                 values = self._dataset.asstr()[...]
-            self._values = np.asarray(values, dtype=object).reshape(-1)
+            # NOTE [ Strings from a trace are escaped once, by the reader ]
+            self._values = np.asarray([printable(v) for v in values.reshape(-1)], dtype=object)
         return self._values
 
 
@@ -353,12 +355,12 @@ class Run:
         self._group = group
         attrs = {**added_values("run", trace.format_version), **group.attrs}
         with _reading(self._path):
-            self.name: str = L.decode_str(attrs["name"])
+            self.name: str = _printable_attr(self._path, group.name, "name", attrs["name"])
             self.complete: bool = L.attr_bool("complete", attrs["complete"])
             self.steps_recorded: int = L.attr_int("steps_recorded", attrs["steps_recorded"])
-            checkpointing = L.decode_str(attrs.get("checkpointing"))
-        if not isinstance(checkpointing, str):
-            raise corrupt(self._path, f"{group.name} has no string 'checkpointing' attribute")
+            checkpointing = _printable_attr(
+                self._path, group.name, "checkpointing", attrs.get("checkpointing")
+            )
         self.checkpointing: str = checkpointing
         """RUN_FIELDS['checkpointing']: 'script', 'bypassed', 'plan', or '' if unknown."""
         self._tables: dict[str, Table] = {}
@@ -507,7 +509,7 @@ class Trace:
         for name in META_FIELDS:
             if name not in attrs:
                 raise corrupt(self.path, f"/meta has no '{name}' attribute")
-            values[name] = L.decode_meta(name, attrs[name])
+            values[name] = _printable_value(L.decode_meta(name, attrs[name]))
         return TraceMeta(**values)
 
     def _read_strings(self) -> StringTable:
@@ -524,12 +526,28 @@ class Trace:
         found: list[tuple[int, str, h5py.Group]] = []
         for group in _child(self._root, L.RUNS, self.path).values():
             _check_type(group, "run", self.path)
-            name = L.decode_str(group.attrs.get("name"))
-            if not isinstance(name, str):
-                raise corrupt(self.path, f"{group.name} has no 'name' attribute")
+            name = _printable_attr(self.path, group.name, "name", group.attrs.get("name"))
             found.append((L.attr_int(L.ORDER_ATTR, group.attrs.get(L.ORDER_ATTR)), name, group))
         found.sort(key=lambda item: item[:2])
         runs = {name: group for _, name, group in found}
         if len(runs) != len(found):
             raise corrupt(self.path, "two runs have the same name")
         return runs
+
+
+def _printable_attr(path: str, where: str, name: str, value: object) -> str:
+    """A string attribute, escaped (NOTE [ Strings from a trace are escaped once, by the
+    reader ]); CorruptTraceError if it is not a string."""
+    text = L.decode_str(value)
+    if not isinstance(text, str):
+        raise corrupt(path, f"{where} has no string {name!r} attribute")
+    return printable(text)
+
+
+def _printable_value(value: Any) -> Any:
+    """A meta value with its strings escaped (lists of strings too: the command)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return [_printable_value(v) for v in value]
+    return value
