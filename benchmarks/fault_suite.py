@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +49,7 @@ BATCH_MEMORY_LIMIT = str(16 * 2**20)
 class Case:
     family: str
     path: str
+    verbs: tuple[str, ...] = VERBS
 
 
 Mutator = Callable[[Path, random.Random], None]
@@ -324,7 +325,7 @@ def unsorted_rows(path: Path, rng: random.Random) -> None:
         run = _run_group(f, rng)
         table = run[rng.choice(("ops", "memory_events", "steps", "module_calls", "storages"))]
         order = np.random.default_rng(rng.randrange(2**32)).permutation(
-            table["start_ns" if "start_ns" in table else list(table)[0]].shape[0]
+            table["start_ns" if "start_ns" in table else next(iter(table))].shape[0]
         )
         for ds in table.values():
             if ds.shape[0] == len(order):
@@ -340,7 +341,8 @@ def nonsense_steps(path: Path, rng: random.Random) -> None:
             return
 
         def change(values: np.ndarray) -> np.ndarray:
-            values[:] = rng.choice((-1, 0, 2**31 - 1 if values.dtype.itemsize == 4 else 2**62))
+            bad = rng.choice((-1, 0, 2**31 - 1 if values.dtype.itemsize == 4 else 2**62))
+            values[:] = np.asarray(bad, dtype=np.int64).astype(values.dtype)
             return values
 
         _rewrite(ds, change)
@@ -397,7 +399,11 @@ FAMILIES: dict[str, Mutator] = {
 
 
 def make_cases(
-    out: Path, per_family: int, families: tuple[str, ...] = tuple(FAMILIES), seed: int = 12
+    out: Path,
+    per_family: int,
+    families: tuple[str, ...] = tuple(FAMILIES),
+    seed: int = 12,
+    sources: tuple[str, ...] = SOURCES,
 ) -> list[Case]:
     """``per_family`` mutated copies of the sample traces per family, under ``out``."""
     rng = random.Random(seed)
@@ -405,7 +411,7 @@ def make_cases(
     for family in families:
         mutate = FAMILIES[family]
         for i in range(per_family):
-            source = SAMPLES / SOURCES[i % len(SOURCES)]
+            source = SAMPLES / sources[i % len(sources)]
             target = out / f"{family}_{i}.h5"
             shutil.copyfile(source, target)
             mutate(target, random.Random(rng.randrange(2**32)))
@@ -455,7 +461,7 @@ def run_one(verb: str, trace: str, scratch: str) -> str:
             code = main(verb_argv(verb, trace, scratch))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 2
-    except BaseException as e:  # noqa: BLE001 - what escapes main is the finding
+    except BaseException as e:  # what escapes main is the finding
         return f"traceback: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
     text = err.getvalue()
     if "Traceback" in text or "Traceback" in out.getvalue():
@@ -470,24 +476,23 @@ def run_one(verb: str, trace: str, scratch: str) -> str:
     return "refused" if code == 2 else "ok"
 
 
-def _batch(cases_file: str, start: int, verbs: str) -> None:
+def _batch(cases_file: str, start: int) -> None:
     """Child process: run cases from ``start``, one JSON line per case on stdout."""
     os.environ.setdefault("CKVIEW_MEMORY_LIMIT", BATCH_MEMORY_LIMIT)
+    os.environ.setdefault("CKVIEW_OPEN_TIMEOUT", "5")
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     cases = json.loads(Path(cases_file).read_text())
     real_stdout = sys.stdout
     with tempfile.TemporaryDirectory() as scratch:
         for index in range(start, len(cases)):
             results = {}
-            for verb in verbs.split(","):
+            for verb in cases[index]["verbs"]:
                 print(json.dumps({"start": index, "verb": verb}), file=real_stdout, flush=True)
                 results[verb] = run_one(verb, cases[index]["path"], scratch)
             print(json.dumps({"done": index, "results": results}), file=real_stdout, flush=True)
 
 
-def run_cases(
-    cases: list[Case], verbs: tuple[str, ...], timeout: float
-) -> dict[int, dict[str, str]]:
+def run_cases(cases: list[Case], timeout: float) -> dict[int, dict[str, str]]:
     """Results by case index and verb: 'ok', 'refused', 'traceback: ...' or 'hung'."""
     results: dict[int, dict[str, str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -495,22 +500,20 @@ def run_cases(
         cases_file.write_text(json.dumps([c.__dict__ for c in cases]))
         start = 0
         while start < len(cases):
-            start = _run_batch(cases_file, start, verbs, timeout, results)
+            start = _run_batch(cases_file, start, timeout, results)
     return results
 
 
-def _run_batch(
-    cases_file: Path, start: int, verbs: tuple[str, ...], timeout: float, results: dict
-) -> int:
+def _run_batch(cases_file: Path, start: int, timeout: float, results: dict) -> int:
     """Run from case ``start`` until the end or a hang; return the next case to run."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, __file__, "--batch", str(cases_file), str(start), ",".join(verbs)]
+    command = [sys.executable, __file__, "--batch", str(cases_file), str(start)]
     child = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True
     )
     assert child.stdout is not None
     lines: list[str] = []
-    current = {"index": start, "verb": verbs[0]}
+    current = {"index": start, "verb": "?"}
     event = threading.Event()
 
     def read() -> None:
@@ -528,6 +531,8 @@ def _run_batch(
         if not event.wait(timeout) and child.poll() is None and seen == len(lines):
             child.kill()
             child.wait()
+            reader.join()
+            child.stdout.close()
             index = current["index"]
             results.setdefault(index, {})[current["verb"]] = "hung"
             return index + 1
@@ -540,10 +545,20 @@ def _run_batch(
                 results[message["done"]] = message["results"]
         if not reader.is_alive() and seen == len(lines):
             child.wait()
+            child.stdout.close()
             if current["index"] not in results:  # the child died mid-case (a crash)
                 results[current["index"]] = {current["verb"]: f"traceback: exit {child.returncode}"}
                 return current["index"] + 1
             return len(json.loads(cases_file.read_text()))
+
+
+def handled(case: Case, outcome: dict[str, str]) -> bool:
+    """Whether every verb read the case or refused it as it should."""
+    if len(outcome) != len(case.verbs):
+        return False
+    if case.family in MUST_REFUSE:
+        return all(r == "refused" for r in outcome.values())
+    return all(r in ("ok", "refused") for r in outcome.values())
 
 
 def tally(cases: list[Case], results: dict[int, dict[str, str]]) -> dict[str, Counter]:
@@ -589,7 +604,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cases = make_cases(Path(tmp), args.per_family, tuple(args.families.split(",")))
-        results = run_cases(cases, tuple(args.verbs.split(",")), args.timeout)
+        verbs = tuple(args.verbs.split(","))
+        cases = [Case(c.family, c.path, verbs) for c in cases]
+        results = run_cases(cases, args.timeout)
         table = tally(cases, results)
         print(format_table(table))
         if args.show:
@@ -604,7 +621,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--batch":
-        _batch(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    if len(sys.argv) == 4 and sys.argv[1] == "--batch":
+        _batch(sys.argv[2], int(sys.argv[3]))
     else:
         main()
