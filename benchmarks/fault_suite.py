@@ -479,7 +479,7 @@ def run_one(verb: str, trace: str, scratch: str) -> str:
 def _batch(cases_file: str, start: int) -> None:
     """Child process: run cases from ``start``, one JSON line per case on stdout."""
     os.environ.setdefault("CKVIEW_MEMORY_LIMIT", BATCH_MEMORY_LIMIT)
-    os.environ.setdefault("CKVIEW_OPEN_TIMEOUT", "5")
+    os.environ.setdefault("CKVIEW_OPEN_TIMEOUT", "2")
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     cases = json.loads(Path(cases_file).read_text())
     real_stdout = sys.stdout
