@@ -582,8 +582,9 @@ def _check_disjoint(segments: list[SegmentRegion]) -> None:
                 "region inside the segment)"
             )
         current = None if furthest is None else segments[furthest]
-        new_sequential = current is None or current.sequential != segments[k].sequential
-        if new_sequential or segments[k].stop > current.stop:
+        if current is None or current.sequential != segments[k].sequential:
+            furthest = k  # the first segment of its Sequential
+        elif segments[k].stop > current.stop:
             furthest = k
 
 
