@@ -69,3 +69,19 @@ def test_module_names_with_terminal_controls_are_drawn_escaped(
     window.grab().save(str(tmp_path / "names.png"))
     assert any(n.endswith("\\x1b[2J\\u202e") for n in names)
     assert not any("\x1b" in n or "\u202e" in n for n in names)
+
+
+def test_a_hostile_plan_file_is_one_line_in_the_plan_panel(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    with qtbot.waitSignal(window.loaded, timeout=20000):
+        window.open_paths([str(SAMPLE)])
+    qtbot.waitUntil(lambda: window.plan.session is not None, timeout=20000)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000)
+    for plan in (deep, Path("/dev/zero")):
+        with qtbot.waitSignal(window.plan.error, timeout=20000) as signal:
+            window.plan.load_plan(str(plan))
+        message = signal.args[0]
+        assert "\n" not in message and len(message) < 700
+        assert ("nested too deeply" in message) or ("larger than 16 MiB" in message)
