@@ -41,7 +41,7 @@ def _table(name: str, columns: dict[str, Any]) -> dict[str, np.ndarray]:
     n = len(next(iter(columns.values())))
     out = {}
     for c in RUN_TABLES[name]:
-        value = columns.get(c.name, -1 if c.name in {"op", "module_call", "module"} else 0)
+        value = columns.get(c.name, -1 if c.name in {"op", "module_call", "module", "stack"} else 0)
         out[c.name] = np.broadcast_to(np.asarray(value), (n,)).astype(c.dtype)
     return out
 

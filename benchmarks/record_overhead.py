@@ -1,12 +1,15 @@
 """Recorder overhead, side by side in one run (ratios, not absolute times).
 
-For a compute-bound step (~50 ms or more) and a small-op step (5 ms or less) it times the same
-training step unrecorded, under ``ckview``'s recorder, and under
+For a compute-bound step (6 TransformerEncoder layers, d=256, seq 128, batch 8) and a small-op
+step (40 x Linear 64->64 + GELU) it times the same training step unrecorded, under a dispatch
+mode that does nothing (the floor of any op-hook recorder), under ``ckview``'s recorder, under
+``torch.profiler.profile(profile_memory=True)`` (the allocator's events alone) and under
 ``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``,
-interleaving the three in rounds so machine noise hits all alike. Then it measures the
-recorder's memory per event and the trace writer's throughput and compression.
+interleaving them in rounds so machine noise hits all alike. "step" is the median step time,
+"incl. finalise" the wall time per step including setup and the profilers' stop. Then it
+measures the recorder's memory per event and the trace writer's throughput and compression.
 
-    python benchmarks/record_overhead.py [--rounds 3] [--steps 10]
+    OMP_NUM_THREADS=1 python benchmarks/record_overhead.py [--rounds 3] [--steps 10]
 """
 
 from __future__ import annotations
@@ -33,26 +36,35 @@ from recorder import Recorder
 Step = Callable[[], None]
 
 
-def make_step(width: int, hidden: int, depth: int, batch: int) -> Step:
-    """A residual-MLP training step with AdamW: wide layers are compute-bound, narrow small-op."""
-    torch.manual_seed(0)
-    blocks = [
-        nn.Sequential(
-            nn.LayerNorm(width), nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width)
-        )
-        for _ in range(depth)
-    ]
-    model = nn.Sequential(*blocks)
+def make_step(model: nn.Module, batch_shape: tuple[int, ...]) -> Step:
+    """One AdamW training step of ``model`` on a random batch."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
-        x = torch.randn(batch, width)
+        x = torch.randn(*batch_shape)
         loss = model(x).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def small_op_step() -> Step:
+    """40 x (Linear 64->64, GELU): ops of microseconds, where the per-op cost is everything."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(40):
+        layers += [nn.Linear(64, 64), nn.GELU()]
+    return make_step(nn.Sequential(*layers), (32, 64))
+
+
+def compute_bound_step() -> Step:
+    """6 TransformerEncoder layers, d=256, seq 128, batch 8: ops of milliseconds."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
+    return make_step(model, (8, 128, 256))
 
 
 def time_steps(step: Step, n: int) -> list[float]:
@@ -97,8 +109,31 @@ def empty_mode(step: Step, n: int) -> Timing:
 def recorded(step: Step, n: int) -> Timing:
     with tempfile.TemporaryDirectory() as tmp:
         return _timed(
-            step, n, lambda: Recorder(Path(tmp) / "t.h5", steps=n, warmup=0, progress=False)
+            step,
+            n,
+            lambda: Recorder(Path(tmp) / "t.h5", steps=n, warmup=0, progress=False, timing_steps=0),
         )
+
+
+def recorded_with_stacks(step: Step, n: int) -> Timing:
+    with tempfile.TemporaryDirectory() as tmp:
+        return _timed(
+            step,
+            n,
+            lambda: Recorder(
+                Path(tmp) / "t.h5", steps=n, warmup=0, progress=False, timing_steps=0, stacks=True
+            ),
+        )
+
+
+def profiled_memory(step: Step, n: int) -> Timing:
+    return _timed(
+        step,
+        n,
+        lambda: torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+        ),
+    )
 
 
 def profiled(step: Step, n: int) -> Timing:
@@ -117,7 +152,14 @@ def profiled(step: Step, n: int) -> Timing:
 def overhead(name: str, step: Step, rounds: int, n: int) -> None:
     for _ in range(3):
         step()  # warm caches, create optimizer state
-    runs = {"plain": plain, "empty mode": empty_mode, "ckview": recorded, "profiler": profiled}
+    runs = {
+        "plain": plain,
+        "empty mode": empty_mode,
+        "ckview": recorded,
+        "ckview --stacks": recorded_with_stacks,
+        "profiler memory": profiled_memory,
+        "profiler": profiled,
+    }
     results: dict[str, list[Timing]] = {k: [] for k in runs}
     for _ in range(rounds):
         for key, run in runs.items():
@@ -127,9 +169,10 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
         base = median["plain"]
         print(
             f"{name:<14} {label:<15} plain {base * 1e3:7.2f} ms | empty dispatch mode "
-            f"{median['empty mode'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x | "
-            f"profiler {median['profiler'] / base:5.2f}x | "
-            f"ckview/profiler {median['ckview'] / median['profiler']:5.2f}"
+            f"{median['empty mode'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x "
+            f"(--stacks {median['ckview --stacks'] / base:5.2f}x) | "
+            f"profiler (memory) {median['profiler memory'] / base:5.2f}x | "
+            f"profiler (memory, shapes, stacks) {median['profiler'] / base:5.2f}x"
         )
 
 
@@ -167,8 +210,8 @@ def main() -> None:
     parser.add_argument("--write-rows", type=int, default=5_000_000)
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier timings on a shared 2-core machine
-    compute = make_step(width=1024, hidden=4096, depth=4, batch=256)
-    small = make_step(width=128, hidden=512, depth=4, batch=16)
+    compute = compute_bound_step()
+    small = small_op_step()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}")
     overhead("compute-bound", compute, args.rounds, max(3, args.steps // 3))
     overhead("small-op", small, args.rounds, args.steps * 3)

@@ -2,7 +2,8 @@
 
     QT_QPA_PLATFORM=offscreen python docs/screenshots.py
 
-Writes docs/images/explorer-*.png from the sample traces.
+Writes docs/images/explorer-*.png from the sample traces, and docs/images/snapshot-import.png
+from the CUDA snapshot fixture when it is there.
 """
 
 from __future__ import annotations
@@ -74,7 +75,33 @@ def main() -> int:
     w.side_action.setChecked(True)
     w.tabs.setCurrentIndex(1)
     save(w, "explorer-dark-side-by-side.png")
+
+    snapshot = _fixture_snapshot()
+    if snapshot is None:
+        print("no CUDA snapshot fixture (../shared/fixtures/cuda_snapshots): skipped its image")
+        return 0
+    from ckview.snapshot import load_snapshot, snapshot_to_trace
+
+    trace = Path(tempfile.mkdtemp()) / "cnn_fwd_bwd.h5"
+    snapshot_to_trace(load_snapshot(snapshot), trace)
+    settings = QSettings(tempfile.mktemp(suffix=".ini"), QSettings.Format.IniFormat)
+    w = MainWindow(settings=settings)
+    w.resize(1400, 900)
+    w.show()
+    w.open_paths([str(trace)])
+    settle(lambda: len(w.traces) == 1)  # nothing to plan: no module tree in a snapshot
+    w.timeline.jump_to_peak()
+    save(w, "snapshot-import.png")
     return 0
+
+
+def _fixture_snapshot() -> Path | None:
+    """The real CUDA snapshot beside the repository (../shared/fixtures/cuda_snapshots)."""
+    for parent in ROOT.parents[:3]:
+        found = sorted((parent / "shared" / "fixtures" / "cuda_snapshots").glob("*.pickle"))
+        if found:
+            return found[0]
+    return None
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ reference disarmed (``sid`` -1).
 
 from __future__ import annotations
 
+import array
 import functools
 import os
 import platform
@@ -112,11 +113,13 @@ from ckview.trace.schema import (
     SavedEventKind,
 )
 from recorder import buffers, modules, steps
+from recorder.allocations import WINDOW_ROWS, AllocatorEvents, AllocatorMerge, Block
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
 from recorder.output import settle, staging_path
 from recorder.progress import StepProgress
+from recorder.stacks import Stacks
 from recorder.steps import IterationTracker, StepCounts, StepRule, plural
 from recorder.timing import RunTimes, StepTimer, plan_call_cost_ns, timing_schedule
 
@@ -134,6 +137,10 @@ _ST_WIDTH = len(RUN_TABLES["storages"])
 _ST_CATEGORY = [c.name for c in RUN_TABLES["storages"]].index("category")
 _ST_FREE_NS = [c.name for c in RUN_TABLES["storages"]].index("free_ns")
 _ST_MODULE = [c.name for c in RUN_TABLES["storages"]].index("module")
+_ST_NBYTES = [c.name for c in RUN_TABLES["storages"]].index("nbytes")
+_ST_ALLOC_NS = [c.name for c in RUN_TABLES["storages"]].index("alloc_ns")
+_OP_START = [c.name for c in RUN_TABLES["ops"]].index("start_ns")
+_OP_CALL = [c.name for c in RUN_TABLES["ops"]].index("module_call")
 _CALL_WIDTH = len(RUN_TABLES["module_calls"])  # column 0 of a call row is its module
 _ACTIVATION = int(Category.ACTIVATION)
 _SHARDED = int(Category.SHARDED_PARAMETER)
@@ -259,6 +266,7 @@ class Recorder:
         progress: bool | None = None,
         step_every: str | StepRule = "auto",
         timing_steps: int = 0,
+        stacks: bool = False,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -276,6 +284,10 @@ class Recorder:
         if len({r.name for r in self.runs}) != len(self.runs):
             raise ValueError(f"run names must differ: {[r.name for r in self.runs]}")
         self.steps_recorded = 0
+        self.stacks = stacks
+        """Record the user's frames of every allocation (NOTE [ User frames ] in stacks.py)."""
+        self._stacks: Stacks | None = None
+        self._op_stacks = array.array("q")  # the stack of each buffered op, with --stacks
         self._timer = StepTimer(timing_steps)  # NOTE [ Plain timing steps ] in timing.py
         self._schedule = timing_schedule(len(self.runs), timing_steps)
         self._timing_pos = -1  # entry of the schedule under way
@@ -332,6 +344,7 @@ class Recorder:
         self._eager_compile = EagerWhileRecording()
         self._op_categories: dict[int, tuple[int, str]] = {}  # NOTE [ FSDP's storages ]
         self._fsdp_wrapped = False
+        self._allocator = AllocatorEvents()  # NOTE [ Allocator events ] in allocations.py
 
     # ----------------------------------------------------------------- public API
 
@@ -413,6 +426,7 @@ class Recorder:
         meta["rank"], meta["world_size"] = launcher_world()
         self._writer = TraceWriter(self._staging, meta=meta)
         self._modules = ModuleRegistry(self._intern)
+        self._stacks = Stacks(self._writer) if self.stacks else None
         self._cpu_id = self._intern("cpu")
         self._begin_run_tables()
 
@@ -439,6 +453,8 @@ class Recorder:
         self._stack = [(row, NO_INDEX) for row, _ in self._stack]
         self._steps_in_run = 0
         self._open_region = NO_INDEX
+        self._merge = AllocatorMerge()
+        self._st_address = array.array("q")  # data_ptr of each storage row
 
     def _sink(self, table: str, columns: dict[str, np.ndarray]) -> None:
         """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
@@ -455,12 +471,83 @@ class Recorder:
         self._last_file_flush = now
 
     def _flush(self) -> None:
+        if self._allocator.running and len(self._mem.data) > WINDOW_ROWS * self._mem.width:
+            self._close_window()
+            self._open_window()
         self._busy = True
         try:
+            # Ops and memory events wait for their window's merge (NOTE [ Allocator events ]).
+            held = (self._ops, self._mem) if self._allocator.running else ()
             for buf in (self._ops, self._mem, self._saved, self._io):
-                buf.flush()
+                if buf not in held:
+                    buf.flush()
+            if self._ops not in held:
+                del self._op_stacks[:]
         finally:
             self._busy = False
+
+    # NOTE [ Allocator events ] in allocations.py: the allocator's events come in windows,
+    # merged into the window's ops and memory events before those are written.
+
+    def _open_window(self) -> None:
+        self._allocator.start()
+
+    def _close_window(self) -> None:
+        """Merge the allocator's events of the window into its rows and write them."""
+        busy, self._busy = self._busy, True
+        try:
+            window = self._allocator.stop()
+            if window is not None:
+                self._merge_window(window)
+            self._ops.flush()
+            self._mem.flush()
+            del self._op_stacks[:]
+        finally:
+            self._busy = busy
+
+    def _merge_window(self, window: Any) -> None:
+        mem, ops = self._mem, self._ops
+        # Copies: a live numpy view of an array.array would keep it from growing. A free that
+        # the garbage collector runs meanwhile is appended after the window's rows.
+        taken = len(mem.data)
+        events = np.frombuffer(mem.data, dtype=np.int64).reshape(-1, mem.width).copy()
+        op_rows = np.frombuffer(ops.data, dtype=np.int64).reshape(-1, ops.width).copy()
+        first_op = ops.rows - len(op_rows)
+        address = np.frombuffer(self._st_address, dtype=np.int64).copy()
+        nbytes = np.frombuffer(self._st_data, dtype=np.int64)[_ST_NBYTES::_ST_WIDTH].copy()
+
+        def workspace(block: Block, op: int) -> int:
+            call = int(op_rows[op - first_op, _OP_CALL]) if op >= first_op else NO_INDEX
+            return self._add_workspace(block, op, call)
+
+        start = op_rows[:, _OP_START]
+        merged = self._merge.merge(window, events, address, nbytes, start, first_op, workspace)
+        mem.data = array.array("q", merged.tobytes()) + mem.data[taken:]
+        data = self._st_data
+        for block in self._merge.touched:
+            at = block.storage * _ST_WIDTH
+            if block.alloc_ns >= 0 and data[at + _ST_ALLOC_NS] >= 0:  # an ALLOC's block
+                data[at + _ST_NBYTES] = block.nbytes
+                data[at + _ST_ALLOC_NS] = block.alloc_ns
+            if block.free_ns >= 0:
+                data[at + _ST_FREE_NS] = block.free_ns
+        self._merge.touched.clear()
+
+    def _stack_of(self, op: int) -> int:
+        """The stack row of buffered op ``op`` (-1 without --stacks or for an older op)."""
+        at = op - (self._ops.rows - len(self._op_stacks))
+        return self._op_stacks[at] if 0 <= at < len(self._op_stacks) else NO_INDEX
+
+    def _add_workspace(self, block: Block, op: int, call: int) -> int:
+        """A storage row for memory only the allocator saw (NOTE [ Matching blocks ])."""
+        module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
+        device = self._cpu_id if block.device == "cpu" else self._intern(block.device)
+        unknown = self._intern("")
+        sid = len(self._st_data) // _ST_WIDTH
+        row = (block.nbytes, device, _TEMPORARY, unknown, unknown, op, call, module)
+        self._st_data.extend((*row, block.alloc_ns, block.free_ns, self._stack_of(op)))
+        self._st_address.append(block.address)
+        return sid
 
     def _end_run(self, error: str) -> None:
         """Write the run's tables that stayed editable, close it and leave its context."""
@@ -470,6 +557,7 @@ class Recorder:
             last = len(self._steps) - 1
             if last >= 0 and self._steps.get(last, "end_ns") == -1:
                 self._close_step_row(now, self._tracker.current(), complete=False)
+            self._close_window()
             for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
             for table in (self._storages, self._calls, self._steps, self._regions):
@@ -503,11 +591,14 @@ class Recorder:
         try:
             assert self._modules is not None
             writer.append_modules(self._modules.columns())
+            if self._stacks is not None:
+                self._stacks.write(writer)
             writer.update_meta(
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
                 step_rule=self._tracker.describe(self.warmup, modules=not self._no_modules),
                 compiled=self._compiled(),
+                allocator_events=self._allocator_events(),
             )
             writer.flush()
         finally:
@@ -567,6 +658,7 @@ class Recorder:
         self._wrap_torch_recompute()
         self._eager_compile.install()
         self._restore.append(self._eager_compile.uninstall)
+        self._restore.append(self._allocator.yield_to_the_script())
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
@@ -584,6 +676,7 @@ class Recorder:
         self._handles = keep
         while self._restore:
             self._restore.pop()()
+        self._allocator.stop()  # a window left open by a failure: the profiler is the user's
         if self._orig_hooks_init is not None:
             torch.autograd.graph.saved_tensors_hooks.__init__ = self._orig_hooks_init  # type: ignore[method-assign]
             self._orig_hooks_init = None
@@ -779,6 +872,7 @@ class Recorder:
         self._mark_gradients()
         self._mark_optimizer_tensors()
         self._open_step(self._t0)
+        self._open_window()
 
     def _open_step(self, now: int) -> None:
         self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows, -1, -1, -1, 0))
@@ -807,12 +901,14 @@ class Recorder:
             self._next_timing_step()
         elif self._state is State.RECORDING:
             self._close_step_row(now, counts, complete=True)
+            self._close_window()
             self._step += 1
             self._steps_in_run += 1
             self.steps_recorded += 1
             self._progress.step_done()
             if self._steps_in_run < self.steps:
                 self._open_step(now)
+                self._open_window()
                 if now - self._last_file_flush > _FILE_FLUSH_NS:
                     self._flush_file(now)
                 return
@@ -953,6 +1049,11 @@ class Recorder:
 
     def on_recompute_end(self, region_id: int, target: object) -> None:
         self._recompute_exit()
+
+    def _allocator_events(self) -> str:
+        """The trace's ``allocator_events`` (NOTE [ Allocator events ] in allocations.py)."""
+        missing = self._allocator.unavailable
+        return f"op hook: {missing}" if missing else "allocator"
 
     def _compiled(self) -> str:
         """The trace's ``compiled`` field: 'eager' if the script uses ``torch.compile`` (its
@@ -1229,6 +1330,8 @@ class Recorder:
         self._n_ops = row + 1
         self._last_op = row
         self._ops.data.extend((name, phase, call, self._step, t0, t1, seq))
+        if self._stacks is not None:  # NOTE [ User frames ] in stacks.py
+            self._op_stacks.append(self._stacks.current())
 
         # NOTE [ New storage = unknown output storage ]: inputs first, then outputs.
         for arg in args:
@@ -1334,9 +1437,9 @@ class Recorder:
         device_id = self._cpu_id if t.is_cpu else self._device_id(t)
         module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
         sid = len(self._st_data) // _ST_WIDTH
-        self._st_data.extend(
-            (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now, -1)
-        )
+        row = (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now)
+        self._st_data.extend((*row, -1, self._stack_of(op)))
+        self._st_address.append(st.data_ptr())
         ref = _StorageRef(st, self._on_free)
         ref.sid = sid
         ref.key = st._cdata

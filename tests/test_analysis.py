@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from itertools import pairwise
 
@@ -346,7 +347,7 @@ def test_summarize_two_step_run():
     assert summary.by_category == {
         "parameter": 1000, "gradient": 1000, "optimizer_state": 0, "activation": 400,
         "temporary": 300, "input": 100, "other": 0, "sharded_parameter": 0,
-        "unsharded_parameter": 0, "comm_buffer": 0,
+        "unsharded_parameter": 0, "comm_buffer": 0, "unknown": 0,
     }  # fmt: skip
     assert summary.activation_bytes_saved == 400
     assert summary.top_modules == [(NO_MODULE, 2100), ("Net.fc1", 400)]
@@ -354,6 +355,7 @@ def test_summarize_two_step_run():
     assert summary.top_storages[1] == {
         "storage": 4, "nbytes": 1000, "category": "gradient", "shape": "64x128",
         "dtype": "float32", "module": NO_MODULE, "op": "aten.mm.default",
+        "allocated_at": "",
     }  # fmt: skip
     assert summary.top_storages[0]["op"] == ""  # pre-existing: no op created it
     held = ({"forwards": 4, "backwards": 4, "optimizer_steps": 1, "complete": 1},
@@ -464,6 +466,16 @@ def test_parse_budget() -> None:
 
     assert parse_budget(" 60 % ").bytes(1000) == 600
     assert parse_budget("1.5 KiB").bytes(10**9) == 1536
-    for bad, why in (("0%", "no memory at all"), ("0", "no memory at all"), ("lots", "size")):
-        with pytest.raises(ValueError, match=why):
+    assert parse_budget("60 B").bytes(10**9) == 60  # bytes, when said so
+    for bad, why in (
+        ("0%", "no memory at all"),
+        ("0", "no memory at all"),
+        ("lots", "size"),
+        (
+            "60",
+            "has no unit: write a size such as '60 MiB' or a share of the run's peak such as '60%'",
+        ),
+        (" 1.5 ", "'1.5 MiB'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(why)):
             parse_budget(bad)

@@ -134,6 +134,7 @@ def test_csv_holds_every_point_of_every_run(compare_report: dict[str, Any]) -> N
         "activations_bytes",
         "temporaries_bytes",
         "other_bytes",
+        "unknown_bytes",
     ]
     for run in compare_report["trace"].runs:
         mine = [r for r in rows if r["run"] == run.label]

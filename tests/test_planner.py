@@ -585,6 +585,7 @@ def test_cli_plan_unreachable_budget(run_cli: Any, tmp_path: Path) -> None:
         (["--budget", "12xB"], "cannot read '12xB' as a size"),
         (["--budget", "0%"], "no memory at all"),
         (["--budget", "0"], "no memory at all"),
+        (["--budget", "60"], "budget '60' has no unit: write a size such as '60 MiB'"),
         ([], "give a budget"),
         (["--pareto", "-o", "x.json"], "add --budget"),
         (["--budget", "60%", "--run", "nope"], "no run 'nope'; runs: baseline, checkpointed"),

@@ -149,7 +149,9 @@ class StepBuilder:
 
     def tables(self) -> Tables:
         out: Tables = {name: _columns(name, rows) for name, rows in self.rows.items()}
-        storages = [(r[0], 0, r[1], 0, 0, r[2], r[3], r[4], r[5], r[6]) for r in self.storage_rows]
+        storages = [
+            (r[0], 0, r[1], 0, 0, r[2], r[3], r[4], r[5], r[6], -1) for r in self.storage_rows
+        ]
         out["storages"] = _columns("storages", storages)
         out["steps"] = _columns("steps", [(0, 0, self.clock, 0, 0, 1, 1, 1, 1)])
         out["modules"] = {

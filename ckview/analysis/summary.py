@@ -16,6 +16,7 @@ from ckview.analysis.breakdown import (
     storage_modules,
 )
 from ckview.analysis.recompute import step_durations
+from ckview.analysis.stacks import allocation_site
 from ckview.analysis.timeline import (
     MemoryTimeline,
     find_peak,
@@ -188,6 +189,8 @@ def _top_storages(
     biggest = rows[np.lexsort((rows, -nbytes))[:top]]
     modules = storage_modules(storages, biggest)
     op_names = np.asarray(tables["ops"]["name"])
+    frames, stacks = tables.get("frames"), tables.get("stacks")
+    stack = np.asarray(storages.get("stack", np.full(len(storages["nbytes"]), NO_INDEX)))
     return [
         {
             "storage": int(s),
@@ -197,6 +200,9 @@ def _top_storages(
             "dtype": _string(strings, int(storages["dtype"][s])),
             "module": _label(paths, int(m)),
             "op": _op_name(op_names, strings, int(storages["op"][s])),
+            "allocated_at": ""
+            if frames is None or stacks is None
+            else allocation_site(frames, stacks, strings, int(stack[s])),
         }
         for s, m in zip(biggest, modules, strict=True)
     ]

@@ -73,8 +73,17 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """``'60%'`` (of a run's peak) or a size ``parse_bytes`` reads (``'3GiB'``). Raises
-    ``ValueError`` with a one-line message for anything else or for no memory at all."""
+    """``'60%'`` (of a run's peak) or a size with a unit that ``parse_bytes`` reads (``'3GiB'``,
+    ``'512 B'``). Raises ``ValueError`` with a one-line message for anything else, for no memory
+    at all, and for a number without a unit: a bare '60' is far more often meant as 60 MiB or
+    60% than as 60 bytes, so it is refused with both readings as a hint."""
+    bare = _SIZE.fullmatch(text)
+    if bare is not None and not bare.group(2) and float(bare.group(1)) > 0:
+        number = bare.group(1)
+        raise ValueError(
+            f"budget {text.strip()!r} has no unit: write a size such as '{number} MiB' or a share "
+            f"of the run's peak such as '{number}%'"
+        )
     match = _SHARE.fullmatch(text)
     if match is not None:
         share = float(match.group(1)) / 100

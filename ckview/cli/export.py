@@ -1,5 +1,6 @@
-"""``ckview export``: a report-ready figure (PNG or SVG) of traces and projected plans, and their
-memory curves as CSV, without a display and without torch.
+"""``ckview export``: a report-ready figure (PNG or SVG) of traces and projected plans, their
+memory curves as CSV, or a run as a PyTorch memory snapshot pickle (``--snapshot``), without a
+display and without torch.
 
 The figure is drawn by ``ckview.gui.report`` on Qt's offscreen platform; plans are resolved
 like ``ckview project`` does (``read_plan``) and projected over the first trace's baseline run
@@ -49,8 +50,15 @@ def add_parser(verbs: Any) -> None:
     p.add_argument(
         "-o",
         "--output",
-        default="report.png",
-        help="the figure: .png or .svg (or .csv for the curves only); default report.png",
+        help="the figure: .png or .svg (or .csv for the curves only); default report.png, "
+        "none with --snapshot",
+    )
+    p.add_argument(
+        "--snapshot",
+        type=Path,
+        metavar="PICKLE",
+        help="write the run (--run, or the trace's only run) as a PyTorch memory snapshot that "
+        "pytorch.org/memory_viz opens (docs/snapshots.md)",
     )
     p.add_argument("--csv", type=Path, help="also write the curves to this CSV file")
     p.add_argument("--width", type=int, default=1600, help="figure width in pixels (default 1600)")
@@ -71,7 +79,12 @@ def add_parser(verbs: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ckview.gui.rundata import Axis
 
-    figure, csv_paths = _outputs(args.output, args.csv)
+    if args.snapshot is not None:
+        done = [_write_snapshot(args)]
+        if args.output is None and args.csv is None:
+            print("wrote " + done[0])
+            return 0
+    figure, csv_paths = _outputs(args.output or "report.png", args.csv)
     if figure is not None and not MIN_WIDTH <= args.width <= MAX_WIDTH:
         raise CLIError(f"--width {args.width} is out of range; use {MIN_WIDTH} to {MAX_WIDTH}")
     traces = _load(args.traces)
@@ -99,6 +112,46 @@ def run(args: argparse.Namespace) -> int:
         for note in plan_notes(plans):  # also drawn in the figure
             print(f"note: {note}")
     return 0
+
+
+def _write_snapshot(args: argparse.Namespace) -> str:
+    """Write the chosen run of the only trace as a snapshot pickle; what was written."""
+    import pickle
+
+    from ckview.snapshot.export import trace_to_snapshot
+    from ckview.trace import open_trace
+
+    path: Path = args.snapshot
+    if len(args.traces) != 1:
+        raise CLIError("--snapshot writes one run of one trace; pass a single TRACE")
+    if path.suffix.lower() in (".h5", ".hdf5"):
+        raise CLIError(f"--snapshot {path} would be a pickle, not a trace; name it NAME.pickle")
+    if not path.parent.is_dir():
+        raise CLIError(f"cannot write {path}: no directory {path.parent}")
+    with open_trace(args.traces[0]) as trace:
+        names = trace.run_names
+        name = args.run or (names[0] if len(names) == 1 else None)
+        if name is None:
+            raise CLIError(
+                f"{trace.path} has {len(names)} runs; pick one with --run NAME "
+                f"(runs: {', '.join(names) or 'none'})"
+            )
+        if name not in names:
+            raise CLIError(f"{trace.path} has no run {name!r}; runs: {', '.join(names) or 'none'}")
+        tables = trace.read_run(name)
+    snapshot = trace_to_snapshot(tables, tables["strings"])
+    staging = path.with_name(f".{path.name}.partial")
+    try:
+        with open(staging, "wb") as f:
+            pickle.dump(snapshot, f, protocol=4)  # torch's own _dump_snapshot protocol
+        os.replace(staging, path)
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {_one_line(exc)}") from None
+    finally:
+        if staging.exists():
+            staging.unlink()
+    events = sum(len(t) for t in snapshot["device_traces"])
+    return f"{path} (run {name}, {events} snapshot events; open it at pytorch.org/memory_viz)"
 
 
 def _outputs(output: str, csv_path: Path | None) -> tuple[str | None, list[str]]:
@@ -225,7 +278,10 @@ def _subtitle(traces: list[TraceData]) -> str:
 
 def _recorded(meta: dict[str, Any]) -> str:
     start = str(meta.get("start_time", "")).replace("T", " ")[:16]
-    text = f"{meta.get('device', '?')}, torch {meta.get('torch_version', '?')}, recorded {start}"
+    if meta.get("source") == "snapshot":
+        return f"{meta.get('device', '?')}, imported from a PyTorch memory snapshot {start}"
+    torch = meta.get("torch_version") or "?"
+    text = f"{meta.get('device', '?')}, torch {torch}, recorded {start}"
     if not meta.get("complete", True):
         text += " (INCOMPLETE recording)"
     return text

@@ -8,11 +8,22 @@ import sys
 from collections.abc import Sequence
 
 from ckview import __version__
-from ckview.cli import export, plan, project, record, summary, validate, verify, view
+from ckview.cli import (
+    diff,
+    export,
+    import_,
+    plan,
+    project,
+    record,
+    summary,
+    validate,
+    verify,
+    view,
+)
 from ckview.cli.command import split_command
 from ckview.cli.errors import EXIT_USAGE, CLIError
 
-VERBS = (record, summary, view, export, validate, project, verify, plan)
+VERBS = (record, summary, diff, view, export, import_, validate, project, verify, plan)
 SCRIPT_VERBS = ("record", "verify")
 """Verbs that run a script: NOTE [ The script's arguments are the script's ] in command.py."""
 TRACE_SUFFIXES = (".h5", ".hdf5")

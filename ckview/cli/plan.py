@@ -142,6 +142,12 @@ def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
         elif wanted not in names:
             raise CLIError(f"{path} has no run {wanted!r}; runs: {', '.join(names) or 'none'}")
         tables: dict[str, Any] = trace.read_run(wanted)
+    if not len(tables["modules"]["path"]):
+        raise CLIError(
+            f"{path}, run {wanted}: no module ran in it (a trace imported from a memory "
+            "snapshot has none), so there is nothing to checkpoint; record the script with "
+            "'ckview record' to plan"
+        )
     return wanted, tables
 
 

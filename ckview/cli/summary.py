@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace) -> int:
     from ckview.analysis import summarize_run
+    from ckview.analysis.stacks import reserved_peak
     from ckview.trace import open_trace
 
     with open_trace(args.trace) as trace:
@@ -58,8 +59,11 @@ def _run_one(args: argparse.Namespace) -> int:
         modules = trace.modules.read()
         runs = {}
         leftovers: dict[str, Any] = {}
+        reserved: dict[str, int] = {}
+        stacks = {t: trace.root_table(t).read() for t in ("frames", "stacks")}
         for name in names:
-            tables = {t: trace.run(name).table(t).read() for t in _TABLES}
+            tables = {**{t: trace.run(name).table(t).read() for t in _TABLES}, **stacks}
+            reserved[name] = reserved_peak(trace.run(name).table("segments").read())
             summary = summarize_run(tables, modules, list(strings), top=args.top)
             phases = (
                 _peak_phase(tables, summary.peak_event),
@@ -78,6 +82,7 @@ def _run_one(args: argparse.Namespace) -> int:
                     "peak_phase": ph[0],
                     "activation_peak_phase": ph[1],
                     "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
+                    "reserved_peak_bytes": reserved[n],
                 }
                 for n, (s, ph) in runs.items()
             },
@@ -91,7 +96,8 @@ def _run_one(args: argparse.Namespace) -> int:
         print(_comparison({name: summary for name, (summary, _) in runs.items()}))
     for name, (summary, phases) in runs.items():
         print()
-        print(_format_run(name, summary, *phases))
+        text = _format_run(name, summary, *phases, snapshot=meta.source == "snapshot")
+        print(_with_reserved(text, reserved[name]))
         if leftovers[name] is not None:
             print(f"  warning: {leftovers[name].describe(name)}")
     return 0
@@ -183,6 +189,8 @@ def _format_ranks(name: str, c: Any, summaries: list[Any]) -> str:
 
 
 _FSDP_CATEGORIES = ("sharded_parameter", "unsharded_parameter", "comm_buffer")
+_QUIET_CATEGORIES = (*_FSDP_CATEGORIES, "unknown")
+"""Categories shown only where the run has some: FSDP's, and UNKNOWN (imported snapshots)."""
 _TABLES = (
     "steps",
     "module_calls",
@@ -225,10 +233,13 @@ def _header(path: Path, meta: Any, n_runs: int) -> str:
     from ckview.analysis.units import plural
 
     state = "complete" if meta.complete else f"INCOMPLETE: {meta.error}"
+    if meta.source == "snapshot":
+        what = f"imported from a PyTorch memory snapshot, {plural(n_runs, 'device')}"
+    else:
+        what = f"{plural(meta.steps_recorded, 'step')} recorded on {meta.device}"
     lines = [
-        f"{path}: {plural(meta.steps_recorded, 'step')} recorded on {meta.device} in "
-        f"{plural(n_runs, 'run')} "
-        f"(torch {meta.torch_version}, ckview {meta.ckview_version}), {state}",
+        f"{path}: {what} in {plural(n_runs, 'run')} "
+        f"(torch {meta.torch_version or '?'}, ckview {meta.ckview_version}), {state}",
         f"command: {' '.join(meta.command)}",
     ]
     if meta.step_rule:
@@ -314,7 +325,11 @@ def _activation_lines(peak: Any, phase: str) -> list[str]:
     return lines
 
 
-def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) -> str:
+def _format_run(
+    name: str, s: Any, phase: str, phase_at_activation_peak: str, snapshot: bool = False
+) -> str:
+    """One run's summary; ``snapshot``: the trace was imported from a memory snapshot, which
+    says nothing of ops, modules, categories and saved tensors (shown as unknown)."""
     from ckview.analysis import format_bytes as fb
 
     lines = [
@@ -322,24 +337,34 @@ def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) ->
         f"  peak        {fb(s.peak_bytes):>11}  at {s.peak_time_ns / 1e6:.1f} ms "
         f"(step {s.peak_step}, {phase})",
         f"  at start    {fb(s.baseline_bytes):>11}",
-        *_activation_lines(s.activation_peak, phase_at_activation_peak),
-        f"  ops {s.n_ops}, memory events {s.n_memory_events}, "
-        f"recompute {s.recompute_ns / 1e6:.1f} ms of {s.step_ns / 1e6:.1f} ms (recorded)",
-        *_plain_step_line(s.plain_step),
-        "  at the peak, by category:",
     ]
+    if snapshot:  # NOTE [ Unknown, never guessed ] in ckview/snapshot/convert.py
+        if not s.activation_peak.bytes:
+            lines.append("  activations     unknown  (a snapshot does not say what autograd saved)")
+        lines.append(
+            f"  memory events {s.n_memory_events} (from a snapshot: ops and modules unknown)"
+        )
+    else:
+        lines += [
+            *_activation_lines(s.activation_peak, phase_at_activation_peak),
+            f"  ops {s.n_ops}, memory events {s.n_memory_events}, "
+            f"recompute {s.recompute_ns / 1e6:.1f} ms of {s.step_ns / 1e6:.1f} ms (recorded)",
+            *_plain_step_line(s.plain_step),
+        ]
+    lines.append("  at the peak, by category:")
     for category, nbytes in sorted(s.by_category.items(), key=lambda kv: -kv[1]):
-        if nbytes == 0 and category in _FSDP_CATEGORIES:
-            continue  # not an FSDP run: its categories would only add empty lines
+        if nbytes == 0 and (snapshot or category in _QUIET_CATEGORIES):
+            continue  # categories this run never has would only add empty lines
         share = 100 * nbytes / s.peak_bytes if s.peak_bytes else 0.0
         lines.append(f"    {category:<20}{fb(nbytes):>11}  {share:5.1f}%")
-    lines.append("  at the peak, by module (a parameter, its gradient and state count with it):")
-    lines += [f"    {fb(b):>11}  {path}" for path, b in s.top_modules]
+    if not snapshot:
+        lines.append(
+            "  at the peak, by module (a parameter, its gradient and state count with it):"
+        )
+        lines += [f"    {fb(b):>11}  {path}" for path, b in s.top_modules]
     lines.append("  largest tensors at the peak:")
     for t in s.top_storages:
-        where = t["module"] + (f" ({t['op']})" if t["op"] else "")
-        kind = f"{t['category']:<19} {t['dtype']:<9} {t['shape']:<16}"
-        lines.append(f"    {fb(t['nbytes']):>11}  {kind} {where}")
+        lines.append(f"    {fb(t['nbytes']):>11}  {_tensor_line(t, snapshot)}")
     lines.append("  steps:")
     for st in s.steps:
         lines.append(
@@ -348,6 +373,29 @@ def _format_run(name: str, s: Any, phase: str, phase_at_activation_peak: str) ->
             f"allocated in step up to {fb(st['allocated_peak_bytes'])}"
         )
     return "\n".join(lines)
+
+
+def _with_reserved(text: str, reserved: int) -> str:
+    """A run's summary with the allocator's reserved memory after its peak, if it has some."""
+    if not reserved:
+        return text
+    from ckview.analysis import format_bytes as fb
+
+    lines = text.split("\n")
+    lines.insert(2, f"  reserved    {fb(reserved):>11}  at most (CUDA caching allocator segments)")
+    return "\n".join(lines)
+
+
+def _tensor_line(t: dict[str, Any], snapshot: bool) -> str:
+    """What one of the largest tensors is and where it came from: its module and op, and the
+    frame that allocated it when the trace has stacks (NOTE [ The frame that names an
+    allocation ] in ckview/analysis/stacks.py)."""
+    site = t.get("allocated_at", "")
+    if snapshot:
+        return f"{t['category']:<9} {site or '(no stack)'}"
+    where = t["module"] + (f" ({t['op']})" if t["op"] else "")
+    kind = f"{t['category']:<19} {t['dtype']:<9} {t['shape']:<16}"
+    return f"{kind} {where}" + (f"  at {site}" if site else "")
 
 
 def _plain_step_line(step: Any) -> list[str]:

@@ -361,7 +361,12 @@ class MainWindow(QMainWindow):
             return
         self.setWindowTitle(f"{run.label} — ckview")
         self.timeline.set_run(run, self.axis)
-        self.plan.set_session(PlanSession(run))
+        if len(run.tables["modules"]["path"]):
+            self.plan.set_session(PlanSession(run))
+        else:  # imported from a memory snapshot: no module tree to checkpoint
+            self.plan.set_session(
+                None, "This run has no modules (a memory snapshot): nothing to plan."
+            )
         self.status_run.setText(
             f"{run.label} · {run.n_events:,} events · peak {format_bytes(run.peak.bytes)}"
         )

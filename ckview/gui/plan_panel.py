@@ -228,15 +228,17 @@ class PlanPanel(QWidget):
 
     # -- session
 
-    def set_session(self, session: PlanSession | None) -> None:
-        """Plan over a new baseline run (None: nothing open)."""
+    def set_session(
+        self, session: PlanSession | None, why_none: str = "Open a trace to plan checkpointing."
+    ) -> None:
+        """Plan over a new baseline run (None: nothing to plan, and ``why_none`` says why)."""
         self.session = session
         self.strip.set_session(session)
         self._fill_tree()
         for w in (*self.presets.values(), self.budget, self.plan_button, self.tree):
             w.setEnabled(session is not None)
         if session is None:
-            self.readout.setText("Open a trace to plan checkpointing.")
+            self.readout.setText(why_none)
             return
         self._refresh()
         in_background(lambda: _prepared(session), self._ready.emit)

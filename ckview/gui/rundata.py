@@ -30,6 +30,7 @@ from ckview.analysis import (
     memory_timeline,
     module_paths,
 )
+from ckview.analysis.stacks import allocation_site
 from ckview.trace.schema import CATEGORY_PRIORITY, RUN_TABLES, Category, Phase
 
 Progress = Callable[[float, str], None]
@@ -46,6 +47,7 @@ CATEGORY_LABELS: dict[Category, str] = {
     Category.SHARDED_PARAMETER: "sharded parameters",
     Category.UNSHARDED_PARAMETER: "unsharded parameters",
     Category.COMM_BUFFER: "communication buffers",
+    Category.UNKNOWN: "unknown",
 }
 STACK_ORDER: tuple[Category, ...] = CATEGORY_PRIORITY
 """Bottom to top: what stays all step at the bottom (parameters, gradients, optimizer state,
@@ -215,9 +217,20 @@ class RunData:
             shape=self._string(int(st["shape"][row])),
             dtype=self._string(int(st["dtype"][row])),
             op=self.op_name(int(st["op"][row])),
-            module=self.paths[module] if module >= 0 else "(no module)",
+            module=self.paths[module] if module >= 0 else self._site(row),
             device=self._string(int(st["device"][row])),
         )
+
+    def _site(self, row: int) -> str:
+        """Where a storage without a module was allocated (its stack's innermost Python frame,
+        NOTE [ The frame that names an allocation ]), else '(no module)'."""
+        t = self.tables
+        if "stacks" not in t or "stack" not in t["storages"]:
+            return "(no module)"
+        site = allocation_site(
+            t["frames"], t["stacks"], t["strings"], int(t["storages"]["stack"][row])
+        )
+        return site or "(no module)"
 
     def _string(self, sid: int) -> str:
         strings: Sequence[str] = self.tables["strings"]

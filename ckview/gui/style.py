@@ -22,6 +22,7 @@ CATEGORY_COLORS: dict[Category, str] = {
     Category.SHARDED_PARAMETER: "#004A75",  # dark blue
     Category.UNSHARDED_PARAMETER: "#80B9D9",  # pale blue
     Category.COMM_BUFFER: "#8C564B",  # brown
+    Category.UNKNOWN: "#5F5F5F",  # dark grey: what a snapshot cannot say
 }
 
 RUN_COLORS: tuple[str, ...] = (

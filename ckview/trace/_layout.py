@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .schema import META_FIELDS
+from .schema import META_FIELDS, SOURCES
 
 # Attribute names on the root and on every typed group (values in schema.GROUP_TYPES).
 FORMAT_ATTR = "format"
@@ -19,7 +19,7 @@ ORDER_ATTR = "order"  # on each run group: its position in creation order
 
 META = "meta"
 STRINGS = "strings"
-MODULES = "modules"
+MODULES = "modules"  # the first of schema.ROOT_TABLES; each is a group named like the table
 RUNS = "runs"
 
 #: Rows per chunk of every column: the recorder's batch size, so that a batch becomes one whole
@@ -61,6 +61,8 @@ class TraceMeta:
     checkpoint_call_high_ns: int
     rank: int
     world_size: int
+    allocator_events: str
+    source: str
     complete: bool
     error: str
 
@@ -75,6 +77,8 @@ def meta_default(name: str) -> Any:
         return 0
     if name in _BOOL_FIELDS:
         return False
+    if name == "source":
+        return "record"
     return [] if name in _JSON_FIELDS else ""
 
 
@@ -96,6 +100,8 @@ def encode_meta(name: str, value: Any) -> Any:
         return int(value)
     if not isinstance(value, str):
         raise TypeError(f"meta field {name!r} must be a str, got {value!r}")
+    if name == "source" and value not in SOURCES:
+        raise ValueError(f"meta field 'source' must be one of {SOURCES}, got {value!r}")
     return value
 
 

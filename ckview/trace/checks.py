@@ -43,6 +43,8 @@ _UNSET_ALLOWED = frozenset(
         ("storages", "alloc_ns"),
         ("storages", "free_ns"),
         ("recompute_regions", "end_ns"),
+        ("segments", "alloc_ns"),
+        ("segments", "free_ns"),
     }
 )
 """Time columns where -1 means 'never' or 'before recording'."""
@@ -68,6 +70,12 @@ def value_problems(table: str, columns: Columns, sizes: Mapping[str, int]) -> li
         _steps(problems, columns, sizes)
     elif table == "memory_events":
         _memory_events(problems, columns, sizes.get("storages"))
+    elif table == "stacks" and "parent" in columns:
+        parent = columns["parent"].astype(np.int64)
+        bad = parent >= np.arange(len(parent))
+        report(
+            problems, bad, "stacks.parent has {n} values not before their own row", values=parent
+        )
     elif table == "recompute_regions":
         _rows_in(problems, "recompute_regions", columns, ("first_op", "end_op"), sizes.get("ops"))
     return problems

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .schema import FORMAT_VERSION, MODULES, RUN_TABLES, Column, ContainerKind
+from .schema import FORMAT_VERSION, ROOT_TABLES, RUN_TABLES, Column, ContainerKind
 
 ReadColumn = Callable[[str], np.ndarray]
 """Reads a whole column of the table being opened, as the old file has it."""
@@ -40,7 +40,7 @@ class Migration:
     run_attrs: Mapping[str, Any]
     """Added run attributes -> their value in older files."""
     tables: tuple[str, ...] = ()
-    """Added run tables: they read as empty in older files."""
+    """Added tables (of runs or of the root): they read as empty in older files."""
 
 
 def _constant(value: int) -> ColumnRule:
@@ -104,12 +104,19 @@ MIGRATIONS: dict[int, Migration] = {
         run_attrs={},
         tables=("timing_steps", "timed_calls"),
     ),
+    3: Migration(
+        source=3,
+        columns={"storages": {"stack": _constant(-1)}},
+        meta={"allocator_events": "", "source": "record"},
+        run_attrs={},
+        tables=("frames", "stacks", "segments"),
+    ),
 }
 """Migrations by the version they read."""
 
 
 def _schema(table: str) -> tuple[Column, ...]:
-    return MODULES if table == "modules" else RUN_TABLES[table]
+    return ROOT_TABLES[table] if table in ROOT_TABLES else RUN_TABLES[table]
 
 
 def added_columns(table: str, version: int) -> dict[str, ColumnRule]:

@@ -36,7 +36,7 @@ from .migrations import (
     computed_column,
     stored_columns,
 )
-from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, MODULES, RUN_TABLES
+from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, ROOT_TABLES, RUN_TABLES
 from .schema import Column as SchemaColumn
 from .structure import check_structure
 from .text import printable
@@ -171,12 +171,12 @@ def _open_table(
     strings: StringTable,
     sizes: Callable[[], dict[str, int]],
 ) -> Table:
-    """Open table ``name`` (a key of RUN_TABLES, or 'modules') of a version-``version`` file.
+    """Open table ``name`` (a key of RUN_TABLES or ROOT_TABLES) of a version-``version`` file.
 
     Columns added after ``version`` are computed, tables added after it are empty
     (NOTE [ Migrations build views ]).
     """
-    schema = MODULES if name == "modules" else RUN_TABLES[name]
+    schema = ROOT_TABLES[name] if kind == "modules" else RUN_TABLES[name]
     if added_table(name, version):
         empty = {c.name: _ComputedColumn(np.empty(0, c.dtype)) for c in schema}
         return Table(path, name, empty, sizes)
@@ -409,7 +409,7 @@ class Trace:
             self.strings = self._read_strings()
             self._run_groups = self._find_runs()
         self._runs: dict[str, Run] = {}
-        self._modules: Table | None = None
+        self._root_tables: dict[str, Table] = {}
 
     def __repr__(self) -> str:
         return f"<Trace {self.path!r}: runs {self.run_names}>"
@@ -422,21 +422,31 @@ class Trace:
     @property
     def modules(self) -> Table:
         """The root ``modules`` table (shared by all runs)."""
-        if self._modules is None:
-            self._modules = _open_table(
+        return self.root_table(L.MODULES)
+
+    def root_table(self, name: str) -> Table:
+        """A root table (schema.ROOT_TABLES: ``modules``, ``frames``, ``stacks``)."""
+        if name not in ROOT_TABLES:
+            raise TraceKeyError(
+                f"traces have no root table {name!r} (asked of {self.path}); "
+                f"root tables are {', '.join(ROOT_TABLES)}",
+                path=self.path,
+            )
+        if name not in self._root_tables:
+            self._root_tables[name] = _open_table(
                 self.path,
                 self._root,
-                L.MODULES,
+                name,
                 "modules",
                 self.format_version,
                 self.strings,
                 self.root_sizes,
             )
-        return self._modules
+        return self._root_tables[name]
 
     def root_sizes(self) -> dict[str, int]:
-        """Rows of the string table and of the modules table."""
-        return {"strings": len(self.strings), "modules": len(self.modules)}
+        """Rows of the string table and of each root table."""
+        return {"strings": len(self.strings), **{n: len(self.root_table(n)) for n in ROOT_TABLES}}
 
     def run(self, name: str) -> Run:
         """The run called ``name``; TraceKeyError listing the run names if there is none."""
@@ -452,7 +462,8 @@ class Trace:
 
     def read_run(self, name: str, on_table: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Everything the analysis of run ``name`` reads, in memory: each of its tables (a dict
-        of columns, by table name), the root ``modules`` table, the ``strings`` (a list) and
+        of columns, by table name), the root tables (``modules``, ``frames``, ``stacks``), the
+        ``strings`` (a list) and
         ``checkpoint_call_ns`` (median, low, high of checkpoint's cost per call; -1 unknown).
         ``on_table(table)`` is called before each run table is read (for progress)."""
         run = self.run(name)
@@ -461,7 +472,8 @@ class Trace:
             if on_table is not None:
                 on_table(table)
             tables[table] = run.table(table).read()
-        tables["modules"] = self.modules.read()
+        for table in ROOT_TABLES:
+            tables[table] = self.root_table(table).read()
         tables["strings"] = list(self.strings)
         meta = self.meta
         tables["checkpoint_call_ns"] = np.array(

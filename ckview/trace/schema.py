@@ -14,7 +14,7 @@ from enum import IntEnum
 import numpy as np
 
 FORMAT_NAME = "ckview-trace"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 #: Value of the ``ckview_type`` attribute on each kind of group, with its own version.
 GROUP_TYPES: dict[str, tuple[str, int]] = {
@@ -52,6 +52,7 @@ class Category(IntEnum):
     SHARDED_PARAMETER = 7  # FSDP: this rank's shard of a parameter (persistent)
     UNSHARDED_PARAMETER = 8  # FSDP: a parameter all-gathered for a module's forward/backward
     COMM_BUFFER = 9  # FSDP: all-gather and reduce-scatter buffers (data in transit)
+    UNKNOWN = 10  # the source cannot tell (a storage imported from a CUDA snapshot) (since v4)
 
 
 #: When a storage plays several roles (a parameter saved for backward, an input saved by the first
@@ -67,6 +68,7 @@ CATEGORY_PRIORITY: tuple[Category, ...] = (
     Category.ACTIVATION,
     Category.TEMPORARY,
     Category.OTHER,
+    Category.UNKNOWN,
 )
 
 
@@ -120,6 +122,30 @@ MODULES: tuple[Column, ...] = (
         "not replaced on the class or the instance (since v2)",
     ),
 )
+
+#: Root-level table of source code locations (since v4): one row per distinct frame.
+FRAMES: tuple[Column, ...] = (
+    _c("file", "<i4", "string id of the file name (since v4)"),
+    _c("line", "<i4", "line number, 0 if unknown (since v4)"),
+    _c("name", "<i4", "string id of the function name (since v4)"),
+)
+
+#: Root-level prefix tree of call stacks (since v4): one row per distinct (frame, parent).
+STACKS: tuple[Column, ...] = (
+    _c("frame", "<i4", "row in 'frames' of this stack's innermost frame (since v4)"),
+    _c(
+        "parent",
+        "<i4",
+        "row in 'stacks' of the stack of the caller, -1 at the outermost frame (since v4)",
+    ),
+)
+
+#: Tables at the root of the file (shared by all runs), by name.
+ROOT_TABLES: dict[str, tuple[Column, ...]] = {
+    "modules": MODULES,
+    "frames": FRAMES,
+    "stacks": STACKS,
+}
 
 #: Tables of each run, by name.
 RUN_TABLES: dict[str, tuple[Column, ...]] = {
@@ -180,6 +206,12 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         ),
         _c("alloc_ns", "<i8", "time of allocation, -1 if it existed before recording"),
         _c("free_ns", "<i8", "time it was freed, -1 if still alive when recording stopped"),
+        _c(
+            "stack",
+            "<i4",
+            "row in the root 'stacks' table of the innermost frame that allocated it, -1 if "
+            "unknown (since v4)",
+        ),
     ),
     "recompute_regions": (
         _c("region", "<i8", "id of the checkpoint call (ckpt_runtime markers), -1 if unknown"),
@@ -220,6 +252,23 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         ),
         _c("duration_ns", "<i8", "wall time of the call, forward pre-hook to hook (since v3)"),
     ),
+    "segments": (
+        _c(
+            "device",
+            "<i4",
+            "string id of the device, e.g. 'cuda:0' (reserved memory of the CUDA caching "
+            "allocator) (since v4)",
+        ),
+        _c("address", "<i8", "device address of the segment (since v4)"),
+        _c("nbytes", "<i8", "size of the segment in bytes (since v4)"),
+        _c(
+            "alloc_ns",
+            "<i8",
+            "time it was reserved, -1 if it existed before the history (since v4)",
+        ),
+        _c("free_ns", "<i8", "time it was released, -1 if still reserved at the end (since v4)"),
+        _c("stream", "<i8", "CUDA stream the segment belongs to (since v4)"),
+    ),
 }
 
 #: Run tables that hold plain timing steps, not the recorded steps (NOTE [ Plain timing steps ]
@@ -248,6 +297,11 @@ META_FIELDS: dict[str, str] = {
     "(since v3)",
     "world_size": "number of ranks of the distributed run (WORLD_SIZE), 1 if not distributed "
     "(since v3)",
+    "allocator_events": "where allocations and frees come from: 'allocator' (the allocator's own "
+    "events merged with the op hook's), 'op hook: <why>' where the allocator's events are missing "
+    "from some window, '' if unknown (since v4)",
+    "source": "where the trace comes from: 'record' (the recorder) or 'snapshot' (imported from "
+    "a PyTorch memory snapshot by 'ckview import') (since v4)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
@@ -263,6 +317,9 @@ RUN_FIELDS: dict[str, str] = {
 }
 
 
+#: Values of the meta field ``source``.
+SOURCES = ("record", "snapshot")
+
 #: Values of the run attribute ``checkpointing`` (RUN_FIELDS), '' aside.
 CHECKPOINTING = ("script", "bypassed", "plan")
 
@@ -273,7 +330,7 @@ def table_dtype(columns: tuple[Column, ...]) -> np.dtype:
 
 
 #: Index columns, ``(table, column) -> (target table, NO_INDEX allowed)``. The target ``modules``
-#: is the root table; every other target is a table of the same run.
+#: and the other ROOT_TABLES are root tables; every other target is a table of the same run.
 REFERENCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("modules", "parent"): ("modules", True),
     ("module_calls", "module"): ("modules", False),
@@ -292,6 +349,9 @@ REFERENCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("saved_events", "module_call"): ("module_calls", True),
     ("timed_calls", "timing_step"): ("timing_steps", False),
     ("timed_calls", "module"): ("modules", False),
+    ("stacks", "frame"): ("frames", False),
+    ("stacks", "parent"): ("stacks", True),
+    ("storages", "stack"): ("stacks", True),
 }
 
 #: Columns holding string ids (rows of the root string table), by table.
@@ -301,6 +361,8 @@ STRING_COLUMNS: dict[str, tuple[str, ...]] = {
     "storages": ("device", "dtype", "shape"),
     "saved_events": ("shape", "dtype"),
     "recompute_regions": ("name",),
+    "frames": ("file", "name"),
+    "segments": ("device",),
 }
 
 #: Columns holding enum values, ``(table, column) -> enum``.

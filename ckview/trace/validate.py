@@ -14,7 +14,7 @@ import numpy as np
 from .checks import value_problems
 from .errors import CorruptTraceError
 from .reader import Run, Table, Trace, open_trace
-from .schema import RUN_TABLES
+from .schema import ROOT_TABLES, RUN_TABLES
 
 Columns = dict[str, np.ndarray]
 
@@ -42,11 +42,15 @@ def validate_trace(path: str | os.PathLike[str]) -> ValidationReport:
         report = ValidationReport(trace.path)
         if not trace.meta.complete:
             report.notes.append(f"trace is incomplete: {trace.meta.error or 'no error recorded'}")
-        modules = _table_or_problem(report, "", lambda: trace.modules)
         sizes = {"strings": len(trace.strings)}
-        if modules is not None:
-            sizes["modules"] = len(modules)
-            _check_table(report, "modules", "modules", modules.read(check=False), sizes)
+        roots = {}
+        for name in ROOT_TABLES:
+            found = _table_or_problem(report, "", partial(trace.root_table, name))
+            if found is not None:
+                roots[name] = found
+                sizes[name] = len(found)
+        for name, found in roots.items():
+            _check_table(report, name, name, found.read(check=False), sizes)
         for name in trace.run_names:
             _check_run(report, trace, name, sizes)
     return report

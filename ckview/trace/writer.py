@@ -28,7 +28,7 @@ from .schema import (
     FORMAT_VERSION,
     GROUP_TYPES,
     META_FIELDS,
-    MODULES,
+    ROOT_TABLES,
     RUN_FIELDS,
     RUN_TABLES,
     TIMING_TABLES,
@@ -358,7 +358,10 @@ class TraceWriter:
             dtype=h5py.string_dtype("utf-8"),
         )
         _mark(self._string_ds, "strings")
-        self._modules = _TableWriter(f.create_group(L.MODULES), "modules", MODULES, self._storage)
+        self._root_tables = {
+            name: _TableWriter(f.create_group(name), name, columns, self._storage)
+            for name, columns in ROOT_TABLES.items()
+        }
         f.create_group(L.RUNS)
 
     def intern(self, text: str) -> int:
@@ -375,8 +378,21 @@ class TraceWriter:
 
     def append_modules(self, columns: Mapping[str, ColumnData]) -> None:
         """Append rows to the root ``modules`` table (every column of schema.MODULES)."""
+        self.append_root("modules", columns)
+
+    def append_root(self, table: str, columns: Mapping[str, ColumnData]) -> None:
+        """Append rows to a root table (schema.ROOT_TABLES: ``modules``, ``frames``,
+        ``stacks``): every column of it, all of the same length."""
         self._check_open()
-        self._modules.append(columns)
+        if table not in self._root_tables:
+            raise ValueError(f"unknown root table {table!r}; root tables: {', '.join(ROOT_TABLES)}")
+        self._root_tables[table].append(columns)
+
+    def root_rows(self, table: str) -> int:
+        """Rows appended so far to a root table (schema.ROOT_TABLES)."""
+        if table not in self._root_tables:
+            raise ValueError(f"unknown root table {table!r}; root tables: {', '.join(ROOT_TABLES)}")
+        return self._root_tables[table].rows
 
     def run(self, name: str) -> RunWriter:
         """The writer of run ``name``, creating ``/runs/<name>`` on first use."""
@@ -445,7 +461,8 @@ class TraceWriter:
             self._string_ds.resize((n + len(self._pending),))
             self._string_ds[n:] = np.array(self._pending, dtype=object)
             self._pending.clear()
-        self._modules.flush()
+        for table in self._root_tables.values():
+            table.flush()
         for run in self._runs.values():
             run._flush()
 
