@@ -3,7 +3,7 @@
 Each case is a copy of a sample trace with one fault (a truncation, flipped bytes, zeroed
 metadata, an HDF5 feature ckview refuses, a huge declared shape, a compressed bomb, a broken
 reference, a cycle, a wrong dtype, a resized column, bad times, unsorted rows). Every verb
-(validate, summary, project, plan, export) runs on every case, in-process through
+(validate, summary, project, plan, export, diff) runs on every case, in-process through
 ``ckview.cli.main.main`` inside a batch subprocess; a watchdog kills the batch when one case
 runs past its time limit (counted as hung) and resumes with the next case. A case is handled
 when every verb exited 0 or 2 with no traceback.
@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
 SOURCES = ("mlp.h5", "transformer_checkpointed.h5", "gpt2_compare.h5")
-VERBS = ("validate", "summary", "project", "plan", "export")
+VERBS = ("validate", "summary", "project", "plan", "export", "diff")
 BOMB_ROWS = 20_000_000
 """Rows of a compressed bomb column: 20 MB of zeros in a few KB. The batch sets
 CKVIEW_MEMORY_LIMIT below it, as a machine with little free memory would be."""
@@ -430,6 +430,8 @@ def verb_argv(verb: str, trace: str, scratch: str) -> list[str]:
         return ["plan", "--budget", "60%", "-o", os.path.join(scratch, "plan.json"), trace]
     if verb == "export":
         return ["export", "--plan", "sqrt", "-o", os.path.join(scratch, "curves.csv"), trace]
+    if verb == "diff":
+        return ["diff", trace, str(SAMPLES / "mlp.h5")]
     return [verb, trace]
 
 
