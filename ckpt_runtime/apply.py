@@ -62,6 +62,7 @@ from ckpt_runtime.plan import (
     SegmentRegion,
     escape_path,
     load_plan,
+    one_line,
 )
 from ckpt_runtime.presets import check_model, module_tree
 from ckpt_runtime.resolve import join, resolve
@@ -77,7 +78,7 @@ _MODULE_FILE = nn.Module.__call__.__code__.co_filename
 
 
 def _fail(message: str) -> PlanError:
-    return PlanError(" ".join(message.split()))
+    return PlanError(one_line(message))
 
 
 def _as_plan(source: PlanSource) -> Plan:

@@ -18,6 +18,15 @@ crosses a dot: ``transformer.h.*`` matches the blocks ``transformer.h.0``, ``tra
 too, checkpointing every submodule of every block). A component that is exactly ``**`` matches
 zero or more components (``**.mlp`` matches every module named ``mlp``, at any depth). The
 empty pattern is the model itself. Matching is case-sensitive on every platform.
+
+NOTE [ Plans from untrusted files ]
+A plan file may be anything: /dev/zero, a deeply nested or huge JSON document, integers of
+thousands of digits, patterns made of many ``**``. Reading is bounded (at most
+``MAX_PLAN_BYTES``, and a pattern at most ``MAX_PATTERN_COMPONENTS`` components), every failure
+of the JSON decoder (syntax, nesting too deep for Python's recursion limit, integers too long to
+convert) is a :class:`PlanError`, messages quoting the plan are cut to ``MAX_MESSAGE`` characters,
+and matching runs a set of pattern positions along the path (``_match_parts``): time linear in
+path length times pattern length, whatever the number of ``**``, and no recursion.
 """
 
 from __future__ import annotations
@@ -67,6 +76,14 @@ _PRESET_LIKE = re.compile(r"^(none|all|sqrt|every)(?=$|[:@])")
 _PRESET = re.compile(r"^(none|all|sqrt|every:([0-9]+))(?:@(.*))?$", re.DOTALL)
 
 
+MAX_PLAN_BYTES = 16 * 2**20
+"""Largest plan file read (a plan naming every module of a huge model is far smaller)."""
+MAX_PATTERN_COMPONENTS = 256
+"""Most components of a module path or pattern (no model nests modules that deep)."""
+MAX_MESSAGE = 500
+"""Longest PlanError message: longer ones (quoting a huge plan) keep their start and end."""
+
+
 class PlanError(ValueError):
     """A plan that cannot be read, validated, resolved or applied.
 
@@ -75,8 +92,18 @@ class PlanError(ValueError):
 
 
 def _fail(message: str) -> PlanError:
-    # Keep messages one line even when they quote user input.
-    return PlanError(" ".join(message.split()))
+    # Keep messages one line and short even when they quote user input.
+    return PlanError(one_line(message))
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line, at most MAX_MESSAGE characters (the middle of a longer one
+    is cut, keeping what is wrong and what to do)."""
+    text = " ".join(message.split())
+    if len(text) <= MAX_MESSAGE:
+        return text
+    half = (MAX_MESSAGE - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
 
 
 def check_module_path(path: Any, what: str, *, glob: bool) -> str:
@@ -85,6 +112,11 @@ def check_module_path(path: Any, what: str, *, glob: bool) -> str:
         raise _fail(f"{what} must be a string, got {type(path).__name__} {path!r}")
     if path == "":
         return path  # the model itself
+    if path.count(".") >= MAX_PATTERN_COMPONENTS:
+        raise _fail(
+            f"{what} {path[:80]!r}... has more than {MAX_PATTERN_COMPONENTS} components; "
+            "no model nests modules that deep"
+        )
     for part in path.split("."):
         if part == "":
             raise _fail(
@@ -105,12 +137,32 @@ def check_module_path(path: Any, what: str, *, glob: bool) -> str:
 
 
 def _match_parts(parts: list[str], pattern: list[str]) -> bool:
-    if not pattern:
-        return not parts
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":
-        return any(_match_parts(parts[i:], rest) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatchcase(parts[0], head) and _match_parts(parts[1:], rest)
+    """Whether path components ``parts`` match ``pattern`` (NOTE [ Plans from untrusted
+    files ]): the positions of the pattern reached after each component, as a set."""
+    states = _skip_globstars({0}, pattern)
+    for part in parts:
+        reached = set()
+        for i in states:
+            if i == len(pattern):
+                continue
+            if pattern[i] == "**":
+                reached.add(i)  # '**' takes this component and may take more
+            elif fnmatchcase(part, pattern[i]):
+                reached.add(i + 1)
+        states = _skip_globstars(reached, pattern)
+        if not states:
+            return False
+    return len(pattern) in states
+
+
+def _skip_globstars(states: set[int], pattern: list[str]) -> set[int]:
+    """``states`` and the positions after any run of '**' at them ('**' matches nothing)."""
+    out = set(states)
+    for i in sorted(states):
+        while i < len(pattern) and pattern[i] == "**":
+            i += 1
+            out.add(i)
+    return out
 
 
 def _components(path: str) -> list[str]:
@@ -146,6 +198,8 @@ def _check_index(value: Any, what: str) -> int:
     # bool is an int subclass; True as an index is certainly a mistake.
     if not isinstance(value, int) or isinstance(value, bool):
         raise _fail(f"{what} must be an integer, got {value!r}")
+    if value.bit_length() > 31:  # before printing it: repr() refuses ints of 4300+ digits
+        raise _fail(f"{what} must be an index, got an integer of {value.bit_length()} bits")
     return value
 
 
@@ -358,7 +412,7 @@ class Plan:
             raise _fail(f"plan 'meta' must be a JSON object, got {self.meta!r}")
         try:
             meta = json.loads(json.dumps(dict(self.meta)))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise _fail(f"plan 'meta' must hold JSON data only ({exc})") from None
         object.__setattr__(self, "meta", meta)
         if self.preset is not None:
@@ -380,15 +434,7 @@ class Plan:
                     "modules directly"
                 )
             check_module_path(self.chain, "chain", glob=False)
-        segments = [r for r in self.regions if isinstance(r, SegmentRegion)]
-        for i, a in enumerate(segments):
-            for b in segments[i + 1 :]:
-                if a.overlaps(b):
-                    raise _fail(
-                        f"segments {a} and {b} overlap; segments of one nn.Sequential must be "
-                        "disjoint (merge them, or to nest, checkpoint a child as a module "
-                        "region inside the segment)"
-                    )
+        _check_disjoint([r for r in self.regions if isinstance(r, SegmentRegion)])
 
     @property
     def is_preset(self) -> bool:
@@ -409,11 +455,15 @@ class Plan:
 
         ``default_name`` is used when the document has no ``name``.
         """
+        try:
+            return cls._from_json(data, default_name)
+        except RecursionError:  # printing or checking a deeply nested part of the document
+            raise _fail("plan JSON is nested too deeply; a plan is a few levels deep") from None
+
+    @classmethod
+    def _from_json(cls, data: str | bytes | Mapping[str, Any], default_name: str) -> Plan:
         if isinstance(data, str | bytes):
-            try:
-                data = json.loads(data)
-            except json.JSONDecodeError as exc:
-                raise _fail(f"plan is not valid JSON ({exc}); fix the syntax") from None
+            data = _decode(data)
         if not isinstance(data, Mapping):
             raise _fail(f"a plan is a JSON object, got {type(data).__name__}")
         fmt = data.get("format")
@@ -494,6 +544,50 @@ class Plan:
         return f"plan {self.name!r}: {regions}"
 
 
+def _decode(text: str | bytes) -> Any:
+    """The JSON document ``text``; PlanError for anything the decoder cannot take (NOTE
+    [ Plans from untrusted files ])."""
+    if len(text) > MAX_PLAN_BYTES:
+        raise _fail(f"plan is larger than {MAX_PLAN_BYTES // 2**20} MiB; a plan is a small file")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _fail(f"plan is not valid JSON ({exc}); fix the syntax") from None
+    except RecursionError:
+        raise _fail("plan JSON is nested too deeply; a plan is a few levels deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # e.g. an integer of 5000 digits
+        raise _fail(f"plan JSON cannot be read ({exc})") from None
+
+
+def _read_bounded(path: Path) -> str:
+    """At most MAX_PLAN_BYTES of ``path`` as UTF-8 (/dev/zero and endless pipes included)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_PLAN_BYTES + 1)
+    if len(data) > MAX_PLAN_BYTES:
+        raise _fail(f"it is larger than {MAX_PLAN_BYTES // 2**20} MiB; a plan is a small JSON file")
+    return data.decode("utf-8")
+
+
+def _check_disjoint(segments: list[SegmentRegion]) -> None:
+    """PlanError if two segments overlap: one pass in order of (Sequential, start), keeping
+    the segment that reaches furthest (n log n, for plans with many segments)."""
+    order = sorted(range(len(segments)), key=lambda k: (segments[k].sequential, segments[k].start))
+    furthest: int | None = None
+    for k in order:
+        if furthest is not None and segments[furthest].overlaps(segments[k]):
+            a, b = (segments[i] for i in sorted((furthest, k)))
+            raise _fail(
+                f"segments {a} and {b} overlap; segments of one nn.Sequential must be "
+                "disjoint (merge them, or to nest, checkpoint a child as a module "
+                "region inside the segment)"
+            )
+        current = None if furthest is None else segments[furthest]
+        if current is None or current.sequential != segments[k].sequential:
+            furthest = k  # the first segment of its Sequential
+        elif segments[k].stop > current.stop:
+            furthest = k
+
+
 def load_plan(source: str | os.PathLike[str]) -> Plan:
     """Load a plan from a plan file, or from a preset string (``"sqrt"``, ``"every:2@blocks"``).
 
@@ -508,7 +602,9 @@ def load_plan(source: str | os.PathLike[str]) -> Plan:
         return Plan(name=str(spec), preset=spec.name, chain=spec.chain)
     path, shown = Path(source), os.fspath(source)  # messages quote the path as given
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_bounded(path)
+    except PlanError as exc:
+        raise _fail(f"plan file {shown!r}: {exc}") from None
     except FileNotFoundError:
         raise _fail(
             f"no plan file {shown!r}; pass a plan file (JSON) or a preset: {', '.join(PRESETS)}"

@@ -73,6 +73,7 @@ from ckpt_runtime.plan import (
     check_module_path,
     escape_path,
     match_paths,
+    one_line,
     parse_preset,
 )
 
@@ -92,7 +93,7 @@ __all__ = [
 
 
 def _fail(message: str) -> PlanError:
-    return PlanError(" ".join(message.split()))
+    return PlanError(one_line(message))
 
 
 def join(parent: str, name: str) -> str:

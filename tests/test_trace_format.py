@@ -231,7 +231,7 @@ def test_every_table_round_trips(
             for table, data in tables.items():
                 got = t.modules if table == "modules" else t.run("main").table(table)
                 assert len(got) == len(data["path" if table == "modules" else got.columns[0]])
-                read = got.read()
+                read = got.read(check=False)  # random values: a round trip, not a valid trace
                 assert tuple(read) == got.columns == tuple(data)
                 for name, values in data.items():
                     assert read[name].dtype == values.dtype
@@ -255,7 +255,9 @@ def test_many_chunks_round_trip(tmp_path: Path) -> None:
             run.append("memory_events", {k: v[start : start + 49_999] for k, v in data.items()})
             w.flush()
     with open_trace(path) as t:
-        read = t.run("main").table("memory_events").read()
+        read = (
+            t.run("main").table("memory_events").read(check=False)
+        )  # a storage round trip, no storages table
     for name, values in data.items():
         np.testing.assert_array_equal(read[name], values)
 
@@ -331,7 +333,7 @@ def test_append_casts_array_likes_and_rejects_bad_batches(tmp_path: Path) -> Non
         with pytest.raises(ValueError, match="unknown table"):
             run.append("nope", {})
     with open_trace(tmp_path / "c.h5") as t:
-        read = t.run("main").table("memory_events").read()
+        read = t.run("main").table("memory_events").read(check=False)
     assert {k: v.tolist() for k, v in read.items()} == {
         "kind": [0, 1],
         "storage": [3, 4],
@@ -511,7 +513,7 @@ def test_interrupted_append_keeps_columns_equal(
     monkeypatch.undo()
     with open_trace(path) as t:
         assert t.meta.error == "KeyboardInterrupt"
-        read = t.run("main").table("memory_events").read()  # raises if lengths differ
+        read = t.run("main").table("memory_events").read(check=False)  # raises if lengths differ
     assert {name: len(values) for name, values in read.items()} == dict.fromkeys(batch, 1)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -123,7 +124,7 @@ def _report(stem: Path, started: float, failed: dict[int, Any]) -> int:
         print(f"ckview: {line}", file=sys.stderr)
     if why:
         print(f"ckview: {why}; the other ranks' traces are kept", file=sys.stderr)
-    print(f"ckview: next: ckview summary {stem} (all ranks)", file=sys.stderr)
+    print(f"ckview: next: ckview summary {shlex.quote(str(stem))} (all ranks)", file=sys.stderr)
     return 1 if failed else 0
 
 

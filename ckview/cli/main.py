@@ -72,11 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args = parse_args(parser, _with_verb(argv))
     from ckview.trace.errors import TraceError
+    from ckview.trace.text import printable
 
     try:
         return int(args.handler(args))
     except (CLIError, TraceError) as exc:
-        print(f"ckview: error: {exc}", file=sys.stderr)
+        # Messages may quote names from a trace: NOTE [ Strings from a trace are escaped once,
+        # by the reader ] covers what the reader hands out; this covers the rest (HDF5 names).
+        print(f"ckview: error: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("ckview: interrupted", file=sys.stderr)

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -341,7 +342,8 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
             file=sys.stderr,
         )
     print(
-        f"ckview: wrote {output} ({plural(ending.steps, 'step')}); next: ckview summary {output}",
+        f"ckview: wrote {output} ({plural(ending.steps, 'step')}); "
+        f"next: ckview summary {shlex.quote(str(output))}",
         file=sys.stderr,
     )
     return ending.exit_code

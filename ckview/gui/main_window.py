@@ -276,11 +276,12 @@ class MainWindow(QMainWindow):
     def _loaded(self, path: str, result: TraceData | Exception) -> None:
         """On the loading thread: hand the trace, or a one-line error, to the UI thread."""
         from ckview.trace.errors import TraceError
+        from ckview.trace.text import printable
 
         if isinstance(result, TraceData):
             self.loaded.emit(result)
         elif isinstance(result, TraceError):
-            self.load_failed.emit(path, str(result))
+            self.load_failed.emit(path, printable(str(result)))
         elif isinstance(result, OSError):
             self.load_failed.emit(path, f"cannot read {path}: {result.strerror or result}")
         else:

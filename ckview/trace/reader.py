@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _layout as L
 from ._layout import TraceMeta
+from .checks import value_problems
 from .errors import (
     TraceError,
     TraceKeyError,
@@ -37,6 +38,8 @@ from .migrations import (
 )
 from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, ROOT_TABLES, RUN_TABLES
 from .schema import Column as SchemaColumn
+from .structure import check_structure
+from .text import printable
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -74,9 +77,15 @@ def _open_hdf5(path: str) -> h5py.File:
     if os.path.getsize(path) == 0:
         raise corrupt(path, "the file is empty")
     try:
-        return h5py.File(path, "r")
+        handle = h5py.File(path, "r")
     except OSError as e:  # also PermissionError, BlockingIOError
         raise _open_error(path, e) from e
+    try:
+        check_structure(path)  # NOTE [ Reading damaged and hostile files ]
+    except BaseException:
+        handle.close()
+        raise
+    return handle
 
 
 def _open_error(path: str, error: OSError) -> TraceError:
@@ -154,7 +163,13 @@ def table_problems(group: h5py.HLObject, columns: tuple[SchemaColumn, ...]) -> l
 
 
 def _open_table(
-    path: str, parent: h5py.Group, name: str, kind: str, version: int, strings: StringTable
+    path: str,
+    parent: h5py.Group,
+    name: str,
+    kind: str,
+    version: int,
+    strings: StringTable,
+    sizes: Callable[[], dict[str, int]],
 ) -> Table:
     """Open table ``name`` (a key of RUN_TABLES or ROOT_TABLES) of a version-``version`` file.
 
@@ -164,7 +179,7 @@ def _open_table(
     schema = ROOT_TABLES[name] if kind == "modules" else RUN_TABLES[name]
     if added_table(name, version):
         empty = {c.name: _ComputedColumn(np.empty(0, c.dtype)) for c in schema}
-        return Table(path, name, empty)
+        return Table(path, name, empty, sizes)
     with _reading(path):
         group = _child(parent, name, path)
         _check_type(group, kind, path)
@@ -180,7 +195,7 @@ def _open_table(
                     name, column.name, version, lambda c: np.asarray(group[c][...]), rows, strings
                 )
                 columns[column.name] = _ComputedColumn(values)
-        return Table(path, name, {c.name: columns[c.name] for c in schema})
+        return Table(path, name, {c.name: columns[c.name] for c in schema}, sizes)
 
 
 class _ComputedColumn:
@@ -203,16 +218,24 @@ class _ComputedColumn:
 
 
 class Table:
-    """One table: equal-length columns, read lazily (only the slice asked for leaves the disk)."""
+    """One table: equal-length columns, read lazily (only the slice asked for leaves the disk).
+
+    ``sizes()`` gives the row counts of the tables it refers to, for the checks of ``read``.
+    """
 
     def __init__(
-        self, path: str, name: str, datasets: Mapping[str, h5py.Dataset | _ComputedColumn]
+        self,
+        path: str,
+        name: str,
+        datasets: Mapping[str, h5py.Dataset | _ComputedColumn],
+        sizes: Callable[[], dict[str, int]],
     ) -> None:
         self.name = name
         self.columns: tuple[str, ...] = tuple(datasets)
         self._path = path
         self._datasets = datasets
         self._rows = next(iter(datasets.values())).shape[0]
+        self._sizes = sizes
 
     def __len__(self) -> int:
         return self._rows
@@ -235,17 +258,45 @@ class Table:
         if high <= low:
             return np.empty(0, ds.dtype)
         with _reading(self._path):
-            return np.asarray(ds[low:high])
+            return _read_rows(ds, low, high)
 
     def read(
         self,
         start: int | None = None,
         stop: int | None = None,
         columns: Iterable[str] | None = None,
+        *,
+        check: bool = True,
     ) -> dict[str, np.ndarray]:
-        """Rows ``[start:stop]`` of several columns (all by default), by column name."""
+        """Rows ``[start:stop]`` of several columns (all by default), by column name.
+
+        Reading all rows checks their values (NOTE [ What the analysis may assume of a table ]
+        in checks.py) and raises CorruptTraceError on the first problem, unless ``check`` is
+        false (the validator, which lists them all).
+        """
         names = self.columns if columns is None else tuple(columns)
-        return {name: self.column(name, start, stop) for name in names}
+        values = {name: self.column(name, start, stop) for name in names}
+        if check and slice(start, stop).indices(self._rows)[:2] == (0, self._rows):
+            problems = value_problems(self.name, values, self._sizes())
+            if problems:
+                more = f" (and {len(problems) - 1} more: see 'ckview validate')"
+                raise corrupt(self._path, problems[0] + (more if len(problems) > 1 else ""))
+        return values
+
+
+READ_ROWS = 1 << 22
+"""Rows read per HDF5 call: a large column is read in slices into one array, so that memory
+grows with what was read and Ctrl-C is seen between slices."""
+
+
+def _read_rows(ds: h5py.Dataset | _ComputedColumn, low: int, high: int) -> np.ndarray:
+    if isinstance(ds, _ComputedColumn) or high - low <= READ_ROWS:
+        return np.asarray(ds[low:high])
+    out = np.empty(high - low, dtype=ds.dtype)
+    for start in range(low, high, READ_ROWS):
+        stop = min(start + READ_ROWS, high)
+        out[start - low : stop - low] = ds[start:stop]
+    return out
 
 
 class StringTable:
@@ -290,7 +341,8 @@ class StringTable:
                 raise ValueError(f"{self._path} is closed")
             with _reading(self._path):
                 values = self._dataset.asstr()[...]
-            self._values = np.asarray(values, dtype=object).reshape(-1)
+            # NOTE [ Strings from a trace are escaped once, by the reader ]
+            self._values = np.asarray([printable(v) for v in values.reshape(-1)], dtype=object)
         return self._values
 
 
@@ -303,12 +355,12 @@ class Run:
         self._group = group
         attrs = {**added_values("run", trace.format_version), **group.attrs}
         with _reading(self._path):
-            self.name: str = L.decode_str(attrs["name"])
+            self.name: str = _printable_attr(self._path, group.name, "name", attrs["name"])
             self.complete: bool = L.attr_bool("complete", attrs["complete"])
             self.steps_recorded: int = L.attr_int("steps_recorded", attrs["steps_recorded"])
-            checkpointing = L.decode_str(attrs.get("checkpointing"))
-        if not isinstance(checkpointing, str):
-            raise corrupt(self._path, f"{group.name} has no string 'checkpointing' attribute")
+            checkpointing = _printable_attr(
+                self._path, group.name, "checkpointing", attrs.get("checkpointing")
+            )
         self.checkpointing: str = checkpointing
         """RUN_FIELDS['checkpointing']: 'script', 'bypassed', 'plan', or '' if unknown."""
         self._tables: dict[str, Table] = {}
@@ -328,9 +380,20 @@ class Run:
         if name not in self._tables:
             trace = self._trace
             self._tables[name] = _open_table(
-                self._path, self._group, name, "table", trace.format_version, trace.strings
+                self._path,
+                self._group,
+                name,
+                "table",
+                trace.format_version,
+                trace.strings,
+                self._sizes,
             )
         return self._tables[name]
+
+    def _sizes(self) -> dict[str, int]:
+        """Rows of the string table, the modules and each of the run's tables."""
+        tables = {name: len(self.table(name)) for name in RUN_TABLES}
+        return {**self._trace.root_sizes(), **tables}
 
 
 class Trace:
@@ -371,9 +434,19 @@ class Trace:
             )
         if name not in self._root_tables:
             self._root_tables[name] = _open_table(
-                self.path, self._root, name, "modules", self.format_version, self.strings
+                self.path,
+                self._root,
+                name,
+                "modules",
+                self.format_version,
+                self.strings,
+                self.root_sizes,
             )
         return self._root_tables[name]
+
+    def root_sizes(self) -> dict[str, int]:
+        """Rows of the string table and of each root table."""
+        return {"strings": len(self.strings), **{n: len(self.root_table(n)) for n in ROOT_TABLES}}
 
     def run(self, name: str) -> Run:
         """The run called ``name``; TraceKeyError listing the run names if there is none."""
@@ -448,7 +521,7 @@ class Trace:
         for name in META_FIELDS:
             if name not in attrs:
                 raise corrupt(self.path, f"/meta has no '{name}' attribute")
-            values[name] = L.decode_meta(name, attrs[name])
+            values[name] = _printable_value(L.decode_meta(name, attrs[name]))
         return TraceMeta(**values)
 
     def _read_strings(self) -> StringTable:
@@ -465,12 +538,28 @@ class Trace:
         found: list[tuple[int, str, h5py.Group]] = []
         for group in _child(self._root, L.RUNS, self.path).values():
             _check_type(group, "run", self.path)
-            name = L.decode_str(group.attrs.get("name"))
-            if not isinstance(name, str):
-                raise corrupt(self.path, f"{group.name} has no 'name' attribute")
+            name = _printable_attr(self.path, group.name, "name", group.attrs.get("name"))
             found.append((L.attr_int(L.ORDER_ATTR, group.attrs.get(L.ORDER_ATTR)), name, group))
         found.sort(key=lambda item: item[:2])
         runs = {name: group for _, name, group in found}
         if len(runs) != len(found):
             raise corrupt(self.path, "two runs have the same name")
         return runs
+
+
+def _printable_attr(path: str, where: str, name: str, value: object) -> str:
+    """A string attribute, escaped (NOTE [ Strings from a trace are escaped once, by the
+    reader ]); CorruptTraceError if it is not a string."""
+    text = L.decode_str(value)
+    if not isinstance(text, str):
+        raise corrupt(path, f"{where} has no string {name!r} attribute")
+    return printable(text)
+
+
+def _printable_value(value: Any) -> Any:
+    """A meta value with its strings escaped (lists of strings too: the command)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return [_printable_value(v) for v in value]
+    return value

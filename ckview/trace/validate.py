@@ -1,4 +1,6 @@
-"""validate_trace: check a trace against docs/trace-format.md, vectorised (1e7 rows in seconds)."""
+"""validate_trace: check a trace against docs/trace-format.md, vectorised (1e7 rows in seconds).
+
+The checks of values are ``checks.value_problems``, the ones the reader runs on every read."""
 
 from __future__ import annotations
 
@@ -9,18 +11,10 @@ from functools import partial
 
 import numpy as np
 
+from .checks import value_problems
 from .errors import CorruptTraceError
 from .reader import Run, Table, Trace, open_trace
-from .schema import (
-    ENUM_COLUMNS,
-    FLAG_COLUMNS,
-    NO_INDEX,
-    REFERENCES,
-    ROOT_TABLES,
-    RUN_TABLES,
-    STRING_COLUMNS,
-    MemoryEventKind,
-)
+from .schema import ROOT_TABLES, RUN_TABLES
 
 Columns = dict[str, np.ndarray]
 
@@ -56,10 +50,7 @@ def validate_trace(path: str | os.PathLike[str]) -> ValidationReport:
                 roots[name] = found
                 sizes[name] = len(found)
         for name, found in roots.items():
-            columns = found.read()
-            _check_table(report, name, name, columns, sizes)
-            if name == "stacks":
-                _check_stacks(report, columns)
+            _check_table(report, name, name, found.read(check=False), sizes)
         for name in trace.run_names:
             _check_run(report, trace, name, sizes)
     return report
@@ -94,124 +85,11 @@ def _check_run(report: ValidationReport, trace: Trace, name: str, root: dict[str
     sizes = {**root, **{table: len(found) for table, found in tables.items()}}
     # One table in memory at a time: a 1e7-row run stays well within RAM.
     for table, found in tables.items():
-        columns = found.read()
-        _check_table(report, where + table, table, columns, sizes)
-        if table == "memory_events":
-            _check_memory_events(report, where + table, columns, sizes.get("storages"))
-        elif table == "steps":
-            _check_steps(report, where + table, columns)
+        _check_table(report, where + table, table, found.read(check=False), sizes)
 
 
 def _check_table(
     report: ValidationReport, where: str, table: str, columns: Columns, sizes: dict[str, int]
 ) -> None:
-    for name in STRING_COLUMNS.get(table, ()):
-        _check_range(report, f"{where}.{name}", columns[name], "strings", sizes["strings"], False)
-    for (source, name), (target, nullable) in REFERENCES.items():
-        if source == table and target in sizes:
-            _check_range(report, f"{where}.{name}", columns[name], target, sizes[target], nullable)
-    for (source, name), enum in ENUM_COLUMNS.items():
-        if source == table:
-            values = columns[name]
-            bad = ~np.isin(values, [member.value for member in enum])
-            _report(
-                report,
-                bad,
-                f"{where}.{name} has {{n}} values that are not a {enum.__name__}",
-                values=values,
-            )
-    for source, name in FLAG_COLUMNS:
-        if source == table:
-            values = columns[name]
-            _report(report, values > 1, f"{where}.{name} has {{n}} values other than 0 and 1")
-
-
-def _check_range(
-    report: ValidationReport,
-    where: str,
-    values: np.ndarray,
-    target: str,
-    size: int,
-    nullable: bool,
-) -> None:
-    """Indices must point at a row of ``target`` (or be NO_INDEX where that is allowed)."""
-    low = NO_INDEX if nullable else 0
-    if values.size == 0 or (values.min() >= low and values.max() < size):
-        return
-    bad = (values < low) | (values >= size)
-    _report(report, bad, f"{where} has {{n}} values outside {target} ({size} rows)", values=values)
-
-
-def _report(
-    report: ValidationReport,
-    bad: np.ndarray,
-    message: str,
-    *,
-    values: np.ndarray | None = None,
-    rows: np.ndarray | None = None,
-    offset: int = 0,
-) -> None:
-    """If any of ``bad`` is set, add ``message`` ({n}: how many) and the first bad row.
-
-    Row ``i`` of ``bad`` is row ``rows[i]`` (or ``i + offset``) of the table.
-    """
-    count = int(np.count_nonzero(bad))
-    if not count:
-        return
-    i = int(np.argmax(bad))
-    row = int(rows[i]) if rows is not None else i + offset
-    value = "" if values is None else f": {values[i]}"
-    report.problems.append(f"{message.format(n=count)}, first at row {row}{value}")
-
-
-def _check_memory_events(
-    report: ValidationReport, where: str, columns: Columns, storages: int | None
-) -> None:
-    time = columns["time_ns"]
-    _report(report, np.diff(time) < 0, f"{where}.time_ns decreases {{n}} times", offset=1)
-    if storages is None:  # the storages table is unreadable, already reported
-        return
-    kind, storage = columns["kind"], columns["storage"].astype(np.int64)
-    valid = (storage >= 0) & (storage < storages)
-    rows = np.arange(len(kind))
-    births = valid & ((kind == MemoryEventKind.ALLOC) | (kind == MemoryEventKind.SEEN))
-    frees = valid & (kind == MemoryEventKind.FREE)
-    _at_most_once(report, where, storage[births], storages, "ALLOC/SEEN")
-    _at_most_once(report, where, storage[frees], storages, "FREE")
-    first_birth = np.full(storages, len(kind), dtype=np.int64)
-    np.minimum.at(first_birth, storage[births], rows[births])
-    early = first_birth[storage[frees]] > rows[frees]
-    _report(
-        report,
-        early,
-        f"{where} has {{n}} FREE events before any ALLOC/SEEN of their storage",
-        rows=rows[frees],
-    )
-
-
-def _at_most_once(
-    report: ValidationReport, where: str, ids: np.ndarray, size: int, label: str
-) -> None:
-    repeated = np.flatnonzero(np.bincount(ids, minlength=size) > 1)
-    if repeated.size:
-        report.problems.append(
-            f"{where} has {repeated.size} storages with more than one "
-            f"{label} event, first: storage {repeated[0]}"
-        )
-
-
-def _check_stacks(report: ValidationReport, columns: Columns) -> None:
-    """A stack's parent is an earlier row (the prefix tree has no cycles)."""
-    parent = columns["parent"].astype(np.int64)
-    _report(
-        report,
-        parent >= np.arange(len(parent)),
-        "stacks.parent has {n} values not before their own row",
-        values=parent,
-    )
-
-
-def _check_steps(report: ValidationReport, where: str, columns: Columns) -> None:
-    step, start = columns["step"], columns["start_ns"]
-    _report(report, np.diff(step) <= 0, f"{where}.step does not increase {{n}} times", offset=1)
-    _report(report, np.diff(start) < 0, f"{where}.start_ns decreases {{n}} times", offset=1)
+    prefix = where[: len(where) - len(table)]
+    report.problems.extend(prefix + p for p in value_problems(table, columns, sizes))

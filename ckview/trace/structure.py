@@ -1,0 +1,262 @@
+"""check_structure: a bounded look at a file's HDF5 structure before ckview reads it.
+
+NOTE [ Reading damaged and hostile files ]
+HDF5 trusts its own metadata. A damaged object header, heap or B-tree (32 zeroed bytes are
+enough) can make HDF5 loop forever inside one call that holds the GIL, so no Python timer can
+stop it; a crafted file can point outside itself (external links, external raw storage, virtual
+datasets: one printed lines of /etc/passwd through its string table) or declare tables far
+larger than the file (2^31 rows in 250 KB, compressed zeros). So before a trace is opened,
+``check_structure`` walks all of its metadata (every link, object header, attribute and chunk
+index; no raw data) in a forked child that the parent kills after ``CKVIEW_OPEN_TIMEOUT``
+seconds (default 30). The walk refuses links other than hard links, external storage, virtual
+datasets, deep or huge hierarchies and tables whose declared size exceeds the memory limit.
+Once the walk has ended, reading the same metadata again in the parent ends too; the data
+itself is then checked by value (``checks.py``) as each table is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import h5py
+import numpy as np
+
+from .errors import corrupt, one_line
+
+DEFAULT_TIMEOUT_S = 30.0
+MAX_DEPTH = 4
+"""/runs/<run>/<table>/<column> is the deepest a trace goes."""
+MAX_OBJECTS = 100_000
+MAX_ATTR_ELEMENTS = 1 << 20
+STRING_BYTES = 64
+"""Memory one entry of the string table is counted for (a Python str and its slot)."""
+
+
+def timeout_s() -> float:
+    """Seconds the structure walk may take: CKVIEW_OPEN_TIMEOUT, else DEFAULT_TIMEOUT_S."""
+    try:
+        return max(0.1, float(os.environ.get("CKVIEW_OPEN_TIMEOUT", DEFAULT_TIMEOUT_S)))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+def memory_limit() -> int:
+    """Bytes of tables one run may declare: CKVIEW_MEMORY_LIMIT, else half the available
+    memory (the analysis holds the run and about as much again)."""
+    text = os.environ.get("CKVIEW_MEMORY_LIMIT")
+    if text:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    return _available_memory() // 2
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            continue
+    return 1 << 62  # unknown: no limit
+
+
+def check_structure(path: str) -> None:
+    """Raise CorruptTraceError if ``path``'s HDF5 structure is damaged, hostile or too large,
+    or cannot be walked within ``timeout_s()`` (NOTE [ Reading damaged and hostile files ])."""
+    limit, seconds = memory_limit(), timeout_s()
+    if hasattr(os, "fork"):
+        problem = _in_fork(path, limit, seconds)
+    else:
+        problem = _in_subprocess(path, limit, seconds)
+    if problem:
+        raise corrupt(path, problem)
+
+
+def _in_fork(path: str, limit: int, seconds: float) -> str | None:
+    read_end, write_end = os.pipe()
+    # Hold h5py's lock across fork() so that no other thread is inside HDF5 at that moment.
+    with h5py._objects.phil, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # the child: walk, report, leave without running any cleanup of the parent
+        os.close(read_end)
+        try:
+            os.write(write_end, json.dumps(walk(path, limit)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        return _wait_for(pid, read_end, seconds)
+    finally:
+        os.close(read_end)
+
+
+def _wait_for(pid: int, fd: int, seconds: float) -> str | None:
+    deadline = time.monotonic() + seconds
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return _timed_out(seconds)
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return f"reading its HDF5 structure crashed (status {status})"
+    result: str | None = json.loads(data)
+    return result
+
+
+def _timed_out(seconds: float) -> str:
+    return (
+        f"its HDF5 structure could not be read within {seconds:g} s: damaged metadata makes "
+        "HDF5 loop (CKVIEW_OPEN_TIMEOUT sets the limit)"
+    )
+
+
+def _in_subprocess(path: str, limit: int, seconds: float) -> str | None:
+    code = "import json,sys; from ckview.trace.structure import walk; "
+    code += "print(json.dumps(walk(sys.argv[1], int(sys.argv[2]))))"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, path, str(limit)],
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return _timed_out(seconds)
+    if done.returncode != 0 or not done.stdout.strip():
+        return f"reading its HDF5 structure failed: {one_line(done.stderr)[-200:]}"
+    result: str | None = json.loads(done.stdout)
+    return result
+
+
+def walk(path: str, limit: int) -> str | None:
+    """Walk every link, object, attribute and chunk index of ``path``; the first problem, or
+    None. Runs in the child of ``check_structure``; h5py's low-level API, for speed."""
+    try:
+        fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY)
+        try:
+            return _links(fid) or _objects(fid, limit)
+        finally:
+            fid.close()
+    except Exception as e:
+        return one_line(e)
+
+
+def _links(fid: h5py.h5f.FileID) -> str | None:
+    """The first link that is not a hard link (soft links, external links), if any."""
+    found: list[str] = []
+
+    def visit(name: bytes, info: h5py.h5l.LinkInfo) -> int | None:
+        if info.type != h5py.h5l.TYPE_HARD:
+            kind = "an external link" if info.type == h5py.h5l.TYPE_EXTERNAL else "a soft link"
+            found.append(f"/{name.decode(errors='replace')} is {kind}; a trace holds its own data")
+            return 1
+        return None
+
+    fid.links.visit(visit, info=True)
+    return found[0] if found else None
+
+
+def _objects(fid: h5py.h5f.FileID, limit: int) -> str | None:
+    objects: list[tuple[str, int, int]] = []
+
+    def visit(name: bytes, info: h5py.h5o.ObjInfo) -> int | None:
+        objects.append((name.decode(errors="replace"), info.type, info.num_attrs))
+        return 1 if len(objects) > MAX_OBJECTS else None
+
+    h5py.h5o.visit(fid, visit, info=True)
+    if len(objects) > MAX_OBJECTS:
+        return f"it holds more than {MAX_OBJECTS} HDF5 objects"
+    declared: dict[str, int] = {}
+    for name, kind, attributes in objects:
+        where = "/" + name.lstrip("./")
+        if where.count("/") > MAX_DEPTH:
+            return f"{where} is nested deeper than a trace goes"
+        node = h5py.h5o.open(fid, name.encode())
+        problem = _attributes(node, attributes, where)
+        if not problem and kind == h5py.h5o.TYPE_DATASET:
+            problem = _dataset(node, where, limit)
+            size = _declared_bytes(node)
+            parts = where.split("/")
+            for depth in range(2, len(parts)):
+                group = "/".join(parts[:depth])
+                declared[group] = declared.get(group, 0) + size
+        if problem:
+            return problem
+    for group, size in declared.items():
+        if group != "/runs" and size > limit:
+            return _too_large(group, size, limit)
+    return None
+
+
+def _attributes(node: h5py.h5o.ObjectID, count: int, where: str) -> str | None:
+    for index in range(count):
+        attr = h5py.h5a.open(node, index=index)
+        shape = attr.shape
+        if int(np.prod(shape or (1,), dtype=object)) > MAX_ATTR_ELEMENTS:
+            return f"an attribute of {where} is too large"
+        value = np.empty(shape, dtype=attr.dtype)
+        attr.read(value)
+    return None
+
+
+def _dataset(ds: h5py.h5d.DatasetID, where: str, limit: int) -> str | None:
+    plist = ds.get_create_plist()
+    layout = plist.get_layout()
+    if layout == h5py.h5d.VIRTUAL:
+        return f"{where} is a virtual dataset; a trace holds its own data"
+    if plist.get_external_count():
+        return f"{where} stores its data in another file; a trace holds its own data"
+    if ds.shape is None or len(ds.shape) > 1:
+        return f"{where} is not a 1-D dataset"
+    if _declared_bytes(ds) > limit:
+        return _too_large(where, _declared_bytes(ds), limit)
+    if layout == h5py.h5d.CHUNKED:
+        for i in range(ds.get_num_chunks()):
+            ds.get_chunk_info(i)
+    return None
+
+
+def _declared_bytes(ds: h5py.h5d.DatasetID) -> int:
+    rows = int(np.prod(ds.shape or (1,), dtype=object))
+    if h5py.check_string_dtype(ds.dtype) is not None or ds.dtype.kind == "O":
+        return rows * STRING_BYTES
+    return rows * ds.dtype.itemsize
+
+
+def _too_large(name: str, declared: int, limit: int) -> str:
+    return (
+        f"{name} declares {_size(declared)} of data, more than the {_size(limit)} of memory "
+        "it may use (CKVIEW_MEMORY_LIMIT sets the limit)"
+    )
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes / 2**10:.1f} KiB"
