@@ -35,7 +35,15 @@ from .migrations import (
     computed_column,
     stored_columns,
 )
-from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, MODULES, RUN_TABLES
+from .schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    GROUP_TYPES,
+    META_FIELDS,
+    MODULES,
+    RUN_STR_FIELDS,
+    RUN_TABLES,
+)
 from .schema import Column as SchemaColumn
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -306,11 +314,22 @@ class Run:
             self.name: str = L.decode_str(attrs["name"])
             self.complete: bool = L.attr_bool("complete", attrs["complete"])
             self.steps_recorded: int = L.attr_int("steps_recorded", attrs["steps_recorded"])
-            checkpointing = L.decode_str(attrs.get("checkpointing"))
-        if not isinstance(checkpointing, str):
-            raise corrupt(self._path, f"{group.name} has no string 'checkpointing' attribute")
-        self.checkpointing: str = checkpointing
+            self.oom_bytes: int = L.attr_int("oom_bytes", attrs["oom_bytes"])
+            """RUN_FIELDS['oom_bytes']: what the failing allocation asked for, -1 unknown."""
+            self.oom_time_ns: int = L.attr_int("oom_time_ns", attrs["oom_time_ns"])
+            """RUN_FIELDS['oom_time_ns']: when the run's allocation failed, -1 if it did not."""
+        texts = {key: L.decode_str(attrs.get(key)) for key in RUN_STR_FIELDS}
+        for key, value in texts.items():
+            if not isinstance(value, str):
+                raise corrupt(self._path, f"{group.name} has no string {key!r} attribute")
+        self.checkpointing: str = texts["checkpointing"]
         """RUN_FIELDS['checkpointing']: 'script', 'bypassed', 'plan', or '' if unknown."""
+        self.oom_op: str = texts["oom_op"]
+        """RUN_FIELDS['oom_op']: the aten op whose allocation failed, '' if none or unknown."""
+        self.oom_module: str = texts["oom_module"]
+        """RUN_FIELDS['oom_module']: the module path the failing op ran in, '' if none."""
+        self.oom_message: str = texts["oom_message"]
+        """RUN_FIELDS['oom_message']: the allocation error, '' if the run did not end in one."""
         self._tables: dict[str, Table] = {}
 
     def __repr__(self) -> str:

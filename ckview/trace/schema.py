@@ -14,7 +14,7 @@ from enum import IntEnum
 import numpy as np
 
 FORMAT_NAME = "ckview-trace"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 #: Value of the ``ckview_type`` attribute on each kind of group, with its own version.
 GROUP_TYPES: dict[str, tuple[str, int]] = {
@@ -83,6 +83,14 @@ class MemoryEventKind(IntEnum):
     ALLOC = 0  # the storage was allocated while recording
     FREE = 1  # the storage was freed
     SEEN = 2  # first sight of a storage that existed before recording began (it is not an alloc)
+
+
+class SampleReason(IntEnum):
+    """Why a row of ``device_samples`` was taken (since v4)."""
+
+    STEP_BOUNDARY = 0  # a recorded step began, or the run's last step ended
+    PEAK = 1  # the allocator's peak over a step, placed at the step's recorded peak
+    OOM = 2  # an allocation failed (the run's OOM)
 
 
 class IOKind(IntEnum):
@@ -220,6 +228,29 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         ),
         _c("duration_ns", "<i8", "wall time of the call, forward pre-hook to hook (since v3)"),
     ),
+    "device_samples": (
+        _c("time_ns", "<i8", "time of the sample (since v4)"),
+        _c("device", "<i4", "string id of the CUDA device, e.g. 'cuda:0' (since v4)"),
+        _c("reason", "<u1", "SampleReason: STEP_BOUNDARY, PEAK or OOM (since v4)"),
+        _c("allocated", "<i8", "bytes the caching allocator had handed out (since v4)"),
+        _c("reserved", "<i8", "bytes the caching allocator held from the device (since v4)"),
+        _c(
+            "largest_free",
+            "<i8",
+            "largest free (inactive) block inside reserved segments, -1 unknown (since v4)",
+        ),
+        _c("nvml_total", "<i8", "device memory, from NVML, -1 unknown (since v4)"),
+        _c(
+            "nvml_process",
+            "<i8",
+            "device memory NVML counts for the recording process, -1 unknown (since v4)",
+        ),
+        _c(
+            "nvml_others",
+            "<i8",
+            "device memory NVML counts for the other processes, -1 unknown (since v4)",
+        ),
+    ),
 }
 
 #: Run tables that hold plain timing steps, not the recorded steps (NOTE [ Plain timing steps ]
@@ -248,6 +279,8 @@ META_FIELDS: dict[str, str] = {
     "(since v3)",
     "world_size": "number of ranks of the distributed run (WORLD_SIZE), 1 if not distributed "
     "(since v3)",
+    "device_total_bytes": "memory of the main device (NVML's total, else torch's "
+    "total_memory), -1 unknown or a CPU run (since v4)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
@@ -260,7 +293,20 @@ RUN_FIELDS: dict[str, str] = {
     "checkpointing": "what the run did with checkpointing: 'script' (the script's own, as it "
     "runs), 'bypassed' (the script's own bypassed), 'plan' (the script's own bypassed and a "
     "plan applied); '' if unknown (since v2)",
+    "oom_op": "the aten op whose allocation failed and ended the run, '' if none or unknown "
+    "(since v4)",
+    "oom_module": "dotted path of the module call the failing op ran in, '' if none or unknown "
+    "(since v4)",
+    "oom_bytes": "bytes the failing allocation asked for, -1 if unknown or no OOM (since v4)",
+    "oom_time_ns": "time the allocation failed, -1 if the run did not end in an OOM (since v4)",
+    "oom_message": "the allocation error's message, '' if the run did not end in an OOM (since v4)",
 }
+
+#: Run attributes holding integers, with the value they take when unset (RUN_FIELDS).
+RUN_INT_FIELDS: dict[str, int] = {"steps_recorded": 0, "oom_bytes": -1, "oom_time_ns": -1}
+
+#: Run attributes holding strings (RUN_FIELDS), '' when unset.
+RUN_STR_FIELDS = ("checkpointing", "oom_op", "oom_module", "oom_message")
 
 
 #: Values of the run attribute ``checkpointing`` (RUN_FIELDS), '' aside.
@@ -301,6 +347,7 @@ STRING_COLUMNS: dict[str, tuple[str, ...]] = {
     "storages": ("device", "dtype", "shape"),
     "saved_events": ("shape", "dtype"),
     "recompute_regions": ("name",),
+    "device_samples": ("device",),
 }
 
 #: Columns holding enum values, ``(table, column) -> enum``.
@@ -312,6 +359,7 @@ ENUM_COLUMNS: dict[tuple[str, str], type[IntEnum]] = {
     ("module_io", "kind"): IOKind,
     ("storages", "category"): Category,
     ("saved_events", "kind"): SavedEventKind,
+    ("device_samples", "reason"): SampleReason,
 }
 
 #: Columns holding 0 or 1, ``(table, column)``.

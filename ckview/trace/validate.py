@@ -92,6 +92,9 @@ def _check_run(report: ValidationReport, trace: Trace, name: str, root: dict[str
             _check_memory_events(report, where + table, columns, sizes.get("storages"))
         elif table == "steps":
             _check_steps(report, where + table, columns)
+        elif table == "device_samples":
+            _check_device_samples(report, where + table, columns)
+    _check_oom(report, where, run)
 
 
 def _check_table(
@@ -196,3 +199,36 @@ def _check_steps(report: ValidationReport, where: str, columns: Columns) -> None
     step, start = columns["step"], columns["start_ns"]
     _report(report, np.diff(step) <= 0, f"{where}.step does not increase {{n}} times", offset=1)
     _report(report, np.diff(start) < 0, f"{where}.start_ns decreases {{n}} times", offset=1)
+
+
+_SAMPLE_BYTES = (
+    "allocated",
+    "reserved",
+    "largest_free",
+    "nvml_total",
+    "nvml_process",
+    "nvml_others",
+)
+
+
+def _check_device_samples(report: ValidationReport, where: str, columns: Columns) -> None:
+    """Samples come in time order; byte counts are -1 (unknown) or more (since v4)."""
+    time = columns["time_ns"]
+    _report(report, np.diff(time) < 0, f"{where}.time_ns decreases {{n}} times", offset=1)
+    for name in _SAMPLE_BYTES:
+        values = columns[name]
+        _report(report, values < -1, f"{where}.{name} has {{n}} values below -1", values=values)
+
+
+def _check_oom(report: ValidationReport, where: str, run: Run) -> None:
+    """A run that ended in an OOM says so in its attributes, and is incomplete (since v4)."""
+    if run.oom_time_ns < 0:
+        if run.oom_message or run.oom_op:
+            report.problems.append(f"{where}oom_message or oom_op is set, but oom_time_ns is -1")
+        return
+    if not run.oom_message:
+        report.problems.append(f"{where}oom_time_ns is set, but oom_message is empty")
+    if run.complete:
+        report.problems.append(f"{where}the run ended in an OOM, yet it is marked complete")
+    if run.oom_bytes < -1:
+        report.problems.append(f"{where}oom_bytes is {run.oom_bytes}, below -1")
