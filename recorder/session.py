@@ -114,7 +114,9 @@ from ckview.trace.schema import (
 from recorder import buffers, modules, steps
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.compiled import EagerWhileRecording, skip_in_dynamo
+from recorder.device import DeviceSampler, recorded_peak_time
 from recorder.modules import ModuleRegistry
+from recorder.oom import OomWatch
 from recorder.output import settle, staging_path
 from recorder.progress import StepProgress
 from recorder.steps import IterationTracker, StepCounts, StepRule, plural
@@ -219,7 +221,11 @@ class _OpObserver(TorchDispatchMode):
             rec._functional_op(func, args, kwargs)  # NOTE [ A forward without modules ]
         if rec._state is State.RECORDING and not rec._busy:
             t0 = perf_counter_ns()
-            out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
+            try:
+                out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
+            except BaseException as exc:
+                rec._on_op_failed(func, exc, t0)  # NOTE [ OOM capture ] in recorder/oom.py
+                raise
             rec._on_op(func, args, kwargs, out, t0, perf_counter_ns())
             return out
         if not rec._in_backward and rec._state is State.WARMUP and _current_graph_task_id() >= 0:
@@ -332,6 +338,7 @@ class Recorder:
         self._eager_compile = EagerWhileRecording()
         self._op_categories: dict[int, tuple[int, str]] = {}  # NOTE [ FSDP's storages ]
         self._fsdp_wrapped = False
+        self._oom = OomWatch()  # NOTE [ OOM capture ] in recorder/oom.py
 
     # ----------------------------------------------------------------- public API
 
@@ -414,6 +421,7 @@ class Recorder:
         self._writer = TraceWriter(self._staging, meta=meta)
         self._modules = ModuleRegistry(self._intern)
         self._cpu_id = self._intern("cpu")
+        self._device = DeviceSampler(self._intern)  # NOTE [ Device samples ] in device.py
         self._begin_run_tables()
 
     def _begin_run_tables(self) -> None:
@@ -439,6 +447,7 @@ class Recorder:
         self._stack = [(row, NO_INDEX) for row, _ in self._stack]
         self._steps_in_run = 0
         self._open_region = NO_INDEX
+        self._oom.clear()
 
     def _sink(self, table: str, columns: dict[str, np.ndarray]) -> None:
         """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
@@ -472,10 +481,15 @@ class Recorder:
                 self._close_step_row(now, self._tracker.current(), complete=False)
             for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
+            self._sink("device_samples", self._device_samples(now))
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
             spec = self.runs[self._run_index]
-            self._run.set_attrs(steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing)
+            self._run.set_attrs(
+                steps_recorded=self._steps_in_run,
+                checkpointing=spec.checkpointing,
+                **self._oom.attrs(error, self._t0),
+            )
             self._run.close(complete=not error)
         finally:
             self._busy = False
@@ -508,6 +522,7 @@ class Recorder:
                 device="cuda" if self._saw_cuda else "cpu",
                 step_rule=self._tracker.describe(self.warmup, modules=not self._no_modules),
                 compiled=self._compiled(),
+                device_total_bytes=self._device.total_bytes,
             )
             writer.flush()
         finally:
@@ -782,6 +797,7 @@ class Recorder:
 
     def _open_step(self, now: int) -> None:
         self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows, -1, -1, -1, 0))
+        self._device.step_begins(now)
 
     def _close_step_row(self, now: int, counts: StepCounts, complete: bool) -> None:
         row, steps = len(self._steps) - 1, self._steps
@@ -790,6 +806,7 @@ class Recorder:
         steps.set(row, "backwards", counts.backwards)
         steps.set(row, "optimizer_steps", counts.optimizer_steps)
         steps.set(row, "complete", int(complete))
+        self._device.step_ends(now)
 
     def _end_step(self) -> None:
         """A step boundary (NOTE [ Step = one optimizer iteration ])."""
@@ -1194,6 +1211,35 @@ class Recorder:
             for p in new_params:
                 self._mark(p, _PARAMETER)
         return row
+
+    # ----------------------------------------------------------------- devices and OOMs
+
+    def _device_samples(self, now: int) -> dict[str, np.ndarray]:
+        """The run's ``device_samples`` (NOTE [ Device samples ] in recorder/device.py), the
+        run's last boundary sampled now; peaks placed on the recorded storages."""
+        self._device.run_ends(now)
+        storages = self._storages.as_columns()
+
+        def peak_time(device: str, start: int, end: int) -> int:
+            return recorded_peak_time(storages, self._intern(device), start, end)
+
+        return self._device.columns(peak_time)
+
+    def _on_op_failed(self, func: Any, exc: BaseException, t0: int) -> None:
+        """An op raised while recording: note it if it failed to allocate (NOTE [ OOM capture ]
+        in recorder/oom.py), with the module it ran in."""
+        if self._oom.failed(exc, str(func), self._module_running(), t0):
+            self._device.oom(t0)
+
+    def _module_running(self) -> str:
+        """Path of the module call the current op runs in (in backward: the forward call of the
+        last attributed node), '' if none."""
+        if self._in_backward and not self._recompute_depth:
+            call = self._last_seq_call
+            row = NO_INDEX if call == NO_INDEX else self._calls.data[call * _CALL_WIDTH]
+        else:
+            row = self._stack[-1][0] if self._stack else NO_INDEX
+        return "" if row == NO_INDEX else self._registry.display(row)
 
     # ----------------------------------------------------------------- ops (hot path)
 
