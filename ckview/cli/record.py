@@ -295,8 +295,11 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
     written = ending.written or output
     kept = "" if written == output else f"; {output} was left as it was"
     if ending.error and not _complete(written):
+        from ckview.cli.device import oom_report
+
         print(
-            f"ckview: the script failed ({ending.error}); the trace, marked incomplete, is "
+            oom_report(written, kept)
+            or f"ckview: the script failed ({ending.error}); the trace, marked incomplete, is "
             f"{written}{kept}",
             file=sys.stderr,
         )

@@ -58,8 +58,10 @@ def _run_one(args: argparse.Namespace) -> int:
         modules = trace.modules.read()
         runs = {}
         leftovers: dict[str, Any] = {}
+        devices: dict[str, Any] = {}
         for name in names:
             tables = {t: trace.run(name).table(t).read() for t in _TABLES}
+            devices[name] = _device(trace, name, tables, modules, args.top)
             summary = summarize_run(tables, modules, list(strings), top=args.top)
             phases = (
                 _peak_phase(tables, summary.peak_event),
@@ -78,6 +80,7 @@ def _run_one(args: argparse.Namespace) -> int:
                     "peak_phase": ph[0],
                     "activation_peak_phase": ph[1],
                     "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
+                    **devices[n].to_json(),
                 }
                 for n, (s, ph) in runs.items()
             },
@@ -85,6 +88,10 @@ def _run_one(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
+    for name, device in devices.items():
+        if device.oom is not None:
+            print(device.oom_lines(name, args.trace, runs[name][0]))
+            print()
     print(_header(args.trace, meta, len(runs)))
     if len(runs) > 1:
         print()
@@ -94,7 +101,16 @@ def _run_one(args: argparse.Namespace) -> int:
         print(_format_run(name, summary, *phases))
         if leftovers[name] is not None:
             print(f"  warning: {leftovers[name].describe(name)}")
+        for line in devices[name].state_lines():
+            print(line)
     return 0
+
+
+def _device(trace: Any, name: str, tables: dict[str, Any], modules: Any, top: int) -> Any:
+    """A run's device states and OOM (``ckview.cli.device``)."""
+    from ckview.cli.device import RunDevice
+
+    return RunDevice.read(trace, name, tables, modules, top)
 
 
 _ALL_MODULES = 1_000_000  # module rows summarize_run lists for the comparison of ranks
