@@ -120,13 +120,16 @@ class Oom:
 
     def headline(self) -> str:
         """'OOM in aten.mm.default of Net.fc, asked for 2.00 GiB'."""
-        from ckview.analysis.units import format_bytes
-
         where = f"in {self.op or 'code outside any aten op'}"
         if self.module:
             where += f" of {self.module}"
-        asked = "an unknown size" if self.nbytes < 0 else format_bytes(self.nbytes)
-        return f"OOM {where}, asked for {asked}"
+        return f"OOM {where}, asked for {self.asked()}"
+
+    def asked(self) -> str:
+        """What the failing allocation asked for: '2.00 GiB', or 'an unknown size'."""
+        from ckview.analysis.units import format_bytes
+
+        return "an unknown size" if self.nbytes < 0 else format_bytes(self.nbytes)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
