@@ -240,10 +240,10 @@ def recorded_peak_time(columns: dict[str, np.ndarray], device: int, start: int, 
     alloc, free = columns["alloc_ns"][on], columns["free_ns"][on]
     born = (alloc >= start) & (alloc <= end)
     died = (free >= start) & (free <= end)
-    times = np.concatenate([alloc[born], free[died]])
-    if times.size == 0:
-        return start
-    deltas = np.concatenate([nbytes[born], -nbytes[died]])
-    order = np.lexsort((-deltas, times))  # at one time, allocations before frees
+    # The state at ``start`` first (a change of 0), then the changes in time order; at one
+    # time, allocations before frees.
+    times = np.concatenate([[start], alloc[born], free[died]])
+    deltas = np.concatenate([[0], nbytes[born], -nbytes[died]])
+    order = np.lexsort((-deltas, times))
     live = np.cumsum(deltas[order])
     return int(times[order][int(np.argmax(live))])

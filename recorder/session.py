@@ -1216,8 +1216,10 @@ class Recorder:
 
     def _device_samples(self, now: int) -> dict[str, np.ndarray]:
         """The run's ``device_samples`` (NOTE [ Device samples ] in recorder/device.py), the
-        run's last boundary sampled now; peaks placed on the recorded storages."""
-        self._device.run_ends(now)
+        run's last boundary sampled now (at its last step's end); peaks placed on the recorded
+        storages."""
+        last = len(self._steps) - 1
+        self._device.run_ends(self._steps.get(last, "end_ns") if last >= 0 else now)
         storages = self._storages.as_columns()
 
         def peak_time(device: str, start: int, end: int) -> int:

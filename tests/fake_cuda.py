@@ -26,6 +26,10 @@ class FakeCuda:
     allocated: int = 100 * MiB
     reserved: int = 128 * MiB
     free_blocks: tuple[int, ...] = (2 * MiB, 6 * MiB)
+    grow: int = MiB
+    """Bytes allocated and reserved grow by at each read."""
+    peak_extra: int = 50 * MiB
+    """Bytes a step's peak stands above the current figures."""
     nvml_index: dict[int, int] = field(default_factory=dict)
     resets: list[int] = field(default_factory=list)
     reads: int = 0
@@ -41,12 +45,12 @@ class FakeCuda:
 
     def memory_stats(self, device: int) -> dict[str, Any]:
         self.reads += 1
-        grow = self.reads * MiB
+        grow = self.reads * self.grow
         return {
             "allocated_bytes.all.current": self.allocated + grow,
-            "allocated_bytes.all.peak": self.allocated + grow + 50 * MiB,
+            "allocated_bytes.all.peak": self.allocated + grow + self.peak_extra,
             "reserved_bytes.all.current": self.reserved + grow,
-            "reserved_bytes.all.peak": self.reserved + grow + 64 * MiB,
+            "reserved_bytes.all.peak": self.reserved + grow + self.peak_extra,
             "num_ooms": 0,
         }
 
