@@ -19,7 +19,7 @@ from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import RUN_TABLES, SampleReason
 from recorder import Recorder, session
 from recorder.device import DeviceSampler, Nvml, recorded_peak_time
-from tests.fake_cuda import GiB, MiB, FakeCuda, FakePynvml
+from tests.fake_cuda import FakeCuda, FakePynvml, GiB, MiB
 
 DATA = Path(__file__).parent / "data"
 
