@@ -325,3 +325,23 @@ def test_version_3_files_read_with_no_device_and_no_oom() -> None:
                 assert (run.oom_op, run.oom_module, run.oom_message) == ("", "", "")
                 assert (run.oom_bytes, run.oom_time_ns) == (-1, -1)
                 assert len(run.table("device_samples")) == 0
+
+
+def test_cuda_check_without_a_gpu_says_so_and_exits_0() -> None:
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: run benchmarks/cuda_check.py itself")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "cuda_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stdout.splitlines()
+    assert line.startswith("no GPU: ")
+    assert proc.stderr == ""
