@@ -22,6 +22,7 @@ for any other failure, not marked as an OOM.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,15 +75,14 @@ class OomWatch:
     def __init__(self) -> None:
         self.last: OomNote | None = None
 
-    def failed(self, exc: BaseException, op: str, module: str, now: int) -> bool:
-        """Note ``exc`` if it is an allocation failure of ``op`` run in ``module`` at ``now``;
-        whether it was one."""
+    def failed(self, exc: BaseException, op: str, module: Callable[[], str], now: int) -> bool:
+        """Note ``exc`` if it is an allocation failure of ``op``, begun at ``now``, in the
+        module call ``module()`` names; whether it was one."""
         if not is_allocation_failure(exc):
             return False
         message = str(exc)
-        self.last = OomNote(
-            f"{type(exc).__name__}: {message}", op, module, requested_bytes(message), now
-        )
+        error = f"{type(exc).__name__}: {message}"
+        self.last = OomNote(error, op, module(), requested_bytes(message), now)
         return True
 
     def attrs(self, error: str, t0: int) -> dict[str, Any]:

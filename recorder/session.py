@@ -1230,7 +1230,7 @@ class Recorder:
     def _on_op_failed(self, func: Any, exc: BaseException, t0: int) -> None:
         """An op raised while recording: note it if it failed to allocate (NOTE [ OOM capture ]
         in recorder/oom.py), with the module it ran in."""
-        if self._oom.failed(exc, str(func), self._module_running(), t0):
+        if self._oom.failed(exc, str(func), self._module_running, t0):
             self._device.oom(t0)
 
     def _module_running(self) -> str:
