@@ -311,3 +311,29 @@ def test_a_memory_error_inside_an_op_is_an_oom(tmp_path: Path) -> None:
             -1,
         )
         assert run.oom_message == "MemoryError: "
+
+
+def test_the_window_shows_the_run_that_ended_in_the_oom(qtbot: Any, tmp_path: Path) -> None:
+    from PyQt6.QtCore import QSettings
+
+    from ckview.gui.main_window import MainWindow
+    from recorder.session import RunSpec
+
+    path = tmp_path / "runs.h5"
+    model = nn.Sequential(nn.Linear(8, 8), Block(None))
+    runs = (RunSpec("first"), RunSpec("second"))
+    with (
+        pytest.raises(RuntimeError, match="can't allocate memory"),
+        Recorder(path, steps=1, warmup=1, runs=runs, progress=False),
+    ):
+        train(model, 4, 2, RuntimeError("fail"))  # step 2: the second run's
+    with open_trace(path) as t:
+        assert [t.run(n).oom_time_ns >= 0 for n in t.run_names] == [False, True]
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(settings=settings)
+    qtbot.addWidget(w)
+    with qtbot.waitSignal(w.loaded, timeout=20000):
+        w.open_paths([str(path)])
+    run = w.current_run()
+    assert run is not None and run.name == "second"
+    assert w.timeline.selected_point == run.oom_point
