@@ -345,3 +345,23 @@ def test_cuda_check_without_a_gpu_says_so_and_exits_0() -> None:
     [line] = proc.stdout.splitlines()
     assert line.startswith("no GPU: ")
     assert proc.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "problem"),
+    [
+        ("time_ns", 0, "device_samples.time_ns decreases"),
+        ("reserved", -7, "device_samples.reserved has 1 values below -1"),
+        ("reason", 9, "device_samples.reason has 1 values that are not a SampleReason"),
+        ("device", 10**6, "device_samples.device has 1 values outside strings"),
+    ],
+)
+def test_validation_of_device_samples(
+    cuda_trace: Path, column: str, value: int, problem: str
+) -> None:
+    import h5py
+
+    with h5py.File(cuda_trace, "r+") as f:
+        f["runs/main/device_samples"][column][-1] = value
+    report = validate_trace(cuda_trace)
+    assert any(problem in p for p in report.problems), report.problems

@@ -337,3 +337,48 @@ def test_the_window_shows_the_run_that_ended_in_the_oom(qtbot: Any, tmp_path: Pa
     run = w.current_run()
     assert run is not None and run.name == "second"
     assert w.timeline.selected_point == run.oom_point
+
+
+def test_an_oom_in_the_warmup_says_how_to_capture_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        [*CKVIEW, "record", "-o", str(tmp_path / "w.h5"), str(script), "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env=DETERMINISTIC,
+    )
+    assert proc.returncode == 1
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("ckview")]
+    assert "ran out of memory in warm-up step 1" in line and "--warmup 0" in line
+
+
+def set_run_attr(path: Path, name: str, value: Any) -> None:
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        f["runs/main"].attrs[name] = value
+
+
+@pytest.mark.parametrize(
+    ("attrs", "problem"),
+    [
+        ({"oom_message": ""}, "oom_time_ns is set, but oom_message is empty"),
+        ({"complete": True}, "ended in an OOM, yet it is marked complete"),
+        ({"oom_bytes": -5}, "oom_bytes is -5"),
+        ({"oom_time_ns": -1}, "oom_message or oom_op is set, but oom_time_ns is -1"),
+    ],
+)
+def test_validation_of_the_oom_attributes(
+    recorded: tuple[Path, Any], tmp_path: Path, attrs: dict[str, Any], problem: str
+) -> None:
+    import shutil
+
+    path = tmp_path / "damaged.h5"
+    shutil.copy(recorded[0], path)
+    for name, value in attrs.items():
+        set_run_attr(path, name, value)
+    report = validate_trace(path)
+    assert any(problem in p for p in report.problems), report.problems

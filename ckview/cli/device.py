@@ -124,3 +124,20 @@ def oom_report(path: Path, kept: str = "") -> str | None:
         f"the failure is {path}{kept}: see ckview summary {path}, then "
         + plan_hint(path, total).split("  (")[0]
     )
+
+
+_ALLOCATION_ERRORS = ("OutOfMemoryError: ", "MemoryError: ")
+_CPU_ALLOCATOR = "can't allocate memory"
+
+
+def warmup_oom_report(error: str, warmup_done: int, warmup: int, path: Path) -> str | None:
+    """The one line for a script that ran out of memory in a warm-up step (nothing of it was
+    recorded), else None."""
+    failed_to_allocate = error.startswith(_ALLOCATION_ERRORS) or _CPU_ALLOCATOR in error
+    if not failed_to_allocate or warmup_done >= warmup:
+        return None
+    return (
+        f"ckview: the script ran out of memory in warm-up step {warmup_done + 1}, before any "
+        f"recorded step, so the trace ({path}) holds nothing of it; record with --warmup 0 to "
+        "capture it"
+    )
