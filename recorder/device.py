@@ -77,12 +77,12 @@ class Nvml:
             return total, _UNKNOWN, _UNKNOWN
         mine = [p.usedGpuMemory for p in processes if p.pid == self._pid]
         others = [p.usedGpuMemory for p in processes if p.pid != self._pid]
-        return total, _sum_known(mine), _sum_known(others)
+        return total, _sum_known(mine) if mine else _UNKNOWN, _sum_known(others)
 
 
 def _sum_known(values: list[int | None]) -> int:
-    """Sum of used memory; -1 if there is none, or any is not available (None)."""
-    if not values or any(v is None for v in values):
+    """Sum of used memory (0 for no process); -1 if any is not available (None)."""
+    if any(v is None for v in values):
         return _UNKNOWN
     return int(sum(v for v in values if v is not None))
 

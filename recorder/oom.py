@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 _CPU_BYTES = re.compile(r"you tried to allocate (\d+) bytes")
 # c10's format_size: "N bytes" up to 1 KiB, else two decimals of KiB, MiB or GiB.
 _CUDA_BYTES = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB)")
@@ -35,8 +37,6 @@ _CPU_ALLOCATOR = "can't allocate memory"
 
 def is_allocation_failure(exc: BaseException) -> bool:
     """Whether ``exc`` says that an allocation failed (NOTE [ OOM capture ])."""
-    import torch
-
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return True
     return isinstance(exc, RuntimeError) and _CPU_ALLOCATOR in str(exc)

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -134,6 +135,14 @@ def test_a_process_nvml_does_not_list_is_unknown() -> None:
     assert Nvml(nvml, pid=os.getpid()).usage(0)[1] == -1
     nvml = FakePynvml(mine=None)  # usedGpuMemory not available (pynvml gives None)
     assert Nvml(nvml, pid=nvml.pid).usage(0) == (16 * GiB, -1, 3 * GiB)
+
+
+def test_no_other_process_uses_nothing() -> None:
+    nvml = FakePynvml()
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: [  # type: ignore[method-assign]
+        SimpleNamespace(pid=nvml.pid, usedGpuMemory=nvml.mine)
+    ]
+    assert Nvml(nvml, pid=nvml.pid).usage(0) == (16 * GiB, 700 * MiB, 0)
 
 
 def test_recorded_peak_time() -> None:
