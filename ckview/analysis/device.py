@@ -91,13 +91,6 @@ def _most(values: np.ndarray) -> int:
     return int(values.max()) if values.size else UNKNOWN
 
 
-def reserved_curve(samples: Table, strings: Sequence[str], device: str) -> tuple[np.ndarray, ...]:
-    """``(time_ns, reserved)`` of ``device``'s samples, in time order (for the timeline)."""
-    rows = np.asarray(strings)[np.asarray(samples["device"])] == device
-    rows &= np.asarray(samples["reserved"]) >= 0
-    return np.asarray(samples["time_ns"])[rows], np.asarray(samples["reserved"])[rows]
-
-
 @dataclass(frozen=True)
 class Oom:
     """The allocation failure a run ended in (run attributes ``oom_*``)."""
