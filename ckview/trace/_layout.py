@@ -68,6 +68,7 @@ class TraceMeta:
     rank: int
     world_size: int
     device_total_bytes: int
+    allocator_events: str
     complete: bool
     error: str
 

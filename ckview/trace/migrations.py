@@ -107,7 +107,7 @@ MIGRATIONS: dict[int, Migration] = {
     3: Migration(
         source=3,
         columns={},
-        meta={"device_total_bytes": -1},
+        meta={"device_total_bytes": -1, "allocator_events": ""},
         run_attrs={
             "oom_op": "",
             "oom_module": "",

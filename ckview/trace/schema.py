@@ -281,6 +281,9 @@ META_FIELDS: dict[str, str] = {
     "(since v3)",
     "device_total_bytes": "memory of the main device (NVML's total, else torch's "
     "total_memory), -1 unknown or a CPU run (since v4)",
+    "allocator_events": "where allocations and frees come from: 'allocator' (the allocator's own "
+    "events merged with the op hook's), 'op hook: <why>' where the allocator's events are missing "
+    "from some window, '' if unknown (since v4)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
