@@ -116,7 +116,9 @@ from recorder import buffers, modules, steps
 from recorder.allocations import WINDOW_ROWS, AllocatorEvents, AllocatorMerge, Block
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.compiled import EagerWhileRecording, skip_in_dynamo
+from recorder.device import DeviceSampler, recorded_peak_time
 from recorder.modules import ModuleRegistry
+from recorder.oom import OomWatch
 from recorder.output import settle, staging_path
 from recorder.progress import StepProgress
 from recorder.stacks import Stacks
@@ -229,7 +231,11 @@ class _OpObserver(TorchDispatchMode):
             rec._functional_op(func, args, kwargs)  # NOTE [ A forward without modules ]
         if rec._state is State.RECORDING and not rec._busy:
             t0 = perf_counter_ns()
-            out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
+            try:
+                out = func._op(*args, **kwargs)  # the C++ op, without OpOverload.__call__'s frame
+            except BaseException as exc:
+                rec._on_op_failed(func, exc, t0)  # NOTE [ OOM capture ] in recorder/oom.py
+                raise
             rec._on_op(func, args, kwargs, out, t0, perf_counter_ns())
             return out
         if not rec._in_backward and rec._state is State.WARMUP and _current_graph_task_id() >= 0:
@@ -347,6 +353,7 @@ class Recorder:
         self._eager_compile = EagerWhileRecording()
         self._op_categories: dict[int, tuple[int, str]] = {}  # NOTE [ FSDP's storages ]
         self._fsdp_wrapped = False
+        self._oom = OomWatch()  # NOTE [ OOM capture ] in recorder/oom.py
         self._allocator = AllocatorEvents()  # NOTE [ Allocator events ] in allocations.py
 
     # ----------------------------------------------------------------- public API
@@ -431,6 +438,7 @@ class Recorder:
         self._modules = ModuleRegistry(self._intern)
         self._stacks = Stacks(self._writer) if self.stacks else None
         self._cpu_id = self._intern("cpu")
+        self._device = DeviceSampler(self._intern)  # NOTE [ Device samples ] in device.py
         self._begin_run_tables()
 
     def _begin_run_tables(self) -> None:
@@ -456,6 +464,7 @@ class Recorder:
         self._stack = [(row, NO_INDEX) for row, _ in self._stack]
         self._steps_in_run = 0
         self._open_region = NO_INDEX
+        self._oom.clear()
         self._merge = AllocatorMerge()
         self._st_address = array.array("q")  # data_ptr of each storage row
 
@@ -577,10 +586,15 @@ class Recorder:
             self._close_window()
             for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
+            self._sink("device_samples", self._device_samples(now))
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
             spec = self.runs[self._run_index]
-            self._run.set_attrs(steps_recorded=self._steps_in_run, checkpointing=spec.checkpointing)
+            self._run.set_attrs(
+                steps_recorded=self._steps_in_run,
+                checkpointing=spec.checkpointing,
+                **self._oom.attrs(error, self._t0),
+            )
             self._run.close(complete=not error)
         finally:
             self._busy = False
@@ -615,6 +629,7 @@ class Recorder:
                 device="cuda" if self._saw_cuda else "cpu",
                 step_rule=self._tracker.describe(self.warmup, modules=not self._no_modules),
                 compiled=self._compiled(),
+                device_total_bytes=self._device.total_bytes,
                 allocator_events=self._allocator_events(),
             )
             writer.flush()
@@ -893,6 +908,7 @@ class Recorder:
 
     def _open_step(self, now: int) -> None:
         self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows, -1, -1, -1, 0))
+        self._device.step_begins(now)
 
     def _close_step_row(self, now: int, counts: StepCounts, complete: bool) -> None:
         row, steps = len(self._steps) - 1, self._steps
@@ -901,6 +917,7 @@ class Recorder:
         steps.set(row, "backwards", counts.backwards)
         steps.set(row, "optimizer_steps", counts.optimizer_steps)
         steps.set(row, "complete", int(complete))
+        self._device.step_ends(now)
 
     def _end_step(self) -> None:
         """A step boundary (NOTE [ Step = one optimizer iteration ])."""
@@ -1312,6 +1329,37 @@ class Recorder:
             for p in new_params:
                 self._mark(p, _PARAMETER)
         return row
+
+    # ----------------------------------------------------------------- devices and OOMs
+
+    def _device_samples(self, now: int) -> dict[str, np.ndarray]:
+        """The run's ``device_samples`` (NOTE [ Device samples ] in recorder/device.py), the
+        run's last boundary sampled now (at its last step's end); peaks placed on the recorded
+        storages."""
+        last = len(self._steps) - 1
+        self._device.run_ends(self._steps.get(last, "end_ns") if last >= 0 else now)
+        storages = self._storages.as_columns()
+
+        def peak_time(device: str, start: int, end: int) -> int:
+            return recorded_peak_time(storages, self._intern(device), start, end)
+
+        return self._device.columns(peak_time)
+
+    def _on_op_failed(self, func: Any, exc: BaseException, t0: int) -> None:
+        """An op raised while recording: note it if it failed to allocate (NOTE [ OOM capture ]
+        in recorder/oom.py), with the module it ran in."""
+        if self._oom.failed(exc, str(func), self._module_running, t0):
+            self._device.oom(t0)
+
+    def _module_running(self) -> str:
+        """Path of the module call the current op runs in (in backward: the forward call of the
+        last attributed node), '' if none."""
+        if self._in_backward and not self._recompute_depth:
+            call = self._last_seq_call
+            row = NO_INDEX if call == NO_INDEX else self._calls.data[call * _CALL_WIDTH]
+        else:
+            row = self._stack[-1][0] if self._stack else NO_INDEX
+        return "" if row == NO_INDEX else self._registry.display(row)
 
     # ----------------------------------------------------------------- ops (hot path)
 

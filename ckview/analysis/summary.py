@@ -114,7 +114,7 @@ def summarize_run(
         baseline_bytes=int(tl.total[0]),
         by_category={c.name.lower(): b for c, b in categories.items()},
         top_modules=[(_label(paths, m), b) for m, b in bytes_by_module(storages, live, top)],
-        top_storages=_top_storages(tables, live, paths, strings, top),
+        top_storages=top_storages(tables, live, paths, strings, top),
         steps=_step_rows(tables, tl),
         activation_bytes_saved=categories[Category.ACTIVATION],
         n_ops=len(tables["ops"]["name"]),
@@ -176,7 +176,7 @@ def _step_of_event(steps: Table, event: int) -> int:
     return -1 if event == NO_INDEX or row < 0 else int(steps["step"][row])
 
 
-def _top_storages(
+def top_storages(
     tables: Mapping[str, Table],
     rows: np.ndarray,
     paths: Sequence[str],

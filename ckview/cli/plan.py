@@ -42,7 +42,8 @@ def add_parser(verbs: Any) -> None:
     p.add_argument(
         "--budget",
         metavar="B",
-        help="peak memory budget: a size ('3GiB', '512MB') or a share of the run's peak ('60%%')",
+        help="peak memory budget: a size ('3GiB', '512MB'), a share of the run's peak ('60%%'), "
+        "or 'device': the capacity of the device the trace was recorded on",
     )
     p.add_argument("-o", "--output", type=Path, metavar="PLAN.json", help="write the plan file")
     p.add_argument(
@@ -61,8 +62,11 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("give a budget (--budget 3GiB or --budget 60%), or ask for --pareto")
     if args.output is not None and args.budget is None:
         raise CLIError("-o writes the plan for a budget; add --budget")
-    wanted = _parse_budget(args.budget) if args.budget is not None else None
+    device = args.budget is not None and args.budget.strip().lower() == DEVICE_BUDGET
+    wanted = _parse_budget(args.budget) if args.budget is not None and not device else None
     name, tables = _read_run(args.trace, args.run)
+    if device:
+        wanted = _device_budget(args.trace)
     from ckview.analysis import Planner
 
     try:
@@ -124,6 +128,25 @@ def _parse_budget(text: str) -> Budget:
         return parse_budget(text)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+
+
+DEVICE_BUDGET = "device"
+"""``--budget device``: the trace's ``device_total_bytes``."""
+
+
+def _device_budget(path: Path) -> Budget:
+    """The capacity of the device the trace was recorded on (CLIError if it has none)."""
+    from ckview.analysis import Budget
+    from ckview.trace import open_trace
+
+    with open_trace(path) as trace:
+        total = trace.meta.device_total_bytes
+    if total < 0:
+        raise CLIError(
+            f"{path} has no device capacity (recorded on the CPU, or by an older ckview); "
+            "give the budget as a size instead, e.g. --budget 3GiB"
+        )
+    return Budget(size=total)
 
 
 def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
@@ -219,6 +242,8 @@ def _plan_lines(context: _Context, result: Any, budget_text: str | None) -> list
     shown_budget = fb(result.budget_bytes)
     if budget_text is not None and budget_text.strip().endswith("%"):
         shown_budget += f" ({budget_text.strip()} of the baseline peak)"
+    elif budget_text is not None and budget_text.strip().lower() == DEVICE_BUDGET:
+        shown_budget += " (the device's capacity)"
     lines = [f"budget {shown_budget}", f"{title} {result.plan['name']} ({how}):"]
     names = context.regions(result.regions)
     if len(names) > MAX_LINES:

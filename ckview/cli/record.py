@@ -303,8 +303,12 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
     written = ending.written or output
     kept = "" if written == output else f"; {output} was left as it was"
     if ending.error and not _complete(written):
+        from ckview.cli.device import oom_report, warmup_oom_report
+
         print(
-            f"ckview: the script failed ({ending.error}); the trace, marked incomplete, is "
+            oom_report(written, kept)
+            or warmup_oom_report(ending.error or "", ending.warmup_done, args.warmup, written)
+            or f"ckview: the script failed ({ending.error}); the trace, marked incomplete, is "
             f"{written}{kept}",
             file=sys.stderr,
         )

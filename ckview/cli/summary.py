@@ -60,10 +60,12 @@ def _run_one(args: argparse.Namespace) -> int:
         runs = {}
         leftovers: dict[str, Any] = {}
         reserved: dict[str, int] = {}
+        devices: dict[str, Any] = {}
         stacks = {t: trace.root_table(t).read() for t in ("frames", "stacks")}
         for name in names:
             tables = {**{t: trace.run(name).table(t).read() for t in _TABLES}, **stacks}
             reserved[name] = reserved_peak(trace.run(name).table("segments").read())
+            devices[name] = _device(trace, name, tables, modules, args.top)
             summary = summarize_run(tables, modules, list(strings), top=args.top)
             phases = (
                 _peak_phase(tables, summary.peak_event),
@@ -83,6 +85,7 @@ def _run_one(args: argparse.Namespace) -> int:
                     "activation_peak_phase": ph[1],
                     "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
                     "reserved_peak_bytes": reserved[n],
+                    **devices[n].to_json(),
                 }
                 for n, (s, ph) in runs.items()
             },
@@ -90,6 +93,10 @@ def _run_one(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
+    for name, device in devices.items():
+        if device.oom is not None:
+            print(device.oom_lines(name, args.trace, runs[name][0]))
+            print()
     print(_header(args.trace, meta, len(runs)))
     if len(runs) > 1:
         print()
@@ -100,7 +107,16 @@ def _run_one(args: argparse.Namespace) -> int:
         print(_with_reserved(text, reserved[name]))
         if leftovers[name] is not None:
             print(f"  warning: {leftovers[name].describe(name)}")
+        for line in devices[name].state_lines():
+            print(line)
     return 0
+
+
+def _device(trace: Any, name: str, tables: dict[str, Any], modules: Any, top: int) -> Any:
+    """A run's device states and OOM (``ckview.cli.device``)."""
+    from ckview.cli.device import RunDevice
+
+    return RunDevice.read(trace, name, tables, modules, top)
 
 
 _ALL_MODULES = 1_000_000  # module rows summarize_run lists for the comparison of ranks

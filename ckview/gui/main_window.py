@@ -309,7 +309,9 @@ class MainWindow(QMainWindow):
         self.traces.sort(key=lambda t: order.get(t.path, len(order)))  # rank 0 first
         self._remember(data.path)
         first_new = len(self.runs()) - len(data.runs)
-        self._fill_run_box(select=first_new if len(self.traces) == 1 else None)
+        # A run that ended in an OOM is why the trace was opened: show it first.
+        oom = next((i for i, run in enumerate(data.runs) if run.oom is not None), 0)
+        self._fill_run_box(select=first_new + oom if len(self.traces) == 1 else None)
         self._status().showMessage(
             f"opened {data.path}: {len(data.runs)} run(s), "
             f"{sum(r.n_events for r in data.runs):,} memory events",

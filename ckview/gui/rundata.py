@@ -30,6 +30,7 @@ from ckview.analysis import (
     memory_timeline,
     module_paths,
 )
+from ckview.analysis.device import DeviceState, Oom, device_states, oom_event
 from ckview.analysis.stacks import allocation_site
 from ckview.trace.schema import CATEGORY_PRIORITY, RUN_TABLES, Category, Phase
 
@@ -119,7 +120,34 @@ class RunData:
     recomputes: list[Span]
     paths: list[str]
     """Display path of every module row."""
+    oom: Oom | None = None
+    """The allocation failure the run ended in, None if it did not."""
+    device: DeviceState | None = None
+    """The run's main CUDA device (allocator and NVML figures), None on a CPU run."""
     _stacked: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def oom_point(self) -> int | None:
+        """The timeline point the OOM met (after the last event before it), None without one."""
+        if self.oom is None:
+            return None
+        return oom_event(self.tables["memory_events"], self.oom.time_ns) + 1
+
+    @property
+    def initial_point(self) -> int | None:
+        """Where the explorer opens: on the OOM if the run ended in one, else None (all)."""
+        return self.oom_point
+
+    def device_lines(self) -> list[tuple[str, int]]:
+        """Horizontal lines for the timeline: ``(label, bytes)`` of the device's capacity and
+        of the most the allocator reserved; none on a CPU run."""
+        d = self.device
+        if d is None:
+            return []
+        lines = [(f"reserved {format_bytes(d.reserved)} (at most)", d.reserved)]
+        if d.total >= 0:
+            lines.insert(0, (f"device {d.device} {format_bytes(d.total)}", d.total))
+        return lines
 
     @property
     def label(self) -> str:
@@ -268,13 +296,24 @@ def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -
 
             tables = trace.read_run(name, on_table)
             report((i + 1) * per_run / steps - 0.5 / steps, f"run {name!r}: curves")
-            runs.append(run_data(path, name, tables))
+            states = device_states(
+                tables["device_samples"], tables["strings"], trace.meta.device_total_bytes
+            )
+            device = states[0] if states else None
+            runs.append(run_data(path, name, tables, Oom.of_run(trace.run(name)), device))
     report(1.0, "done")
     return TraceData(path=path, meta=meta, runs=runs)
 
 
-def run_data(source: str, name: str, tables: dict[str, Any]) -> RunData:
-    """A ``RunData`` from a run's tables (what ``load_trace`` reads for each run)."""
+def run_data(
+    source: str,
+    name: str,
+    tables: dict[str, Any],
+    oom: Oom | None = None,
+    device: DeviceState | None = None,
+) -> RunData:
+    """A ``RunData`` from a run's tables (what ``load_trace`` reads for each run), with its
+    OOM and main CUDA device if it has them."""
     timeline = memory_timeline(tables["storages"], tables["memory_events"])
     ops = tables["ops"]
     t0 = int(timeline.time_ns[0])
@@ -289,6 +328,8 @@ def run_data(source: str, name: str, tables: dict[str, Any]) -> RunData:
         phases=_phase_spans(ops, t0),
         recomputes=_recompute_spans(tables, t0),
         paths=module_paths(tables["modules"], tables["strings"]),
+        oom=oom,
+        device=device,
     )
 
 

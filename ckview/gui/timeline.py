@@ -98,6 +98,8 @@ class TimelineView(QWidget):
         self.outcome = None
         self.selected_point = None
         self._rebuild()
+        if run.initial_point is not None:  # the run ended in an OOM: open on it
+            self.centre_on(run.initial_point)
 
     def clear(self) -> None:
         """Show nothing (every trace closed)."""
@@ -151,6 +153,13 @@ class TimelineView(QWidget):
         point = run.peak.point
         if self.outcome is not None and self.outcome.peak_bytes < run.peak.bytes:
             point = self.outcome.peak_point
+        self.centre_on(point)
+
+    def centre_on(self, point: int) -> None:
+        """Centre the view on a timeline point, zoomed to a tenth of the run, and select it."""
+        run = self.run
+        if run is None:
+            return
         xs = run.x(self.axis)
         centre = float(xs[point])
         width = max((float(xs[-1]) - float(xs[0])) / 10, 1e-6)
@@ -211,6 +220,7 @@ class TimelineView(QWidget):
         self._overview_curve.update(float(xs[0]), float(xs[-1]), 1600)
         self._draw_bands(run)
         self._draw_peak(run)
+        self._draw_device(run)
         self._draw_projection()
         for w in (self.main, self.overview):
             w.getPlotItem().setLabel("bottom", self.axis.label)
@@ -295,6 +305,42 @@ class TimelineView(QWidget):
         label.setPos(x, run.peak.bytes)
         label.setZValue(50)
         self._add_decor(dot, label)
+
+    def _draw_device(self, run: RunData) -> None:
+        """The OOM marker, and horizontal lines at the device's capacity and the most the CUDA
+        allocator reserved (the capacity is drawn only when it is within the y range)."""
+        top = self._y_top()
+        for label, nbytes in run.device_lines():
+            if nbytes > top:
+                continue
+            line = pg.InfiniteLine(
+                pos=nbytes,
+                angle=0,
+                movable=False,
+                pen=pg.mkPen(self.theme.foreground, width=1.2, style=Qt.PenStyle.DashLine),
+                label=label,
+                labelOpts={
+                    "position": 0.98,
+                    "color": self.theme.foreground,
+                    "anchors": [(1, 1), (1, 1)],
+                },
+            )
+            line.setZValue(40)
+            self._add_decor(line)
+        point = run.oom_point
+        if point is None or run.oom is None:
+            return
+        line = pg.InfiniteLine(
+            pos=float(run.x(self.axis)[point]),
+            angle=90,
+            movable=False,
+            pen=pg.mkPen(PEAK_COLOR, width=2, style=Qt.PenStyle.DashLine),
+            label=f"OOM, asked for {run.oom.asked()}",
+            labelOpts={"position": 0.55, "color": PEAK_COLOR, "anchors": [(0, 0), (0, 0)]},
+        )
+        line.setZValue(45)
+        line.setToolTip(run.oom.headline())
+        self._add_decor(line)
 
     def _draw_projection(self) -> None:
         """The projected curve, its peak and recompute marks. A toggle redraws them with the
@@ -403,6 +449,8 @@ class TimelineView(QWidget):
     def _y_top(self) -> float:
         run = self.run
         high = run.peak.bytes if run is not None else 1
+        if run is not None:
+            high = max([high, *_near(high, [b for _, b in run.device_lines()])])
         if self.outcome is not None:
             high = max(high, self.outcome.peak_bytes)
         return max(float(high) * 1.14, 1.0)
@@ -498,3 +546,9 @@ def _font(points: int, bold: bool = False) -> QFont:
     font.setPointSize(points)
     font.setBold(bold)
     return font
+
+
+def _near(high: float, levels: list[int]) -> list[int]:
+    """The device lines worth fitting the y range to: within 3x of the curve's top (a 80 GiB
+    device under a 2 GiB step would flatten the curve)."""
+    return [level for level in levels if level <= 3 * high]

@@ -31,7 +31,13 @@ STRING_CHUNK_ROWS = 1024
 DEFAULT_FILTERS: dict[str, Any] = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
 _UNKNOWN_INT_FIELDS = frozenset(
-    {"checkpoint_call_ns", "checkpoint_call_low_ns", "checkpoint_call_high_ns", "rank"}
+    {
+        "checkpoint_call_ns",
+        "checkpoint_call_low_ns",
+        "checkpoint_call_high_ns",
+        "rank",
+        "device_total_bytes",
+    }
 )
 """Int fields whose unset value is -1 (not measured), not 0."""
 _INT_FIELDS = (
@@ -61,6 +67,7 @@ class TraceMeta:
     checkpoint_call_high_ns: int
     rank: int
     world_size: int
+    device_total_bytes: int
     allocator_events: str
     source: str
     complete: bool

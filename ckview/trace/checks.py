@@ -76,6 +76,8 @@ def value_problems(table: str, columns: Columns, sizes: Mapping[str, int]) -> li
         report(
             problems, bad, "stacks.parent has {n} values not before their own row", values=parent
         )
+    elif table == "device_samples":
+        _device_samples(problems, columns)
     elif table == "recompute_regions":
         _rows_in(problems, "recompute_regions", columns, ("first_op", "end_op"), sizes.get("ops"))
     return problems
@@ -236,3 +238,29 @@ def report(
     row = int(rows[i]) if rows is not None else i + offset
     value = "" if values is None else f": {values[i]}"
     problems.append(f"{message.format(n=count)}, first at row {row}{value}")
+
+
+_SAMPLE_BYTES = (
+    "allocated",
+    "reserved",
+    "largest_free",
+    "nvml_total",
+    "nvml_process",
+    "nvml_others",
+)
+
+
+def _device_samples(problems: list[str], columns: Columns) -> None:
+    """Samples come in time order; byte counts are -1 (unknown) or more (since v4)."""
+    if "time_ns" in columns:
+        time = columns["time_ns"].astype(np.int64)
+        report(problems, np.diff(time) < 0, "device_samples.time_ns decreases {n} times", offset=1)
+    for name in _SAMPLE_BYTES:
+        if name in columns:
+            values = columns[name].astype(np.int64)
+            report(
+                problems,
+                values < -1,
+                f"device_samples.{name} has {{n}} values below -1",
+                values=values,
+            )

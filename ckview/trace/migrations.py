@@ -7,8 +7,8 @@ NOTE [ Migrations build views ]
     of them and the string table), added tables read as empty, added meta fields and run
     attributes get the value that stands for "unknown". The reader applies every step from the
     file's version up to ``FORMAT_VERSION``, so a reader only ever sees current-version tables.
-    Old files are kept as test data (``tests/data/traces_v1``, ``traces_v2``), and a migration
-    is tested by reading them.
+    Old files are kept as test data (``tests/data/traces_v1``, ``traces_v2``, ``traces_v3``),
+    and a migration is tested by reading them.
 """
 
 from __future__ import annotations
@@ -107,9 +107,15 @@ MIGRATIONS: dict[int, Migration] = {
     3: Migration(
         source=3,
         columns={"storages": {"stack": _constant(-1)}},
-        meta={"allocator_events": "", "source": "record"},
-        run_attrs={},
-        tables=("frames", "stacks", "segments"),
+        meta={"allocator_events": "", "source": "record", "device_total_bytes": -1},
+        run_attrs={
+            "oom_op": "",
+            "oom_module": "",
+            "oom_bytes": -1,
+            "oom_time_ns": -1,
+            "oom_message": "",
+        },
+        tables=("frames", "stacks", "segments", "device_samples"),
     ),
 }
 """Migrations by the version they read."""

@@ -36,7 +36,15 @@ from .migrations import (
     computed_column,
     stored_columns,
 )
-from .schema import FORMAT_NAME, FORMAT_VERSION, GROUP_TYPES, META_FIELDS, ROOT_TABLES, RUN_TABLES
+from .schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    GROUP_TYPES,
+    META_FIELDS,
+    ROOT_TABLES,
+    RUN_STR_FIELDS,
+    RUN_TABLES,
+)
 from .schema import Column as SchemaColumn
 from .structure import check_structure
 from .text import printable
@@ -358,11 +366,22 @@ class Run:
             self.name: str = _printable_attr(self._path, group.name, "name", attrs["name"])
             self.complete: bool = L.attr_bool("complete", attrs["complete"])
             self.steps_recorded: int = L.attr_int("steps_recorded", attrs["steps_recorded"])
-            checkpointing = _printable_attr(
-                self._path, group.name, "checkpointing", attrs.get("checkpointing")
-            )
-        self.checkpointing: str = checkpointing
+            self.oom_bytes: int = L.attr_int("oom_bytes", attrs["oom_bytes"])
+            """RUN_FIELDS['oom_bytes']: what the failing allocation asked for, -1 unknown."""
+            self.oom_time_ns: int = L.attr_int("oom_time_ns", attrs["oom_time_ns"])
+            """RUN_FIELDS['oom_time_ns']: when the run's allocation failed, -1 if it did not."""
+            texts = {
+                key: _printable_attr(self._path, group.name, key, attrs.get(key))
+                for key in RUN_STR_FIELDS
+            }
+        self.checkpointing: str = texts["checkpointing"]
         """RUN_FIELDS['checkpointing']: 'script', 'bypassed', 'plan', or '' if unknown."""
+        self.oom_op: str = texts["oom_op"]
+        """RUN_FIELDS['oom_op']: the aten op whose allocation failed, '' if none or unknown."""
+        self.oom_module: str = texts["oom_module"]
+        """RUN_FIELDS['oom_module']: the module path the failing op ran in, '' if none."""
+        self.oom_message: str = texts["oom_message"]
+        """RUN_FIELDS['oom_message']: the allocation error, '' if the run did not end in one."""
         self._tables: dict[str, Table] = {}
 
     def __repr__(self) -> str:

@@ -87,6 +87,14 @@ class MemoryEventKind(IntEnum):
     SEEN = 2  # first sight of a storage that existed before recording began (it is not an alloc)
 
 
+class SampleReason(IntEnum):
+    """Why a row of ``device_samples`` was taken (since v4)."""
+
+    STEP_BOUNDARY = 0  # a recorded step began, or the run's last step ended
+    PEAK = 1  # the allocator's peak over a step, placed at the step's recorded peak
+    OOM = 2  # an allocation failed (the run's OOM)
+
+
 class IOKind(IntEnum):
     INPUT = 0  # a tensor passed to the module call (positional or keyword)
     OUTPUT = 1  # a tensor in what the call returned (tuples, lists, dicts, dataclasses)
@@ -269,6 +277,29 @@ RUN_TABLES: dict[str, tuple[Column, ...]] = {
         _c("free_ns", "<i8", "time it was released, -1 if still reserved at the end (since v4)"),
         _c("stream", "<i8", "CUDA stream the segment belongs to (since v4)"),
     ),
+    "device_samples": (
+        _c("time_ns", "<i8", "time of the sample (since v4)"),
+        _c("device", "<i4", "string id of the CUDA device, e.g. 'cuda:0' (since v4)"),
+        _c("reason", "<u1", "SampleReason: STEP_BOUNDARY, PEAK or OOM (since v4)"),
+        _c("allocated", "<i8", "bytes the caching allocator had handed out (since v4)"),
+        _c("reserved", "<i8", "bytes the caching allocator held from the device (since v4)"),
+        _c(
+            "largest_free",
+            "<i8",
+            "largest free (inactive) block inside reserved segments, -1 unknown (since v4)",
+        ),
+        _c("nvml_total", "<i8", "device memory, from NVML, -1 unknown (since v4)"),
+        _c(
+            "nvml_process",
+            "<i8",
+            "device memory NVML counts for the recording process, -1 unknown (since v4)",
+        ),
+        _c(
+            "nvml_others",
+            "<i8",
+            "device memory NVML counts for the other processes, -1 unknown (since v4)",
+        ),
+    ),
 }
 
 #: Run tables that hold plain timing steps, not the recorded steps (NOTE [ Plain timing steps ]
@@ -297,6 +328,8 @@ META_FIELDS: dict[str, str] = {
     "(since v3)",
     "world_size": "number of ranks of the distributed run (WORLD_SIZE), 1 if not distributed "
     "(since v3)",
+    "device_total_bytes": "memory of the main device (NVML's total, else torch's "
+    "total_memory), -1 unknown or a CPU run (since v4)",
     "allocator_events": "where allocations and frees come from: 'allocator' (the allocator's own "
     "events merged with the op hook's), 'op hook: <why>' where the allocator's events are missing "
     "from some window, '' if unknown (since v4)",
@@ -314,7 +347,20 @@ RUN_FIELDS: dict[str, str] = {
     "checkpointing": "what the run did with checkpointing: 'script' (the script's own, as it "
     "runs), 'bypassed' (the script's own bypassed), 'plan' (the script's own bypassed and a "
     "plan applied); '' if unknown (since v2)",
+    "oom_op": "the aten op whose allocation failed and ended the run, '' if none or unknown "
+    "(since v4)",
+    "oom_module": "dotted path of the module call the failing op ran in, '' if none or unknown "
+    "(since v4)",
+    "oom_bytes": "bytes the failing allocation asked for, -1 if unknown or no OOM (since v4)",
+    "oom_time_ns": "time the allocation failed, -1 if the run did not end in an OOM (since v4)",
+    "oom_message": "the allocation error's message, '' if the run did not end in an OOM (since v4)",
 }
+
+#: Run attributes holding integers, with the value they take when unset (RUN_FIELDS).
+RUN_INT_FIELDS: dict[str, int] = {"steps_recorded": 0, "oom_bytes": -1, "oom_time_ns": -1}
+
+#: Run attributes holding strings (RUN_FIELDS), '' when unset.
+RUN_STR_FIELDS = ("checkpointing", "oom_op", "oom_module", "oom_message")
 
 
 #: Values of the meta field ``source``.
@@ -363,6 +409,7 @@ STRING_COLUMNS: dict[str, tuple[str, ...]] = {
     "recompute_regions": ("name",),
     "frames": ("file", "name"),
     "segments": ("device",),
+    "device_samples": ("device",),
 }
 
 #: Columns holding enum values, ``(table, column) -> enum``.
@@ -374,6 +421,7 @@ ENUM_COLUMNS: dict[tuple[str, str], type[IntEnum]] = {
     ("module_io", "kind"): IOKind,
     ("storages", "category"): Category,
     ("saved_events", "kind"): SavedEventKind,
+    ("device_samples", "reason"): SampleReason,
 }
 
 #: Columns holding 0 or 1, ``(table, column)``.

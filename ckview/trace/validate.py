@@ -86,6 +86,7 @@ def _check_run(report: ValidationReport, trace: Trace, name: str, root: dict[str
     # One table in memory at a time: a 1e7-row run stays well within RAM.
     for table, found in tables.items():
         _check_table(report, where + table, table, found.read(check=False), sizes)
+    _check_oom(report, where, run)
 
 
 def _check_table(
@@ -93,3 +94,17 @@ def _check_table(
 ) -> None:
     prefix = where[: len(where) - len(table)]
     report.problems.extend(prefix + p for p in value_problems(table, columns, sizes))
+
+
+def _check_oom(report: ValidationReport, where: str, run: Run) -> None:
+    """A run that ended in an OOM says so in its attributes, and is incomplete (since v4)."""
+    if run.oom_time_ns < 0:
+        if run.oom_message or run.oom_op:
+            report.problems.append(f"{where}oom_message or oom_op is set, but oom_time_ns is -1")
+        return
+    if not run.oom_message:
+        report.problems.append(f"{where}oom_time_ns is set, but oom_message is empty")
+    if run.complete:
+        report.problems.append(f"{where}the run ended in an OOM, yet it is marked complete")
+    if run.oom_bytes < -1:
+        report.problems.append(f"{where}oom_bytes is {run.oom_bytes}, below -1")

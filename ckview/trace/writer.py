@@ -30,6 +30,8 @@ from .schema import (
     META_FIELDS,
     ROOT_TABLES,
     RUN_FIELDS,
+    RUN_INT_FIELDS,
+    RUN_STR_FIELDS,
     RUN_TABLES,
     TIMING_TABLES,
     Column,
@@ -234,8 +236,10 @@ class RunWriter:
         group.attrs[L.ORDER_ATTR] = np.int64(order)
         group.attrs["name"] = name
         group.attrs["complete"] = False
-        group.attrs["steps_recorded"] = np.int64(0)
-        group.attrs["checkpointing"] = ""
+        for key, unset in RUN_INT_FIELDS.items():
+            group.attrs[key] = np.int64(unset)
+        for key in RUN_STR_FIELDS:
+            group.attrs[key] = ""
         self.name = name
         self._trace = trace
         self._group = group
@@ -259,15 +263,18 @@ class RunWriter:
         self._tables[table].append(columns)
 
     def set_attrs(self, **attrs: int | str) -> None:
-        """Set run attributes other than ``name`` and ``complete``: ``steps_recorded`` (int),
-        ``checkpointing`` (str)."""
+        """Set run attributes other than ``name`` and ``complete``: integers
+        (schema.RUN_INT_FIELDS: ``steps_recorded``, ``oom_bytes``, ``oom_time_ns``) and strings
+        (schema.RUN_STR_FIELDS: ``checkpointing``, ``oom_op``, ``oom_module``, ``oom_message``)."""
         self._check_open()
         for key, value in attrs.items():
             if key not in RUN_FIELDS or key in ("name", "complete"):
                 raise ValueError(f"cannot set run attribute {key!r}; use close() for 'complete'")
-            if key == "checkpointing":
-                if value not in CHECKPOINTING:
-                    raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {value!r}")
+            if key == "checkpointing" and value not in CHECKPOINTING:
+                raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {value!r}")
+            if key in RUN_STR_FIELDS:
+                if not isinstance(value, str):
+                    raise TypeError(f"run attribute {key!r} must be a str, got {value!r}")
                 self._group.attrs[key] = value
             else:
                 self._group.attrs[key] = np.int64(L.attr_int(key, value))
