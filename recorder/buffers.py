@@ -67,6 +67,7 @@ class MutableTable:
         self.width = len(self.columns)
         self.data = array.array("q")
         self._index = {c.name: i for i, c in enumerate(self.columns)}
+        self._taken = np.empty((0, self.width), np.int64)  # the rows at the last take_changes
 
     def __len__(self) -> int:
         return len(self.data) // self.width
@@ -85,6 +86,19 @@ class MutableTable:
 
     def set(self, row: int, name: str, value: int) -> None:
         self.data[row * self.width + self._index[name]] = value
+
+    def take_changes(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The rows added or changed since the last call (their indices, then their columns),
+        for the recording journal (NOTE [ The recording journal ] in ckview/trace/journal.py).
+        The hot path writes ``data`` directly, so changes are found by comparing with a copy
+        kept from the last call: one vectorised pass over the table per step."""
+        count, seen = len(self), len(self._taken)
+        table = np.frombuffer(self.data, dtype=np.int64, count=count * self.width)
+        table = table.reshape(count, self.width)
+        changed = np.flatnonzero((table[:seen] != self._taken).any(axis=1))
+        rows = np.concatenate((changed, np.arange(seen, count)))
+        self._taken = table.copy()
+        return rows, _columns(self.columns, table[rows])
 
     def as_columns(self) -> dict[str, np.ndarray]:
         count = len(self)

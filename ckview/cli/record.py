@@ -201,7 +201,7 @@ def record_script(
     """Run the script under the recorder; how it ended.
 
     The trace is closed (incomplete if the script failed) and settled whatever happens, also on
-    Ctrl-C and SIGTERM (NOTE [ Writing beside the target ] in recorder/output.py). After the
+    Ctrl-C and SIGTERM (NOTE [ Writing beside the target ] in ckview/trace/staging.py). After the
     recorded runs come ``args.timing_steps`` rounds of plain timing steps (NOTE [ Plain timing
     steps ] in recorder/timing.py), written to the trace.
     """
@@ -264,7 +264,7 @@ class Ending:
     error: str | None
     """Why the script failed or was interrupted; None if it ended well."""
     written: Path | None
-    """Where the trace went (NOTE [ Writing beside the target ] in recorder/output.py)."""
+    """Where the trace went (NOTE [ Writing beside the target ] in ckview/trace/staging.py)."""
     warmup_done: int
 
 

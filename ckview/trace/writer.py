@@ -7,6 +7,7 @@ The file is a valid (incomplete) trace from the moment the writer is created and
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import platform
 import zlib
@@ -38,6 +39,30 @@ from .schema import (
 #: What ``append`` accepts for one column: a numpy array of any integer dtype, an array.array,
 #: a list of ints...
 ColumnData = Any
+
+
+def _cannot_create(path: str, error: OSError) -> str:
+    """One line: why ``path`` cannot be created, and what to do."""
+    if error.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EBUSY) or "lock" in str(error):
+        return (
+            f"cannot write {path}: it is open elsewhere (a viewer or another recording holds "
+            "it); close that program or write to another path"
+        )
+    if error.errno == errno.ENOSPC:
+        return f"cannot create {path}: no space left on its disk; free some space"
+    reason = os.strerror(error.errno) if error.errno else one_line(error)
+    return f"cannot create {path} ({reason}); check that its directory exists and is writable"
+
+
+def _to_devnull(fd: int) -> None:
+    """Make ``fd`` name /dev/null (in this process only)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_dev, stat.st_ino
 
 
 def _mark(node: h5py.Group | h5py.Dataset, kind: str) -> None:
@@ -316,16 +341,13 @@ class TraceWriter:
         try:
             self._file = h5py.File(self.path, "w")
         except OSError as e:
-            reason = os.strerror(e.errno) if e.errno else one_line(e)
-            raise TraceError(
-                f"cannot create {self.path} ({reason}); check that its directory exists "
-                "and is writable",
-                path=self.path,
-            ) from e
+            raise TraceError(_cannot_create(self.path, e), path=self.path) from e
         self._strings: dict[str, int] = {}
+        self._texts: list[str] = []  # the strings by id
         self._pending: list[str] = []
         self._runs: dict[str, RunWriter] = {}
         self.closed = False
+        self._identity = _identity(os.fstat(self._file.id.get_vfd_handle()))
         try:
             self._create_layout(initial)
             self._file.flush()
@@ -370,8 +392,58 @@ class TraceWriter:
                 raise TypeError(f"only str can be interned, got {text!r}")
             text.encode("utf-8")  # fail here, not at flush, on lone surrogates
             sid = self._strings[text] = len(self._strings)
+            self._texts.append(text)
             self._pending.append(text)
         return sid
+
+    def strings_since(self, start: int) -> list[str]:
+        """The strings interned with ids ``start`` and on."""
+        return self._texts[start:]
+
+    def check_file(self) -> None:
+        """Make sure the file descriptor HDF5 writes to is still this trace's (NOTE [ A file
+        closed under the writer ]): reopen it if the process closed it; TraceError if the
+        number now names another file."""
+        self._check_open()
+        fd = self._file.id.get_vfd_handle()
+        try:
+            same = _identity(os.fstat(fd)) == self._identity
+        except OSError:  # closed (os.closerange): put the trace back at the same number
+            reopened = os.open(self.path, os.O_RDWR)
+            if reopened != fd:
+                os.dup2(reopened, fd)
+                os.close(reopened)
+            return
+        if not same:
+            raise TraceError(
+                f"the script closed the file descriptor of {self.path} and opened another "
+                "file at its number; the trace can no longer be written there",
+                path=self.path,
+            )
+
+    def abandon(self) -> None:
+        """Stop writing without finishing the file (it is discarded): HDF5's last flush goes
+        to /dev/null if the descriptor no longer names this trace. Never raises."""
+        self.closed = True
+        with contextlib.suppress(Exception):
+            fd = self._file.id.get_vfd_handle()
+            try:
+                ours = _identity(os.fstat(fd)) == self._identity
+            except OSError:
+                ours = False
+            if not ours:
+                _to_devnull(fd)
+        with contextlib.suppress(Exception):
+            self._file.close()
+        if self._storage.compressor is not None:
+            self._storage.compressor.close()
+
+    def forget_in_child(self) -> None:
+        """In a forked child: the file is the parent's. Whatever HDF5 writes from this process
+        from now on (its last flush at exit) goes to /dev/null."""
+        self.closed = True
+        with contextlib.suppress(Exception):
+            _to_devnull(self._file.id.get_vfd_handle())
 
     def append_modules(self, columns: Mapping[str, ColumnData]) -> None:
         """Append rows to the root ``modules`` table (every column of schema.MODULES)."""

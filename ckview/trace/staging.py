@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ckview.trace import open_trace, validate_trace
-from ckview.trace.errors import TraceError
+from .reader import open_trace
+from .validate import validate_trace
+from .errors import TraceError
 
 
 def staging_path(target: Path) -> Path:
