@@ -114,11 +114,11 @@ from ckview.trace.schema import (
     Phase,
     SavedEventKind,
 )
+from ckview.trace.staging import settle, staging_path
 from recorder import buffers, modules, steps
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
-from ckview.trace.staging import settle, staging_path
 from recorder.progress import StepProgress
 from recorder.steps import IterationTracker, StepCounts, StepRule, plural
 from recorder.timing import RunTimes, StepTimer, plan_call_cost_ns, timing_schedule

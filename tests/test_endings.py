@@ -182,8 +182,8 @@ def test_a_failed_recording_takes_the_place_of_no_trace(tmp_path: Path, run_cli:
 
 def test_the_recording_is_written_beside_the_target(tmp_path: Path) -> None:
     """While the script runs, the target is untouched and the trace grows beside it."""
-    from recorder import Recorder
     from ckview.trace.staging import staging_path
+    from recorder import Recorder
 
     target = tmp_path / "t.h5"
     target.write_bytes(b"not yet")

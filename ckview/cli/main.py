@@ -8,11 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from ckview import __version__
-from ckview.cli import export, plan, project, record, summary, validate, verify, view
+from ckview.cli import export, plan, project, record, recover, summary, validate, verify, view
 from ckview.cli.command import split_command
 from ckview.cli.errors import EXIT_USAGE, CLIError
 
-VERBS = (record, summary, view, export, validate, project, verify, plan)
+VERBS = (record, summary, view, export, validate, project, verify, plan, recover)
 SCRIPT_VERBS = ("record", "verify")
 """Verbs that run a script: NOTE [ The script's arguments are the script's ] in command.py."""
 TRACE_SUFFIXES = (".h5", ".hdf5")
@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ckview.trace.errors import TraceError
 
     try:
+        _recover_what_is_read(args)
         return int(args.handler(args))
     except (CLIError, TraceError) as exc:
         print(f"ckview: error: {exc}", file=sys.stderr)
@@ -75,6 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+
+
+def _recover_what_is_read(args: argparse.Namespace) -> None:
+    """A trace about to be read that a killed recording left as a journal is rebuilt first
+    (ckview/cli/recover.py)."""
+    if args.verb in ("record", "verify", "recover"):
+        return
+    paths = getattr(args, "traces", None) or [getattr(args, "trace", None)]
+    for path in paths:
+        if path is not None:
+            recover.recover_stale(path)
 
 
 def _with_verb(argv: list[str]) -> list[str]:

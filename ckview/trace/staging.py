@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import TraceError
 from .reader import open_trace
 from .validate import validate_trace
-from .errors import TraceError
 
 
 def staging_path(target: Path) -> Path:
