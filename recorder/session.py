@@ -102,7 +102,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from ckview import __version__ as ckview_version
 from ckview.trace import TraceWriter
 from ckview.trace.errors import TraceError
-from ckview.trace.journal import ROWS, JournalWriter, journal_path, recover_journal
+from ckview.trace.journal import ROWS, JournalWriter, journal_path, recover_journal, room_for
 from ckview.trace.ranks import launcher_world, this_rank_path
 from ckview.trace.schema import (
     CATEGORY_PRIORITY,
@@ -275,6 +275,9 @@ class Recorder:
         self.written: Path | None = None
         """Where the trace went once closed (NOTE [ Writing beside the target ])."""
         self._staging = staging_path(self.path)
+        self.journal = journal_path(self._staging)
+        """The recording's journal (NOTE [ The recording journal ]): removed once the trace is
+        written; kept if the trace could not be rebuilt from it (a full disk)."""
         self.steps = steps
         self.warmup = warmup
         self.stop_after = stop_after
@@ -427,7 +430,7 @@ class Recorder:
         meta["rank"], meta["world_size"] = launcher_world()
         self._writer = TraceWriter(self._staging, meta=meta)
         try:
-            self._journal = JournalWriter(journal_path(self._staging), meta)
+            self._journal = JournalWriter(self.journal, meta)
         except OSError:
             self._writer.close(complete=False, error="cannot write the journal")
             self._staging.unlink(missing_ok=True)
@@ -490,6 +493,7 @@ class Recorder:
             write(*args, **kwargs)
         except _WRITE_ERRORS as exc:
             self.write_error = _describe_write_error(exc)
+            self._writer.abandon()  # nothing more goes to it
 
     def _flush_file(self, now: int) -> None:
         """Put whole steps on disk (the journal keeps them too: NOTE [ The recording journal
@@ -541,10 +545,14 @@ class Recorder:
             "strings": strings,
             "blocks": blocks,
         }
+        if self.write_error is not None:
+            return  # the journal's last record is the last step kept: room to rebuild it
         try:
             journal.append(header, arrays)
-        except OSError:  # a full disk: the trace holds the steps if it can be written still
-            self._journal = None  # if not, the steps journaled so far are what is kept
+        except OSError as exc:  # a full disk: the steps journaled so far are what is kept
+            self._journal = None
+            self.write_error = _describe_write_error(exc)
+            writer.abandon()
 
     def _flush(self) -> None:
         self._busy = True
@@ -622,7 +630,7 @@ class Recorder:
         try:
             timed = [(name, t) for name, t in self._timer.runs.items() if t.steps_ns]
             for name, times in timed:
-                self._write(self._timings, writer.run(name), times)
+                self._write(lambda n=name, t=times: self._timings(writer.run(n), t))
             if timed and not error:
                 cost = plan_call_cost_ns()
                 self._write(
@@ -648,19 +656,20 @@ class Recorder:
         self._journal = None
         if self.write_error is None:
             self.written = settle(self._staging, self.path, good=not error)
-            journal_path(self._staging).unlink(missing_ok=True)
+            self.journal.unlink(missing_ok=True)
             return
         writer.abandon()
         self._staging.unlink(missing_ok=True)  # frees the room the rebuilt trace needs
         why = f"{self.write_error}; the steps recorded before are kept"
+        if not room_for(self.journal):
+            return  # the journal stays, for ckview recover once there is room
         try:
-            recovered = recover_journal(journal_path(self._staging), self._staging, why)
+            recovered = recover_journal(self.journal, self._staging, why)
         except (OSError, RuntimeError, TraceError):
-            self._staging.unlink(missing_ok=True)
             return  # the journal stays, for ckview recover once there is room
         self.steps_recorded = recovered.steps
         self.written = settle(self._staging, self.path, good=False)
-        journal_path(self._staging).unlink(missing_ok=True)
+        self.journal.unlink(missing_ok=True)
 
     def _failure(self, error: str) -> str:
         """``error``, or why no step was recorded: that is a failure too."""

@@ -254,7 +254,14 @@ def record_script(
 
 
 def _ending(recorder: Any, outcome: Any) -> Ending:
+    """How the recording ended; CLIError if the trace could not be written at all."""
     if recorder.write_error is not None:
+        if recorder.written is None:  # not even rebuilt from the journal: the disk is full
+            raise CLIError(
+                f"cannot write the trace: {recorder.write_error}; the steps recorded before "
+                f"are kept in {recorder.journal}: make room, then run: ckview recover "
+                f"{recorder.path}"
+            )
         print(f"ckview: cannot write the trace: {recorder.write_error}", file=sys.stderr)
         error = f"{recorder.write_error}; the steps recorded before are kept"
         return Ending(
@@ -328,16 +335,16 @@ def _os_exit_closes(recorder: Any, say: Any) -> Iterator[None]:
     first (NOTE [ Bad scripts ])."""
     me = os.getpid()
 
-    def exit_(code: int) -> NoReturn:
+    def exit_(status: int) -> NoReturn:
         if os.getpid() == me:
             os._exit = _REAL_EXIT
-            error = f"os._exit({code}) in the script"
+            error = f"os._exit({status}) in the script"
             with contextlib.suppress(Exception):
                 recorder.close(error=error)
-                say(_ending(recorder, _Exited(code, error)))
+                say(_ending(recorder, _Exited(status, error)))
             sys.stdout.flush()
             sys.stderr.flush()
-        _REAL_EXIT(code)
+        _REAL_EXIT(status)
 
     os._exit = exit_
     try:

@@ -82,7 +82,7 @@ def stale_journals(trace: Path) -> list[Path]:
 def recover_one(journal: Path) -> str:
     """Rebuild the trace of ``journal`` and settle it; the line that says where it went."""
     from ckview.trace.errors import TraceError
-    from ckview.trace.journal import recover_journal
+    from ckview.trace.journal import recover_journal, room_for
     from ckview.trace.staging import settle
 
     match = _JOURNAL.match(journal.name)
@@ -91,6 +91,10 @@ def recover_one(journal: Path) -> str:
     pid = int(match["pid"])
     if _alive(pid):
         raise CLIError(f"the recording of {journal} is still running (process {pid}); wait for it")
+    if not room_for(journal):
+        raise CLIError(
+            f"no room on the disk of {journal} for the trace rebuilt from it; free some space"
+        )
     staging = _staging(journal)
     target = journal.with_name(match["stem"] + staging.suffix)
     rebuilt = staging.with_name(f"{match['stem']}.recovering-{os.getpid()}{staging.suffix}")

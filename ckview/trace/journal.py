@@ -7,7 +7,7 @@ while recording (storages, module calls, steps) are written only when a run ends
 the staging trace ``NAME.recording-PID.h5`` the recorder appends, at every step boundary, one
 record to ``NAME.recording-PID.journal``: the rows added since the last record (strings,
 ``modules``, the append-only run tables) and the rows of the editable tables that changed
-(their indices and new values). Each record is framed by its length and a CRC-32, written with
+(their indices and new values), deflated (level 1). Each record is framed by its length and a CRC-32, written with
 a single ``write`` on a file opened for that record alone (a script that closes every file
 descriptor cannot break it), and fsync'ed at most every ``SYNC_NS``: a killed process loses at
 most the step in progress; a power cut at most the last ``SYNC_NS`` of steps.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import time
 import zlib
@@ -43,6 +44,15 @@ _FRAME = struct.Struct("<QI")  # payload length, CRC-32 of the payload
 _HEADER = struct.Struct("<I")  # JSON header length
 ROWS = "#rows"
 """The array of a changed-rows block that holds the row indices."""
+
+
+def room_for(journal: Path) -> bool:
+    """Whether the disk of ``journal`` has room for the trace rebuilt from it (about the
+    journal's size): on a full disk rebuilding is not tried (HDF5 fails badly there)."""
+    try:
+        return shutil.disk_usage(journal.parent).free > 2 * journal.stat().st_size + (1 << 16)
+    except OSError:
+        return False
 
 
 def journal_path(staging: Path) -> Path:
@@ -90,7 +100,8 @@ def _frame(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes
     arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items()}
     described = {**header, "arrays": [[n, a.dtype.str, len(a)] for n, a in arrays.items()]}
     text = json.dumps(described, separators=(",", ":")).encode()
-    payload = b"".join([_HEADER.pack(len(text)), text, *(a.tobytes() for a in arrays.values())])
+    data = zlib.compress(b"".join(a.tobytes() for a in arrays.values()), 1)
+    payload = b"".join([_HEADER.pack(len(text)), text, data])
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -119,10 +130,11 @@ def _read(path: Path) -> bytes:
 def _parse(payload: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     (size,) = _HEADER.unpack_from(payload)
     header = json.loads(payload[_HEADER.size : _HEADER.size + size])
-    pos, arrays = _HEADER.size + size, {}
+    data = zlib.decompress(payload[_HEADER.size + size :])
+    pos, arrays = 0, {}
     for name, dtype, count in header.pop("arrays"):
         dt = np.dtype(dtype)
-        arrays[name] = np.frombuffer(payload, dt, count, pos).copy()
+        arrays[name] = np.frombuffer(data, dt, count, pos).copy()
         pos += dt.itemsize * count
     return header, arrays
 
@@ -216,16 +228,33 @@ def recover_journal(journal: Path, output: Path, error: str) -> Recovery:
 
 
 def _write(state: _State, output: Path, error: str) -> None:
+    """Write the trace; on failure (a full disk) remove what was written and raise TraceError."""
     meta = {k: v for k, v in state.meta.items() if k not in ("complete", "error")}
-    with TraceWriter(output, meta=meta) as writer:
-        for text in state.strings:
-            writer.intern(text)
-        writer.append_modules(state.modules.data)
-        for name, run in state.runs.items():
-            out = writer.run(name)
-            for table, data in run.tables.items():
-                out.append(table, data.data)
-            complete = bool(run.attrs.pop("complete", False))
-            out.set_attrs(**run.attrs)
-            out.close(complete=complete)
-        writer.close(complete=False, error=error)
+    writer = TraceWriter(output, meta=meta)
+    try:
+        _fill(writer, state, error)
+    except (OSError, RuntimeError) as exc:
+        writer.abandon()
+        output.unlink(missing_ok=True)
+        raise TraceError(f"cannot write {output}: {_reason(exc)}", path=str(output)) from None
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    if getattr(exc, "errno", None) == 28 or "errno = 28" in text:
+        return "no space left on its disk; free some space and try again"
+    return " ".join(text.split())[:200]
+
+
+def _fill(writer: TraceWriter, state: _State, error: str) -> None:
+    for text in state.strings:
+        writer.intern(text)
+    writer.append_modules(state.modules.data)
+    for name, run in state.runs.items():
+        out = writer.run(name)
+        for table, data in run.tables.items():
+            out.append(table, data.data)
+        complete = bool(run.attrs.pop("complete", False))
+        out.set_attrs(**run.attrs)
+        out.close(complete=complete)
+    writer.close(complete=False, error=error)

@@ -54,9 +54,24 @@ def _cannot_create(path: str, error: OSError) -> str:
     return f"cannot create {path} ({reason}); check that its directory exists and is writable"
 
 
+_ABANDONED: list[h5py.File] = []
+"""Files left open on purpose (TraceWriter.abandon)."""
+
+# NOTE [ A file closed under the writer ]
+# A script may close every file descriptor (``os.closerange(3, ...)``), the trace's too.
+# Before each write the writer checks (one fstat) that its descriptor still names the trace:
+# a closed one is reopened at the same number and writing goes on; one that names another
+# file by now (the script opened one and got the number) is never written or closed again,
+# and the trace is rebuilt from the journal (NOTE [ The recording journal ] in journal.py).
+
+
 def _to_devnull(fd: int) -> None:
-    """Make ``fd`` name /dev/null (in this process only)."""
-    null = os.open(os.devnull, os.O_WRONLY)
+    """Make ``fd`` name a file that takes any write and is lost (in this process only): an
+    anonymous memory file (sparse: HDF5's last writes are small), else /dev/null."""
+    try:
+        null = os.memfd_create("ckview-discarded")
+    except (AttributeError, OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, fd)
     os.close(null)
 
@@ -346,7 +361,7 @@ class TraceWriter:
         self._texts: list[str] = []  # the strings by id
         self._pending: list[str] = []
         self._runs: dict[str, RunWriter] = {}
-        self.closed = False
+        self.closed = self._abandoned = False
         self._identity = _identity(os.fstat(self._file.id.get_vfd_handle()))
         try:
             self._create_layout(initial)
@@ -422,19 +437,23 @@ class TraceWriter:
             )
 
     def abandon(self) -> None:
-        """Stop writing without finishing the file (it is discarded): HDF5's last flush goes
-        to /dev/null if the descriptor no longer names this trace. Never raises."""
-        self.closed = True
-        with contextlib.suppress(Exception):
+        """Stop writing without finishing the file, which the caller discards: whatever HDF5
+        still writes goes to /dev/null (on a full disk it would fail again). Never raises;
+        idempotent. NOTE [ A file closed under the writer ]: if the descriptor names another
+        file by now (the script's), the HDF5 file is left open, never flushed from here."""
+        if self._abandoned:
+            return
+        self.closed = self._abandoned = True
+        try:
             fd = self._file.id.get_vfd_handle()
-            try:
-                ours = _identity(os.fstat(fd)) == self._identity
-            except OSError:
-                ours = False
-            if not ours:
-                _to_devnull(fd)
+            if _identity(os.fstat(fd)) != self._identity:
+                _ABANDONED.append(self._file)  # closing it would write into that file
+                return
+        except OSError:  # closed: /dev/null takes the number
+            pass
         with contextlib.suppress(Exception):
-            self._file.close()
+            _to_devnull(fd)
+        _ABANDONED.append(self._file)  # closed at exit (HDF5 crashes closing a failed file)
         if self._storage.compressor is not None:
             self._storage.compressor.close()
 
