@@ -55,7 +55,7 @@ def room_for(journal: Path) -> bool:
     """Whether the disk of ``journal`` has room for the trace rebuilt from it (about the
     journal's size): on a full disk rebuilding is not tried (HDF5 fails badly there)."""
     try:
-        return shutil.disk_usage(journal.parent).free > 2 * journal.stat().st_size + (1 << 16)
+        return shutil.disk_usage(journal.parent).free > journal.stat().st_size + (1 << 16)
     except OSError:
         return False
 

@@ -453,7 +453,8 @@ class TraceWriter:
             pass
         with contextlib.suppress(Exception):
             _to_devnull(fd)
-        _ABANDONED.append(self._file)  # closed at exit (HDF5 crashes closing a failed file)
+        with contextlib.suppress(Exception):
+            self._file.close()
         if self._storage.compressor is not None:
             self._storage.compressor.close()
 
