@@ -102,9 +102,13 @@ def test_a_signal_keeps_every_completed_step(
     _no_ckview_traceback(done.stderr)
     out = tmp_path / "out.h5"
     if sig == "SIGKILL":  # nothing could run: the journal is rebuilt, by ckview recover or by
-        # the first verb that reads the trace
-        assert not out.exists() and list(tmp_path.glob("out.recording-*.journal"))
-        code, _, err = run_cli("recover" if at > steps else "summary", str(out))
+        # the first verb that reads the trace (here: the killed recording's own file)
+        assert not out.exists()
+        (staging,) = tmp_path.glob("out.recording-*.h5")
+        assert staging.with_suffix(".journal").exists()
+        code, _, err = run_cli(
+            *(["recover", str(out)] if at > steps else ["validate", str(staging)])
+        )
         assert code == 0 and f"recovered {kept} step" in err, err
         assert not list(tmp_path.glob("out.recording-*")), "the journal and staging are gone"
     else:
@@ -135,8 +139,9 @@ def good_trace(tmp_path_factory: Any) -> Path:
 def test_recover_keeps_a_good_trace(tmp_path: Path, run_cli: Any, good_trace: Path) -> None:
     _record(tmp_path, "--steps=20", "train.py", "SIGKILL", "4")
     shutil.copy(good_trace, tmp_path / "out.h5")
-    code, _, err = run_cli("recover", str(tmp_path / "out.h5"))
+    code, out, err = run_cli("summary", str(tmp_path / "out.h5"))
     assert code == 0 and "out.incomplete.h5" in err and "was left as it was" in err
+    assert "2 steps recorded" in out and "complete" in out
     assert _steps(tmp_path / "out.h5") == (2, [2])
     assert _steps(tmp_path / "out.incomplete.h5") == (3, [3])
     code, _, err = run_cli("recover", str(tmp_path / "out.h5"))

@@ -83,10 +83,10 @@ def _recover_what_is_read(args: argparse.Namespace) -> None:
     (ckview/cli/recover.py)."""
     if args.verb in ("record", "verify", "recover"):
         return
-    paths = getattr(args, "traces", None) or [getattr(args, "trace", None)]
-    for path in paths:
-        if path is not None:
-            recover.recover_stale(path)
+    if getattr(args, "trace", None) is not None:
+        args.trace = recover.recover_stale(args.trace)
+    if getattr(args, "traces", None):
+        args.traces = [recover.recover_stale(path) for path in args.traces]
 
 
 def _with_verb(argv: list[str]) -> list[str]:

@@ -50,18 +50,25 @@ def run(args: argparse.Namespace) -> int:
                 f"no killed recording of {path} to recover (no {_pattern(path)} beside it)"
             )
         for journal in journals:
-            print(recover_one(journal), file=sys.stderr)
+            print(recover_one(journal)[0], file=sys.stderr)
     return 0
 
 
-def recover_stale(trace: Path) -> None:
+def recover_stale(trace: Path) -> Path:
     """Recover the journals that killed recordings of ``trace`` left, saying so (one line
-    each): a verb about to read ``trace`` calls this first."""
+    each): a verb about to read ``trace`` calls this first. The path to read then: ``trace``,
+    or where the recovered trace went if ``trace`` named a killed recording's own file."""
+    read = trace
     for journal in stale_journals(trace):
         try:
-            print(recover_one(journal), file=sys.stderr)
+            line, written = recover_one(journal)
         except CLIError as exc:
             print(f"ckview: warning: {exc}", file=sys.stderr)
+            continue
+        print(line, file=sys.stderr)
+        if ".recording-" in trace.name:
+            read = written
+    return read
 
 
 def stale_journals(trace: Path) -> list[Path]:
@@ -79,8 +86,8 @@ def stale_journals(trace: Path) -> list[Path]:
     return sorted(stale, key=lambda j: j.stat().st_mtime)
 
 
-def recover_one(journal: Path) -> str:
-    """Rebuild the trace of ``journal`` and settle it; the line that says where it went."""
+def recover_one(journal: Path) -> tuple[str, Path]:
+    """Rebuild the trace of ``journal`` and settle it; the line that says so, and where."""
     from ckview.trace.errors import TraceError
     from ckview.trace.journal import recover_journal, room_for
     from ckview.trace.staging import settle
@@ -109,10 +116,11 @@ def recover_one(journal: Path) -> str:
     journal.unlink()
     steps = f"{recovery.steps} step" + ("" if recovery.steps == 1 else "s")
     kept = "" if written == target else f"; {target}, a complete trace, was left as it was"
-    return (
+    line = (
         f"ckview: recovered {steps} of a killed recording (process {pid}) into {written}, "
         f"marked incomplete{kept}"
     )
+    return line, written
 
 
 def _staging(journal: Path) -> Path:
