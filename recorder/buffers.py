@@ -38,6 +38,17 @@ class RowBuffer:
     def rows(self) -> int:
         return self._flushed + len(self.data) // self.width
 
+    def unflushed(self, start: int) -> dict[str, np.ndarray]:
+        """A copy of the rows not handed to the sink yet, from row ``start`` on (the journal's,
+        NOTE [ The recording journal ] in ckview/trace/journal.py). ``tobytes`` copies without
+        exporting the buffer, so a free callback may append meanwhile."""
+        raw = self.data.tobytes()
+        count = len(raw) // (8 * self.width)
+        rows = np.frombuffer(raw, dtype=np.int64, count=count * self.width)
+        return _columns(
+            self.columns, rows.reshape(count, self.width)[max(start - self._flushed, 0) :]
+        )
+
     def flush(self) -> None:
         """Hand the buffered rows to the sink and start a new batch."""
         # Swap first: a free callback may append while the batch is being written. A row cut
@@ -92,12 +103,13 @@ class MutableTable:
         for the recording journal (NOTE [ The recording journal ] in ckview/trace/journal.py).
         The hot path writes ``data`` directly, so changes are found by comparing with a copy
         kept from the last call: one vectorised pass over the table per step."""
-        count, seen = len(self), len(self._taken)
-        table = np.frombuffer(self.data, dtype=np.int64, count=count * self.width)
+        raw = self.data.tobytes()  # a copy: see RowBuffer.unflushed
+        count, seen = len(raw) // (8 * self.width), len(self._taken)
+        table = np.frombuffer(raw, dtype=np.int64, count=count * self.width)
         table = table.reshape(count, self.width)
         changed = np.flatnonzero((table[:seen] != self._taken).any(axis=1))
         rows = np.concatenate((changed, np.arange(seen, count)))
-        self._taken = table.copy()
+        self._taken = table
         return rows, _columns(self.columns, table[rows])
 
     def as_columns(self) -> dict[str, np.ndarray]:

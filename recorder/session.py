@@ -336,6 +336,8 @@ class Recorder:
         self._writer: TraceWriter | None = None
         self._journal: JournalWriter | None = None  # NOTE [ The recording journal ]
         self._journal_batches: list[tuple[str, dict[str, np.ndarray]]] = []
+        self._journaled: dict[str, int] = {}  # rows of each appended table in the journal
+        self._sunk: dict[str, int] = {}  # rows of each appended table handed to the writer
         self._journal_strings = 0
         self._journal_modules: dict[str, np.ndarray] = {}
         self.write_error: str | None = None
@@ -453,6 +455,7 @@ class Recorder:
         self._steps = MutableTable("steps")
         self._regions = MutableTable("recompute_regions")
         self._known.clear()  # storages alive across runs are SEEN again in the next run
+        self._journal_batches, self._journaled, self._sunk = [], {}, {}
         self._sources: dict[int, list[int]] = {}
         self._step = 0
         self._n_ops = 0
@@ -468,6 +471,7 @@ class Recorder:
         self._since_start(columns)
         if table in _APPENDED and self._journal is not None:
             self._journal_batches.append((table, columns))
+            self._sunk[table] = self._sunk.get(table, 0) + _length(columns)
         self._write(self._run.append, table, columns)
 
     def _since_start(self, columns: dict[str, np.ndarray]) -> None:
@@ -503,21 +507,39 @@ class Recorder:
             self._write(self._writer.flush)
         self._last_file_flush = now
 
+    def _appended_since_journal(self) -> dict[str, dict[str, np.ndarray]]:
+        """Per appended table, its rows since the last journal record: from the batches
+        written since (their rows not in the journal yet) and from the buffer, unwritten."""
+        batches, self._journal_batches = self._journal_batches, []
+        found = {}
+        for buf in (self._ops, self._mem, self._saved, self._io):
+            table, start = buf.table, self._journaled.get(buf.table, 0)
+            end = self._sunk.get(table, 0)
+            parts = []
+            for name, columns in reversed(batches):
+                if name == table and end > start:
+                    size = _length(columns)
+                    parts.append({c: a[max(start - (end - size), 0) :] for c, a in columns.items()})
+                    end -= size
+            parts.reverse()
+            rest = buf.unflushed(start)
+            self._since_start(rest)
+            parts.append(rest)
+            if buf.rows > start:
+                found[table] = {c: np.concatenate([p[c] for p in parts]) for c in rest}
+            self._journaled[table] = buf.rows
+        return found
+
     def _journal_step(self) -> None:
         """Append the step that just ended to the journal (NOTE [ The recording journal ])."""
         journal, writer = self._journal, self._writer
         if journal is None or writer is None:
             return
-        self._flush()
         blocks: dict[str, str] = {}
         arrays: dict[str, np.ndarray] = {}
-        batches, self._journal_batches = self._journal_batches, []
-        for table in _APPENDED:
-            mine = [columns for name, columns in batches if name == table]
-            if mine:
-                blocks[table] = "append"
-                for column in mine[0]:
-                    arrays[f"{table}/{column}"] = np.concatenate([m[column] for m in mine])
+        for table, columns in self._appended_since_journal().items():
+            blocks[table] = "append"
+            arrays.update({f"{table}/{name}": col for name, col in columns.items()})
         for mutable in (self._storages, self._calls, self._steps, self._regions):
             rows, columns = mutable.take_changes()
             self._since_start(columns)
@@ -1688,6 +1710,10 @@ def _describe_write_error(exc: BaseException) -> str:
     if code == errno.EBADF or "errno = 9" in text:
         return "the script closed the trace's file"
     return f"writing the trace failed ({' '.join(text.split())[:200]})"
+
+
+def _length(columns: dict[str, np.ndarray]) -> int:
+    return len(next(iter(columns.values())))
 
 
 def _add_rows(

@@ -151,14 +151,26 @@ def test_recover_keeps_a_good_trace(tmp_path: Path, run_cli: Any, good_trace: Pa
 # ----------------------------------------------------------------------------- the journal
 
 
-def test_the_journal_rebuilds_the_same_trace(tmp_path: Path, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("runs", [("main",), ("a", "b")])
+@pytest.mark.parametrize("ops_per_layer", [1, 600])
+def test_the_journal_rebuilds_the_same_trace(
+    tmp_path: Path, monkeypatch: Any, runs: tuple[str, ...], ops_per_layer: int
+) -> None:
     """What a killed recording's journal gives back is, table for table, what the closed trace
-    holds (but for the timings, taken after the recorded runs)."""
+    holds (but for the timings, taken after the recorded runs). With 600 ops per layer the
+    hot-path buffers are written mid-step (every 4096 ops), so records take rows both from
+    written batches and from the buffers."""
     import torch
 
     from ckview.trace.journal import recover_journal
-    from recorder import Recorder
+    from recorder import Recorder, RunSpec
     from recorder.session import Recorder as Session
+
+    class Slow(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(ops_per_layer):
+                x = x * 1.0001
+            return x
 
     kept = tmp_path / "kept.journal"
     settle = Session._settle
@@ -168,23 +180,28 @@ def test_the_journal_rebuilds_the_same_trace(tmp_path: Path, monkeypatch: Any) -
         settle(self, writer, error)
 
     monkeypatch.setattr(Session, "_settle", keep_journal)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    layers = [torch.nn.Linear(8, 16), Slow(), torch.nn.ReLU(), torch.nn.Linear(16, 1)]
+    model = torch.nn.Sequential(*layers)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with Recorder(tmp_path / "t.h5", steps=4, warmup=1, timing_steps=1):
-        for _ in range(9):
+    specs = [RunSpec(name) for name in runs]
+    with Recorder(tmp_path / "t.h5", steps=4, warmup=1, timing_steps=1, runs=specs):
+        for _ in range(2 + 6 * len(runs)):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
             opt.zero_grad()
     recover_journal(kept, tmp_path / "r.h5", "rebuilt")
     with open_trace(tmp_path / "t.h5") as real, open_trace(tmp_path / "r.h5") as rebuilt:
         assert list(rebuilt.strings) == list(real.strings)
-        assert rebuilt.meta.steps_recorded == real.meta.steps_recorded == 4
+        assert rebuilt.meta.steps_recorded == real.meta.steps_recorded == 4 * len(runs)
         assert rebuilt.meta.complete is False and rebuilt.meta.error == "rebuilt"
+        assert rebuilt.run_names == real.run_names == list(runs)
         _same(real.modules.read(), rebuilt.modules.read())
-        for table in RUN_TABLES:
-            if table not in TIMING_TABLES:
-                _same(real.run("main").table(table).read(), rebuilt.run("main").table(table).read())
-        assert rebuilt.run("main").steps_recorded == 4
+        for name in runs:
+            assert len(real.run(name).table("ops")) > (4096 if ops_per_layer > 1 else 0)
+            for table in RUN_TABLES:
+                if table not in TIMING_TABLES:
+                    _same(real.run(name).table(table).read(), rebuilt.run(name).table(table).read())
+            assert rebuilt.run(name).steps_recorded == 4
 
 
 def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
