@@ -386,3 +386,32 @@ def test_a_failing_recording_never_replaces_a_good_trace(tmp_path: Path, good_tr
     assert failed.returncode == 143
     assert (tmp_path / "out.h5").read_bytes() == before
     assert "out.h5 was left as it was" in failed.stderr
+
+
+def test_a_good_recording_says_it_replaced_a_trace(
+    tmp_path: Path, run_cli: Any, good_trace: Path
+) -> None:
+    out = tmp_path / "out.h5"
+    shutil.copy(good_trace, out)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    args = ("--steps=1", "--timing-steps=0", "-o", str(out), str(script), "none", "-1", "4")
+    code, _, err = run_cli("record", *args)
+    assert code == 0 and "(1 step, replacing the trace that was there)" in err, err
+    assert _steps(out) == (1, [1])
+
+
+@pytest.mark.parametrize(("there", "new", "replaced"), [(5, 2, False), (2, 5, True), (2, 2, True)])
+def test_an_incomplete_trace_is_replaced_only_by_one_as_complete(
+    tmp_path: Path, there: int, new: int, replaced: bool
+) -> None:
+    from ckview.trace import TraceWriter
+    from ckview.trace.staging import incomplete_path, settle
+
+    target, staging = tmp_path / "t.h5", tmp_path / "t.recording-1.h5"
+    for path, steps in ((target, there), (staging, new)):
+        with TraceWriter(path, meta={"steps_recorded": steps}) as writer:
+            writer.close(complete=False, error="interrupted")
+    written = settle(staging, target, good=False)
+    assert written == (target if replaced else incomplete_path(target))
+    assert _steps(target)[0] == (new if replaced else there)

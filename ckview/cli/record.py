@@ -208,6 +208,7 @@ def record_script(
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
     check_output(output, args)
+    existed = output.exists()
     from recorder import Recorder, StopScript, run_script
     from recorder.steps import StepRule, StepRuleError
 
@@ -238,7 +239,7 @@ def record_script(
         with (
             _stdout_to_stderr(stdout_to_stderr),
             _signals_stop_the_script(),
-            _os_exit_closes(recorder, lambda ending: report(output, ending, args)),
+            _os_exit_closes(recorder, lambda ending: report(output, ending, args), existed),
         ):
             outcome = run_script(args.target, args.args, module=args.module)
     except StopScript as abort:  # PlanCheck: a plan does not fit the model
@@ -250,11 +251,12 @@ def record_script(
     finally:
         _exit_if_child(parent, outcome.exit_code if outcome else 1)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
-    return _ending(recorder, outcome)
+    return _ending(recorder, outcome, existed)
 
 
-def _ending(recorder: Any, outcome: Any) -> Ending:
-    """How the recording ended; CLIError if the trace could not be written at all."""
+def _ending(recorder: Any, outcome: Any, existed: bool) -> Ending:
+    """How the recording ended (``existed``: a file was at the target before); CLIError if the
+    trace could not be written at all."""
     if recorder.write_error is not None:
         if recorder.written is None:  # not even rebuilt from the journal: the disk is full
             raise CLIError(
@@ -270,6 +272,7 @@ def _ending(recorder: Any, outcome: Any) -> Ending:
             error,
             recorder.written,
             recorder.warmup_done,
+            existed,
         )
     return Ending(
         outcome.exit_code,
@@ -277,6 +280,7 @@ def _ending(recorder: Any, outcome: Any) -> Ending:
         outcome.error,
         recorder.written,
         recorder.warmup_done,
+        existed,
     )
 
 
@@ -330,7 +334,7 @@ def _signals_stop_the_script() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _os_exit_closes(recorder: Any, say: Any) -> Iterator[None]:
+def _os_exit_closes(recorder: Any, say: Any, existed: bool) -> Iterator[None]:
     """While the script runs, ``os._exit(n)`` in this process closes and reports the trace
     first (NOTE [ Bad scripts ])."""
     me = os.getpid()
@@ -341,7 +345,7 @@ def _os_exit_closes(recorder: Any, say: Any) -> Iterator[None]:
             error = f"os._exit({status}) in the script"
             with contextlib.suppress(Exception):
                 recorder.close(error=error)
-                say(_ending(recorder, _Exited(status, error)))
+                say(_ending(recorder, _Exited(status, error), existed))
             sys.stdout.flush()
             sys.stderr.flush()
         _REAL_EXIT(status)
@@ -372,6 +376,8 @@ class Ending:
     written: Path | None
     """Where the trace went (NOTE [ Writing beside the target ] in ckview/trace/staging.py)."""
     warmup_done: int
+    existed: bool = False
+    """A trace was at the target before: if the new one went there, it replaced it."""
 
 
 @contextlib.contextmanager
@@ -400,10 +406,11 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
 
     written = ending.written or output
     kept = "" if written == output else f"; {output} was left as it was"
+    replaced = ", replacing the trace that was there" if ending.existed else ""
     if ending.error and not _complete(written):
         print(
             f"ckview: the script failed ({ending.error}); the trace, marked incomplete, is "
-            f"{written}{kept}",
+            f"{written}{kept or replaced}",
             file=sys.stderr,
         )
         return ending.exit_code or 1
@@ -440,7 +447,8 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
             file=sys.stderr,
         )
     print(
-        f"ckview: wrote {output} ({plural(ending.steps, 'step')}); next: ckview summary {output}",
+        f"ckview: wrote {output} ({plural(ending.steps, 'step')}{replaced}); next: ckview "
+        f"summary {output}",
         file=sys.stderr,
     )
     return ending.exit_code
