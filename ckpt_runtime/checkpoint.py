@@ -210,8 +210,32 @@ class _StatGuard:
 
 # --------------------------------------------------------------------------- RNG and autocast
 
+# NOTE [ RNG states as bytes ]
+# A region stashes the RNG states its forward started from, to replay them in the recompute
+# (and the recompute saves the states it interrupts). torch hands a state out as a new CPU
+# tensor (5,056 bytes for the CPU generator): kept as such, every checkpoint call would hold a
+# block of the tensor allocator from its forward to its backward, memory the plan's projection
+# knows nothing of. Kept as bytes, the stash lives outside the tensor allocator; the state
+# tensor torch returns is freed at once, and the replay reads the bytes back without copying.
 
-def _device_rng_state(args: Iterable[Any]) -> tuple[Any, list[tuple[int, Tensor]]] | None:
+
+def _cpu_rng_state() -> bytes:
+    return _state_bytes(torch.get_rng_state())
+
+
+def _set_cpu_rng_state(state: bytes) -> None:
+    torch.set_rng_state(_state_tensor(state))
+
+
+def _state_bytes(state: Tensor) -> bytes:
+    return state.numpy().tobytes()
+
+
+def _state_tensor(state: bytes) -> Tensor:
+    return torch.frombuffer(bytearray(state), dtype=torch.uint8)
+
+
+def _device_rng_state(args: Iterable[Any]) -> tuple[Any, list[tuple[int, bytes]]] | None:
     """RNG states of the devices of the tensor arguments (like torch: args only), or None."""
     device_type = None
     ids: list[int] = []
@@ -232,15 +256,15 @@ def _device_rng_state(args: Iterable[Any]) -> tuple[Any, list[tuple[int, Tensor]
     states = []
     for i in ids:
         with module.device(i):
-            states.append((i, module.get_rng_state()))
+            states.append((i, _state_bytes(module.get_rng_state())))
     return module, states
 
 
-def _set_device_rng_state(saved: tuple[Any, list[tuple[int, Tensor]]]) -> None:
+def _set_device_rng_state(saved: tuple[Any, list[tuple[int, bytes]]]) -> None:
     module, states = saved
     for i, state in states:
         with module.device(i):
-            module.set_rng_state(state)
+            module.set_rng_state(_state_tensor(state))
 
 
 _AutocastState = list[tuple[str, bool, torch.dtype, bool]]
@@ -264,15 +288,13 @@ def _autocast_state(args: Iterable[Any]) -> _AutocastState:
     ]
 
 
-def _rng_equal(before: Tensor, before_dev: Any, args: Sequence[Any]) -> bool:
-    if not torch.equal(before, torch.get_rng_state()):
+def _rng_equal(before: bytes, before_dev: Any, args: Sequence[Any]) -> bool:
+    if before != _cpu_rng_state():
         return False
     if before_dev is None:
         return True
     after_dev = _device_rng_state(args)
-    return after_dev is not None and all(
-        torch.equal(a, b) for (_, a), (_, b) in zip(before_dev[1], after_dev[1], strict=True)
-    )
+    return after_dev is not None and before_dev[1] == after_dev[1]
 
 
 # ------------------------------------------------------------------------------ shared state
@@ -351,7 +373,7 @@ class _Frame:
         self.inputs_modified = False
         self.gid: object = None
         self.out_meta: list[tuple[Any, ...] | None] | None = None
-        self.cpu_rng: Tensor | None = None
+        self.cpu_rng: bytes | None = None  # NOTE [ RNG states as bytes ]
         self.dev_rng: Any = None
         self.amp: _AutocastState | None = _autocast_state(args) if _any_autocast() else None
         self.args: list[Any] = list(args)
@@ -431,8 +453,8 @@ def _rerun(frame: _Frame, run: Callable[[], Any]) -> Any:
     try:
         outer_cpu = outer_dev = None
         if frame.preserve:
-            outer_cpu = torch.get_rng_state()
-            torch.set_rng_state(frame.cpu_rng)  # type: ignore[arg-type]
+            outer_cpu = _cpu_rng_state()
+            _set_cpu_rng_state(frame.cpu_rng)  # type: ignore[arg-type]
             if frame.dev_rng is not None:
                 outer_dev = _device_rng_state_like(frame.dev_rng)
                 _set_device_rng_state(frame.dev_rng)
@@ -451,7 +473,7 @@ def _rerun(frame: _Frame, run: Callable[[], Any]) -> Any:
                 guard.restore()
         finally:
             if outer_cpu is not None:
-                torch.set_rng_state(outer_cpu)
+                _set_cpu_rng_state(outer_cpu)
                 if outer_dev is not None:
                     _set_device_rng_state(outer_dev)
     finally:
@@ -464,7 +486,7 @@ def _device_rng_state_like(saved: tuple[Any, list[tuple[int, Tensor]]]) -> Any:
     current = []
     for i, _ in states:
         with module.device(i):
-            current.append((i, module.get_rng_state()))
+            current.append((i, _state_bytes(module.get_rng_state())))
     return module, current
 
 
@@ -581,10 +603,10 @@ def _begin_forward(
     warn if the region uses it), note input versions, tell the listeners."""
     rng_before = dev_before = None
     if frame.preserve:
-        frame.cpu_rng = torch.get_rng_state()
+        frame.cpu_rng = _cpu_rng_state()
         frame.dev_rng = _device_rng_state(args)
     elif not _already_warned("rng", function):
-        rng_before = torch.get_rng_state()
+        rng_before = _cpu_rng_state()
         dev_before = _device_rng_state(args)
     versions = [args[i]._version for i in frame.tensor_idx]
     if _listeners:
@@ -615,7 +637,7 @@ def _check_forward(
     args: Sequence[Any],
     tensor_idx: list[int],
     versions: list[int],
-    rng_before: Tensor | None,
+    rng_before: bytes | None,
     dev_before: Any,
 ) -> bool:
     """Warn about an unsafe region; return whether it modified one of its inputs in place."""

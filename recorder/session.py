@@ -68,6 +68,7 @@ reference disarmed (``sid`` -1).
 
 from __future__ import annotations
 
+import array
 import errno
 import functools
 import os
@@ -116,6 +117,7 @@ from ckview.trace.schema import (
 )
 from ckview.trace.staging import settle, staging_path
 from recorder import buffers, modules, steps
+from recorder.allocations import WINDOW_ROWS, AllocatorEvents, AllocatorMerge, Block
 from recorder.buffers import MutableTable, RowBuffer
 from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.modules import ModuleRegistry
@@ -137,6 +139,10 @@ _ST_WIDTH = len(RUN_TABLES["storages"])
 _ST_CATEGORY = [c.name for c in RUN_TABLES["storages"]].index("category")
 _ST_FREE_NS = [c.name for c in RUN_TABLES["storages"]].index("free_ns")
 _ST_MODULE = [c.name for c in RUN_TABLES["storages"]].index("module")
+_ST_NBYTES = [c.name for c in RUN_TABLES["storages"]].index("nbytes")
+_ST_ALLOC_NS = [c.name for c in RUN_TABLES["storages"]].index("alloc_ns")
+_OP_START = [c.name for c in RUN_TABLES["ops"]].index("start_ns")
+_OP_CALL = [c.name for c in RUN_TABLES["ops"]].index("module_call")
 _CALL_WIDTH = len(RUN_TABLES["module_calls"])  # column 0 of a call row is its module
 _ACTIVATION = int(Category.ACTIVATION)
 _SHARDED = int(Category.SHARDED_PARAMETER)
@@ -351,6 +357,7 @@ class Recorder:
         self._eager_compile = EagerWhileRecording()
         self._op_categories: dict[int, tuple[int, str]] = {}  # NOTE [ FSDP's storages ]
         self._fsdp_wrapped = False
+        self._allocator = AllocatorEvents()  # NOTE [ Allocator events ] in allocations.py
 
     # ----------------------------------------------------------------- public API
 
@@ -465,6 +472,8 @@ class Recorder:
         self._stack = [(row, NO_INDEX) for row, _ in self._stack]
         self._steps_in_run = 0
         self._open_region = NO_INDEX
+        self._merge = AllocatorMerge()
+        self._st_address = array.array("q")  # data_ptr of each storage row
 
     def _sink(self, table: str, columns: dict[str, np.ndarray]) -> None:
         """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
@@ -563,6 +572,7 @@ class Recorder:
                 "steps_recorded": self.steps_recorded,
                 "device": "cuda" if self._saw_cuda else "cpu",
                 "step_rule": self._tracker.describe(self.warmup, modules=not self._no_modules),
+                "allocator_events": self._allocator_events(),
             },
             "strings": strings,
             "blocks": blocks,
@@ -577,12 +587,75 @@ class Recorder:
             writer.abandon()
 
     def _flush(self) -> None:
+        if self._allocator.running and len(self._mem.data) > WINDOW_ROWS * self._mem.width:
+            self._close_window()
+            self._open_window()
         self._busy = True
         try:
+            # Ops and memory events wait for their window's merge (NOTE [ Allocator events ]).
+            held = (self._ops, self._mem) if self._allocator.running else ()
             for buf in (self._ops, self._mem, self._saved, self._io):
-                buf.flush()
+                if buf not in held:
+                    buf.flush()
         finally:
             self._busy = False
+
+    # NOTE [ Allocator events ] in allocations.py: the allocator's events come in windows,
+    # merged into the window's ops and memory events before those are written.
+
+    def _open_window(self) -> None:
+        self._allocator.start()
+
+    def _close_window(self) -> None:
+        """Merge the allocator's events of the window into its rows and write them."""
+        busy, self._busy = self._busy, True
+        try:
+            window = self._allocator.stop()
+            if window is not None:
+                self._merge_window(window)
+            self._ops.flush()
+            self._mem.flush()
+        finally:
+            self._busy = busy
+
+    def _merge_window(self, window: Any) -> None:
+        mem, ops = self._mem, self._ops
+        # Copies: a live numpy view of an array.array would keep it from growing. A free that
+        # the garbage collector runs meanwhile is appended after the window's rows.
+        taken = len(mem.data)
+        events = np.frombuffer(mem.data, dtype=np.int64).reshape(-1, mem.width).copy()
+        op_rows = np.frombuffer(ops.data, dtype=np.int64).reshape(-1, ops.width).copy()
+        first_op = ops.rows - len(op_rows)
+        address = np.frombuffer(self._st_address, dtype=np.int64).copy()
+        nbytes = np.frombuffer(self._st_data, dtype=np.int64)[_ST_NBYTES::_ST_WIDTH].copy()
+
+        def workspace(block: Block, op: int) -> int:
+            call = int(op_rows[op - first_op, _OP_CALL]) if op >= first_op else NO_INDEX
+            return self._add_workspace(block, op, call)
+
+        start = op_rows[:, _OP_START]
+        merged = self._merge.merge(window, events, address, nbytes, start, first_op, workspace)
+        mem.data = array.array("q", merged.tobytes()) + mem.data[taken:]
+        data = self._st_data
+        for block in self._merge.touched:
+            at = block.storage * _ST_WIDTH
+            if block.alloc_ns >= 0 and data[at + _ST_ALLOC_NS] >= 0:  # an ALLOC's block
+                data[at + _ST_NBYTES] = block.nbytes
+                data[at + _ST_ALLOC_NS] = block.alloc_ns
+            if block.free_ns >= 0:
+                data[at + _ST_FREE_NS] = block.free_ns
+        self._merge.touched.clear()
+
+    def _add_workspace(self, block: Block, op: int, call: int) -> int:
+        """A storage row for memory only the allocator saw (NOTE [ Matching blocks ])."""
+        module = self._calls.data[call * _CALL_WIDTH] if call != NO_INDEX else NO_INDEX
+        device = self._cpu_id if block.device == "cpu" else self._intern(block.device)
+        unknown = self._intern("")
+        sid = len(self._st_data) // _ST_WIDTH
+        row = (block.nbytes, device, _TEMPORARY, unknown, unknown, op, call, module)
+        self._st_data.extend((*row, block.alloc_ns, block.free_ns))
+        self._st_address.append(block.address)
+        return sid
 
     def _end_run(self, error: str) -> None:
         """Write the run's tables that stayed editable, close it and leave its context."""
@@ -592,6 +665,7 @@ class Recorder:
             last = len(self._steps) - 1
             if last >= 0 and self._steps.get(last, "end_ns") == -1:
                 self._close_step_row(now, self._tracker.current(), complete=False)
+            self._close_window()
             for buf in (self._ops, self._mem, self._saved, self._io):
                 buf.flush()
             for table in (self._storages, self._calls, self._steps, self._regions):
@@ -635,6 +709,7 @@ class Recorder:
                 device="cuda" if self._saw_cuda else "cpu",
                 step_rule=self._tracker.describe(self.warmup, modules=not self._no_modules),
                 compiled=self._compiled(),
+                allocator_events=self._allocator_events(),
             )
             self._write(writer.flush)
         finally:
@@ -721,6 +796,7 @@ class Recorder:
         self._wrap_torch_recompute()
         self._eager_compile.install()
         self._restore.append(self._eager_compile.uninstall)
+        self._restore.append(self._allocator.yield_to_the_script())
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
@@ -738,6 +814,7 @@ class Recorder:
         self._handles = keep
         while self._restore:
             self._restore.pop()()
+        self._allocator.stop()  # a window left open by a failure: the profiler is the user's
         if self._orig_hooks_init is not None:
             torch.autograd.graph.saved_tensors_hooks.__init__ = self._orig_hooks_init  # type: ignore[method-assign]
             self._orig_hooks_init = None
@@ -933,6 +1010,7 @@ class Recorder:
         self._mark_gradients()
         self._mark_optimizer_tensors()
         self._open_step(self._t0)
+        self._open_window()
 
     def _open_step(self, now: int) -> None:
         self._steps.append((self._step, now, -1, self._n_ops, self._mem.rows, -1, -1, -1, 0))
@@ -961,6 +1039,7 @@ class Recorder:
             self._next_timing_step()
         elif self._state is State.RECORDING:
             self._close_step_row(now, counts, complete=True)
+            self._close_window()
             self._step += 1
             self._steps_in_run += 1
             self.steps_recorded += 1
@@ -968,6 +1047,7 @@ class Recorder:
             self._progress.step_done()
             if self._steps_in_run < self.steps:
                 self._open_step(now)
+                self._open_window()
                 if now - self._last_file_flush > _FILE_FLUSH_NS:
                     self._flush_file(now)
                 return
@@ -1108,6 +1188,11 @@ class Recorder:
 
     def on_recompute_end(self, region_id: int, target: object) -> None:
         self._recompute_exit()
+
+    def _allocator_events(self) -> str:
+        """The trace's ``allocator_events`` (NOTE [ Allocator events ] in allocations.py)."""
+        missing = self._allocator.unavailable
+        return f"op hook: {missing}" if missing else "allocator"
 
     def _compiled(self) -> str:
         """The trace's ``compiled`` field: 'eager' if the script uses ``torch.compile`` (its
@@ -1492,6 +1577,7 @@ class Recorder:
         self._st_data.extend(
             (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now, -1)
         )
+        self._st_address.append(st.data_ptr())
         ref = _StorageRef(st, self._on_free)
         ref.sid = sid
         ref.key = st._cdata

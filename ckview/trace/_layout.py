@@ -61,6 +61,7 @@ class TraceMeta:
     checkpoint_call_high_ns: int
     rank: int
     world_size: int
+    allocator_events: str
     complete: bool
     error: str
 

@@ -104,6 +104,12 @@ MIGRATIONS: dict[int, Migration] = {
         run_attrs={},
         tables=("timing_steps", "timed_calls"),
     ),
+    3: Migration(
+        source=3,
+        columns={},
+        meta={"allocator_events": ""},
+        run_attrs={},
+    ),
 }
 """Migrations by the version they read."""
 

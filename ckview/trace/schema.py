@@ -14,7 +14,7 @@ from enum import IntEnum
 import numpy as np
 
 FORMAT_NAME = "ckview-trace"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 #: Value of the ``ckview_type`` attribute on each kind of group, with its own version.
 GROUP_TYPES: dict[str, tuple[str, int]] = {
@@ -248,6 +248,9 @@ META_FIELDS: dict[str, str] = {
     "(since v3)",
     "world_size": "number of ranks of the distributed run (WORLD_SIZE), 1 if not distributed "
     "(since v3)",
+    "allocator_events": "where allocations and frees come from: 'allocator' (the allocator's own "
+    "events merged with the op hook's), 'op hook: <why>' where the allocator's events are missing "
+    "from some window, '' if unknown (since v4)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
