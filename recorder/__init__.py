@@ -5,7 +5,7 @@
 ...     train()
 """
 
-from recorder.runner import Outcome, run_script
+from recorder.runner import Outcome, SignalExit, run_script
 from recorder.session import Recorder, RunSpec, StopScript
 
-__all__ = ["Outcome", "Recorder", "RunSpec", "StopScript", "run_script"]
+__all__ = ["Outcome", "Recorder", "RunSpec", "SignalExit", "StopScript", "run_script"]

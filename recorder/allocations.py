@@ -95,6 +95,7 @@ class AllocatorEvents:
         import torch
 
         self.running = False
+        self._given_up = False
         self.unavailable = ""
         """Why the allocator's events are missing from some window ('' if never)."""
         self._offset = 0
@@ -113,6 +114,8 @@ class AllocatorEvents:
 
         if self.running:
             return True
+        if self._given_up:
+            return False
         if autograd_profiler._is_profiler_enabled or _torch_profiler_enabled():
             self.unavailable = "the script runs torch.profiler itself"
             return False
@@ -129,6 +132,11 @@ class AllocatorEvents:
         self._offset = clock_offset()
         self.running = True
         return True
+
+    def give_up(self, why: str) -> None:
+        """No more windows in this recording (the trace says ``why``)."""
+        self.unavailable = why
+        self._given_up = True
 
     def stop(self) -> AllocatorWindow | None:
         """Stop the profiler and return the window's allocation events (None if not running)."""

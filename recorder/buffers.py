@@ -38,6 +38,17 @@ class RowBuffer:
     def rows(self) -> int:
         return self._flushed + len(self.data) // self.width
 
+    def unflushed(self, start: int) -> dict[str, np.ndarray]:
+        """A copy of the rows not handed to the sink yet, from row ``start`` on (the journal's,
+        NOTE [ The recording journal ] in ckview/trace/journal.py). ``tobytes`` copies without
+        exporting the buffer, so a free callback may append meanwhile."""
+        raw = self.data.tobytes()
+        count = len(raw) // (8 * self.width)
+        rows = np.frombuffer(raw, dtype=np.int64, count=count * self.width)
+        return _columns(
+            self.columns, rows.reshape(count, self.width)[max(start - self._flushed, 0) :]
+        )
+
     def flush(self) -> None:
         """Hand the buffered rows to the sink and start a new batch."""
         # Swap first: a free callback may append while the batch is being written. A row cut
@@ -67,6 +78,7 @@ class MutableTable:
         self.width = len(self.columns)
         self.data = array.array("q")
         self._index = {c.name: i for i, c in enumerate(self.columns)}
+        self._taken = np.empty((0, self.width), np.int64)  # the rows at the last take_changes
 
     def __len__(self) -> int:
         return len(self.data) // self.width
@@ -85,6 +97,20 @@ class MutableTable:
 
     def set(self, row: int, name: str, value: int) -> None:
         self.data[row * self.width + self._index[name]] = value
+
+    def take_changes(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The rows added or changed since the last call (their indices, then their columns),
+        for the recording journal (NOTE [ The recording journal ] in ckview/trace/journal.py).
+        The hot path writes ``data`` directly, so changes are found by comparing with a copy
+        kept from the last call: one vectorised pass over the table per step."""
+        raw = self.data.tobytes()  # a copy: see RowBuffer.unflushed
+        count, seen = len(raw) // (8 * self.width), len(self._taken)
+        table = np.frombuffer(raw, dtype=np.int64, count=count * self.width)
+        table = table.reshape(count, self.width)
+        changed = np.flatnonzero((table[:seen] != self._taken).any(axis=1))
+        rows = np.concatenate((changed, np.arange(seen, count)))
+        self._taken = table
+        return rows, _columns(self.columns, table[rows])
 
     def as_columns(self) -> dict[str, np.ndarray]:
         count = len(self)

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
 
 from recorder.session import StopScript
+
+
+class SignalExit(SystemExit):
+    """Raised in the script by ckview's handler of SIGTERM and SIGHUP: it unwinds the script
+    like Ctrl-C does, so that the trace is closed (marked incomplete); the exit status is the
+    one the signal would give, 128 + N."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,10 @@ def run_script(target: str, args: list[str], *, module: bool = False) -> Outcome
         if stop.args:
             raise  # an abort with a reason: the caller reports it
         return Outcome(0, None)
+    except SignalExit as stop:
+        name = signal.Signals(stop.signum).name
+        print(f"{name}: the script was stopped", file=sys.stderr)
+        return Outcome(128 + stop.signum, f"{name}: stopped by a signal")
     except SystemExit as exit_:
         return _exit_outcome(exit_.code)
     except KeyboardInterrupt:

@@ -69,6 +69,7 @@ reference disarmed (``sid`` -1).
 from __future__ import annotations
 
 import array
+import errno
 import functools
 import os
 import platform
@@ -101,6 +102,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ckview import __version__ as ckview_version
 from ckview.trace import TraceWriter
+from ckview.trace.errors import TraceError
+from ckview.trace.journal import ROWS, JournalWriter, journal_path, recover_journal, room_for
 from ckview.trace.ranks import launcher_world, this_rank_path
 from ckview.trace.schema import (
     CATEGORY_PRIORITY,
@@ -112,6 +115,7 @@ from ckview.trace.schema import (
     Phase,
     SavedEventKind,
 )
+from ckview.trace.staging import settle, staging_path
 from recorder import buffers, modules, steps
 from recorder.allocations import WINDOW_ROWS, AllocatorEvents, AllocatorMerge, Block
 from recorder.buffers import MutableTable, RowBuffer
@@ -119,7 +123,6 @@ from recorder.compiled import EagerWhileRecording, skip_in_dynamo
 from recorder.device import DeviceSampler, recorded_peak_time
 from recorder.modules import ModuleRegistry
 from recorder.oom import OomWatch
-from recorder.output import settle, staging_path
 from recorder.progress import StepProgress
 from recorder.stacks import Stacks
 from recorder.steps import IterationTracker, StepCounts, StepRule, plural
@@ -159,6 +162,10 @@ _FSDP_OPS = {  # NOTE [ FSDP's storages ]: op -> (category, which of its tensors
 _FSDP_PARAM_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param"
 _INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 _FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
+_APPENDED = ("ops", "memory_events", "saved_events", "module_io")
+"""The run tables written in batches as they fill (RowBuffer), journaled as appended rows."""
+_WRITE_ERRORS = (OSError, RuntimeError, TraceError)
+"""What writing the trace raises when the disk is full or the file was closed under it."""
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _NODE_BUDGET = 8192  # NOTE [ Autograd nodes stay unwrapped ]: 5x below the crash depth
@@ -258,7 +265,7 @@ class Recorder:
     ``stop_after`` is set.
 
     The trace is written beside ``path`` and replaces it only if it is good (NOTE [ Writing
-    beside the target ] in recorder/output.py); :attr:`written` says where it went. No step
+    beside the target ] in ckview/trace/staging.py); :attr:`written` says where it went. No step
     recorded is a failure: the trace is marked incomplete. ``progress``: a line on stderr per
     step; None (default) shows it when stderr is a terminal.
     """
@@ -285,6 +292,9 @@ class Recorder:
         self.written: Path | None = None
         """Where the trace went once closed (NOTE [ Writing beside the target ])."""
         self._staging = staging_path(self.path)
+        self.journal = journal_path(self._staging)
+        """The recording's journal (NOTE [ The recording journal ]): removed once the trace is
+        written; kept if the trace could not be rebuilt from it (a full disk)."""
         self.steps = steps
         self.warmup = warmup
         self.stop_after = stop_after
@@ -345,6 +355,15 @@ class Recorder:
         self._layouts: dict[tuple[Any, Any], tuple[int, int]] = {}
         self._saw_cuda = False
         self._writer: TraceWriter | None = None
+        self._journal: JournalWriter | None = None  # NOTE [ The recording journal ]
+        self._journal_batches: list[tuple[str, dict[str, np.ndarray]]] = []
+        self._journaled: dict[str, int] = {}  # rows of each appended table in the journal
+        self._sunk: dict[str, int] = {}  # rows of each appended table handed to the writer
+        self._journal_strings = 0
+        self._journal_modules: dict[str, np.ndarray] = {}
+        self.write_error: str | None = None
+        """Why writing the trace failed (a full disk...); the trace then comes from the journal
+        (NOTE [ When the trace cannot be written ])."""
         self._handles: list[Any] = []
         self._hooks_cm: torch.autograd.graph.saved_tensors_hooks | None = None
         self._orig_hooks_init: Any = None
@@ -435,6 +454,12 @@ class Recorder:
         }
         meta["rank"], meta["world_size"] = launcher_world()
         self._writer = TraceWriter(self._staging, meta=meta)
+        try:
+            self._journal = JournalWriter(self.journal, meta)
+        except OSError:
+            self._writer.close(complete=False, error="cannot write the journal")
+            self._staging.unlink(missing_ok=True)
+            raise
         self._modules = ModuleRegistry(self._intern)
         self._stacks = Stacks(self._writer) if self.stacks else None
         self._cpu_id = self._intern("cpu")
@@ -455,6 +480,7 @@ class Recorder:
         self._steps = MutableTable("steps")
         self._regions = MutableTable("recompute_regions")
         self._known.clear()  # storages alive across runs are SEEN again in the next run
+        self._journal_batches, self._journaled, self._sunk = [], {}, {}
         self._sources: dict[int, list[int]] = {}
         self._step = 0
         self._n_ops = 0
@@ -470,17 +496,114 @@ class Recorder:
 
     def _sink(self, table: str, columns: dict[str, np.ndarray]) -> None:
         """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
+        self._since_start(columns)
+        if table in _APPENDED and self._journal is not None:
+            self._journal_batches.append((table, columns))
+            self._sunk[table] = self._sunk.get(table, 0) + _length(columns)
+        self._write(self._run.append, table, columns)
+
+    def _since_start(self, columns: dict[str, np.ndarray]) -> None:
         for name, col in columns.items():
             if name.endswith("_ns"):
                 np.subtract(col, self._t0, out=col, where=col >= 0)
-        self._run.append(table, columns)
+
+    # NOTE [ When the trace cannot be written ]
+    # A full disk, or a script that closed the trace's file descriptor and opened another
+    # file at its number, makes writing the trace fail. The first failure is kept in
+    # ``write_error``, the HDF5 file is never written again (the script runs on, its steps
+    # still go to the journal while it can be written) and at close the trace is rebuilt from
+    # the journal (NOTE [ The recording journal ] in ckview/trace/journal.py): every step
+    # journaled before the failure is kept, in a trace marked incomplete.
+
+    def _write(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Call ``write`` (a TraceWriter method) unless writing failed already; a failure is
+        kept in ``write_error`` (NOTE [ When the trace cannot be written ])."""
+        if self.write_error is not None or self._writer is None:
+            return
+        try:
+            self._writer.check_file()
+            write(*args, **kwargs)
+        except _WRITE_ERRORS as exc:
+            self.write_error = _describe_write_error(exc)
+            self._writer.abandon()  # nothing more goes to it
 
     def _flush_file(self, now: int) -> None:
-        """Put whole steps on disk, so that even a killed process leaves them readable."""
+        """Put whole steps on disk (the journal keeps them too: NOTE [ The recording journal
+        ])."""
         self._flush()
         if self._writer is not None:
-            self._writer.flush()
+            self._write(self._writer.flush)
         self._last_file_flush = now
+
+    def _appended_since_journal(self) -> dict[str, dict[str, np.ndarray]]:
+        """Per appended table, its rows since the last journal record: from the batches
+        written since (their rows not in the journal yet) and from the buffer, unwritten."""
+        batches, self._journal_batches = self._journal_batches, []
+        found = {}
+        for buf in (self._ops, self._mem, self._saved, self._io):
+            table, start = buf.table, self._journaled.get(buf.table, 0)
+            end = self._sunk.get(table, 0)
+            parts = []
+            for name, columns in reversed(batches):
+                if name == table and end > start:
+                    size = _length(columns)
+                    parts.append({c: a[max(start - (end - size), 0) :] for c, a in columns.items()})
+                    end -= size
+            parts.reverse()
+            rest = buf.unflushed(start)
+            self._since_start(rest)
+            parts.append(rest)
+            if buf.rows > start:
+                found[table] = {c: np.concatenate([p[c] for p in parts]) for c in rest}
+            self._journaled[table] = buf.rows
+        return found
+
+    def _journal_step(self) -> None:
+        """Append the step that just ended to the journal (NOTE [ The recording journal ])."""
+        journal, writer = self._journal, self._writer
+        if journal is None or writer is None:
+            return
+        blocks: dict[str, str] = {}
+        arrays: dict[str, np.ndarray] = {}
+        for table, columns in self._appended_since_journal().items():
+            blocks[table] = "append"
+            arrays.update({f"{table}/{name}": col for name, col in columns.items()})
+        for mutable in (self._storages, self._calls, self._steps, self._regions):
+            rows, columns = mutable.take_changes()
+            self._since_start(columns)
+            _add_rows(blocks, arrays, mutable.table, rows, columns)
+        assert self._modules is not None
+        modules = self._modules.columns()
+        _add_rows(blocks, arrays, "modules", *_changed(self._journal_modules, modules))
+        self._journal_modules = modules
+        strings = writer.strings_since(self._journal_strings)
+        self._journal_strings += len(strings)
+        spec = self.runs[self._run_index]
+        header = {
+            "kind": "step",
+            "run": spec.name,
+            "attrs": {
+                "steps_recorded": self._steps_in_run,
+                "checkpointing": spec.checkpointing,
+                "complete": self._steps_in_run >= self.steps,
+            },
+            "meta": {
+                "steps_recorded": self.steps_recorded,
+                "device": "cuda" if self._saw_cuda else "cpu",
+                "step_rule": self._tracker.describe(self.warmup, modules=not self._no_modules),
+                "allocator_events": self._allocator_events(),
+            },
+            "strings": strings,
+            "blocks": blocks,
+        }
+        if self.write_error is not None:
+            return  # the journal's last record is the last step kept: room to rebuild it
+        try:
+            journal.append(header, arrays)
+        except OSError as exc:  # a full disk: the steps journaled so far are what is kept
+            self._journal = None
+            self.write_error = _describe_write_error(exc)
+            writer.abandon()
 
     def _flush(self) -> None:
         if self._allocator.running and len(self._mem.data) > WINDOW_ROWS * self._mem.width:
@@ -546,6 +669,32 @@ class Recorder:
                 data[at + _ST_FREE_NS] = block.free_ns
         self._merge.touched.clear()
 
+    def _keep_the_trace_open_on_closerange(self) -> Callable[[], None]:
+        """A script that closes every file descriptor (``os.closerange(3, ...)``, as daemons
+        do) closes all but the trace's, and the allocator's window closes first, the next
+        one opening at the next step boundary: without either (or with the window reopened at
+        once) torch's profiler crashed the process. NOTE [ A file closed under the writer ] in
+        ckview/trace/writer.py covers a plain ``os.close``. Returns the undo."""
+        real, owner = os.closerange, os.getpid()
+
+        def closerange(low: int, high: int) -> None:
+            writer = self._writer
+            ours = writer.fileno() if writer is not None and os.getpid() == owner else -1
+            if ours >= 0:
+                self._close_window()
+                self._allocator.give_up("the script closed every file descriptor")
+            if low <= ours < high:
+                real(low, ours)
+                low = ours + 1
+            real(low, high)
+
+        os.closerange = closerange
+
+        def undo() -> None:
+            os.closerange = real
+
+        return undo
+
     def _stack_of(self, op: int) -> int:
         """The stack row of buffered op ``op`` (-1 without --stacks or for an older op)."""
         at = op - (self._ops.rows - len(self._op_stacks))
@@ -590,12 +739,13 @@ class Recorder:
             for table in (self._storages, self._calls, self._steps, self._regions):
                 self._sink(table.table, table.as_columns())
             spec = self.runs[self._run_index]
-            self._run.set_attrs(
+            self._write(
+                self._run.set_attrs,
                 steps_recorded=self._steps_in_run,
                 checkpointing=spec.checkpointing,
                 **self._oom.attrs(error, self._t0),
             )
-            self._run.close(complete=not error)
+            self._write(self._run.close, complete=not error)
         finally:
             self._busy = False
             self._state = State.BETWEEN_RUNS
@@ -621,10 +771,11 @@ class Recorder:
         self._busy = True
         try:
             assert self._modules is not None
-            writer.append_modules(self._modules.columns())
+            self._write(writer.append_modules, self._modules.columns())
             if self._stacks is not None:
-                self._stacks.write(writer)
-            writer.update_meta(
+                self._write(self._stacks.write, writer)
+            self._write(
+                writer.update_meta,
                 steps_recorded=self.steps_recorded,
                 device="cuda" if self._saw_cuda else "cpu",
                 step_rule=self._tracker.describe(self.warmup, modules=not self._no_modules),
@@ -632,7 +783,7 @@ class Recorder:
                 device_total_bytes=self._device.total_bytes,
                 allocator_events=self._allocator_events(),
             )
-            writer.flush()
+            self._write(writer.flush)
         finally:
             self._busy = False
 
@@ -641,26 +792,53 @@ class Recorder:
         cost per call unless the script failed, close the trace and settle it (NOTE [ Writing
         beside the target ] in output.py). Call with every hook removed: the cost is measured
         on a model of its own."""
-        writer, self._writer = self._writer, None
+        writer = self._writer
         if writer is None:
             return
         error = self._failure(error)
         try:
             timed = [(name, t) for name, t in self._timer.runs.items() if t.steps_ns]
             for name, times in timed:
-                run = writer.run(name)
-                run.append("timing_steps", times.step_columns())
-                run.append("timed_calls", times.call_columns())
+                self._write(lambda n=name, t=times: self._timings(writer.run(n), t))
             if timed and not error:
                 cost = plan_call_cost_ns()
-                writer.update_meta(
+                self._write(
+                    writer.update_meta,
                     checkpoint_call_ns=cost.median_ns,
                     checkpoint_call_low_ns=cost.low_ns,
                     checkpoint_call_high_ns=cost.high_ns,
                 )
+            if self.write_error is None:
+                self._write(writer.close, complete=not error, error=error)
         finally:
-            writer.close(complete=not error, error=error)
+            self._writer = None
+            self._settle(writer, error)
+
+    @staticmethod
+    def _timings(run: Any, times: RunTimes) -> None:
+        run.append("timing_steps", times.step_columns())
+        run.append("timed_calls", times.call_columns())
+
+    def _settle(self, writer: TraceWriter, error: str) -> None:
+        """Put the closed trace where it belongs; after a write failure, the trace rebuilt from
+        the journal (NOTE [ When the trace cannot be written ])."""
+        self._journal = None
+        if self.write_error is None:
             self.written = settle(self._staging, self.path, good=not error)
+            self.journal.unlink(missing_ok=True)
+            return
+        writer.abandon()
+        self._staging.unlink(missing_ok=True)  # frees the room the rebuilt trace needs
+        why = f"{self.write_error}; the steps recorded before are kept"
+        if not room_for(self.journal):
+            return  # the journal stays, for ckview recover once there is room
+        try:
+            recovered = recover_journal(self.journal, self._staging, why)
+        except (OSError, RuntimeError, TraceError):
+            return  # the journal stays, for ckview recover once there is room
+        self.steps_recorded = recovered.steps
+        self.written = settle(self._staging, self.path, good=False)
+        self.journal.unlink(missing_ok=True)
 
     def _failure(self, error: str) -> str:
         """``error``, or why no step was recorded: that is a failure too."""
@@ -691,6 +869,7 @@ class Recorder:
         self._eager_compile.install()
         self._restore.append(self._eager_compile.uninstall)
         self._restore.append(self._allocator.yield_to_the_script())
+        self._restore.append(self._keep_the_trace_open_on_closerange())
         self._listen_to_ckpt_runtime()
         self._observer = _OpObserver(self)
         self._observer.__enter__()
@@ -939,6 +1118,7 @@ class Recorder:
             self._step += 1
             self._steps_in_run += 1
             self.steps_recorded += 1
+            self._journal_step()
             self._progress.step_done()
             if self._steps_in_run < self.steps:
                 self._open_step(now)
@@ -1705,8 +1885,55 @@ def _forget_in_child(recorder: weakref.ref[Recorder]) -> None:
     rec = recorder()
     if rec is not None:
         rec._state = State.DONE
+        if rec._writer is not None:
+            rec._writer.forget_in_child()
         rec._writer = None
+        rec._journal = None  # the parent's
         rec._known.clear()
+
+
+def _describe_write_error(exc: BaseException) -> str:
+    """One line: why the trace could not be written."""
+    if isinstance(exc, TraceError):
+        return str(exc)
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    if code == errno.ENOSPC or "errno = 28" in text or "No space left" in text:
+        return "the disk is full (no space left on device)"
+    if code == errno.EBADF or "errno = 9" in text:
+        return "the script closed the trace's file"
+    return f"writing the trace failed ({' '.join(text.split())[:200]})"
+
+
+def _length(columns: dict[str, np.ndarray]) -> int:
+    return len(next(iter(columns.values())))
+
+
+def _add_rows(
+    blocks: dict[str, str],
+    arrays: dict[str, np.ndarray],
+    table: str,
+    rows: np.ndarray,
+    columns: dict[str, np.ndarray],
+) -> None:
+    """Add a changed-rows block of ``table`` to a journal record, if any row changed."""
+    if len(rows):
+        blocks[table] = "rows"
+        arrays[f"{table}/{ROWS}"] = rows
+        arrays.update({f"{table}/{name}": col for name, col in columns.items()})
+
+
+def _changed(
+    before: dict[str, np.ndarray], now: dict[str, np.ndarray]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The rows of ``now`` that are new or differ from ``before``, and their columns."""
+    seen = len(next(iter(before.values()))) if before else 0
+    count = len(next(iter(now.values())))
+    differs = np.zeros(seen, bool)
+    for name, col in now.items() if seen else ():
+        differs |= col[:seen] != before[name]
+    rows = np.concatenate((np.flatnonzero(differs), np.arange(seen, count)))
+    return rows, {name: col[rows] for name, col in now.items()}
 
 
 def _seq_nr(node: Any) -> int:

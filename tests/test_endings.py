@@ -158,12 +158,12 @@ def test_a_good_recording_replaces_the_trace(good_trace: Path, run_cli: Any) -> 
 def test_a_trace_that_does_not_validate_never_replaces_a_good_one(
     good_trace: Path, run_cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import recorder.output
+    import ckview.trace.staging
     from ckview.trace import ValidationReport
 
     before = good_trace.read_bytes()
     broken = ValidationReport(str(good_trace), problems=["a broken reference"])
-    monkeypatch.setattr(recorder.output, "validate_trace", lambda path: broken)
+    monkeypatch.setattr(ckview.trace.staging, "validate_trace", lambda path: broken)
     script = _script(good_trace.parent, 6)
     code, _, err = run_cli("record", "-o", str(good_trace), str(script))
     assert code == 1 and good_trace.read_bytes() == before
@@ -182,8 +182,8 @@ def test_a_failed_recording_takes_the_place_of_no_trace(tmp_path: Path, run_cli:
 
 def test_the_recording_is_written_beside_the_target(tmp_path: Path) -> None:
     """While the script runs, the target is untouched and the trace grows beside it."""
+    from ckview.trace.staging import staging_path
     from recorder import Recorder
-    from recorder.output import staging_path
 
     target = tmp_path / "t.h5"
     target.write_bytes(b"not yet")

@@ -85,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
             print("wrote " + done[0])
             return 0
     figure, csv_paths = _outputs(args.output or "report.png", args.csv)
+    from ckview.cli.outputs import refuse_inputs
+
+    for path in [figure, *csv_paths]:
+        if path is not None:
+            refuse_inputs(path, [*args.traces, *(p for p in args.plans if os.path.isfile(p))])
     if figure is not None and not MIN_WIDTH <= args.width <= MAX_WIDTH:
         raise CLIError(f"--width {args.width} is out of range; use {MIN_WIDTH} to {MAX_WIDTH}")
     traces = _load(args.traces)

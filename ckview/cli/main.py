@@ -15,6 +15,7 @@ from ckview.cli import (
     plan,
     project,
     record,
+    recover,
     summary,
     validate,
     verify,
@@ -23,7 +24,7 @@ from ckview.cli import (
 from ckview.cli.command import split_command
 from ckview.cli.errors import EXIT_USAGE, CLIError
 
-VERBS = (record, summary, diff, view, export, import_, validate, project, verify, plan)
+VERBS = (record, summary, diff, view, export, import_, validate, project, verify, plan, recover)
 SCRIPT_VERBS = ("record", "verify")
 """Verbs that run a script: NOTE [ The script's arguments are the script's ] in command.py."""
 TRACE_SUFFIXES = (".h5", ".hdf5")
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ckview.trace.text import printable
 
     try:
+        _recover_what_is_read(args)
         return int(args.handler(args))
     except (CLIError, TraceError) as exc:
         # Messages may quote names from a trace: NOTE [ Strings from a trace are escaped once,
@@ -89,6 +91,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+
+
+def _recover_what_is_read(args: argparse.Namespace) -> None:
+    """A trace about to be read that a killed recording left as a journal is rebuilt first
+    (ckview/cli/recover.py)."""
+    if args.verb in ("record", "verify", "recover"):
+        return
+    if getattr(args, "trace", None) is not None:
+        args.trace = recover.recover_stale(args.trace)
+    if getattr(args, "traces", None):
+        args.traces = [recover.recover_stale(path) for path in args.traces]
 
 
 def _with_verb(argv: list[str]) -> list[str]:

@@ -62,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("give a budget (--budget 3GiB or --budget 60%), or ask for --pareto")
     if args.output is not None and args.budget is None:
         raise CLIError("-o writes the plan for a budget; add --budget")
+    if args.output is not None:
+        from ckview.cli.outputs import refuse_inputs
+
+        refuse_inputs(args.output, [args.trace])
     device = args.budget is not None and args.budget.strip().lower() == DEVICE_BUDGET
     wanted = _parse_budget(args.budget) if args.budget is not None and not device else None
     name, tables = _read_run(args.trace, args.run)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ckview.cli.distributed import is_launcher, run_launcher
 from ckview.cli.errors import CLIError
@@ -208,12 +208,14 @@ def record_script(
     """Run the script under the recorder; how it ended.
 
     The trace is closed (incomplete if the script failed) and settled whatever happens, also on
-    Ctrl-C and SIGTERM (NOTE [ Writing beside the target ] in recorder/output.py). After the
+    Ctrl-C and SIGTERM (NOTE [ Writing beside the target ] in ckview/trace/staging.py). After the
     recorded runs come ``args.timing_steps`` rounds of plain timing steps (NOTE [ Plain timing
     steps ] in recorder/timing.py), written to the trace.
     """
     if not output.parent.exists():
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
+    check_output(output, args)
+    existed = output.exists()
     from recorder import Recorder, StopScript, run_script
     from recorder.steps import StepRule, StepRuleError
 
@@ -240,25 +242,133 @@ def record_script(
     except OSError as exc:
         raise CLIError(f"cannot write {output}: {exc.strerror or exc}") from None
     outcome = None
-    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    parent = os.getpid()
     try:
-        with _stdout_to_stderr(stdout_to_stderr):
+        with (
+            _stdout_to_stderr(stdout_to_stderr),
+            _signals_stop_the_script(),
+            _os_exit_closes(recorder, lambda ending: report(output, ending, args), existed),
+        ):
             outcome = run_script(args.target, args.args, module=args.module)
     except StopScript as abort:  # PlanCheck: a plan does not fit the model
+        _exit_if_child(parent, 1)
         recorder.close(error=str(abort))
         if recorder.written is not None:
             recorder.written.unlink(missing_ok=True)  # nothing was recorded in it
         raise CLIError(str(abort)) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        _exit_if_child(parent, outcome.exit_code if outcome else 1)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
+    return _ending(recorder, outcome, existed)
+
+
+def _ending(recorder: Any, outcome: Any, existed: bool) -> Ending:
+    """How the recording ended (``existed``: a file was at the target before); CLIError if the
+    trace could not be written at all."""
+    if recorder.write_error is not None:
+        if recorder.written is None:  # not even rebuilt from the journal: the disk is full
+            raise CLIError(
+                f"cannot write the trace: {recorder.write_error}; the steps recorded before "
+                f"are kept in {recorder.journal}: make room, then run: ckview recover "
+                f"{recorder.path}"
+            )
+        print(f"ckview: cannot write the trace: {recorder.write_error}", file=sys.stderr)
+        error = f"{recorder.write_error}; the steps recorded before are kept"
+        return Ending(
+            outcome.exit_code or 1,
+            recorder.steps_recorded,
+            error,
+            recorder.written,
+            recorder.warmup_done,
+            existed,
+        )
     return Ending(
         outcome.exit_code,
         recorder.steps_recorded,
         outcome.error,
         recorder.written,
         recorder.warmup_done,
+        existed,
     )
+
+
+def check_output(output: Path, args: argparse.Namespace) -> None:
+    """Refuse an output that is the script, a plan file or a file that is not a trace
+    (NOTE [ Never destroy a user's file ] in ckview/cli/outputs.py)."""
+    from ckview.cli.outputs import refuse_inputs, refuse_non_trace
+
+    inputs = [] if args.module else [args.target]
+    inputs += [p for p in getattr(args, "plan", None) or [] if Path(p).is_file()]
+    refuse_inputs(output, inputs)
+    refuse_non_trace(output)
+
+
+def _exit_if_child(parent: int, code: int) -> None:
+    """In a process the script forked, the script's end is that process's end: it must not
+    close, settle or report the parent's trace (NOTE [ Bad scripts ])."""
+    if os.getpid() != parent:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _REAL_EXIT(code)
+
+
+_REAL_EXIT = os._exit
+
+# NOTE [ Bad scripts ]
+# A script may end in ways that skip ckview's own ending: a forked child that returns from the
+# script (it leaves through _exit_if_child, never touching the parent's trace: the recorder
+# went inert in it at the fork and HDF5 writes from it go to /dev/null), ``os._exit`` (wrapped
+# while the script runs: the trace is closed and reported first, then the process exits as
+# asked), SIGTERM and SIGHUP (they stop the script as Ctrl-C does: SignalExit), a script that
+# closes every file descriptor (the trace's is put back: TraceWriter.check_file; the journal
+# opens its file per record). A kill that nothing can catch leaves the journal (NOTE [ The
+# recording journal ] in ckview/trace/journal.py).
+
+
+@contextlib.contextmanager
+def _signals_stop_the_script() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise SignalExit in the script (a SIGHUP ignored, as under nohup,
+    stays ignored)."""
+    wanted = [signal.SIGTERM, signal.SIGHUP]
+    previous = {s: signal.getsignal(s) for s in wanted}
+    for signum in wanted:
+        if previous[signum] is not signal.SIG_IGN:
+            signal.signal(signum, _stop_on_signal)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _os_exit_closes(recorder: Any, say: Any, existed: bool) -> Iterator[None]:
+    """While the script runs, ``os._exit(n)`` in this process closes and reports the trace
+    first (NOTE [ Bad scripts ])."""
+    me = os.getpid()
+
+    def exit_(status: int) -> NoReturn:
+        if os.getpid() == me:
+            os._exit = _REAL_EXIT
+            error = f"os._exit({status}) in the script"
+            with contextlib.suppress(Exception):
+                recorder.close(error=error)
+                say(_ending(recorder, _Exited(status, error), existed))
+            sys.stdout.flush()
+            sys.stderr.flush()
+        _REAL_EXIT(status)
+
+    os._exit = exit_
+    try:
+        yield
+    finally:
+        os._exit = _REAL_EXIT
+
+
+@dataclass(frozen=True)
+class _Exited:
+    exit_code: int
+    error: str
 
 
 @dataclass(frozen=True)
@@ -272,8 +382,10 @@ class Ending:
     error: str | None
     """Why the script failed or was interrupted; None if it ended well."""
     written: Path | None
-    """Where the trace went (NOTE [ Writing beside the target ] in recorder/output.py)."""
+    """Where the trace went (NOTE [ Writing beside the target ] in ckview/trace/staging.py)."""
     warmup_done: int
+    existed: bool = False
+    """A trace was at the target before: if the new one went there, it replaced it."""
 
 
 @contextlib.contextmanager
@@ -302,6 +414,7 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
 
     written = ending.written or output
     kept = "" if written == output else f"; {output} was left as it was"
+    replaced = ", replacing the trace that was there" if ending.existed else ""
     if ending.error and not _complete(written):
         from ckview.cli.device import oom_report, warmup_oom_report
 
@@ -309,7 +422,7 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
             oom_report(written, kept)
             or warmup_oom_report(ending.error or "", ending.warmup_done, args.warmup, written)
             or f"ckview: the script failed ({ending.error}); the trace, marked incomplete, is "
-            f"{written}{kept}",
+            f"{written}{kept or replaced}",
             file=sys.stderr,
         )
         return ending.exit_code or 1
@@ -346,8 +459,8 @@ def report(output: Path, ending: Ending, args: argparse.Namespace, runs: int = 1
             file=sys.stderr,
         )
     print(
-        f"ckview: wrote {output} ({plural(ending.steps, 'step')}); "
-        f"next: ckview summary {shlex.quote(str(output))}",
+        f"ckview: wrote {output} ({plural(ending.steps, 'step')}{replaced}); next: ckview "
+        f"summary {shlex.quote(str(output))}",
         file=sys.stderr,
     )
     return ending.exit_code
@@ -490,6 +603,11 @@ def check_target(target: str, module: bool) -> None:
             spec = None
         if spec is None:
             raise CLIError(f"no module named {target!r}; check the name or drop -m to run a file")
+        if spec.submodule_search_locations is not None and not _has_main(target):
+            raise CLIError(
+                f"{target} is a package without __main__.py, so python -m cannot run it; "
+                "name its training module (-m package.module)"
+            )
         return
     path = Path(target)
     if not path.exists():
@@ -498,8 +616,22 @@ def check_target(target: str, module: bool) -> None:
         raise CLIError(f"{target} is a folder without __main__.py; give a Python script")
 
 
-def _raise_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds the script so the trace is closed
+def _has_main(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"{package}.__main__") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _stop_on_signal(signum: int, frame: object) -> None:
+    from recorder import SignalExit
+
+    raise SignalExit(signum)  # unwinds the script so the trace is closed
+
+
+MAX_STEPS = 1_000_000
+"""The most --steps, --warmup and --timing-steps take: far above any real recording, it turns
+a typo (``--steps 999999999999``) into one line at once."""
 
 
 def _positive(text: str) -> int:
@@ -516,4 +648,6 @@ def _non_negative(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    if value > MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_STEPS:,}, got {text}")
     return value

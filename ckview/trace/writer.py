@@ -7,6 +7,7 @@ The file is a valid (incomplete) trace from the moment the writer is created and
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import platform
 import zlib
@@ -40,6 +41,45 @@ from .schema import (
 #: What ``append`` accepts for one column: a numpy array of any integer dtype, an array.array,
 #: a list of ints...
 ColumnData = Any
+
+
+def _cannot_create(path: str, error: OSError) -> str:
+    """One line: why ``path`` cannot be created, and what to do."""
+    if error.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EBUSY) or "lock" in str(error):
+        return (
+            f"cannot write {path}: it is open elsewhere (a viewer or another recording holds "
+            "it); close that program or write to another path"
+        )
+    if error.errno == errno.ENOSPC:
+        return f"cannot create {path}: no space left on its disk; free some space"
+    reason = os.strerror(error.errno) if error.errno else one_line(error)
+    return f"cannot create {path} ({reason}); check that its directory exists and is writable"
+
+
+_ABANDONED: list[h5py.File] = []
+"""Files left open on purpose (TraceWriter.abandon)."""
+
+# NOTE [ A file closed under the writer ]
+# A script may close every file descriptor (``os.closerange(3, ...)``), the trace's too.
+# Before each write the writer checks (one fstat) that its descriptor still names the trace:
+# a closed one is reopened at the same number and writing goes on; one that names another
+# file by now (the script opened one and got the number) is never written or closed again,
+# and the trace is rebuilt from the journal (NOTE [ The recording journal ] in journal.py).
+
+
+def _to_devnull(fd: int) -> None:
+    """Make ``fd`` name a file that takes any write and is lost (in this process only): an
+    anonymous memory file (sparse: HDF5's last writes are small), else /dev/null."""
+    try:
+        null = os.memfd_create("ckview-discarded")
+    except (AttributeError, OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_dev, stat.st_ino
 
 
 def _mark(node: h5py.Group | h5py.Dataset, kind: str) -> None:
@@ -323,16 +363,13 @@ class TraceWriter:
         try:
             self._file = h5py.File(self.path, "w")
         except OSError as e:
-            reason = os.strerror(e.errno) if e.errno else one_line(e)
-            raise TraceError(
-                f"cannot create {self.path} ({reason}); check that its directory exists "
-                "and is writable",
-                path=self.path,
-            ) from e
+            raise TraceError(_cannot_create(self.path, e), path=self.path) from e
         self._strings: dict[str, int] = {}
+        self._texts: list[str] = []  # the strings by id
         self._pending: list[str] = []
         self._runs: dict[str, RunWriter] = {}
-        self.closed = False
+        self.closed = self._abandoned = False
+        self._identity = _identity(os.fstat(self._file.id.get_vfd_handle()))
         try:
             self._create_layout(initial)
             self._file.flush()
@@ -380,8 +417,72 @@ class TraceWriter:
                 raise TypeError(f"only str can be interned, got {text!r}")
             text.encode("utf-8")  # fail here, not at flush, on lone surrogates
             sid = self._strings[text] = len(self._strings)
+            self._texts.append(text)
             self._pending.append(text)
         return sid
+
+    def strings_since(self, start: int) -> list[str]:
+        """The strings interned with ids ``start`` and on."""
+        return self._texts[start:]
+
+    def fileno(self) -> int:
+        """The file descriptor HDF5 writes the trace through; -1 once closed."""
+        if self.closed:
+            return -1
+        try:
+            return int(self._file.id.get_vfd_handle())
+        except (ValueError, RuntimeError, OSError):
+            return -1
+
+    def check_file(self) -> None:
+        """Make sure the file descriptor HDF5 writes to is still this trace's (NOTE [ A file
+        closed under the writer ]): reopen it if the process closed it; TraceError if the
+        number now names another file."""
+        self._check_open()
+        fd = self._file.id.get_vfd_handle()
+        try:
+            same = _identity(os.fstat(fd)) == self._identity
+        except OSError:  # closed (os.closerange): put the trace back at the same number
+            reopened = os.open(self.path, os.O_RDWR)
+            if reopened != fd:
+                os.dup2(reopened, fd)
+                os.close(reopened)
+            return
+        if not same:
+            raise TraceError(
+                f"the script closed the file descriptor of {self.path} and opened another "
+                "file at its number; the trace can no longer be written there",
+                path=self.path,
+            )
+
+    def abandon(self) -> None:
+        """Stop writing without finishing the file, which the caller discards: whatever HDF5
+        still writes goes to /dev/null (on a full disk it would fail again). Never raises;
+        idempotent. NOTE [ A file closed under the writer ]: if the descriptor names another
+        file by now (the script's), the HDF5 file is left open, never flushed from here."""
+        if self._abandoned:
+            return
+        self.closed = self._abandoned = True
+        try:
+            fd = self._file.id.get_vfd_handle()
+            if _identity(os.fstat(fd)) != self._identity:
+                _ABANDONED.append(self._file)  # closing it would write into that file
+                return
+        except OSError:  # closed: /dev/null takes the number
+            pass
+        with contextlib.suppress(Exception):
+            _to_devnull(fd)
+        with contextlib.suppress(Exception):
+            self._file.close()
+        if self._storage.compressor is not None:
+            self._storage.compressor.close()
+
+    def forget_in_child(self) -> None:
+        """In a forked child: the file is the parent's. Whatever HDF5 writes from this process
+        from now on (its last flush at exit) goes to /dev/null."""
+        self.closed = True
+        with contextlib.suppress(Exception):
+            _to_devnull(self._file.id.get_vfd_handle())
 
     def append_modules(self, columns: Mapping[str, ColumnData]) -> None:
         """Append rows to the root ``modules`` table (every column of schema.MODULES)."""

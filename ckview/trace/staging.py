@@ -3,14 +3,16 @@
 NOTE [ Writing beside the target ]
 A recording never destroys a good trace at its target path. It is written to a file beside the
 target (same folder, so that the final move is an atomic ``os.replace``), named
-``NAME.recording-PID.h5`` (readable even if the process is killed: whole steps are flushed).
+``NAME.recording-PID.h5`` (with its journal, NOTE [ The recording journal ] in journal.py).
 When the recorder closes:
 - a good recording (complete, at least one step, and valid per ``validate_trace``) replaces the
   target;
 - a failed one (the script failed or was interrupted, or no step was recorded) takes the
-  target's place only if there is no good trace there (none, or one that is incomplete or
-  unreadable); otherwise it is kept beside as ``NAME.incomplete.h5`` and the target is left
-  as it was. ``Recorder.written`` says where it went.
+  target's place only if there is no trace there at least as good: none, an unreadable file,
+  or an incomplete trace with fewer steps; otherwise it is kept beside as
+  ``NAME.incomplete.h5`` and the target is left as it was. ``Recorder.written`` says where it
+  went. (A file there that is not a trace at all is refused before recording: NOTE [ Never
+  destroy a user's file ] in ckview/cli/outputs.py.)
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ckview.trace import open_trace, validate_trace
-from ckview.trace.errors import TraceError
+from .errors import TraceError
+from .reader import open_trace
+from .validate import validate_trace
 
 
 def staging_path(target: Path) -> Path:
@@ -37,7 +40,8 @@ def settle(staging: Path, target: Path, good: bool) -> Path:
     target ]); return that path."""
     if good and not _is_valid(staging):
         good = False
-    destination = target if good or not _is_good(target) else incomplete_path(target)
+    better_there = _is_good(target) or _steps(target) > _steps(staging)
+    destination = target if good or not better_there else incomplete_path(target)
     os.replace(staging, destination)
     return destination
 
@@ -47,6 +51,17 @@ def _is_valid(path: Path) -> bool:
         return validate_trace(path).ok
     except TraceError:
         return False
+
+
+def _steps(path: Path) -> int:
+    """Steps recorded in the trace at ``path``; -1 if there is none or it does not open."""
+    if not path.exists():
+        return -1
+    try:
+        with open_trace(path) as trace:
+            return int(trace.meta.steps_recorded)
+    except (TraceError, OSError):
+        return -1
 
 
 def _is_good(path: Path) -> bool:
