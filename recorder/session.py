@@ -653,7 +653,8 @@ class Recorder:
 
         def workspaces(blocks: list[Block], ops: np.ndarray) -> int:
             local = ops - first_op
-            calls = np.where(local >= 0, op_rows[np.maximum(local, 0), _OP_CALL], NO_INDEX)
+            calls = np.full(len(ops), NO_INDEX, dtype=np.int64)
+            calls[local >= 0] = op_rows[local[local >= 0], _OP_CALL]
             return self._add_workspaces(blocks, ops, calls)
 
         start = op_rows[:, _OP_START]
@@ -705,7 +706,9 @@ class Recorder:
         of the op running when each block was allocated. Returns the first row."""
         first = len(self._st_data) // _ST_WIDTH
         call_module = np.frombuffer(self._calls.data, dtype=np.int64)[::_CALL_WIDTH]
-        modules = np.where(calls >= 0, call_module[np.maximum(calls, 0)], NO_INDEX)
+        modules = np.full(len(calls), NO_INDEX, dtype=np.int64)
+        in_call = calls >= 0
+        modules[in_call] = call_module[calls[in_call]]
         devices = {
             name: self._cpu_id if name == "cpu" else self._intern(name)
             for name in {block.device for block in blocks}
