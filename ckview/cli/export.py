@@ -143,7 +143,7 @@ def _write_snapshot(args: argparse.Namespace) -> str:
             )
         if name not in names:
             raise CLIError(f"{trace.path} has no run {name!r}; runs: {', '.join(names) or 'none'}")
-        tables = trace.read_run(name)
+        tables = trace.read_run(name, all_devices=True)  # a snapshot has every device
     snapshot = trace_to_snapshot(tables, tables["strings"])
     staging = path.with_name(f".{path.name}.partial")
     try:
