@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ckview.cli.errors import CLIError
+from ckview.cli.errors import no_such_run
 
 
 def add_parser(verbs: Any) -> None:
@@ -52,9 +52,7 @@ def _run_one(args: argparse.Namespace) -> int:
         names = args.runs or trace.run_names
         missing = [n for n in names if n not in trace.run_names]
         if missing:
-            raise CLIError(
-                f"{args.trace} has no run {missing[0]!r}; runs: {', '.join(trace.run_names)}"
-            )
+            raise no_such_run(args.trace, missing[0], trace.run_names)
         strings = trace.strings
         modules = trace.modules.read()
         runs = {}
@@ -162,10 +160,10 @@ def _run_ranks(paths: list[Path], args: argparse.Namespace) -> int:
             names = args.runs or trace.run_names
             for name in names:
                 if name not in trace.run_names:
-                    raise CLIError(
-                        f"{path} has no run {name!r}; runs: {', '.join(trace.run_names)}"
-                    )
-                tables = {t: trace.run(name).table(t).read() for t in _TABLES}
+                    raise no_such_run(path, name, trace.run_names)
+                tables = _on_main_device(
+                    {t: trace.run(name).table(t).read() for t in _TABLES}, trace.strings
+                )
                 summary = summarize_run(
                     tables, trace.modules.read(), list(trace.strings), top=_ALL_MODULES
                 )
