@@ -8,12 +8,13 @@ trace back into a snapshot dict that pytorch.org/memory_viz reads; ``replay_allo
 snapshot's own account of allocated bytes, the oracle of the tests.
 """
 
-from .convert import run_name, snapshot_to_trace, write_snapshot
+from .convert import SnapshotConverter, run_name, snapshot_to_trace, write_snapshot
 from .errors import SnapshotError
 from .reading import check_snapshot, load_snapshot, loads_plain
 from .replay import replay_allocated, replay_peak
 
 __all__ = [
+    "SnapshotConverter",
     "SnapshotError",
     "check_snapshot",
     "load_snapshot",
