@@ -564,6 +564,12 @@ class SnapshotConverter:
         self._stacks = StackTable()
         self._histories: dict[int, _History] = {}
 
+    def reset(self) -> None:
+        """Forget every event added (to read the snapshot again another way)."""
+        self.events = 0
+        self._stacks = StackTable()
+        self._histories.clear()
+
     def add(self, device: int, events: list[Any]) -> None:
         """Read the next ``events`` of ``device``'s history (they may be dropped afterwards)."""
         history = self._histories.get(device)
