@@ -551,6 +551,10 @@ def _append(run: RunWriter, table: str, columns: dict[str, np.ndarray]) -> None:
         run.append(table, {k: v[start : start + BATCH] for k, v in columns.items()})
 
 
+#: Events handed to the converter at once from a snapshot dict.
+CHUNK = 65536
+
+
 class SnapshotConverter:
     """Converts a snapshot whose histories arrive in pieces: ``add`` each device's events in
     history order (devices in order), then ``to_trace`` or ``write`` with the rest of the
@@ -580,6 +584,17 @@ class SnapshotConverter:
         except SnapshotError as exc:
             raise _invalid(self.label, exc) from None
         self.events += len(events)
+
+    def add_snapshot(self, snapshot: dict[str, Any], progress: Progress | None = None) -> None:
+        """``add`` every history of a snapshot dict, ``CHUNK`` events at a time;
+        ``progress(events added, events in all)``."""
+        traces = device_traces(snapshot)
+        total = sum(len(events) for events in traces)
+        for device, events in enumerate(traces):
+            for start in range(0, len(events), CHUNK):
+                self.add(device, events[start : start + CHUNK])
+                if progress is not None:
+                    progress(self.events, total)
 
     def devices(self, snapshot: dict[str, Any]) -> list[int]:
         """The devices to convert (with a history or a segment); SnapshotError if none."""
@@ -643,7 +658,8 @@ def snapshot_to_trace(
 
     ``source`` names where the snapshot came from (for the trace's ``command`` and messages).
     A snapshot that breaks its format raises SnapshotError (one line, naming ``source``)."""
-    converter = _converted(snapshot, source, progress)
+    converter = SnapshotConverter(source or "the snapshot")
+    converter.add_snapshot(snapshot, progress)
     return converter.to_trace(snapshot, path, source)
 
 
@@ -657,26 +673,9 @@ def write_snapshot(
     """Add ``snapshot``'s runs (``snapshot:cuda:N``), frames and stacks to an open trace (the
     recorder's, for one): the frames and stacks come after those the trace holds, and nothing
     else may append to those two tables until this returns. Returns the run names."""
-    return _converted(snapshot, source, progress).write(writer, snapshot)
-
-
-#: Events handed to the converter at once from a snapshot dict.
-CHUNK = 65536
-
-
-def _converted(
-    snapshot: dict[str, Any], source: str, progress: Progress | None
-) -> SnapshotConverter:
-    """A converter that has read every history of ``snapshot``."""
     converter = SnapshotConverter(source or "the snapshot")
-    traces = device_traces(snapshot)
-    total = sum(len(events) for events in traces)
-    for device, events in enumerate(traces):
-        for start in range(0, len(events), CHUNK):
-            converter.add(device, events[start : start + CHUNK])
-            if progress is not None:
-                progress(converter.events, total)
-    return converter
+    converter.add_snapshot(snapshot, progress)
+    return converter.write(writer, snapshot)
 
 
 def _invalid(label: str, exc: SnapshotError) -> SnapshotError:

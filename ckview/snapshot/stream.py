@@ -22,8 +22,11 @@ NOTE [ Streaming a snapshot ]
     Whatever the builder cannot follow exactly (a protocol below 2, sets, recursive tuples,
     memo entries out of order, a history fetched back or laid out another way, an event
     fetched back after it was handed on) raises ``_Fallback``, and ``read_snapshot`` reads
-    the file with the restricted C unpickler instead: same trace, more memory. Anything that
-    could run code is refused by both.
+    the file with the restricted C unpickler instead: same trace, more memory. So does an
+    event the converter rejects: where a hand-made pickle nests lists without MARKs, a list
+    can be taken for a history that is not one, and only the whole object says for sure
+    which event is bad. Anything that could run code is refused by both, by the scan before
+    anything is built.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from ckview.trace.text import printable
 
 from .convert import SnapshotConverter
 from .errors import SnapshotError
-from .layout import device_traces
 from .reading import check_snapshot, load_snapshot, refused, unreadable
 
 Progress = Callable[[int, int], None]
@@ -131,18 +133,19 @@ def read_snapshot(
     path: str | os.PathLike[str],
     converter: SnapshotConverter,
     stages: Stages | None = None,
-    stream_above: int = STREAM_ABOVE,
+    stream_above: int | None = None,
 ) -> dict[str, Any]:
     """Read the snapshot file at ``path``: its histories go to ``converter``, and the rest of
     the snapshot (without ``device_traces``) is returned for ``converter.to_trace``. Files of
-    ``stream_above`` bytes or more are streamed (NOTE [ Streaming a snapshot ]). SnapshotError
-    (one line) if the file is unreadable, refused or not a snapshot."""
+    ``stream_above`` bytes or more (default ``STREAM_ABOVE``) are streamed (NOTE [ Streaming a
+    snapshot ]). SnapshotError (one line) if the file is unreadable, refused or not a
+    snapshot."""
     label = os.fspath(path)
     try:
         size = os.path.getsize(label)
     except OSError:
         size = 0  # load_snapshot says why it cannot be read
-    if size >= stream_above:
+    if size >= (STREAM_ABOVE if stream_above is None else stream_above):
         try:
             return _stream(label, size, converter, stages)
         except _Fallback:
@@ -150,21 +153,10 @@ def read_snapshot(
     snapshot = load_snapshot(label, _stage(stages, "reading", "MiB", 2**20))
     if stages is not None:
         stages.done()
-    progress = _stage(stages, "converting", "events", 1)
-    traces = device_traces(snapshot)
-    total = sum(len(events) for events in traces)
-    for device, events in enumerate(traces):
-        for start in range(0, len(events), CHUNK):
-            converter.add(device, events[start : start + CHUNK])
-            if progress is not None:
-                progress(converter.events, total)
+    converter.add_snapshot(snapshot, _stage(stages, "converting", "events", 1))
     if stages is not None:
         stages.done()
     return {k: v for k, v in snapshot.items() if k != "device_traces"}
-
-
-#: Events handed to the converter at once from an unpickled snapshot.
-CHUNK = 65536
 
 
 def _stage(stages: Stages | None, what: str, unit: str, scale: int) -> Progress | None:
@@ -342,6 +334,7 @@ class _Builder:
         self.blocks = _Blocks(f, size, progress)
         self.plan = plan
         self.dropped = 0  # entries of plan.drop dropped from the memo so far
+        self.memo_peak = 0  # the most entries the memo held at a block boundary
         self.converter = converter
         self.memo: dict[int, Any] = {}
         self.kept_ids: set[int] = set()  # containers the memo keeps
@@ -424,6 +417,10 @@ class _Builder:
                 n = buf[i + 1]
                 push(buf[i + 2 : i + 2 + n].decode("utf-8", "surrogatepass"))
                 i += 2 + n
+            elif op == _SHORT_BINBYTES:
+                n = buf[i + 1]
+                push(buf[i + 2 : i + 2 + n])
+                i += 2 + n
             elif op == _SETITEM:
                 value = stack.pop()
                 key = stack.pop()
@@ -470,6 +467,7 @@ class _Builder:
 
     def _drop(self, offset: int) -> None:
         """Drop the memo entries last fetched before file offset ``offset``."""
+        self.memo_peak = max(self.memo_peak, len(self.memo))
         plan, start = self.plan, self.dropped
         stop = int(np.searchsorted(plan.drop_at, offset))
         if stop > start:
@@ -539,7 +537,12 @@ class _Builder:
         elif type(target) is _Streamed:
             if self.kept_ids and not self.kept_ids.isdisjoint(map(id, items)):
                 raise _Fallback  # an event fetched back later, maybe changed
-            self.converter.add(target.index, items)
+            try:
+                self.converter.add(target.index, items)
+            except SnapshotError:
+                # Maybe not a history after all (NOTE [ Streaming a snapshot ]): the C
+                # unpickler's reading says what is wrong, and where.
+                raise _Fallback from None
             target.count += len(items)
         else:
             raise _Unreadable(f"APPEND to a {type(target).__name__}")
