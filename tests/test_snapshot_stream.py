@@ -201,7 +201,10 @@ def _p4(body: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (lambda: _fixture_bytes()[: len(_fixture_bytes()) // 2], "ends before its STOP"),
+        (
+            lambda: _fixture_bytes()[: len(_fixture_bytes()) // 2],
+            "ends (before its STOP|in the middle)",
+        ),
         (lambda: _p4(b"h\x05."), "fetches memo entry 5 before storing it"),
         (lambda: _p4(b"j\x00\x00\x01\x00."), "fetches memo entry 65536 before storing it"),
         (lambda: _p4(b"X\x00\x00\x00\x80abc."), "declares 2147483648 bytes, more than"),
@@ -261,7 +264,7 @@ def _fixture_bytes() -> bytes:
 
 def _deep_event(depth: int) -> bytes:
     """``{"device_traces": [[[[...]]]]}``: an event that is a list nested ``depth`` deep."""
-    return _p4(b"}\x8c\x0ddevice_traces](" + b"]" * depth + b"a" * (depth - 1) + b"ees.")
+    return _p4(b"}\x8c\x0ddevice_traces]]" + b"]" * depth + b"a" * (depth - 1) + b"aas.")
 
 
 # --- what the streaming builder leaves to the C unpickler -----------------------------------

@@ -124,6 +124,7 @@ class _Bar:
 
     def __init__(self) -> None:
         self._last = 0.0
+        self._drawn = False  # a line is drawn and not yet ended
 
     def stage(self, what: str, unit: str, scale: int) -> Callable[[int, int], None]:
         """The progress callback of one stage: ``(done, total)`` in units of ``scale`` (shown
@@ -136,6 +137,7 @@ class _Bar:
             if now - self._last < 0.1 and done < total:
                 return
             self._last = now
+            self._drawn = True
             share = min(done / total, 1.0) if total else 1.0
             text = f"{done / scale:,.{digits}f}/{total / scale:,.{digits}f} {unit}"
             print(
@@ -148,7 +150,10 @@ class _Bar:
         return update
 
     def done(self) -> None:
-        print(file=sys.stderr, flush=True)
+        """End the current stage's line, if one is drawn."""
+        if self._drawn:
+            print(file=sys.stderr, flush=True)
+            self._drawn = False
 
 
 def _stderr_is_tty() -> bool:

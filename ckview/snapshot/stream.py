@@ -150,6 +150,8 @@ def read_snapshot(
             return _stream(label, size, converter, stages)
         except _Fallback:
             converter.reset()
+            if stages is not None:
+                stages.done()
     snapshot = load_snapshot(label, _stage(stages, "reading", "MiB", 2**20))
     if stages is not None:
         stages.done()
@@ -197,15 +199,15 @@ class _Blocks:
 
     def at(self, i: int, need: int = _MARGIN) -> tuple[bytes, int, int]:
         """Move the window to buffer position ``i`` holding at least ``need`` bytes (fewer at
-        the end of the file); returns (buffer, 0, the last position a fixed-size opcode may
-        start at without another call)."""
+        the end of the file); returns (buffer, 0, the last position an opcode may start at
+        without another call: one with a fixed-size argument, or the file's last byte)."""
         self.start += i
         self.f.seek(self.start)
         self.buf = self.f.read(max(BLOCK, need))
         if self.progress is not None:
             self.progress(min(self.start + len(self.buf), self.size), self.size)
         end = self.start + len(self.buf) >= self.size
-        return self.buf, 0, len(self.buf) if end else len(self.buf) - _MARGIN
+        return self.buf, 0, len(self.buf) - (1 if end else _MARGIN)
 
 
 @dataclass
@@ -393,7 +395,11 @@ class _Builder:
                 items = stack
                 stack = metastack.pop()
                 push = stack.append
-                _set_items(stack[-1], items)
+                d = stack[-1]
+                if type(d) is not dict or len(items) & 1:
+                    _bad_set_items(d)
+                pairs = iter(items)
+                d.update(zip(pairs, pairs, strict=False))  # pairs: even length checked
                 i += 1
             elif op == _BININT1:
                 push(buf[i + 1])
@@ -424,7 +430,10 @@ class _Builder:
             elif op == _SETITEM:
                 value = stack.pop()
                 key = stack.pop()
-                _set_items(stack[-1], [key, value])
+                d = stack[-1]
+                if type(d) is not dict:
+                    _bad_set_items(d)
+                d[key] = value
                 i += 1
             elif op == _APPEND:
                 value = stack.pop()
@@ -567,9 +576,7 @@ class _Builder:
         return shown
 
 
-def _set_items(target: Any, items: list[Any]) -> None:
-    if type(target) is not dict:
-        raise _Unreadable(f"SETITEMS on a {type(target).__name__}")
-    if len(items) % 2:
+def _bad_set_items(target: Any) -> NoReturn:
+    if type(target) is dict:
         raise _Unreadable("SETITEMS with an odd number of items")
-    target.update(zip(items[::2], items[1::2], strict=True))
+    raise _Unreadable(f"SETITEMS on a {type(target).__name__}")
