@@ -181,7 +181,7 @@ class _Events:
 MAX_TIME_US = 2**53
 
 _COLUMNS = ("code", "addr", "size", "stream", "stack", "category", "time_us")
-_DTYPES = (np.uint8, np.int64, np.int64, np.int64, np.int64, np.uint8, np.int64)
+_DTYPES = (np.uint8, np.int64, np.int64, np.int64, np.int32, np.uint8, np.int64)
 
 
 class _Bad(Exception):
@@ -204,7 +204,7 @@ class _History:
         self.device = device
         self.count = 0
         self._open: set[int] = set()
-        self._chunks: list[list[np.ndarray]] = []
+        self._parts: list[list[np.ndarray]] = [[] for _ in _COLUMNS]  # per column, per chunk
 
     def add(self, part: list[Any], stacks: StackTable) -> None:
         """Read the next events of the history (SnapshotError naming a bad one)."""
@@ -245,7 +245,8 @@ class _History:
             stack_l.append(frames)
             category_l.append(category)
             time_l.append(time_us)
-        self._chunks.append(self._columns(part, rows))
+        for parts, column in zip(self._parts, self._columns(part, rows), strict=True):
+            parts.append(column)
         self.count += len(part)
 
     def _columns(self, part: list[Any], rows: list[list[int]]) -> list[np.ndarray]:
@@ -265,20 +266,20 @@ class _History:
 
     def first_time_us(self) -> int:
         """The ``time_us`` of the first event, -1 if none or it has none."""
-        return int(self._chunks[0][6][0]) if self.count else -1
+        return int(self._parts[6][0][0]) if self.count else -1
 
     def events(self, t0_us: int) -> _Events:
         """The history as columns, times from ``t0_us`` (NOTE [ Event order ] in timeline.py)."""
-        cols = [
-            np.concatenate([c[i] for c in self._chunks]) if self._chunks else np.zeros(0, dtype)
-            for i, dtype in enumerate(_DTYPES)
-        ]
-        self._chunks.clear()
-        raw_time = cols[6]
-        if (raw_time < 0).any():  # an event without time_us (older layouts): order only
-            time_ns = np.arange(len(raw_time), dtype=np.int64) * 1000
+        cols = []
+        for parts, dtype in zip(self._parts, _DTYPES, strict=True):
+            cols.append(np.concatenate(parts) if parts else np.zeros(0, dtype))
+            parts.clear()  # one column at a time: the chunks and the whole never both held
+        time_ns = cols[6]
+        if (time_ns < 0).any():  # an event without time_us (older layouts): order only
+            time_ns[:] = np.arange(len(time_ns), dtype=np.int64)
         else:
-            time_ns = (raw_time - t0_us) * 1000
+            time_ns -= t0_us
+        time_ns *= 1000
         np.maximum.accumulate(time_ns, out=time_ns)
         return _Events(
             code=cols[0],

@@ -7,18 +7,20 @@ NOTE [ Streaming a snapshot ]
     makes two passes over the file, reading it a block at a time:
 
     1. ``_scan`` walks the opcodes without building anything: it refuses any opcode that names
-       or calls a class (NOTE [ A pickle is code ]), checks every declared length against the
-       file and every GET against the memo so far, and collects the memo indices that are
-       ever fetched back (GET). Torch fetches back strings, frame dicts and frame lists, never
-       events.
-    2. ``_Builder`` runs the plain-data opcodes and keeps in its memo only the objects
-       ``_scan`` saw fetched back. The lists of ``device_traces`` are recognised as they are
-       created (the pickler pushes a container's items right after it, so the container
-       below them and, in a dict, the key before tell where a new list goes): their events
-       go to the ``SnapshotConverter`` in the pickler's batches (1000 at most) and are dropped.
+       or calls a class (NOTE [ A pickle is code ]), so nothing is built from a refused
+       pickle; it checks every declared length against the file and every GET against the
+       memo so far, and notes which memo entries are ever fetched back (GET) and where for the
+       last time. Torch fetches back strings, frame dicts and frames lists, never events.
+    2. ``_Builder`` runs the plain-data opcodes. Its memo keeps only the entries ``_scan`` saw
+       fetched back, each until the block in which it is fetched for the last time. The lists
+       of ``device_traces`` are recognised as they are created (the pickler pushes a
+       container's items right after it, so the container below them and, in a dict, the key
+       before tell where a new list goes): their events go to the ``SnapshotConverter`` in
+       the pickler's batches (1000 at most) and are dropped.
 
-    Memory then grows with what the memo keeps (distinct strings and frames) and with the
-    converter's numpy columns (38 bytes an event), not with the events as Python objects.
+    Memory then grows with what the memo keeps (distinct strings and frames, and frames lists
+    still to be fetched) and with the converter's numpy columns (about 50 bytes an event), not
+    with the events as Python objects (about 550 bytes an event unpickled).
     Whatever the builder cannot follow exactly (a protocol below 2, sets, recursive tuples,
     memo entries out of order, a history fetched back or laid out another way, an event
     fetched back after it was handed on) raises ``_Fallback``, and ``read_snapshot`` reads
@@ -26,7 +28,9 @@ NOTE [ Streaming a snapshot ]
     event the converter rejects: where a hand-made pickle nests lists without MARKs, a list
     can be taken for a history that is not one, and only the whole object says for sure
     which event is bad. Anything that could run code is refused by both, by the scan before
-    anything is built.
+    anything is built. One difference remains, for hand-made pickles only: a frames list or
+    frame dict fetched back and changed after an event that holds it was handed on is read
+    as it was at that moment (the pickler never changes a container after filling it).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ BLOCK = 1 << 20
 _MARGIN = 16  # more than any fixed-size opcode with its argument
 
 # Opcodes (pickletools.opcodes) that plain data uses, protocol 2 to 5.
-_MARK, _STOP, _POP, _POP_MARK, _DUP = 0x28, 0x2E, 0x30, 0x31, 0x32
+_MARK, _STOP = 0x28, 0x2E
 _BININT, _BININT1, _BININT2, _NONE, _BINFLOAT = 0x4A, 0x4B, 0x4D, 0x4E, 0x47
 _BINUNICODE, _SHORT_BINUNICODE, _BINUNICODE8 = 0x58, 0x8C, 0x8D
 _BINBYTES, _SHORT_BINBYTES, _BINBYTES8, _BYTEARRAY8 = 0x42, 0x43, 0x8E, 0x96
@@ -89,7 +93,7 @@ _REFUSED = {
 
 #: Plain-data opcodes the builder does not run (older protocols, sets, recursive tuples):
 #: such a file is read by the C unpickler (NOTE [ Streaming a snapshot ]).
-_ELSEWHERE = frozenset(b"IFLSTUVgpld01289\x8f\x90\x91")
+_ELSEWHERE = frozenset(b"IFLSTUVgpld012\x8f\x90\x91")
 
 #: Argument bytes of opcodes whose argument has a fixed size (``_scan`` skips them).
 _FIXED = [-1] * 256
@@ -510,7 +514,7 @@ class _Builder:
 
     def _keep(self, index: int, value: Any) -> None:
         """Store a memo entry that is fetched back later."""
-        if type(value) is _Streamed or value is self.traces:
+        if type(value) is _Streamed or (self.traces is not None and value is self.traces):
             raise _Fallback  # a history fetched back: it would be empty there
         self.memo[index] = value
         if type(value) is dict:
