@@ -50,8 +50,7 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ckview.snapshot import SnapshotConverter, SnapshotError
-    from ckview.snapshot.stream import read_snapshot
+    from ckview.snapshot import SnapshotConverter, SnapshotError, read_snapshot
 
     source: Path = args.snapshot
     if source.is_dir():
