@@ -430,10 +430,11 @@ def _write_device(
     stack = storages["stack"]
     storages["stack"] = np.where(stack == NO_INDEX, NO_INDEX, stack + stack_base)
     storages["free_ns"] = _times(ev.time_ns[mem], life.close_event)
-    storages["device"] = np.full(life.rows, device_id, np.int32)
-    storages["dtype"] = storages["shape"] = np.full(life.rows, writer.intern(""), np.int32)
+    storages["device"] = _constant(device_id, life.rows, np.int32)
+    storages["dtype"] = storages["shape"] = _constant(writer.intern(""), life.rows, np.int32)
     run = writer.run(run_name(device))
     _append(run, "storages", storages)
+    del storages, stack  # before the memory events' columns are made
     kind = np.where(is_alloc, MemoryEventKind.ALLOC, MemoryEventKind.FREE).astype(np.uint8)
     _append(
         run,
@@ -441,7 +442,7 @@ def _write_device(
         {
             "kind": np.concatenate((np.full(n_pre, MemoryEventKind.SEEN, np.uint8), kind)),
             "storage": np.concatenate((np.arange(n_pre), life.owner)),
-            "op": np.full(n_pre + len(mem), NO_INDEX, np.int32),
+            "op": _constant(NO_INDEX, n_pre + len(mem), np.int32),
             "time_ns": np.concatenate((np.full(n_pre, start_ns, np.int64), ev.time_ns[mem])),
         },
     )
@@ -465,9 +466,9 @@ def _storage_columns(
         "category": np.concatenate(
             (ev.category[pre], np.full(n_end, Category.UNKNOWN, np.uint8), ev.category[opened])
         ),
-        "op": np.full(rows, NO_INDEX, np.int32),
-        "module_call": np.full(rows, NO_INDEX, np.int32),
-        "module": np.full(rows, NO_INDEX, np.int32),
+        "op": _constant(NO_INDEX, rows, np.int32),
+        "module_call": _constant(NO_INDEX, rows, np.int32),
+        "module": _constant(NO_INDEX, rows, np.int32),
         "alloc_ns": np.concatenate((np.full(len(pre) + n_end, -1, np.int64), ev.time_ns[opened])),
         "stack": np.concatenate((ev.stack[pre], end_stack, ev.stack[opened])),
     }
@@ -536,6 +537,11 @@ TORCH_CATEGORIES = {
     "temporary": Category.TEMPORARY,
     "input": Category.INPUT,
 }
+
+
+def _constant(value: int, rows: int, dtype: type) -> np.ndarray:
+    """A column of ``rows`` times ``value`` that takes no memory (a read-only view)."""
+    return np.broadcast_to(np.asarray(value, dtype), (rows,))
 
 
 def _times(time_ns: np.ndarray, rows: np.ndarray) -> np.ndarray:
