@@ -322,3 +322,12 @@ def test_progress_shows_scanning_then_reading(
     assert lines[0].startswith("ckview: scanning   [##############################]")
     assert lines[1].startswith("ckview: reading    [##############################]")
     assert lines[1].endswith(" MiB") and lines[2].startswith(f"ckview: wrote {tmp_path / 's.h5'}")
+
+
+def test_the_c_unpickler_reads_what_fits_in_the_memory_limit(monkeypatch: Any) -> None:
+    """Streaming is for pickles whose unpickled snapshot would not fit (``stream_threshold``)."""
+    monkeypatch.setattr(stream_module, "STREAM_ABOVE", None)
+    monkeypatch.setenv("CKVIEW_MEMORY_LIMIT", str(900 << 20))
+    assert stream_module.stream_threshold() == 100 << 20
+    monkeypatch.setenv("CKVIEW_MEMORY_LIMIT", str(9 << 10))
+    assert stream_module.stream_threshold() == 1 << 10

@@ -43,6 +43,7 @@ from typing import IO, Any, NoReturn, Protocol
 
 import numpy as np
 
+from ckview.trace.structure import memory_limit
 from ckview.trace.text import printable
 
 from .convert import SnapshotConverter
@@ -51,9 +52,14 @@ from .reading import check_snapshot, load_snapshot, refused, unreadable
 
 Progress = Callable[[int, int], None]
 
-#: Files at least this big are streamed; smaller ones are read by the C unpickler, which is
-#: faster and whose memory (about 9x the file) is small enough there.
-STREAM_ABOVE = 64 << 20
+#: Files at least this big are streamed; smaller ones are read by the C unpickler, which is 2 to
+#: 4 times faster and whose memory is about ``UNPICKLED_PER_BYTE`` times the file. None: stream
+#: what the C unpickler could not hold within ckview's memory limit (half the available memory,
+#: or CKVIEW_MEMORY_LIMIT).
+STREAM_ABOVE: int | None = None
+
+UNPICKLED_PER_BYTE = 9
+"""Memory of an unpickled snapshot per byte of its pickle (measured: 7.6 to 9)."""
 
 #: Bytes read from the file at a time.
 BLOCK = 1 << 20
@@ -133,6 +139,13 @@ class Stages(Protocol):
         """The current stage is over."""
 
 
+def stream_threshold() -> int:
+    """The size from which a snapshot file is streamed (``STREAM_ABOVE``)."""
+    if STREAM_ABOVE is not None:
+        return STREAM_ABOVE
+    return memory_limit() // UNPICKLED_PER_BYTE
+
+
 def read_snapshot(
     path: str | os.PathLike[str],
     converter: SnapshotConverter,
@@ -141,7 +154,7 @@ def read_snapshot(
 ) -> dict[str, Any]:
     """Read the snapshot file at ``path``: its histories go to ``converter``, and the rest of
     the snapshot (without ``device_traces``) is returned for ``converter.to_trace``. Files of
-    ``stream_above`` bytes or more (default ``STREAM_ABOVE``) are streamed (NOTE [ Streaming a
+    ``stream_above`` bytes or more (default ``stream_threshold()``) are streamed (NOTE [ Streaming a
     snapshot ]). SnapshotError (one line) if the file is unreadable, refused or not a
     snapshot."""
     label = os.fspath(path)
@@ -149,7 +162,7 @@ def read_snapshot(
         size = os.path.getsize(label)
     except OSError:
         size = 0  # load_snapshot says why it cannot be read
-    if size >= (STREAM_ABOVE if stream_above is None else stream_above):
+    if size >= (stream_threshold() if stream_above is None else stream_above):
         try:
             return _stream(label, size, converter, stages)
         except _Fallback:
