@@ -228,9 +228,12 @@ class DiffView(QWidget):
     # -- inputs
 
     def set_runs(self, runs: list[RunData], axis: Axis | None = None) -> None:
-        """Offer ``runs``; keep the picked runs if still open, else A = the first run and
-        B = the second (the baseline and checkpointed runs of a ``--compare`` trace)."""
+        """Offer ``runs``; keep the picked pair if still open, else A = the first run and
+        B = the second (the baseline and checkpointed runs of a ``--compare`` trace, or the
+        first runs of two traces)."""
         picked = [self._picked(self.box_a), self._picked(self.box_b)]
+        if picked[0] == picked[1]:  # fewer than two runs were open: take the defaults
+            picked = [None, None]
         self.runs = runs
         self.axis = axis or self.axis
         labels = [run.label for run in runs]
