@@ -97,7 +97,7 @@ def test_unmet_budget_says_by_how_much(qtbot: QtBot, window: MainWindow) -> None
     # The lowest-peak plan is selected all the same: the curve shows how close it gets.
     assert window.plan.session is not None and window.plan.session.selection
     note = ask(qtbot, window, "80 MiB")
-    assert "budget 80.0 MiB is met: the plan peaks at" in note and "extra compute" in note
+    assert "budget 80.0 MiB is met: " in note and "→" in note and "extra compute" in note
     assert "color" not in note  # an answer that is met is not shown as a warning
 
 
@@ -148,7 +148,9 @@ def test_run_without_chain_says_why(qtbot: QtBot, window: MainWindow, tmp_path: 
 def test_cli_plan_says_the_same(run_cli: Any) -> None:
     code, out, err = run_cli("plan", str(TRANSFORMER), "--budget", "10%")
     assert code == 1
-    assert "budget 8.88 MiB (10% of the recorded peak 88.8 MiB)" in out
+    assert "budget 8.88 MiB (10% of the recorded peak 88.8 MiB) is not met: " in out
+    code, out, _ = run_cli("plan", str(TRANSFORMER), "--budget", "80MiB")
+    assert code == 0 and "\nbudget 80.0 MiB is met: the plan peaks at " in out
     assert err.startswith(
         "ckview: budget 8.88 MiB (10% of the recorded peak 88.8 MiB) is not met: "
     )

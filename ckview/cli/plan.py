@@ -240,6 +240,7 @@ def _report(context: _Context, result: Any, front: Any) -> str:
 
 
 def _plan_lines(context: _Context, result: Any) -> list[str]:
+    from ckview.analysis import budget_answer
     from ckview.analysis import format_bytes as fb
 
     how = (
@@ -248,7 +249,7 @@ def _plan_lines(context: _Context, result: Any) -> list[str]:
         else f"heuristic search, {result.evaluations} projections"
     )
     title = "plan" if result.fits else "no plan fits the budget; the lowest peak is plan"
-    lines = [f"budget {context.budget}", f"{title} {result.plan['name']} ({how}):"]
+    lines = [budget_answer(result, context.budget), f"{title} {result.plan['name']} ({how}):"]
     names = context.regions(result.regions)
     if len(names) > MAX_LINES:
         names = [f"{name}  ({len(names)} regions)" for name in [", ".join(_compact(names))]]

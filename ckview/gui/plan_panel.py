@@ -345,10 +345,10 @@ class PlanPanel(QWidget):
         self.session.apply_planner(result)
         picked = ", ".join(self.session.region_label(r) for r in self.session.regions())
         if result.fits:
-            what = f" with {picked}" if picked else " with nothing checkpointed"
             text = (
-                f"{budget_answer(result, self._budget_shown)}{what}, "
-                f"+{result.extra_compute_ns / 1e6:.1f} ms extra compute."
+                f"budget {self._budget_shown} is met: {picked or 'nothing checkpointed'} → "
+                f"{format_bytes(result.peak_bytes)}, +{result.extra_compute_ns / 1e6:.1f} ms "
+                "extra compute"
             )
         else:
             text = budget_answer(result, self._budget_shown) + (
