@@ -14,7 +14,7 @@ from pytestqt.qtbot import QtBot
 from torch import nn
 
 from ckview.gui.inspector import Inspector
-from ckview.gui.rundata import NO_SITE, RunData, group_by_site, load_trace
+from ckview.gui.rundata import BEFORE_RECORDING, NO_SITE, RunData, group_by_site, load_trace
 from recorder import Recorder
 from tests.conftest import ROOT
 
@@ -69,14 +69,15 @@ def test_live_tensors_grouped_by_source_line(run: RunData) -> None:
     rows = run.live_tensors(point)
     tanh = next(r for r in rows if r.op == "aten.tanh.default")
     assert tanh.site == TANH_SITE
-    groups = group_by_site(rows)
+    groups = group_by_site(rows, run.no_site)
     assert sum(g.nbytes for g in groups) == sum(r.nbytes for r in rows)
     assert sum(g.count for g in groups) == len(rows)
     assert [g.nbytes for g in groups] == sorted((g.nbytes for g in groups), reverse=True)
     line = next(g for g in groups if g.site == TANH_SITE)
     assert line.nbytes == sum(r.nbytes for r in rows if r.site == TANH_SITE)
     # Parameters were made before recording: no stack, so no line (said, not guessed).
-    assert any(g.site == NO_SITE and "parameters" in g.categories for g in groups)
+    assert run.no_site == BEFORE_RECORDING
+    assert any(g.site == BEFORE_RECORDING and "parameters" in g.categories for g in groups)
 
 
 def test_inspector_groups_by_source_line(qtbot: QtBot, run: RunData) -> None:
@@ -91,7 +92,7 @@ def test_inspector_groups_by_source_line(qtbot: QtBot, run: RunData) -> None:
     assert any(tip.endswith(f"\nat {TANH_SITE}") for tip in tips)
     inspector.grouping.setCurrentIndex(1)
     assert inspector.by_site() and proxy.sourceModel() is inspector.sites
-    groups = group_by_site(run.live_tensors(point))
+    groups = group_by_site(run.live_tensors(point), run.no_site)
     shown = [proxy.data(proxy.index(r, 2)) for r in range(proxy.rowCount())]
     assert sorted(shown) == sorted(g.site for g in groups)
     first = proxy.data(proxy.index(0, 0), Qt.ItemDataRole.UserRole)
@@ -108,7 +109,8 @@ def test_a_trace_without_stacks_says_so() -> None:
     (main,) = load_trace(ROOT / "sample_traces" / "mlp.h5").runs
     point = main.peak.point
     assert main.source_line(point) == "" and "made at" not in main.describe_point(point)
-    assert [g.site for g in group_by_site(main.live_tensors(point))] == [NO_SITE]
+    assert main.no_site == NO_SITE
+    assert [g.site for g in group_by_site(main.live_tensors(point), main.no_site)] == [NO_SITE]
 
 
 def test_sites_are_named_in_the_trace(run: RunData) -> None:

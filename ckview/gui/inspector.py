@@ -167,7 +167,7 @@ class Inspector(QWidget):
         self._shown = (run, point)
         rows = run.live_tensors(point)
         self.model.set_rows(rows)
-        self.sites.set_rows(group_by_site(rows) if self.by_site() else [])
+        self.sites.set_rows(group_by_site(rows, run.no_site) if self.by_site() else [])
         self.table.sortByColumn(0, Qt.SortOrder.DescendingOrder)
         widths = (90, 70, 520) if self.by_site() else (90, 110, 120, 80, 60, 70, 260)
         for column, width in enumerate(widths):

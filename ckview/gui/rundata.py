@@ -104,7 +104,10 @@ class LiveTensor:
 
 
 NO_SITE = "(no source line: record with --stacks)"
-"""The group of tensors whose source line the trace does not hold."""
+"""The group of tensors whose source line the trace does not hold (recorded without stacks)."""
+BEFORE_RECORDING = "(no source line: made before recording)"
+"""The group of tensors without a stack in a trace recorded with stacks: made before it began
+(parameters, optimizer state of the warmup steps)."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +121,12 @@ class SiteGroup:
     """'activations 3, temporaries 1': how many of each category, most first."""
 
 
-def group_by_site(rows: Sequence[LiveTensor]) -> list[SiteGroup]:
-    """``rows`` grouped by source line (``LiveTensor.site``; ``NO_SITE`` without one),
+def group_by_site(rows: Sequence[LiveTensor], unknown: str = NO_SITE) -> list[SiteGroup]:
+    """``rows`` grouped by source line (``LiveTensor.site``; ``unknown`` without one),
     largest sum of bytes first (ties: by line)."""
     groups: dict[str, list[LiveTensor]] = {}
     for row in rows:
-        groups.setdefault(row.site or NO_SITE, []).append(row)
+        groups.setdefault(row.site or unknown, []).append(row)
     out = []
     for site, members in groups.items():
         counts: dict[str, int] = {}
@@ -298,6 +301,14 @@ class RunData:
         return allocation_site(
             t["frames"], t["stacks"], t["strings"], int(t["storages"]["stack"][row])
         )
+
+    @property
+    def no_site(self) -> str:
+        """What a tensor without a source line is grouped as: ``BEFORE_RECORDING`` in a trace
+        recorded with stacks, else ``NO_SITE``."""
+        stack = self.tables["storages"].get("stack") if "stacks" in self.tables else None
+        recorded = stack is not None and bool((np.asarray(stack) >= 0).any())
+        return BEFORE_RECORDING if recorded else NO_SITE
 
     def source_line(self, point: int) -> str:
         """Where the storage allocated or freed at timeline ``point`` was made, '' if the
