@@ -12,7 +12,7 @@ from PyQt6.QtCore import QSettings, Qt
 from pytestqt.qtbot import QtBot
 
 from ckview.analysis import format_bytes, memory_timeline
-from ckview.analysis.diff import diff_runs, live_bytes_of, storage_mask
+from ckview.analysis.diff import HELD_CLASSES, diff_runs, held_mask, live_bytes_of, storage_mask
 from ckview.gui.diff_view import PROMPT, DiffTable, table_texts
 from ckview.gui.main_window import MainWindow
 from ckview.gui.rundata import Axis, load_trace
@@ -72,6 +72,12 @@ def test_masks_give_the_diffs_bytes_at_each_peak() -> None:
         everything = np.ones(len(run.tables["storages"]["nbytes"]), dtype=bool)
         total = memory_timeline(run.tables["storages"], run.tables["memory_events"]).total
         assert np.array_equal(live_bytes_of(run.tables, everything), total)
+    # What held B's peak up, class by class; A has no recompute regions, so no class.
+    assert diff.held_b is not None and diff.held_a is None
+    for name in HELD_CLASSES:
+        held = live_bytes_of(b.tables, held_mask(b.tables, name))[b.peak.point]
+        assert held == diff.held_b.bytes_by_class[name]
+        assert not held_mask(a.tables, name).any()
 
 
 # -- the view
@@ -143,6 +149,13 @@ def test_clicking_rows_shades_them_under_both_curves(qtbot: QtBot, window: MainW
     parts = view.highlighted()
     assert int(parts[0][pair[0].peak.point]) == kind.a_bytes
     assert int(parts[1][pair[1].peak.point]) == kind.b_bytes
+    recompute = next(r for r, row in enumerate(table_texts(view.held)) if row[0] == "recompute")
+    click_row(qtbot, view.held, recompute)
+    assert view.selection is not None and view.selection.held == "recompute"
+    parts = view.highlighted()
+    assert view.diff is not None and view.diff.held_b is not None
+    assert int(parts[1][pair[1].peak.point]) == view.diff.held_b.bytes_by_class["recompute"]
+    assert not parts[0].any()
 
 
 def test_swap_and_runs_of_two_traces(qtbot: QtBot, window: MainWindow) -> None:

@@ -251,6 +251,19 @@ def held_at_peak(run: Run, live: np.ndarray, top: int = 10) -> Held | None:
     return Held(by_class, kept[:top])
 
 
+def held_mask(run: Run, name: str) -> np.ndarray:
+    """Boolean mask over the run's storages: those live at its peak in class ``name`` of NOTE
+    [ What kept a checkpointed peak up ] (none for a run without recompute regions)."""
+    mask = np.zeros(len(run["storages"]["nbytes"]), dtype=bool)
+    region_modules = {int(m) for m in run["recompute_regions"]["module"]} - {NO_INDEX}
+    if not region_modules:
+        return mask
+    _, live = _peak(run)
+    classes = _classify(run, live, _region_of_calls(run["module_calls"], region_modules))
+    mask[live[classes == HELD_CLASSES.index(name)]] = True
+    return mask
+
+
 def _region_of_calls(calls: Table, region_modules: set[int]) -> np.ndarray:
     """For each module call: the outermost checkpointed forward call it is in (itself
     included), or -1. A call's parent comes before it, so one pass in row order does."""
@@ -387,6 +400,7 @@ __all__ = [
     "diff_runs",
     "held_at_peak",
     "held_lines",
+    "held_mask",
     "live_bytes_of",
     "storage_mask",
 ]

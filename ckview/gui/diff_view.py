@@ -38,6 +38,7 @@ from ckview.analysis.diff import (
     describe_kind,
     describe_moment,
     diff_runs,
+    held_mask,
     live_bytes_of,
     storage_mask,
 )
@@ -62,8 +63,12 @@ class Selection:
     module: str | None = None
     category: str | None = None
     kind: TensorKind | None = None
+    held: str | None = None
+    """A class of NOTE [ What kept a checkpointed peak up ]: its storages at each run's peak."""
 
     def mask(self, run: RunData) -> np.ndarray:
+        if self.held is not None:
+            return held_mask(run.tables, self.held)
         return storage_mask(run.tables, module=self.module, category=self.category, kind=self.kind)
 
 
@@ -338,7 +343,8 @@ class DiffView(QWidget):
             a = diff.held_a.bytes_by_class[name] if diff.held_a else None
             b = diff.held_b.bytes_by_class[name] if diff.held_b else None
             if a or b:
-                rows.append((None, [(name, i), _or_dash(a), _or_dash(b)]))
+                selection = Selection(f"held at the peak: {name}", held=name)
+                rows.append((selection, [(name, i), _or_dash(a), _or_dash(b)]))
         for side, held in (("A", diff.held_a), ("B", diff.held_b)):
             for t in held.kept_inside if held else []:
                 label = f"{side} kept inside: {describe_kind(t)}"
