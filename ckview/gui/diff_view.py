@@ -173,6 +173,7 @@ class DiffView(QWidget):
         self.header.setWordWrap(True)
         self.plot = pg.PlotWidget(axisItems={"left": BytesAxis("left")})
         self._curves: list[EnvelopeCurves] = []
+        self.plot.getPlotItem().getViewBox().sigXRangeChanged.connect(self._redraw)
         self.categories = DiffTable(
             ("category", "A", "B", "B − A"),
             "Live bytes at each run's peak, by category",
@@ -441,7 +442,6 @@ class DiffView(QWidget):
         high = max(run.peak.bytes for run in pair)
         plot.setYRange(0, high * 1.12, padding=0)
         plot.setXRange(0, max(float(run.x(self.axis)[-1]) for run in pair), padding=0.01)
-        plot.getViewBox().sigXRangeChanged.connect(self._redraw)
         self._redraw()
 
     def _mark_peak(self, plot: pg.PlotItem, x: float, y: int, tone: str) -> None:
