@@ -3,7 +3,8 @@
     QT_QPA_PLATFORM=offscreen python docs/screenshots.py
 
 Writes docs/images/explorer-*.png from the sample traces, and docs/images/snapshot-import.png
-from the CUDA snapshot fixture when it is there.
+from the CUDA snapshot fixture when it is there. ``--diff-only``: only the Diff view's and the
+budget answers' images (explorer-diff*.png, explorer-budget*.png).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PyQt6.QtCore import QSettings
-from PyQt6.QtWidgets import QApplication
+from PyQt6.QtWidgets import QApplication, QWidget
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
@@ -46,12 +48,15 @@ def main() -> int:
         for _ in range(5):
             app.processEvents()
 
-    def save(w: MainWindow, name: str) -> None:
+    def save(w: QWidget, name: str) -> None:
         settle()
         w.grab().save(str(OUT / name))
         print(f"wrote docs/images/{name}")
 
     OUT.mkdir(parents=True, exist_ok=True)
+    _diff_and_budget_shots(window, save, settle)
+    if "--diff-only" in sys.argv[1:]:
+        return 0
     w = window("transformer_compare.h5")
     w.plan.apply_preset("sqrt")
     w.timeline.select_point(w.runs()[0].peak.point)
@@ -93,6 +98,32 @@ def main() -> int:
     w.timeline.jump_to_peak()
     save(w, "snapshot-import.png")
     return 0
+
+
+def _diff_and_budget_shots(window: Any, save: Any, settle: Any) -> None:
+    """The Diff view (a module's row clicked: its bytes shaded under both curves) and the
+    planner's answers to a budget no plan meets, in the light and dark themes."""
+    from ckview.gui.style import DARK
+
+    for theme, name in ((None, "explorer-diff.png"), (DARK, "explorer-diff-dark.png")):
+        w = window("transformer_compare.h5")
+        if theme is not None:
+            w.set_theme(theme)
+        w.tabs.setCurrentWidget(w.diff)
+        w.diff.modules.selectRow(1)
+        save(w, name)
+    for theme, trace, budget, name in (
+        (None, "transformer.h5", "10%", "explorer-budget.png"),
+        (DARK, "transformer_checkpointed.h5", "30 MiB", "explorer-budget-dark.png"),
+    ):
+        w = window(trace)
+        if theme is not None:
+            w.set_theme(theme)
+        w.resize(1400, 700)
+        w.plan.budget.setText(budget)
+        w.plan.plan_for_budget()
+        settle(lambda w=w: w.plan.plan_button.isEnabled())
+        save(w.plan, name)
 
 
 def _fixture_snapshot() -> Path | None:

@@ -543,7 +543,7 @@ def test_cli_plan(run_cli: Any, tmp_path: Path) -> None:
     out_file = tmp_path / "plan.json"
     code, out, err = run_cli("plan", TRANSFORMER, "--budget", "60%", "-o", str(out_file))
     assert code == 0, err
-    assert "encoder.layers." in out and "(60% of the baseline peak)" in out
+    assert "encoder.layers." in out and "(60% of the recorded peak " in out
     for preset in ("none", "all", "sqrt"):
         assert f"\n  {preset} " in out
     assert "fits the budget" in out and "of the step" in out
@@ -574,7 +574,7 @@ def test_cli_plan_unreachable_budget(run_cli: Any, tmp_path: Path) -> None:
     out_file = tmp_path / "plan.json"
     code, out, err = run_cli("plan", TRANSFORMER, "--budget", "1MiB", "-o", str(out_file))
     assert code == 1
-    assert "no plan reaches the budget 1.00 MiB: the lowest projected peak is" in err
+    assert "budget 1.00 MiB is not met: the best plan peaks at" in err
     assert "Traceback" not in err and not out_file.exists()
     assert "does NOT fit" in out
 

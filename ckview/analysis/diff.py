@@ -34,7 +34,13 @@ import numpy as np
 
 from ckview.analysis.breakdown import bytes_by_category, module_paths
 from ckview.analysis.summary import NO_MODULE
-from ckview.analysis.timeline import find_peak, live_storages, memory_timeline
+from ckview.analysis.timeline import (
+    event_deltas,
+    find_peak,
+    live_at_start,
+    live_storages,
+    memory_timeline,
+)
 from ckview.trace.schema import NO_INDEX, Category, IOKind, Phase
 
 Table = Mapping[str, np.ndarray]
@@ -245,6 +251,19 @@ def held_at_peak(run: Run, live: np.ndarray, top: int = 10) -> Held | None:
     return Held(by_class, kept[:top])
 
 
+def held_mask(run: Run, name: str) -> np.ndarray:
+    """Boolean mask over the run's storages: those live at its peak in class ``name`` of NOTE
+    [ What kept a checkpointed peak up ] (none for a run without recompute regions)."""
+    mask = np.zeros(len(run["storages"]["nbytes"]), dtype=bool)
+    region_modules = {int(m) for m in run["recompute_regions"]["module"]} - {NO_INDEX}
+    if not region_modules:
+        return mask
+    _, live = _peak(run)
+    classes = _classify(run, live, _region_of_calls(run["module_calls"], region_modules))
+    mask[live[classes == HELD_CLASSES.index(name)]] = True
+    return mask
+
+
 def _region_of_calls(calls: Table, region_modules: set[int]) -> np.ndarray:
     """For each module call: the outermost checkpointed forward call it is in (itself
     included), or -1. A call's parent comes before it, so one pass in row order does."""
@@ -289,6 +308,72 @@ def _classify(run: Run, live: np.ndarray, region_of: np.ndarray) -> np.ndarray:
     return classes
 
 
+def storage_mask(
+    run: Run,
+    *,
+    module: str | None = None,
+    category: str | None = None,
+    kind: TensorKind | None = None,
+) -> np.ndarray:
+    """Boolean mask over the run's storages: those of ``module`` (a path as ``RunDiff`` names
+    it, ``NO_MODULE`` for none), of ``category`` (a lowercase ``Category`` name), of the kind
+    of tensor ``kind`` (its module, op, category, dtype and shape); every given one applies.
+    How a row of a diff is found again in each run, to be drawn on its curve."""
+    storages = run["storages"]
+    mask = np.ones(len(storages["nbytes"]), dtype=bool)
+    if kind is not None:
+        mask &= storage_mask(run, module=kind.module, category=kind.category)
+        mask &= _op_mask(run, kind.op)
+        mask &= _string_mask(run, storages["dtype"], kind.dtype)
+        mask &= _string_mask(run, storages["shape"], kind.shape)
+    if module is not None:
+        rows = [i for i, path in enumerate(_paths(run)) if path == module]
+        owner = np.asarray(storages["module"], dtype=np.int64)
+        mask &= np.isin(owner, rows) | ((owner == NO_INDEX) & (module == NO_MODULE))
+    if category is not None:
+        mask &= np.asarray(storages["category"]) == Category[category.upper()]
+    return mask
+
+
+def _string_mask(run: Run, ids: np.ndarray, text: str) -> np.ndarray:
+    """Which string ids in ``ids`` spell ``text``."""
+    wanted = [i for i, s in enumerate(run["strings"]) if s == text]
+    return np.isin(np.asarray(ids, dtype=np.int64), wanted)
+
+
+def _op_mask(run: Run, name: str) -> np.ndarray:
+    """Which storages an op named ``name`` made ('': no op, a pre-existing storage)."""
+    op = np.asarray(run["storages"]["op"], dtype=np.int64)
+    if not name:
+        return op == NO_INDEX
+    by_op = _string_mask(run, run["ops"]["name"], name)
+    if not len(by_op):
+        return np.zeros(len(op), dtype=bool)
+    return (op != NO_INDEX) & by_op[np.maximum(op, 0)]
+
+
+def live_bytes_of(run: Run, mask: np.ndarray) -> np.ndarray:
+    """Live bytes of the storages in ``mask`` at every timeline point of the run (the points
+    of ``memory_timeline``: point 0 before the first event, point i + 1 after event i)."""
+    storages, events = run["storages"], run["memory_events"]
+    mask = np.asarray(mask, dtype=bool)
+    deltas = event_deltas(storages, events) * mask[np.asarray(events["storage"], dtype=np.int64)]
+    nbytes = np.asarray(storages["nbytes"], dtype=np.int64)
+    curve = np.empty(len(deltas) + 1, dtype=np.int64)
+    curve[0] = int(nbytes[live_at_start(storages) & mask].sum())
+    np.cumsum(deltas, out=curve[1:])
+    curve[1:] += curve[0]
+    return curve
+
+
+def describe_moment(p: PeakMoment) -> str:
+    """When a peak happens: 'at 230.0 ms (step 0, backward, aten.mm.default in Net.fc)'."""
+    if not p.phase:
+        return "at the start"
+    where = f"{p.op} in {p.module}" if p.op else p.module
+    return f"at {p.time_ns / 1e6:.1f} ms (step {p.step}, {p.phase}, {where})"
+
+
 def describe_kind(t: TensorKind) -> str:
     """'Net.fc (aten.addmm.default) activation float32 64x128' for a kind of tensor."""
     op = f" ({t.op})" if t.op else ""
@@ -311,7 +396,11 @@ __all__ = [
     "RunDiff",
     "TensorKind",
     "describe_kind",
+    "describe_moment",
     "diff_runs",
     "held_at_peak",
     "held_lines",
+    "held_mask",
+    "live_bytes_of",
+    "storage_mask",
 ]

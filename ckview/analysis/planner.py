@@ -223,6 +223,34 @@ def chain_candidates(
         return []
 
 
+def already_checkpointed(tables: RunTables) -> str | None:
+    """Why plans over this run say nothing (it recorded recomputes: it is checkpointed
+    already, and a plan is projected from a run without checkpointing), or None."""
+    regions = len(tables["recompute_regions"]["module"])
+    if not regions:
+        return None
+    return (
+        f"this run is checkpointed already ({regions} recompute(s) recorded): plans are "
+        "projected from a run without checkpointing; plan over its baseline run "
+        "(ckview record --compare records both)"
+    )
+
+
+def budget_answer(result: PlannerResult, budget: str | None = None) -> str:
+    """One line answering a budget, the same in ``ckview plan`` and the explorer:
+    ``'budget 8.90 MiB is not met: the best plan peaks at 36.6 MiB (+27.7 MiB)'``, or what
+    the plan that meets it peaks at. ``budget`` is the budget as shown (``Budget.describe``);
+    by default its size."""
+    shown = budget or format_bytes(result.budget_bytes)
+    if result.fits:
+        return f"budget {shown} is met: the plan peaks at {format_bytes(result.peak_bytes)}"
+    best = result.best_reachable_peak
+    return (
+        f"budget {shown} is not met: the best plan peaks at {format_bytes(best)} "
+        f"(+{format_bytes(best - result.budget_bytes)})"
+    )
+
+
 class Planner:
     """Plans for one baseline run and candidate list, on one ``ProjectionModel``."""
 
@@ -234,6 +262,7 @@ class Planner:
         exact_limit: int = EXACT_LIMIT,
         max_evaluations: int = MAX_EVALUATIONS,
     ) -> None:
+        self.tables = tables
         self.modules, self.strings = tables["modules"], tables["strings"]
         self.exact_limit, self.max_evaluations = exact_limit, max_evaluations
         self.chain: _Chain | None = None
@@ -308,6 +337,9 @@ class Planner:
         """What limits the search, in a sentence each: a chain whose segments cannot take
         effect, no candidate that runs in the step."""
         out = []
+        checkpointed = already_checkpointed(self.tables)
+        if checkpointed is not None:
+            out.append(checkpointed)
         if self.chain is not None and self.chain.idle_segments is not None:
             out.append(self.chain.idle_segments)
         if not self.search:

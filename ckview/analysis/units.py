@@ -71,6 +71,14 @@ class Budget:
         """The budget in bytes, for a run whose peak is ``peak_bytes``."""
         return self.size if self.size is not None else round(peak_bytes * (self.share or 0.0))
 
+    def describe(self, peak_bytes: int, of: str = "the recorded peak") -> str:
+        """The budget for people: ``'53.3 MiB (60% of the recorded peak 88.8 MiB)'`` for a
+        share (saying what it is a share of), ``'60.0 MiB'`` for a size."""
+        shown = format_bytes(self.bytes(peak_bytes))
+        if self.share is None:
+            return shown
+        return f"{shown} ({self.share * 100:g}% of {of} {format_bytes(peak_bytes)})"
+
 
 def parse_budget(text: str) -> Budget:
     """``'60%'`` (of a run's peak) or a size with a unit that ``parse_bytes`` reads (``'3GiB'``,

@@ -81,14 +81,14 @@ def _run_name(trace: Any, side: int, wanted: list[str] | None, same: bool) -> st
 
 def _text(diff: Any, label_a: str, label_b: str, top: int) -> list[str]:
     from ckview.analysis import format_bytes as fb
-    from ckview.analysis.diff import describe_kind, held_lines
+    from ckview.analysis.diff import describe_kind, describe_moment, held_lines
 
     share = f" ({100 * diff.delta / diff.a.bytes:+.1f}%)" if diff.a.bytes else ""
     lines = [
         f"A: {label_a}",
         f"B: {label_b}",
-        f"peak  A {fb(diff.a.bytes):>10}  {_moment(diff.a)}",
-        f"      B {fb(diff.b.bytes):>10}  {_moment(diff.b)}",
+        f"peak  A {fb(diff.a.bytes):>10}  {describe_moment(diff.a)}",
+        f"      B {fb(diff.b.bytes):>10}  {describe_moment(diff.b)}",
         f"      B - A {_signed(diff.delta)}{share}",
         "at the peaks, by category:              A           B       B - A",
     ]
@@ -109,13 +109,6 @@ def _text(diff: Any, label_a: str, label_b: str, top: int) -> list[str]:
             lines.append(f"what {side} holds at its peak (it has checkpointed regions):")
             lines.extend(held_lines(held, fb, top))
     return lines
-
-
-def _moment(p: Any) -> str:
-    if not p.phase:
-        return "at the start"
-    where = f"{p.op} in {p.module}" if p.op else p.module
-    return f"at {p.time_ns / 1e6:.1f} ms (step {p.step}, {p.phase}, {where})"
 
 
 def _signed(n: int) -> str:

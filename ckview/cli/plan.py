@@ -82,24 +82,27 @@ def run(args: argparse.Namespace) -> int:
     context = _Context(args.trace, name, tables["modules"], tables["strings"], planner)
     context.json = args.json
     context.times = times_line(tables)
+    if wanted is not None:
+        context.budget = wanted.describe(planner.baseline_peak)
+        if device:
+            context.budget += " (the device's capacity)"
     if args.json:
         json.dump(_document(context, result, front), sys.stdout, indent=2)
         print()
     else:
-        print(_report(context, result, front, args.budget))
+        print(_report(context, result, front))
     return _finish(result, args.output, context)
 
 
 def _finish(result: Any, output: Path | None, context: _Context) -> int:
     """Write the plan file if asked and the plan fits; the exit code."""
-    from ckview.analysis import format_bytes as fb
+    from ckview.analysis import budget_answer
 
     if result is None:
         return 0
     if not result.fits:
         print(
-            f"ckview: no plan reaches the budget {fb(result.budget_bytes)}: the lowest projected "
-            f"peak is {fb(result.best_reachable_peak)}; "
+            f"ckview: {budget_answer(result, context.budget)}; "
             + (
                 "; ".join(result.notes)  # nothing could be checkpointed: say why
                 if result.notes and not result.regions
@@ -182,6 +185,8 @@ class _Context:
         self.modules, self.strings = modules, strings
         self.json = False
         self.times = ""
+        self.budget: str | None = None
+        """The budget as shown (``Budget.describe``): a share says what it is a share of."""
         """Where step time and extra compute come from (``project.times_line``)."""
 
     def region(self, region: Any) -> str:
@@ -203,7 +208,7 @@ class _Context:
         return (peak - base) / base if base else 0.0
 
 
-def _report(context: _Context, result: Any, front: Any, budget_text: str | None) -> str:
+def _report(context: _Context, result: Any, front: Any) -> str:
     from ckview.analysis import format_bytes as fb
 
     planner = context.planner
@@ -216,7 +221,7 @@ def _report(context: _Context, result: Any, front: Any, budget_text: str | None)
     if result is not None:
         lines += [
             "",
-            *_plan_lines(context, result, budget_text),
+            *_plan_lines(context, result),
             "",
             *_preset_lines(context, result),
         ]
@@ -225,7 +230,8 @@ def _report(context: _Context, result: Any, front: Any, budget_text: str | None)
     return "\n".join(lines)
 
 
-def _plan_lines(context: _Context, result: Any, budget_text: str | None) -> list[str]:
+def _plan_lines(context: _Context, result: Any) -> list[str]:
+    from ckview.analysis import budget_answer
     from ckview.analysis import format_bytes as fb
 
     how = (
@@ -234,12 +240,7 @@ def _plan_lines(context: _Context, result: Any, budget_text: str | None) -> list
         else f"heuristic search, {result.evaluations} projections"
     )
     title = "plan" if result.fits else "no plan fits the budget; the lowest peak is plan"
-    shown_budget = fb(result.budget_bytes)
-    if budget_text is not None and budget_text.strip().endswith("%"):
-        shown_budget += f" ({budget_text.strip()} of the baseline peak)"
-    elif budget_text is not None and budget_text.strip().lower() == DEVICE_BUDGET:
-        shown_budget += " (the device's capacity)"
-    lines = [f"budget {shown_budget}", f"{title} {result.plan['name']} ({how}):"]
+    lines = [budget_answer(result, context.budget), f"{title} {result.plan['name']} ({how}):"]
     names = context.regions(result.regions)
     if len(names) > MAX_LINES:
         names = [f"{name}  ({len(names)} regions)" for name in [", ".join(_compact(names))]]

@@ -1,17 +1,30 @@
-"""The inspector: the tensors live at the clicked moment, largest first."""
+"""The inspector: the tensors live at the clicked moment, largest first, one per row or grouped
+by the source line that made them (traces recorded with ``--stacks``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from PyQt6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
-from PyQt6.QtWidgets import QHeaderView, QLabel, QLineEdit, QTableView, QVBoxLayout, QWidget
+from PyQt6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
 
 from ckview.analysis import format_bytes
-from ckview.gui.rundata import LiveTensor, RunData
+from ckview.gui.rundata import LiveTensor, RunData, SiteGroup, group_by_site
 
 PROMPT = "Click the timeline to list the tensors live at that moment."
 COLUMNS = ("bytes", "category", "shape", "dtype", "device", "storage", "op", "module")
+SITE_COLUMNS = ("bytes", "tensors", "source line", "categories")
+GROUPINGS = ("each tensor", "source line")
+"""The inspector's groupings: one row per tensor, or per source line (sums of bytes)."""
 
 
 class LiveTensorModel(QAbstractTableModel):
@@ -47,7 +60,45 @@ class LiveTensorModel(QAbstractTableModel):
         if role == Qt.ItemDataRole.TextAlignmentRole and name in ("bytes", "storage"):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ToolTipRole:
-            return f"{row.category} {row.shape} {row.dtype}, made by {row.op} in {row.module}"
+            tip = f"{row.category} {row.shape} {row.dtype}, made by {row.op} in {row.module}"
+            return tip + (f"\nat {row.site}" if row.site else "")
+        return None
+
+
+class SiteGroupModel(QAbstractTableModel):
+    """Rows of ``SiteGroup``: the live tensors summed per source line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[SiteGroup] = []
+
+    def set_rows(self, rows: list[SiteGroup]) -> None:
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+
+    def rowCount(self, parent: QModelIndex | None = None) -> int:
+        return len(self.rows)
+
+    def columnCount(self, parent: QModelIndex | None = None) -> int:
+        return len(SITE_COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = 0) -> Any:
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return SITE_COLUMNS[section]
+        return None
+
+    def data(self, index: QModelIndex, role: int = 0) -> Any:
+        row = self.rows[index.row()]
+        value = (row.nbytes, row.count, row.site, row.categories)[index.column()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return format_bytes(row.nbytes) if index.column() == 0 else str(value)
+        if role == Qt.ItemDataRole.UserRole:  # sort key
+            return value
+        if role == Qt.ItemDataRole.TextAlignmentRole and index.column() in (0, 1):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return f"{row.count} live tensor(s), {format_bytes(row.nbytes)}, made at {row.site}"
         return None
 
 
@@ -62,7 +113,16 @@ class Inspector(QWidget):
         self.filter.setPlaceholderText("filter by module, op, shape, category…")
         self.filter.setToolTip("Show only the rows whose text contains this (any column)")
         self.filter.setClearButtonEnabled(True)
+        self.grouping = QComboBox()
+        self.grouping.addItems([f"group: {g}" for g in GROUPINGS])
+        self.grouping.setToolTip(
+            "One row per tensor, or one per source line that made them, with their bytes "
+            "summed (traces recorded with --stacks)"
+        )
+        self.grouping.currentIndexChanged.connect(self._regroup)
         self.model = LiveTensorModel()
+        self.sites = SiteGroupModel()
+        self._shown: tuple[RunData, int] | None = None
         self.proxy = QSortFilterProxyModel()
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(Qt.ItemDataRole.UserRole)
@@ -81,19 +141,36 @@ class Inspector(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.header)
-        layout.addWidget(self.filter)
+        tools = QHBoxLayout()
+        tools.addWidget(self.filter, stretch=1)
+        tools.addWidget(self.grouping)
+        layout.addLayout(tools)
         layout.addWidget(self.table)
 
     def clear(self) -> None:
+        self._shown = None
         self.model.set_rows([])
+        self.sites.set_rows([])
         self.header.setText(PROMPT)
+
+    def by_site(self) -> bool:
+        """True when the rows are grouped by source line."""
+        return GROUPINGS[self.grouping.currentIndex()] == "source line"
+
+    def _regroup(self) -> None:
+        self.proxy.setSourceModel(self.sites if self.by_site() else self.model)
+        if self._shown is not None:
+            self.show_point(*self._shown)
 
     def show_point(self, run: RunData, point: int) -> None:
         """List what is live at timeline ``point`` of ``run``."""
+        self._shown = (run, point)
         rows = run.live_tensors(point)
         self.model.set_rows(rows)
+        self.sites.set_rows(group_by_site(rows, run.no_site) if self.by_site() else [])
         self.table.sortByColumn(0, Qt.SortOrder.DescendingOrder)
-        for column, width in enumerate((90, 110, 120, 80, 60, 70, 260)):
+        widths = (90, 70, 520) if self.by_site() else (90, 110, 120, 80, 60, 70, 260)
+        for column, width in enumerate(widths):
             self.table.setColumnWidth(column, width)
         total = sum(r.nbytes for r in rows)
         peak = " (the peak)" if point == run.peak.point else ""

@@ -37,6 +37,7 @@ from ckview import __version__
 from ckview.analysis import format_bytes
 from ckview.gui.background import in_background
 from ckview.gui.compare import CompareView
+from ckview.gui.diff_view import DiffView
 from ckview.gui.inspector import Inspector
 from ckview.gui.plan_panel import PlanPanel
 from ckview.gui.planning import PlanOutcome, PlanSession
@@ -56,7 +57,7 @@ SHORTCUTS = (
     ("+ / −", "zoom in / out"),
     ("← / →", "pan"),
     ("T", "switch the x axis: time / op index"),
-    ("Ctrl+1 / Ctrl+2", "timeline / comparison"),
+    ("Ctrl+1 / Ctrl+2 / Ctrl+3", "timeline / comparison / diff of two runs"),
     ("S", "comparison: overlay / side by side"),
     ("Ctrl+D", "light / dark theme"),
     ("Ctrl+Q", "quit"),
@@ -91,7 +92,10 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.addTab(self.timeline, "Timeline")
         self.tabs.addTab(self.compare, "Compare")
+        self.diff = DiffView(theme=theme)
+        self.tabs.addTab(self.diff, "Diff")
         self.tabs.currentChanged.connect(lambda _: self._refresh_compare())
+        self.tabs.currentChanged.connect(lambda _: self._show_docks())
         self.setCentralWidget(self.tabs)
         self.plan = PlanPanel()
         self.inspector = Inspector()
@@ -99,6 +103,7 @@ class MainWindow(QMainWindow):
         live_dock = self._dock(
             "Live tensors", self.inspector, Qt.DockWidgetArea.BottomDockWidgetArea
         )
+        self.docks = (plan_dock, live_dock)
         self.resizeDocks([plan_dock], [560], Qt.Orientation.Horizontal)
         self.resizeDocks([live_dock], [250], Qt.Orientation.Vertical)
         self.run_box = QComboBox()
@@ -196,6 +201,9 @@ class MainWindow(QMainWindow):
         view.addAction(self.axis_action)
         view.addAction(self._action("&Timeline", "Ctrl+1", lambda: self.tabs.setCurrentIndex(0)))
         view.addAction(self._action("&Compare", "Ctrl+2", lambda: self.tabs.setCurrentIndex(1)))
+        view.addAction(
+            self._action("&Diff", "Ctrl+3", lambda: self.tabs.setCurrentWidget(self.diff))
+        )
         self.side_action = self._action(
             "Compare &Side by Side",
             "S",
@@ -318,6 +326,7 @@ class MainWindow(QMainWindow):
             8000,
         )
         self._refresh_compare()
+        self.diff.set_runs(self.runs(), self.axis)
 
     def _on_load_failed(self, path: str, message: str) -> None:
         self._finish_loading(path)
@@ -327,6 +336,7 @@ class MainWindow(QMainWindow):
     def close_all(self) -> None:
         self.traces = []
         self._fill_run_box()
+        self.diff.set_runs([])
 
     def runs(self) -> list[RunData]:
         """Every run of every open trace, in opening order."""
@@ -439,6 +449,12 @@ class MainWindow(QMainWindow):
         if self.tabs.currentWidget() is self.compare:
             self._refresh_compare()
 
+    def _show_docks(self) -> None:
+        """The plan and live-tensor docks serve the timeline and comparison; the Diff view
+        takes the whole window."""
+        for dock in self.docks:
+            dock.setVisible(self.tabs.currentWidget() is not self.diff)
+
     def show_compare(self, side_by_side: bool) -> None:
         """Switch to the Compare tab, runs side by side or overlaid."""
         self.side_action.setChecked(side_by_side)
@@ -460,6 +476,7 @@ class MainWindow(QMainWindow):
         self.axis = axis
         self.axis_action.setChecked(axis is Axis.OP)
         self.timeline.set_axis(axis)
+        self.diff.set_axis(axis)
         self._refresh_compare()
 
     # -- export
@@ -532,6 +549,7 @@ class MainWindow(QMainWindow):
         self.theme_actions[theme.name].setChecked(True)
         self.timeline.set_theme(theme)
         self.compare.set_theme(theme)
+        self.diff.set_theme(theme)
         self.settings.setValue("theme", theme.name)
 
     def toggle_theme(self) -> None:

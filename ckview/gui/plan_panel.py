@@ -26,7 +26,14 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from ckview.analysis import ModuleRegion, PlannerResult, format_bytes, parse_budget
+from ckview.analysis import (
+    ModuleRegion,
+    PlannerResult,
+    already_checkpointed,
+    budget_answer,
+    format_bytes,
+    parse_budget,
+)
 from ckview.gui.background import in_background
 from ckview.gui.planning import PlanOutcome, PlanSession
 from ckview.gui.style import PEAK_COLOR, PROJECTION_COLOR
@@ -188,6 +195,13 @@ class PlanPanel(QWidget):
         self.budget.returnPressed.connect(self.plan_for_budget)
         self.plan_button = self._button("Best plan", "Find the cheapest plan for the budget")
         self.plan_button.clicked.connect(self.plan_for_budget)
+        self.budget_note = QLabel()
+        """The planner's answer to the last budget: met, not met by how much, or why no plan
+        can be made on this run (issue 13)."""
+        self.budget_note.setWordWrap(True)
+        self.budget_note.setTextFormat(Qt.TextFormat.RichText)
+        self.budget_note.setVisible(False)
+        self._budget_shown = ""
         self.strip = ChainStrip()
         self.strip.blockClicked.connect(self.toggle_block)
         self.strip.gapClicked.connect(self.toggle_boundary)
@@ -214,6 +228,7 @@ class PlanPanel(QWidget):
         layout.addWidget(self.readout)
         layout.addLayout(presets)
         layout.addLayout(budget)
+        layout.addWidget(self.budget_note)
         layout.addWidget(self.strip)
         layout.addWidget(self.tree, stretch=1)
         self._ready.connect(self._on_ready)
@@ -233,6 +248,7 @@ class PlanPanel(QWidget):
     ) -> None:
         """Plan over a new baseline run (None: nothing to plan, and ``why_none`` says why)."""
         self.session = session
+        self.budget_note.setVisible(False)
         self.strip.set_session(session)
         self._fill_tree()
         for w in (*self.presets.values(), self.budget, self.plan_button, self.tree):
@@ -295,29 +311,50 @@ class PlanPanel(QWidget):
             return
         text = self.budget.text().strip()
         try:
-            budget = parse_budget(text).bytes(session.run.peak.bytes)
+            wanted = parse_budget(text)
         except ValueError as exc:
             self.error.emit(f"budget {text!r}: {exc}")
             return
+        budget = wanted.bytes(session.run.peak.bytes)
+        self._budget_shown = wanted.describe(session.run.peak.bytes)
+        why_not = already_checkpointed(session.run.tables)
+        if why_not is not None:
+            self._answer(f"No plan for budget {self._budget_shown}: {why_not}.", unmet=True)
+            return
         self.plan_button.setEnabled(False)
-        self.message.emit(f"planning for {format_bytes(budget)}…")
+        self.message.emit(f"planning for {self._budget_shown}…")
 
         in_background(lambda: session.planner().for_budget(budget), self._planned.emit)
 
+    def _answer(self, text: str, unmet: bool) -> None:
+        """Show the answer to a budget under the budget field and in the status bar."""
+        colour = f" style='color:{PEAK_COLOR}'" if unmet else ""
+        self.budget_note.setText(f"<span{colour}>{html.escape(text)}</span>")
+        self.budget_note.setVisible(True)
+        self.message.emit(text)
+
     def _on_planned(self, result: PlannerResult | Exception) -> None:
         self.plan_button.setEnabled(True)
+        if isinstance(result, ValueError):  # no chain of blocks to plan over: say why
+            self._answer(f"No plan for budget {self._budget_shown}: {result}", unmet=True)
+            return
         if isinstance(result, Exception):
             self.error.emit(f"planner: {result}")
             return
         assert self.session is not None
         self.session.apply_planner(result)
         picked = ", ".join(self.session.region_label(r) for r in self.session.regions())
-        verdict = "fits" if result.fits else "does not fit: this is the lowest peak found"
-        self.message.emit(
-            f"budget {format_bytes(result.budget_bytes)}: {picked or 'nothing'} → "
-            f"{format_bytes(result.peak_bytes)}, +{result.extra_compute_ns / 1e6:.1f} ms "
-            f"({verdict})" + "".join(f"; {note}" for note in result.notes)
-        )
+        if result.fits:
+            text = (
+                f"budget {self._budget_shown} is met: {picked or 'nothing checkpointed'} → "
+                f"{format_bytes(result.peak_bytes)}, +{result.extra_compute_ns / 1e6:.1f} ms "
+                "extra compute"
+            )
+        else:
+            text = budget_answer(result, self._budget_shown) + (
+                "; " + "; ".join(result.notes) if result.notes else "; raise the budget"
+            )
+        self._answer(text, unmet=not result.fits)
         self._refresh()
 
     def save_plan(self, path: str) -> None:

@@ -98,6 +98,45 @@ class LiveTensor:
     op: str
     module: str
     device: str
+    site: str = ""
+    """Where the user's code made it, ``file:line (function)`` (traces recorded with
+    ``--stacks``; NOTE [ The frame that names an allocation ]), '' if not recorded."""
+
+
+NO_SITE = "(no source line: record with --stacks)"
+"""The group of tensors whose source line the trace does not hold (recorded without stacks)."""
+BEFORE_RECORDING = "(no source line: made before recording)"
+"""The group of tensors without a stack in a trace recorded with stacks: made before it began
+(parameters, optimizer state of the warmup steps)."""
+
+
+@dataclass(frozen=True)
+class SiteGroup:
+    """The live tensors made at one source line, summed."""
+
+    site: str
+    nbytes: int
+    count: int
+    categories: str
+    """'activations 3, temporaries 1': how many of each category, most first."""
+
+
+def group_by_site(rows: Sequence[LiveTensor], unknown: str = NO_SITE) -> list[SiteGroup]:
+    """``rows`` grouped by source line (``LiveTensor.site``; ``unknown`` without one),
+    largest sum of bytes first (ties: by line)."""
+    groups: dict[str, list[LiveTensor]] = {}
+    for row in rows:
+        groups.setdefault(row.site or unknown, []).append(row)
+    out = []
+    for site, members in groups.items():
+        counts: dict[str, int] = {}
+        for m in members:
+            counts[m.category] = counts.get(m.category, 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        cats = ", ".join(f"{name} {n}" for name, n in ranked)
+        out.append(SiteGroup(site, sum(m.nbytes for m in members), len(members), cats))
+    out.sort(key=lambda g: (-g.nbytes, g.site))
+    return out
 
 
 @dataclass
@@ -225,6 +264,9 @@ class RunData:
             value = int(self.timeline.by_category[category, point])
             if value:
                 lines.append(f"  {CATEGORY_LABELS[category]}: {format_bytes(value)}")
+        site = self.source_line(point)
+        if site:
+            lines.append(f"made at {site}")
         return "\n".join(lines)
 
     def live_tensors(self, point: int) -> list[LiveTensor]:
@@ -245,20 +287,35 @@ class RunData:
             shape=self._string(int(st["shape"][row])),
             dtype=self._string(int(st["dtype"][row])),
             op=self.op_name(int(st["op"][row])),
-            module=self.paths[module] if module >= 0 else self._site(row),
+            module=self.paths[module] if module >= 0 else self.site(row) or "(no module)",
             device=self._string(int(st["device"][row])),
+            site=self.site(row),
         )
 
-    def _site(self, row: int) -> str:
-        """Where a storage without a module was allocated (its stack's innermost Python frame,
-        NOTE [ The frame that names an allocation ]), else '(no module)'."""
+    def site(self, row: int) -> str:
+        """Where storage ``row`` was allocated (its stack's innermost Python frame,
+        NOTE [ The frame that names an allocation ]), '' if the trace does not say."""
         t = self.tables
         if "stacks" not in t or "stack" not in t["storages"]:
-            return "(no module)"
-        site = allocation_site(
+            return ""
+        return allocation_site(
             t["frames"], t["stacks"], t["strings"], int(t["storages"]["stack"][row])
         )
-        return site or "(no module)"
+
+    @property
+    def no_site(self) -> str:
+        """What a tensor without a source line is grouped as: ``BEFORE_RECORDING`` in a trace
+        recorded with stacks, else ``NO_SITE``."""
+        stack = self.tables["storages"].get("stack") if "stacks" in self.tables else None
+        recorded = stack is not None and bool((np.asarray(stack) >= 0).any())
+        return BEFORE_RECORDING if recorded else NO_SITE
+
+    def source_line(self, point: int) -> str:
+        """Where the storage allocated or freed at timeline ``point`` was made, '' if the
+        trace does not say (no ``--stacks``) or at point 0."""
+        if point <= 0:
+            return ""
+        return self.site(int(self.tables["memory_events"]["storage"][point - 1]))
 
     def _string(self, sid: int) -> str:
         strings: Sequence[str] = self.tables["strings"]
