@@ -92,6 +92,7 @@ class TimelineView(QWidget):
         self._shown: list[Category] = []
         """The categories drawn, bottom layer first."""
         self._plan_decor: list[pg.GraphicsObject] = []
+        self._peak_label: pg.TextItem | None = None
         self._marks: dict[tuple[float, str | None, str], pg.InfiniteLine] = {}
         """Recompute marks drawn, by (x, label, tooltip): kept from one outcome to the next."""
 
@@ -360,6 +361,7 @@ class TimelineView(QWidget):
         for item in self._decor:
             self.main.removeItem(item)
         self._decor = []
+        self._peak_label = None
         self._clear_plan_decor()
         self._keep_marks({})
 
@@ -413,6 +415,17 @@ class TimelineView(QWidget):
             if fits:
                 band.item.setPos(left, top)
 
+    def _place_value_labels(self) -> None:
+        """Keep the peak labels inside the plot: centred over their dot, but ending at it near
+        the right edge of the view and starting at it near the left edge."""
+        labels = [self._peak_label, *self._plan_decor[1:]]
+        (v0, v1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        for label in labels:
+            if isinstance(label, pg.TextItem):
+                share = (label.pos().x() - v0) / max(v1 - v0, 1e-12)
+                across = 1.0 if share > 0.85 else 0.0 if share < 0.15 else 0.5
+                label.setAnchor((across, label.anchor.y()))
+
     def _draw_peak(self, run: RunData) -> None:
         x = float(run.x(self.axis)[run.peak.point])
         dot = pg.ScatterPlotItem(
@@ -429,6 +442,7 @@ class TimelineView(QWidget):
         label.setFont(_font(10, bold=True))
         label.setPos(x, run.peak.bytes)
         label.setZValue(50)
+        self._peak_label = label
         self._add_decor(dot, label)
 
     def _draw_device(self, run: RunData) -> None:
@@ -545,7 +559,7 @@ class TimelineView(QWidget):
                     # Anchored at its end just under the top, the label runs down the line:
                     # never out of the plot, whatever its length.
                     labelOpts={
-                        "position": 0.985,
+                        "position": 0.94,
                         "color": self.theme.projection_text,
                         "fill": pg.mkBrush(color(self.theme.label_fill)),
                         "rotateAxis": (1, 0),
@@ -588,6 +602,7 @@ class TimelineView(QWidget):
         self.main.setYRange(0, top, padding=0)
         self.overview.setYRange(0, top, padding=0)
         self._place_band_labels()
+        self._place_value_labels()
 
     def _visible_points(self) -> tuple[int, int] | None:
         if self.run is None:
@@ -620,6 +635,7 @@ class TimelineView(QWidget):
             if curves is not None:
                 curves.update(x0, x1, pixels)
         self._place_band_labels()
+        self._place_value_labels()
 
     # -- mouse
 
