@@ -14,7 +14,6 @@ from PyQt6.QtGui import (
     QDragEnterEvent,
     QDropEvent,
     QKeySequence,
-    QPainter,
 )
 from PyQt6.QtWidgets import (
     QApplication,
@@ -30,6 +29,7 @@ from PyQt6.QtWidgets import (
     QStatusBar,
     QTabWidget,
     QToolBar,
+    QToolTip,
     QWidget,
 )
 
@@ -472,21 +472,30 @@ class MainWindow(QMainWindow):
             self.export_view(path)
 
     def export_view(self, path: str) -> None:
-        """Save the visible tab (timeline or comparison) as PNG or SVG, by extension."""
+        """Save the visible tab (timeline or comparison) as PNG or SVG, by extension, under a
+        title (trace, run, plan) and without what follows the mouse."""
+        from ckview.gui.export import save_view
+
         widget = self.tabs.currentWidget()
         assert widget is not None
+        QToolTip.hideText()
         try:
-            if path.lower().endswith(".svg"):
-                _save_svg(widget, path)
-            elif path.lower().endswith(".png"):
-                if not widget.grab().save(path, "PNG"):
-                    raise OSError(f"cannot write {path}")
-            else:
-                raise ValueError(f"cannot export to {path!r}: use a .png or .svg file name")
+            with self.timeline.without_transients():
+                save_view(widget, path, self.export_title(), self.theme)
         except (OSError, ValueError) as exc:
             self.show_error(str(exc))
             return
         self._status().showMessage(f"exported {path}", 8000)
+
+    def export_title(self) -> str:
+        """The title line of an exported view: what it shows."""
+        from ckview.gui.export import export_title
+
+        run = self.current_run()
+        shown = self.runs() if self.tabs.currentWidget() is self.compare else [run]
+        session = self.plan.session
+        regions = [session.region_label(r) for r in session.regions()] if session else []
+        return export_title([r for r in shown if r is not None], self.outcome, regions)
 
     def export_csv_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export CSV", "ckview.csv", "CSV (*.csv)")
@@ -566,18 +575,3 @@ def _submenu(parent: QMenu | QMenuBar, title: str) -> QMenu:
     menu = parent.addMenu(title)
     assert menu is not None
     return menu
-
-
-def _save_svg(widget: QWidget, path: str) -> None:
-    from PyQt6.QtSvg import QSvgGenerator
-
-    generator = QSvgGenerator()
-    generator.setFileName(path)
-    generator.setSize(widget.size())
-    generator.setViewBox(widget.rect())
-    generator.setTitle("ckview")
-    painter = QPainter(generator)
-    widget.render(painter)
-    painter.end()
-    if not os.path.exists(path):
-        raise OSError(f"cannot write {path}")
