@@ -173,20 +173,20 @@ class ChainView(QWidget):
         self.strip = strip
         self.title = QLabel()
         self.title.setTextFormat(Qt.TextFormat.PlainText)
-        self.scroll = QScrollArea()
-        self.scroll.setWidget(strip)
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        self.scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
-        bar = self.scroll.horizontalScrollBar()
+        self.area = QScrollArea()
+        self.area.setWidget(strip)
+        self.area.setWidgetResizable(True)
+        self.area.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        bar = self.area.horizontalScrollBar()
         bar_height = bar.sizeHint().height() if bar is not None else 16
-        self.scroll.setFixedHeight(strip.HEIGHT + bar_height + 2)
+        self.area.setFixedHeight(strip.HEIGHT + bar_height + 2)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addWidget(self.title)
-        layout.addWidget(self.scroll)
+        layout.addWidget(self.area)
 
     def set_session(self, session: PlanSession | None) -> None:
         self.strip.set_session(session)
@@ -204,7 +204,7 @@ class ChainView(QWidget):
         if chain is None:
             return
         n = len(chain.blocks)
-        hint = " — scroll for more" if self.strip.minimumWidth() > self.scroll.width() else ""
+        hint = " — scroll for more" if self.strip.minimumWidth() > self.area.width() else ""
         self.title.setText(f"{chain.path} ({chain.kind}, {n} blocks){hint}")
         self.title.setToolTip(self.title.text())
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyqtgraph as pg
 from PyQt6.QtCore import QPointF, Qt, pyqtSignal
-from PyQt6.QtGui import QBrush, QFont, QFontMetricsF
+from PyQt6.QtGui import QBrush, QFont
 from PyQt6.QtWidgets import QGridLayout, QLabel, QStackedLayout, QWidget
 
 from ckview.analysis import format_bytes
@@ -397,7 +397,7 @@ class TimelineView(QWidget):
         label.setFont(font)
         label.setVisible(False)
         x0, x1 = span.x_range(self.axis)
-        width = QFontMetricsF(font).horizontalAdvance(span.label) + 8
+        width = label.boundingRect().width() + 2  # the text and its margins, in pixels
         self._band_labels.append(_BandLabel(label, x0, x1, width))
         self._add_decor(label)
 
@@ -408,12 +408,14 @@ class TimelineView(QWidget):
         vb = self.main.getPlotItem().getViewBox()
         (v0, v1), (_, top) = vb.viewRange()
         per_px = (v1 - v0) / max(vb.width(), 1.0)
-        for band in self._band_labels:
-            left, right = max(band.x0, v0), min(band.x1, v1)
+        free_from = v0  # bands can overlap in time (a backward op around a recompute)
+        for band in sorted(self._band_labels, key=lambda b: max(b.x0, v0)):
+            left, right = max(band.x0, v0, free_from), min(band.x1, v1)
             fits = (right - left) >= band.width_px * per_px
             band.item.setVisible(fits)
             if fits:
                 band.item.setPos(left, top)
+                free_from = left + band.width_px * per_px
 
     def _place_value_labels(self) -> None:
         """Keep the peak labels inside the plot: centred over their dot, but ending at it near
