@@ -2,7 +2,8 @@
 
     QT_QPA_PLATFORM=offscreen python docs/screenshots.py
 
-Writes docs/images/explorer-*.png from the sample traces, and docs/images/snapshot-import.png
+Writes docs/images/explorer-*.png from the sample traces (explorer-export.png through File ->
+Export View), and docs/images/snapshot-import.png
 from the CUDA snapshot fixture when it is there.
 """
 
@@ -75,6 +76,13 @@ def main() -> int:
     w.side_action.setChecked(True)
     w.tabs.setCurrentIndex(1)
     save(w, "explorer-dark-side-by-side.png")
+
+    w = window("gpt2_compare.h5")  # File -> Export View: titled, no hover or selection
+    w.plan.apply_preset("sqrt")
+    w.timeline.select_point(w.runs()[0].peak.point)
+    settle()
+    w.export_view(str(OUT / "explorer-export.png"))
+    print("wrote docs/images/explorer-export.png")
 
     snapshot = _fixture_snapshot()
     if snapshot is None:

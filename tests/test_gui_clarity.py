@@ -352,3 +352,6 @@ def test_a_trace_without_a_step_says_so(
     window.timeline.jump_to_peak()  # nothing to centre on: no error
     window.toggle_theme()
     assert timeline.showing_message()
+    assert window.plan.readout.text() == "This run holds no step: nothing to plan."
+    window.show_compare(side_by_side=True)  # its comparison draws, empty, without an error
+    qtbot.waitUntil(lambda: len(window.compare._curves) == 1)

@@ -363,7 +363,9 @@ class MainWindow(QMainWindow):
             return
         self.setWindowTitle(f"{run.label} — ckview")
         self.timeline.set_run(run, self.axis)
-        if len(run.tables["modules"]["path"]):
+        if run.n_events == 0:
+            self.plan.set_session(None, "This run holds no step: nothing to plan.")
+        elif len(run.tables["modules"]["path"]):
             self.plan.set_session(PlanSession(run))
         else:  # imported from a memory snapshot: no module tree to checkpoint
             self.plan.set_session(

@@ -428,6 +428,21 @@ class TimelineView(QWidget):
                 across = 1.0 if share > 0.85 else 0.0 if share < 0.15 else 0.5
                 label.setAnchor((across, label.anchor.y()))
 
+    def _thin_mark_labels(self) -> None:
+        """Show a recompute mark's label only where it does not cover the previous one shown
+        (marks a few pixels apart at this zoom: the tooltip still names each)."""
+        (v0, v1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        per_px = (v1 - v0) / max(self.main.getPlotItem().getViewBox().width(), 1.0)
+        last = -np.inf
+        for line in sorted(self._marks.values(), key=lambda line: line.value()):
+            label = getattr(line, "label", None)
+            if label is None:
+                continue
+            across = label.boundingRect().height() * per_px  # the text runs down the line
+            label.setVisible(line.value() - last >= across)
+            if label.isVisible():
+                last = line.value()
+
     def _draw_peak(self, run: RunData) -> None:
         x = float(run.x(self.axis)[run.peak.point])
         dot = pg.ScatterPlotItem(
@@ -572,6 +587,7 @@ class TimelineView(QWidget):
                 line.setZValue(30)
                 wanted[(x, label, tip)] = line
         self._keep_marks(wanted)
+        self._thin_mark_labels()
 
     def _keep_marks(self, wanted: dict[tuple[float, str | None, str], pg.InfiniteLine]) -> None:
         """Show exactly the lines of ``wanted``, removing the others."""
@@ -605,6 +621,7 @@ class TimelineView(QWidget):
         self.overview.setYRange(0, top, padding=0)
         self._place_band_labels()
         self._place_value_labels()
+        self._thin_mark_labels()
 
     def _visible_points(self) -> tuple[int, int] | None:
         if self.run is None:
@@ -638,6 +655,7 @@ class TimelineView(QWidget):
                 curves.update(x0, x1, pixels)
         self._place_band_labels()
         self._place_value_labels()
+        self._thin_mark_labels()
 
     # -- mouse
 
