@@ -42,29 +42,30 @@ def _title_font() -> QFont:
     return font
 
 
-def _title_height() -> int:
+def title_height() -> int:
+    """Height in pixels of the title line over an exported view."""
     return QFontMetrics(_title_font()).height() + 12
 
 
 def _paint_title(painter: QPainter, title: str, width: int, theme: Theme) -> None:
-    painter.fillRect(QRectF(0, 0, width, _title_height()), QColor(theme.background))
+    painter.fillRect(QRectF(0, 0, width, title_height()), QColor(theme.background))
     painter.setFont(_title_font())
     painter.setPen(QColor(theme.foreground))
     metrics = QFontMetrics(_title_font())
     text = metrics.elidedText(title, Qt.TextElideMode.ElideRight, width - 16)
-    painter.drawText(QRectF(8, 0, width - 16, _title_height()), Qt.AlignmentFlag.AlignVCenter, text)
+    painter.drawText(QRectF(8, 0, width - 16, title_height()), Qt.AlignmentFlag.AlignVCenter, text)
 
 
 def titled_image(widget: QWidget, title: str, theme: Theme) -> QImage:
     """``widget`` as it is drawn, under a title line."""
     shot = widget.grab()
     image = QImage(
-        shot.width(), shot.height() + _title_height(), QImage.Format.Format_ARGB32_Premultiplied
+        shot.width(), shot.height() + title_height(), QImage.Format.Format_ARGB32_Premultiplied
     )
     image.fill(QColor(theme.background))
     painter = QPainter(image)
     _paint_title(painter, title, shot.width(), theme)
-    painter.drawPixmap(0, _title_height(), shot)
+    painter.drawPixmap(0, title_height(), shot)
     painter.end()
     return image
 
@@ -85,7 +86,7 @@ def _save_svg(widget: QWidget, path: str, title: str, theme: Theme) -> None:
     from PyQt6.QtCore import QPoint, QRect, QSize
     from PyQt6.QtSvg import QSvgGenerator
 
-    size = QSize(widget.width(), widget.height() + _title_height())
+    size = QSize(widget.width(), widget.height() + title_height())
     generator = QSvgGenerator()
     generator.setFileName(path)
     generator.setSize(size)
@@ -93,7 +94,7 @@ def _save_svg(widget: QWidget, path: str, title: str, theme: Theme) -> None:
     generator.setTitle(title)
     painter = QPainter(generator)
     _paint_title(painter, title, widget.width(), theme)
-    painter.translate(0, _title_height())
+    painter.translate(0, title_height())
     widget.render(painter)
     painter.end()
     if not os.path.exists(path):
