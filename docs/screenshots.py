@@ -30,9 +30,14 @@ def main() -> int:
     from ckview.gui.main_window import MainWindow
     from ckview.gui.style import DARK
 
+    opened: list[MainWindow] = []
+    """Every window stays referenced: a shown window dropped into a reference cycle can be
+    collected by the cyclic GC in the middle of its own paint event."""
+
     def window(*traces: str) -> MainWindow:
         settings = QSettings(tempfile.mktemp(suffix=".ini"), QSettings.Format.IniFormat)
         w = MainWindow(settings=settings)
+        opened.append(w)
         w.resize(1600, 1000)
         w.show()
         w.open_paths([str(SAMPLES / t) for t in traces])

@@ -355,3 +355,5 @@ def test_a_trace_without_a_step_says_so(
     assert window.plan.readout.text() == "This run holds no step: nothing to plan."
     window.show_compare(side_by_side=True)  # its comparison draws, empty, without an error
     qtbot.waitUntil(lambda: len(window.compare._curves) == 1)
+    assert window.run_box.currentText().endswith("(no step)")
+    assert window.status_run.text().endswith("0 events · no step")

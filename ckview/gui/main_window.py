@@ -342,7 +342,7 @@ class MainWindow(QMainWindow):
         self.run_box.blockSignals(True)
         self.run_box.clear()
         for run in self.runs():
-            self.run_box.addItem(f"{run.label}  ({format_bytes(run.peak.bytes)})")
+            self.run_box.addItem(f"{run.label}  ({_peak_text(run).removeprefix('peak ')})")
         self.run_box.blockSignals(False)
         index = select if select is not None else keep
         if self.runs():
@@ -371,9 +371,7 @@ class MainWindow(QMainWindow):
             self.plan.set_session(
                 None, "This run has no modules (a memory snapshot): nothing to plan."
             )
-        self.status_run.setText(
-            f"{run.label} · {run.n_events:,} events · peak {format_bytes(run.peak.bytes)}"
-        )
+        self.status_run.setText(f"{run.label} · {run.n_events:,} events · {_peak_text(run)}")
         self._refresh_compare()
 
     def _update_enabled(self) -> None:
@@ -571,6 +569,11 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent | None) -> None:
         self.settings.sync()
         super().closeEvent(event)
+
+
+def _peak_text(run: RunData) -> str:
+    """``peak 88.8 MiB``, or ``no step`` for a run without a memory event (not "peak 0 B")."""
+    return f"peak {format_bytes(run.peak.bytes)}" if run.n_events else "no step"
 
 
 def _submenu(parent: QMenu | QMenuBar, title: str) -> QMenu:
