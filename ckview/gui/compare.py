@@ -178,7 +178,7 @@ class CompareView(QWidget):
         curves = EnvelopeCurves(plot, envelope, [pen], z=30, halos=[halo])
         self._curves.append((plot, curves))
         peak_x = float(xs[int(plan.total.argmax())])
-        self._mark_peak(plot, peak_x, plan.peak_bytes, PROJECTION_COLOR)
+        self._mark_peak(plot, peak_x, plan.peak_bytes, PROJECTION_COLOR, left=True)
 
     def _build_panels(self) -> None:
         first: pg.PlotItem | None = None
@@ -201,17 +201,20 @@ class CompareView(QWidget):
                 plot.setXLink(first)
             self._fit(plot)
 
-    def _mark_peak(self, plot: pg.PlotItem, x: float, y: int, tone: str) -> None:
-        """A dot on the peak and its value beside it, in a box that reads on any fill: left of
-        the dot in the right part of the plot, else right of it, never above (clipped at the
-        top of a short panel)."""
+    def _mark_peak(
+        self, plot: pg.PlotItem, x: float, y: int, tone: str, left: bool = False
+    ) -> None:
+        """A dot on the peak and its value beside it, in a box that reads on any fill: right of
+        the dot (``left``: left of it, the projected peak's side, so that a run's peak and the
+        plan's at the same moment do not cover each other), flipped near the plot's edges;
+        never above the dot (clipped at the top of a short panel), mostly below its level."""
         dot = pg.ScatterPlotItem([x], [y], size=10, brush=pg.mkBrush(tone), pen=pg.mkPen("w"))
         dot.setZValue(60)
         right = max(float(run.x(self.axis)[-1]) for run in self.runs)
         label = pg.TextItem(
             format_bytes(y),
             color=self.theme.foreground,
-            anchor=(1.12, 0.5) if x > 0.7 * right else (-0.12, 0.5),
+            anchor=(1.12, 0.25) if (left and x > 0.2 * right) or x > 0.8 * right else (-0.12, 0.25),
             fill=pg.mkBrush(color(self.theme.label_fill)),
             border=pg.mkPen(tone, width=1.5),
         )
