@@ -197,14 +197,15 @@ def test_value_label_colours_read_on_their_background(name: str) -> None:
 def test_recompute_labels_are_whole_and_inside_the_plot(qtbot: QtBot, window: MainWindow) -> None:
     open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
     window.plan.apply_preset("all")
-    qtbot.wait(50)
     vb = window.timeline.main.getPlotItem().getViewBox()
     marks = list(window.timeline._marks.values())
     assert len(marks) == 4
     for line in marks:
         text = line.label.toPlainText()
         assert text.startswith("↻ layers.") and text[-1].isdigit()
-        assert vb.sceneBoundingRect().contains(line.label.sceneBoundingRect())
+    qtbot.waitUntil(  # once laid out, every label lies wholly inside the plot
+        lambda: all(vb.sceneBoundingRect().contains(m.label.sceneBoundingRect()) for m in marks)
+    )
 
 
 def test_phase_names_never_overprint(qtbot: QtBot, window: MainWindow) -> None:
@@ -241,21 +242,34 @@ def test_side_by_side_peak_labels_are_boxed_inside_their_plots(
     qtbot: QtBot, window: MainWindow, theme: Theme
 ) -> None:
     window.set_theme(theme)
-    open_trace(qtbot, window, SAMPLES / "gpt2_compare.h5")
+    window.resize(1200, 700)  # short panels, where labels above the dot were cut
+    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
     window.plan.apply_preset("sqrt")
     window.show_compare(side_by_side=True)
     qtbot.waitUntil(lambda: len(window.compare._curves) == 3)
-    qtbot.wait(50)
-    plots = {plot for plot, _ in window.compare._curves}
-    labels = 0
-    for plot in plots:
-        for item in plot.items:
-            if isinstance(item, pg.TextItem):
-                labels += 1
-                assert plot.vb.sceneBoundingRect().contains(item.sceneBoundingRect())
-                assert item.fill.color().name() == QColor(theme.label_fill[:7]).name()
-                assert item.color.name() == QColor(theme.foreground).name()
-    assert labels == 3  # two run peaks and the projected one
+
+    def labels_of() -> dict[pg.PlotItem, list[pg.TextItem]]:
+        plots = {plot for plot, _ in window.compare._curves}
+        return {plot: [i for i in plot.items if isinstance(i, pg.TextItem)] for plot in plots}
+
+    def inside() -> bool:  # once the panels are laid out
+        return all(
+            plot.vb.sceneBoundingRect().contains(item.sceneBoundingRect())
+            for plot, items in labels_of().items()
+            for item in items
+        )
+
+    qtbot.waitUntil(inside, timeout=5000)
+    shown = labels_of()
+    labels = []
+    for items in shown.values():
+        for item in items:
+            assert item.fill.color().name() == QColor(theme.label_fill[:7]).name()
+            assert item.color.name() == QColor(theme.foreground).name()
+        rects = [item.sceneBoundingRect() for item in items]
+        assert not any(a.intersects(b) for a, b in itertools.combinations(rects, 2))
+        labels += items
+    assert len(labels) == 3  # two run peaks and the projected one (at the baseline's peak)
 
 
 # ----------------------------------------------------------------------------- chain strip
