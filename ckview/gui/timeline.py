@@ -234,6 +234,7 @@ class TimelineView(QWidget):
             w.getPlotItem().showGrid(x=w is self.overview, y=True, alpha=theme.grid_alpha)
         self.region.setBrush(pg.mkBrush(color(theme.overview_region)))
         self.legend.set_colors(theme.foreground, theme.background)
+        self.message.setStyleSheet(f"background: {theme.background}; color: {theme.foreground};")
         self.selection_line.setPen(pg.mkPen(theme.foreground, width=1.5))
         self.hover_line.setPen(pg.mkPen(theme.foreground, width=1, style=Qt.PenStyle.DotLine))
         self.hover_text.fill = pg.mkBrush(color(theme.background, 225))
