@@ -33,13 +33,18 @@ class SideLegend(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.entries: list[LegendEntry] = []
+        self.reserve = ""
+        """Text the legend is always wide enough for: a row that comes and goes, or changes,
+        with each toggle (the projected peak) does not resize the plot beside it."""
         self.foreground = QColor("#202020")
         self.background = QColor("#FFFFFF")
         self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Preferred)
 
     def set_entries(self, entries: list[LegendEntry]) -> None:
+        hint = self.sizeHint()
         self.entries = list(entries)
-        self.updateGeometry()
+        if self.sizeHint() != hint:
+            self.updateGeometry()
         self.update()
 
     def set_colors(self, foreground: str, background: str) -> None:
@@ -57,7 +62,8 @@ class SideLegend(QWidget):
 
     def sizeHint(self) -> QSize:
         metrics = self.fontMetrics()
-        widest = max((metrics.horizontalAdvance(e.text) for e in self.entries), default=0)
+        texts = [e.text for e in self.entries] + [self.reserve]
+        widest = max(metrics.horizontalAdvance(text) for text in texts)
         width = 2 * self.PAD + SWATCH_W + 6 + widest if self.entries else 0
         return QSize(width, self.PAD * 2 + self._row_height() * len(self.entries))
 

@@ -108,6 +108,7 @@ class TimelineView(QWidget):
         # minor and sub-minor levels add ~90 grid lines across the plot (~10 ms a paint).
         self.main.getPlotItem().getAxis("bottom").setStyle(maxTickLevel=0)
         self.legend = SideLegend()
+        self.legend.reserve = "projected (1000.0 MiB)"
         """The categories and the projected curve, beside the plot (never over the data)."""
         self.region = pg.LinearRegionItem(swapMode="sort")
         self.region.setZValue(10)
