@@ -414,9 +414,10 @@ class TimelineView(QWidget):
         for band in sorted(self._band_labels, key=lambda b: max(b.x0, v0)):
             left, right = max(band.x0, v0, free_from), min(band.x1, v1)
             fits = (right - left) >= band.width_px * per_px
-            band.item.setVisible(fits)
+            _show(band.item, fits)
             if fits:
-                band.item.setPos(left, top)
+                if band.item.pos() != QPointF(left, top):
+                    band.item.setPos(left, top)
                 free_from = left + band.width_px * per_px
 
     def _place_value_labels(self) -> None:
@@ -428,7 +429,8 @@ class TimelineView(QWidget):
             if isinstance(label, pg.TextItem):
                 share = (label.pos().x() - v0) / max(v1 - v0, 1e-12)
                 across = 1.0 if share > 0.85 else 0.0 if share < 0.15 else 0.5
-                label.setAnchor((across, label.anchor.y()))
+                if label.anchor.x() != across:
+                    label.setAnchor((across, label.anchor.y()))
 
     def _thin_mark_labels(self) -> None:
         """Show a recompute mark's label only where it does not cover the previous one shown
@@ -441,8 +443,7 @@ class TimelineView(QWidget):
             if label is None:
                 continue
             across = label.boundingRect().height() * per_px  # the text runs down the line
-            label.setVisible(line.value() - last >= across)
-            if label.isVisible():
+            if _show(label, line.value() - last >= across):
                 last = line.value()
 
     def _draw_peak(self, run: RunData) -> None:
@@ -704,6 +705,13 @@ class TimelineView(QWidget):
         self.select_point(
             run.point_under(self.axis, vb.mapSceneToView(pos).x(), vb.viewPixelSize()[0])
         )
+
+
+def _show(item: pg.GraphicsObject, visible: bool) -> bool:
+    """Set ``item``'s visibility only if it changes (each call costs an update); returns it."""
+    if item.isVisible() != visible:
+        item.setVisible(visible)
+    return visible
 
 
 def _font(points: int, bold: bool = False) -> QFont:
