@@ -226,6 +226,25 @@ def test_phase_names_never_overprint(qtbot: QtBot, window: MainWindow) -> None:
     assert not any(a.intersects(b) for a, b in itertools.combinations(shown(), 2))
 
 
+def test_peak_label_stays_inside_the_view_or_hides(qtbot: QtBot, window: MainWindow) -> None:
+    open_trace(qtbot, window, SAMPLES / "mlp.h5", plan=False)
+    timeline = window.timeline
+    label = timeline._peak_label
+    assert label is not None
+    vb = timeline.main.getPlotItem().getViewBox()
+    hidden = 0
+    for shift in (-0.45, -0.3, 0.0, 0.3, 0.45, 0.6, -0.6):  # the peak near each edge, then out
+        timeline.jump_to_peak()
+        timeline.pan(shift)
+        (x0, x1), _ = vb.viewRange()
+        if x0 <= label.pos().x() <= x1:
+            qtbot.waitUntil(lambda: vb.sceneBoundingRect().contains(label.sceneBoundingRect()))
+        else:
+            hidden += 1
+            assert not label.isVisible()
+    assert hidden == 2
+
+
 def test_module_names_are_not_truncated(qtbot: QtBot, window: MainWindow) -> None:
     open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
     tree = window.plan.tree

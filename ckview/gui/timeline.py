@@ -422,12 +422,15 @@ class TimelineView(QWidget):
 
     def _place_value_labels(self) -> None:
         """Keep the peak labels inside the plot: centred over their dot, but ending at it near
-        the right edge of the view and starting at it near the left edge."""
+        the right edge of the view and starting at it near the left edge; hidden with their
+        dot out of view (a label cut by the edge reads as another value)."""
         labels = [self._peak_label, *self._plan_decor[1:]]
         (v0, v1), _ = self.main.getPlotItem().getViewBox().viewRange()
         for label in labels:
             if isinstance(label, pg.TextItem):
                 share = (label.pos().x() - v0) / max(v1 - v0, 1e-12)
+                if not _show(label, 0.0 <= share <= 1.0):
+                    continue
                 across = 1.0 if share > 0.85 else 0.0 if share < 0.15 else 0.5
                 if label.anchor.x() != across:
                     label.setAnchor((across, label.anchor.y()))
