@@ -11,7 +11,15 @@ from __future__ import annotations
 import html
 
 from PyQt6.QtCore import QLine, QPoint, QRect, QSize, Qt, pyqtSignal
-from PyQt6.QtGui import QColor, QMouseEvent, QPainter, QPaintEvent, QPen, QResizeEvent
+from PyQt6.QtGui import (
+    QColor,
+    QMouseEvent,
+    QPainter,
+    QPaintEvent,
+    QPen,
+    QResizeEvent,
+    QWheelEvent,
+)
 from PyQt6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -164,6 +172,18 @@ class ChainStrip(QWidget):
         QToolTip.showText(event.globalPosition().toPoint(), text, self)
 
 
+class SidewaysScroll(QScrollArea):
+    """A scroll area that scrolls only sideways, by the mouse wheel too."""
+
+    def wheelEvent(self, event: QWheelEvent | None) -> None:
+        bar = self.horizontalScrollBar()
+        if event is None or bar is None:
+            return
+        delta = event.angleDelta()
+        bar.setValue(bar.value() - (delta.y() or delta.x()))
+        event.accept()
+
+
 class ChainView(QWidget):
     """The chain's heading over its strip, the strip scrolling sideways when its blocks need
     more room than the panel has."""
@@ -173,7 +193,7 @@ class ChainView(QWidget):
         self.strip = strip
         self.title = QLabel()
         self.title.setTextFormat(Qt.TextFormat.PlainText)
-        self.area = QScrollArea()
+        self.area = SidewaysScroll()
         self.area.setWidget(strip)
         self.area.setWidgetResizable(True)
         self.area.setFrameShape(QScrollArea.Shape.NoFrame)
