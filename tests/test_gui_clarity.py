@@ -148,8 +148,7 @@ def test_every_panel_and_the_report_use_the_binary_axis(
 # ----------------------------------------------------------------------------- the timeline
 
 
-def test_legend_sits_beside_the_plot_area(qtbot: QtBot, window: MainWindow, theme: Theme) -> None:
-    window.set_theme(theme)
+def test_legend_sits_beside_the_plot_area(qtbot: QtBot, window: MainWindow) -> None:
     open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
     window.plan.apply_preset("all")
     window.timeline.jump_to_peak()

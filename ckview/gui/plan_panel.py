@@ -453,15 +453,25 @@ class PlanPanel(QWidget):
         shadowed = session.shadowed()
         self.tree.blockSignals(True)
         for row, item in self._items.items():
-            if session.modules[row].calls == 0:
+            info = session.modules[row]
+            if info.calls == 0:
                 continue
+            # Only what changed: each change makes the tree re-measure its columns (sized to
+            # their contents), all rows of them; a toggle changes a few rows.
             on = ModuleRegion(row) in session.selection
-            item.setCheckState(0, Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
-            italic = item.font(0)
-            italic.setItalic(row in shadowed)
-            item.setFont(0, italic)
-            if row in shadowed:
-                item.setToolTip(0, "inside another checkpointed module: the outer one wins")
+            state = Qt.CheckState.Checked if on else Qt.CheckState.Unchecked
+            if item.checkState(0) != state:
+                item.setCheckState(0, state)
+            font = item.font(0)
+            if font.italic() != (row in shadowed):
+                font.setItalic(row in shadowed)
+                item.setFont(0, font)
+                item.setToolTip(
+                    0,
+                    "inside another checkpointed module: the outer one wins"
+                    if row in shadowed
+                    else f"{info.path}: {info.calls} forward call(s)",
+                )
         self.tree.blockSignals(False)
 
     def _refresh(self) -> None:
