@@ -244,6 +244,22 @@ def test_peak_label_stays_inside_the_view_or_hides(qtbot: QtBot, window: MainWin
     assert hidden == 2
 
 
+def test_shadowed_rows_are_marked_and_unmarked(qtbot: QtBot, window: MainWindow) -> None:
+    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
+    panel = window.plan
+    session = panel.session
+    assert session is not None
+    root = next(info.row for info in session.modules if info.calls and info.parent < 0)
+    inner = next(i for i in session.modules if i.calls and i.row != root and "layers.0" in i.path)
+    item = panel._items[inner.row]
+    before = item.toolTip(0)
+    panel.toggle_module(inner.row)
+    panel.toggle_module(root)  # selected inside a selected module: shadowed
+    assert item.font(0).italic() and "outer one wins" in item.toolTip(0)
+    panel.toggle_module(root)
+    assert not item.font(0).italic() and item.toolTip(0) == before
+
+
 def test_module_names_are_not_truncated(qtbot: QtBot, window: MainWindow) -> None:
     open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
     tree = window.plan.tree
