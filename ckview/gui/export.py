@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 
 from PyQt6.QtCore import QRectF, Qt
-from PyQt6.QtGui import QColor, QFont, QFontMetrics, QImage, QPainter
+from PyQt6.QtGui import QColor, QFont, QFontMetricsF, QImage, QPainter
 from PyQt6.QtWidgets import QWidget
 
 from ckview.analysis import format_bytes
@@ -26,7 +26,12 @@ def export_title(
     """``gpt2.h5 · baseline (peak 53.4 MiB) · plan → projected 36.0 MiB: h.0, h.1``: the runs
     shown (one on the timeline, all on the comparison) and the plan over them, if any; regions
     by the last two parts of their path, the first ``MAX_TITLE_REGIONS`` of them."""
-    runs = " vs ".join(f"{run.label} (peak {format_bytes(run.peak.bytes)})" for run in shown)
+    sources = {run.source for run in shown}
+    if len(sources) == 1 and len(shown) > 1:  # one trace: its name once
+        names = " vs ".join(f"{run.name} (peak {format_bytes(run.peak.bytes)})" for run in shown)
+        runs = f"{os.path.basename(shown[0].source)} · {names}"
+    else:
+        runs = " vs ".join(f"{run.label} (peak {format_bytes(run.peak.bytes)})" for run in shown)
     if outcome is None:
         return runs
     named = ", ".join(".".join(r.split(".")[-2:]) for r in regions[:MAX_TITLE_REGIONS])
@@ -42,30 +47,40 @@ def _title_font() -> QFont:
     return font
 
 
-def title_height() -> int:
-    """Height in pixels of the title line over an exported view."""
-    return QFontMetrics(_title_font()).height() + 12
+def title_height(title: str, width: int) -> int:
+    """Height in pixels of ``title`` over an exported view ``width`` pixels wide: one line, or
+    as many as it needs (never elided: what the view shows is in its last words)."""
+    return _title_rect(title, width).toAlignedRect().height() + 12
+
+
+def _title_rect(title: str, width: int) -> QRectF:
+    flags = Qt.TextFlag.TextWordWrap.value
+    return QFontMetricsF(_title_font()).boundingRect(
+        QRectF(0, 0, max(width - 16, 1), 10_000), flags, title
+    )
 
 
 def _paint_title(painter: QPainter, title: str, width: int, theme: Theme) -> None:
-    painter.fillRect(QRectF(0, 0, width, title_height()), QColor(theme.background))
+    height = title_height(title, width)
+    painter.fillRect(QRectF(0, 0, width, height), QColor(theme.background))
     painter.setFont(_title_font())
     painter.setPen(QColor(theme.foreground))
-    metrics = QFontMetrics(_title_font())
-    text = metrics.elidedText(title, Qt.TextElideMode.ElideRight, width - 16)
-    painter.drawText(QRectF(8, 0, width - 16, title_height()), Qt.AlignmentFlag.AlignVCenter, text)
+    painter.drawText(
+        QRectF(8, 6, width - 16, height - 12),
+        Qt.AlignmentFlag.AlignLeft.value | Qt.TextFlag.TextWordWrap.value,
+        title,
+    )
 
 
 def titled_image(widget: QWidget, title: str, theme: Theme) -> QImage:
     """``widget`` as it is drawn, under a title line."""
     shot = widget.grab()
-    image = QImage(
-        shot.width(), shot.height() + title_height(), QImage.Format.Format_ARGB32_Premultiplied
-    )
+    top = title_height(title, shot.width())
+    image = QImage(shot.width(), shot.height() + top, QImage.Format.Format_ARGB32_Premultiplied)
     image.fill(QColor(theme.background))
     painter = QPainter(image)
     _paint_title(painter, title, shot.width(), theme)
-    painter.drawPixmap(0, title_height(), shot)
+    painter.drawPixmap(0, top, shot)
     painter.end()
     return image
 
@@ -86,7 +101,8 @@ def _save_svg(widget: QWidget, path: str, title: str, theme: Theme) -> None:
     from PyQt6.QtCore import QPoint, QRect, QSize
     from PyQt6.QtSvg import QSvgGenerator
 
-    size = QSize(widget.width(), widget.height() + title_height())
+    top = title_height(title, widget.width())
+    size = QSize(widget.width(), widget.height() + top)
     generator = QSvgGenerator()
     generator.setFileName(path)
     generator.setSize(size)
@@ -94,7 +110,7 @@ def _save_svg(widget: QWidget, path: str, title: str, theme: Theme) -> None:
     generator.setTitle(title)
     painter = QPainter(generator)
     _paint_title(painter, title, widget.width(), theme)
-    painter.translate(0, title_height())
+    painter.translate(0, top)
     widget.render(painter)
     painter.end()
     if not os.path.exists(path):
