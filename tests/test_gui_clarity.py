@@ -1,19 +1,19 @@
 """The explorer's clarity list (issue 13, item 3), through the real widgets offscreen: legends
-beside the plots, labels that read and are not cut, binary byte ticks, a usable strip for a
-long chain, clean titled exports, and messages where there is nothing to draw."""
+beside the plots, labels that read and are not cut, binary byte ticks, clean titled exports,
+and a message with no trace open. On traces recorded for it (an 80-block chain, a trace
+without a step): tests/test_gui_long_chain.py."""
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyqtgraph as pg
 import pytest
-from PyQt6.QtCore import QPoint, QPointF, QRectF, QSettings, Qt
-from PyQt6.QtGui import QColor, QImage, QWheelEvent
-from PyQt6.QtWidgets import QApplication, QWidget
+from PyQt6.QtCore import QPoint, QRectF, QSettings, Qt
+from PyQt6.QtGui import QColor, QImage
+from PyQt6.QtWidgets import QWidget
 from pytestqt.qtbot import QtBot
 
 from ckview.gui.axes import BytesAxis, byte_step, byte_ticks, tick_label
@@ -23,31 +23,6 @@ from ckview.gui.style import DARK, LIGHT, PEAK_COLOR, PROJECTION_COLOR, THEMES, 
 from tests.conftest import ROOT
 
 SAMPLES = ROOT / "sample_traces"
-CHAIN = 80
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two traces recorded here: an 80-block ``nn.Sequential`` step, and a trace whose
-    recording saw no step at all (an empty block under the recorder)."""
-    import torch
-
-    from recorder import Recorder
-
-    folder = tmp_path_factory.mktemp("clarity")
-    torch.manual_seed(0)
-    blocks = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(CHAIN)]
-    model = torch.nn.Sequential(*blocks)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    chain = folder / "chain80.h5"
-    with Recorder(chain, steps=1, warmup=0, progress=False):
-        model(torch.randn(2, 8)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    empty = folder / "no_step.h5"
-    with Recorder(empty, steps=1, warmup=1, progress=False):
-        pass
-    return {"chain": chain, "empty": empty}
 
 
 @pytest.fixture(params=[LIGHT, DARK], ids=["light", "dark"])
@@ -306,49 +281,6 @@ def test_side_by_side_peak_labels_are_boxed_inside_their_plots(
     assert len(labels) == 3  # two run peaks and the projected one (at the baseline's peak)
 
 
-# ----------------------------------------------------------------------------- chain strip
-
-
-def test_an_80_block_chain_can_be_clicked_block_by_block(
-    qtbot: QtBot, window: MainWindow, recorded: dict[str, Path]
-) -> None:
-    open_trace(qtbot, window, recorded["chain"])
-    view, strip = window.plan.chain_view, window.plan.strip
-    session = window.plan.session
-    assert session is not None and session.chain is not None
-    assert len(session.chain.blocks) == CHAIN and view.isVisible()
-    assert "80 blocks" in view.title.text() and "scroll" in view.title.text()
-    # The heading is its own widget above the strip: nothing is drawn over it.
-    assert window_rect(view.title, window).bottom() <= window_rect(view.area, window).top()
-    rects = strip._geometry()
-    assert strip.width() > view.area.viewport().width()  # wider than the panel: it scrolls
-    assert min(r.width() for r in rects) >= strip.fontMetrics().horizontalAdvance("79") + 4
-    clicked: list[int] = []
-    strip.blockClicked.connect(clicked.append)
-    for rect in rects:
-        view.area.ensureVisible(rect.center().x(), rect.center().y())
-        assert strip.visibleRegion().contains(rect.center())
-        qtbot.mouseClick(strip, Qt.MouseButton.LeftButton, pos=rect.center())
-    assert clicked == list(range(CHAIN))
-    assert all(session.segment_selected(i, i + 1) for i in range(CHAIN))
-    bar = view.area.horizontalScrollBar()
-    assert bar is not None and bar.value() == bar.maximum() > 0
-    wheel = QWheelEvent(
-        QPointF(10, 10),
-        QPointF(10, 10),
-        QPoint(0, 0),
-        QPoint(0, 120),  # the wheel turned up (away): towards the chain's start
-        Qt.MouseButton.NoButton,
-        Qt.KeyboardModifier.NoModifier,
-        Qt.ScrollPhase.NoScrollPhase,
-        False,
-    )
-    QApplication.sendEvent(view.area.viewport(), wheel)
-    assert bar.value() == bar.maximum() - 120
-    gap = QPoint((rects[40].left() + rects[39].right()) // 2, rects[40].center().y())
-    assert strip.hit(gap) == ("gap", 40)
-
-
 # ----------------------------------------------------------------------------- export
 
 
@@ -402,22 +334,3 @@ def test_no_trace_says_how_to_open_or_record_one(qtbot: QtBot, window: MainWindo
     assert not timeline.showing_message() and timeline.plots.isVisible()
     window.close_all()
     assert timeline.showing_message()
-
-
-def test_a_trace_without_a_step_says_so(
-    qtbot: QtBot, window: MainWindow, recorded: dict[str, Path]
-) -> None:
-    open_trace(qtbot, window, recorded["empty"], plan=False)
-    run = window.current_run()
-    assert run is not None and run.n_events == 0
-    timeline = window.timeline
-    assert timeline.showing_message() and "holds no step" in timeline.message.text()
-    assert timeline._layers is None and not math.isnan(run.peak.bytes)
-    window.timeline.jump_to_peak()  # nothing to centre on: no error
-    window.toggle_theme()
-    assert timeline.showing_message()
-    assert window.plan.readout.text() == "This run holds no step: nothing to plan."
-    window.show_compare(side_by_side=True)  # its comparison draws, empty, without an error
-    qtbot.waitUntil(lambda: len(window.compare._curves) == 1)
-    assert window.run_box.currentText().endswith("(no step)")
-    assert window.status_run.text().endswith("0 events · no step")
