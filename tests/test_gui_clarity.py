@@ -193,7 +193,7 @@ def test_phase_names_never_overprint(qtbot: QtBot, window: MainWindow) -> None:
     whole = shown()
     assert whole and len(whole) < len(timeline._band_labels)  # narrow bands go unnamed
     assert not any(a.intersects(b) for a, b in itertools.combinations(whole, 2))
-    recompute = next(b for b in timeline._band_labels if b.item.textItem.toPlainText()[0] == "r")
+    recompute = next(b for b in timeline._band_labels if b.names[0][0].startswith("recompute"))
     timeline.main.setXRange(recompute.x0, recompute.x1 + (recompute.x1 - recompute.x0), padding=0)
     qtbot.wait(50)  # the items' scene transforms follow the new range
     assert recompute.item.isVisible()  # zoomed in, its name fits and shows

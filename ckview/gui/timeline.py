@@ -66,8 +66,9 @@ class _BandLabel:
     item: pg.TextItem
     x0: float
     x1: float
-    width_px: float
-    """The name's width in pixels."""
+    names: list[tuple[str, float]]
+    """The names to try, longest first (``optimizer 0``, ``optimizer``), with their widths in
+    pixels."""
 
 
 class TimelineView(QWidget):
@@ -394,13 +395,15 @@ class TimelineView(QWidget):
 
     def _add_band_label(self, span: Span) -> None:
         """The band's name, placed and shown by ``_place_band_labels``."""
-        font = _font(9)
-        label = pg.TextItem(span.label, color=self.theme.foreground, anchor=(0, 0))
-        label.setFont(font)
+        label = pg.TextItem(color=self.theme.foreground, anchor=(0, 0))
+        label.setFont(_font(9))
         label.setVisible(False)
+        names = []
+        for text in dict.fromkeys((span.label, span.kind.name.lower())):
+            label.setText(text)
+            names.append((text, label.boundingRect().width() + 2))  # text and margins, in px
         x0, x1 = span.x_range(self.axis)
-        width = label.boundingRect().width() + 2  # the text and its margins, in pixels
-        self._band_labels.append(_BandLabel(label, x0, x1, width))
+        self._band_labels.append(_BandLabel(label, x0, x1, names))
         self._add_decor(label)
 
     def _place_band_labels(self) -> None:
@@ -413,12 +416,14 @@ class TimelineView(QWidget):
         free_from = v0  # bands can overlap in time (a backward op around a recompute)
         for band in sorted(self._band_labels, key=lambda b: max(b.x0, v0)):
             left, right = max(band.x0, v0, free_from), min(band.x1, v1)
-            fits = (right - left) >= band.width_px * per_px
-            _show(band.item, fits)
-            if fits:
+            fits = [(t, w) for t, w in band.names if right - left >= w * per_px]
+            if _show(band.item, bool(fits)):
+                text, width = fits[0]
+                if band.item.textItem.toPlainText() != text:
+                    band.item.setText(text)
                 if band.item.pos() != QPointF(left, top):
                     band.item.setPos(left, top)
-                free_from = left + band.width_px * per_px
+                free_from = left + width * per_px
 
     def _place_value_labels(self) -> None:
         """Keep the peak labels inside the plot: centred over their dot, but ending at it near
