@@ -156,9 +156,8 @@ class CompareView(QWidget):
         plot = self._new_plot(0)
         for i, run in enumerate(self.runs):
             tone = RUN_COLORS[i % len(RUN_COLORS)]
-            name = f"{run.label} ({format_bytes(run.peak.bytes)})"
             env = Envelope(run.x(self.axis), run.timeline.total)
-            curves = EnvelopeCurves(plot, env, [pg.mkPen(tone, width=2)], z=10 + i, names=[name])
+            curves = EnvelopeCurves(plot, env, [pg.mkPen(tone, width=2)], z=10 + i)
             self._curves.append((plot, curves))
             self._mark_peak(plot, float(run.x(self.axis)[run.peak.point]), run.peak.bytes, tone)
         if self.outcome is not None:

@@ -56,7 +56,6 @@ class EnvelopeCurves:
         pens: Sequence[QPen | None],
         brushes: Sequence[QBrush | None] | None = None,
         z: float = 0.0,
-        names: Sequence[str | None] | None = None,
         halos: Sequence[QPen | None] | None = None,
     ) -> None:
         """Curve ``i`` of ``envelope`` gets ``pens[i]`` and, if given, ``brushes[i]`` (filled
@@ -66,7 +65,6 @@ class EnvelopeCurves:
         self.plot, self.envelope = plot, envelope
         k = envelope.levels_y[0].shape[0]
         fills = brushes or [None] * k
-        labels = names or [None] * k
         self.items: list[pg.PlotCurveItem] = []
         for i in range(k):
             item = _StepCurve(
@@ -77,7 +75,6 @@ class EnvelopeCurves:
                 fillLevel=0 if fills[i] is not None else None,
                 stepMode="center",
                 skipFiniteCheck=True,
-                name=labels[i],
             )
             item.setZValue(z - i * 0.01 if brushes else z + i * 0.01)
             self.items.append(item)
