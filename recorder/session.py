@@ -669,8 +669,11 @@ class Recorder:
         events = np.frombuffer(mem.data, dtype=np.int64).reshape(-1, mem.width).copy()
         op_rows = np.frombuffer(ops.data, dtype=np.int64).reshape(-1, ops.width).copy()
         first_op = ops.rows - len(op_rows)
-        address = np.frombuffer(self._st_address, dtype=np.int64).copy()
-        nbytes = np.frombuffer(self._st_data, dtype=np.int64)[_ST_NBYTES::_ST_WIDTH].copy()
+        # Gathered for the window's rows alone (fancy indexing copies): a cost per window that
+        # does not grow with the run. No view outlives this line (``_add_workspaces`` appends).
+        sids = events[:, 1]
+        address = np.frombuffer(self._st_address, dtype=np.int64)[sids]
+        nbytes = np.frombuffer(self._st_data, dtype=np.int64)[sids * _ST_WIDTH + _ST_NBYTES]
 
         def workspaces(blocks: list[Block], ops: np.ndarray) -> int:
             local = ops - first_op
