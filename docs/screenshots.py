@@ -2,9 +2,10 @@
 
     QT_QPA_PLATFORM=offscreen python docs/screenshots.py
 
-Writes docs/images/explorer-*.png from the sample traces, and docs/images/snapshot-import.png
-from the CUDA snapshot fixture when it is there. ``--diff-only``: only the Diff view's and the
-budget answers' images (explorer-diff*.png, explorer-budget*.png).
+Writes docs/images/explorer-*.png from the sample traces (explorer-export.png through File ->
+Export View), and docs/images/snapshot-import.png from the CUDA snapshot fixture when it is
+there. ``--diff-only``: only the Diff view's and the budget answers' images (explorer-diff*.png,
+explorer-budget*.png).
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ def main() -> int:
     from ckview.gui.main_window import MainWindow
     from ckview.gui.style import DARK
 
+    opened: list[MainWindow] = []
+    """Every window stays referenced: a shown window dropped into a reference cycle can be
+    collected by the cyclic GC in the middle of its own paint event."""
+
     def window(*traces: str) -> MainWindow:
         settings = QSettings(tempfile.mktemp(suffix=".ini"), QSettings.Format.IniFormat)
         w = MainWindow(settings=settings)
+        opened.append(w)
         w.resize(1600, 1000)
         w.show()
         w.open_paths([str(SAMPLES / t) for t in traces])
@@ -80,6 +86,13 @@ def main() -> int:
     w.side_action.setChecked(True)
     w.tabs.setCurrentIndex(1)
     save(w, "explorer-dark-side-by-side.png")
+
+    w = window("gpt2_compare.h5")  # File -> Export View: titled, no hover or selection
+    w.plan.apply_preset("sqrt")
+    w.timeline.select_point(w.runs()[0].peak.point)
+    settle()
+    w.export_view(str(OUT / "explorer-export.png"))
+    print("wrote docs/images/explorer-export.png")
 
     snapshot = _fixture_snapshot()
     if snapshot is None:

@@ -12,6 +12,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from ckview.cli.main import main as ckview_main
+from ckview.gui.export import title_height
 from ckview.gui.rundata import load_trace
 from tests.conftest import ROOT
 
@@ -75,7 +76,8 @@ def test_window_measurements(
         assert min(exports.seconds) > 0 and min(exports.grab_seconds) > 0
         assert exports.png_bytes > bench.MIN_PNG_BYTES
         tab = window.tabs.currentWidget()
-        assert exports.png_size == (tab.width(), tab.height())
+        title = title_height(window.export_title(), tab.width())
+        assert exports.png_size == (tab.width(), tab.height() + title)  # the tab under its title
     finally:
         bench.close_window(window)
 

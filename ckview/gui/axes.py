@@ -1,5 +1,6 @@
-"""A pyqtgraph y axis in binary byte units: ticks at 1, 2, 4 or 5 x 2**(10k) bytes, labelled
-``256 MiB``, ``1.5 GiB`` by ``ckview.analysis.format_bytes``."""
+"""A pyqtgraph y axis in binary byte units: ticks every power of two bytes (1, 2, 4, 8... x
+B/KiB/MiB/GiB), labelled exactly (``256 KiB``, ``1.25 MiB``), the same in every panel and in the
+exported report (NOTE [ Binary byte ticks ])."""
 
 from __future__ import annotations
 
@@ -10,23 +11,40 @@ import pyqtgraph as pg
 from PyQt6.QtCore import QRectF
 from PyQt6.QtGui import QPainter
 
-from ckview.analysis import format_bytes
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
-_MULTIPLES = (1, 2, 2.5, 5)
+# NOTE [ Binary byte ticks ]
+# Memory is allocated in powers of two, so the y axis steps by a power of two bytes: the step
+# is the smallest 2**k with at most ``target`` ticks over the range. Every tick is then a whole
+# multiple of 2**k, and its label is exact in the largest binary unit not above it (``768
+# KiB``, ``1.25 MiB``): a decimal step over bytes would read ``205 B, 410 B, 614 B``, and
+# ``format_bytes``' three significant digits would round a tick such as 1.125 MiB.
+
+
+def byte_step(low: float, high: float, target: int = 6) -> int:
+    """The tick step over ``[low, high]``: the smallest power of two bytes giving at most
+    ``target`` intervals (NOTE [ Binary byte ticks ])."""
+    span = max(high - low, 1.0)
+    return 2 ** max(0, math.ceil(math.log2(span / max(target, 1))))
 
 
 def byte_ticks(low: float, high: float, target: int = 6) -> list[float]:
-    """About ``target`` round byte values in ``[low, high]``: m x 10**e x 2**(10k), so labels
-    read ``200 MiB``, ``1.5 GiB``."""
-    span = max(high - low, 1.0)
-    unit = 1024.0 ** max(0, min(6, int(math.log(max(high, 1.0), 1024))))
-    raw = span / unit / max(target, 1)
-    power = 10.0 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
-    step = next((m * power for m in _MULTIPLES if m * power >= raw), 10 * power) * unit
-    step = max(step, 1.0)  # whole bytes
-    first = math.ceil(max(low, 0.0) / step) * step
-    count = int((high - first) // step) + 1
-    return [first + i * step for i in range(max(count, 0))]
+    """The multiples of ``byte_step`` in ``[max(low, 0), high]`` (NOTE [ Binary byte ticks ])."""
+    step = byte_step(low, high, target)
+    first = math.ceil(max(low, 0.0) / step)
+    last = math.floor(high / step) if high >= 0 else first - 1
+    return [float(i * step) for i in range(first, last + 1)]
+
+
+def tick_label(value: float) -> str:
+    """A tick value (a multiple of a power of two bytes) in the largest binary unit not above
+    it, with no more digits than it needs: ``0``, ``512 B``, ``768 KiB``, ``1.25 MiB``."""
+    n = round(value)
+    if n == 0:
+        return "0"
+    power = min(int(math.log2(abs(n)) // 10), len(_UNITS) - 1)
+    text = f"{n / 1024**power:.3f}".rstrip("0").rstrip(".")
+    return f"{text} {_UNITS[power]}"
 
 
 class BytesAxis(pg.AxisItem):
@@ -50,4 +68,4 @@ class BytesAxis(pg.AxisItem):
         return [(0, byte_ticks(minVal, maxVal, target))]
 
     def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
-        return [format_bytes(round(v)) for v in values]
+        return [tick_label(v) for v in values]

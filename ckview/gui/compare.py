@@ -17,7 +17,15 @@ from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
 from ckview.gui.envelope import Envelope
 from ckview.gui.planning import PlanOutcome
 from ckview.gui.rundata import STACK_ORDER, Axis, RunData
-from ckview.gui.style import CATEGORY_COLORS, LIGHT, PROJECTION_COLOR, RUN_COLORS, Theme
+from ckview.gui.style import (
+    CATEGORY_COLORS,
+    LIGHT,
+    PROJECTION_COLOR,
+    PROJECTION_HALO_WIDTH,
+    PROJECTION_PEN_WIDTH,
+    RUN_COLORS,
+    Theme,
+)
 
 
 def peak_difference(run: RunData, reference: RunData) -> str:
@@ -143,14 +151,13 @@ class CompareView(QWidget):
         return plot
 
     def _build_overlay(self) -> None:
+        """Every run's total, and the plan's; the summary line above the plot is their legend
+        (a legend on the plot hid the curves it names)."""
         plot = self._new_plot(0)
-        legend = plot.addLegend(offset=(-10, 10), labelTextSize="9pt")
-        legend.setLabelTextColor(self.theme.foreground)
         for i, run in enumerate(self.runs):
             tone = RUN_COLORS[i % len(RUN_COLORS)]
-            name = f"{run.label} ({format_bytes(run.peak.bytes)})"
             env = Envelope(run.x(self.axis), run.timeline.total)
-            curves = EnvelopeCurves(plot, env, [pg.mkPen(tone, width=2)], z=10 + i, names=[name])
+            curves = EnvelopeCurves(plot, env, [pg.mkPen(tone, width=2)], z=10 + i)
             self._curves.append((plot, curves))
             self._mark_peak(plot, float(run.x(self.axis)[run.peak.point]), run.peak.bytes, tone)
         if self.outcome is not None:
@@ -163,12 +170,14 @@ class CompareView(QWidget):
         plan, over = self.outcome
         time_axis = self.axis is Axis.TIME
         xs = over.x_of_time_ns(plan.time_ns) if time_axis else over.x_op[plan.point]
-        pen = pg.mkPen(PROJECTION_COLOR, width=2, style=Qt.PenStyle.DashLine)
-        name = f"plan over {over.name} ({format_bytes(plan.peak_bytes)})"
-        curves = EnvelopeCurves(plot, Envelope(xs, plan.total), [pen], z=30, names=[name])
+        pen = pg.mkPen(PROJECTION_COLOR, width=PROJECTION_PEN_WIDTH, style=Qt.PenStyle.DashLine)
+        # NOTE [ Projected curve halo ] in ckview/gui/style.py
+        halo = pg.mkPen(self.theme.background, width=PROJECTION_HALO_WIDTH)
+        envelope = Envelope(xs, plan.total)
+        curves = EnvelopeCurves(plot, envelope, [pen], z=30, halos=[halo])
         self._curves.append((plot, curves))
         peak_x = float(xs[int(plan.total.argmax())])
-        self._mark_peak(plot, peak_x, plan.peak_bytes, PROJECTION_COLOR)
+        self._mark_peak(plot, peak_x, plan.peak_bytes, PROJECTION_COLOR, left=True)
 
     def _build_panels(self) -> None:
         first: pg.PlotItem | None = None
@@ -191,11 +200,24 @@ class CompareView(QWidget):
                 plot.setXLink(first)
             self._fit(plot)
 
-    def _mark_peak(self, plot: pg.PlotItem, x: float, y: int, tone: str) -> None:
+    def _mark_peak(
+        self, plot: pg.PlotItem, x: float, y: int, tone: str, left: bool = False
+    ) -> None:
+        """A dot on the peak and its value beside it, in a box that reads on any fill: right of
+        the dot (``left``: left of it, the projected peak's side, so that a run's peak and the
+        plan's at the same moment do not cover each other), flipped near the plot's edges;
+        never above the dot (clipped at the top of a short panel), mostly below its level."""
         dot = pg.ScatterPlotItem([x], [y], size=10, brush=pg.mkBrush(tone), pen=pg.mkPen("w"))
         dot.setZValue(60)
-        label = pg.TextItem(format_bytes(y), color=tone, anchor=(0.5, 1.2))
-        label.setZValue(60)
+        right = max(float(run.x(self.axis)[-1]) for run in self.runs)
+        label = pg.TextItem(
+            format_bytes(y),
+            color=self.theme.foreground,
+            anchor=(1.12, 0.25) if (left and x > 0.2 * right) or x > 0.8 * right else (-0.12, 0.25),
+            fill=pg.mkBrush(color(self.theme.label_fill)),
+            border=pg.mkPen(tone, width=1.5),
+        )
+        label.setZValue(61)
         label.setPos(x, y)
         plot.addItem(dot, ignoreBounds=True)
         plot.addItem(label, ignoreBounds=True)
@@ -204,7 +226,7 @@ class CompareView(QWidget):
         high = max(run.peak.bytes for run in self.runs)
         if self.outcome is not None:
             high = max(high, self.outcome[0].peak_bytes)
-        plot.setYRange(0, high * 1.12, padding=0)
+        plot.setYRange(0, high * 1.15, padding=0)
         right = max(float(run.x(self.axis)[-1]) for run in self.runs)
         plot.setXRange(0, right, padding=0.01)
 

@@ -56,15 +56,15 @@ class EnvelopeCurves:
         pens: Sequence[QPen | None],
         brushes: Sequence[QBrush | None] | None = None,
         z: float = 0.0,
-        names: Sequence[str | None] | None = None,
+        halos: Sequence[QPen | None] | None = None,
     ) -> None:
         """Curve ``i`` of ``envelope`` gets ``pens[i]`` and, if given, ``brushes[i]`` (filled
-        down to 0). Filled curves stack: each is a cumulative sum, so lower layers paint on top
-        of the higher ones they sit under."""
+        down to 0) and ``halos[i]``, a wider pen drawn under it so that the line reads on any
+        fill. Filled curves stack: each is a cumulative sum, so lower layers paint on top of
+        the higher ones they sit under."""
         self.plot, self.envelope = plot, envelope
         k = envelope.levels_y[0].shape[0]
         fills = brushes or [None] * k
-        labels = names or [None] * k
         self.items: list[pg.PlotCurveItem] = []
         for i in range(k):
             item = _StepCurve(
@@ -75,21 +75,32 @@ class EnvelopeCurves:
                 fillLevel=0 if fills[i] is not None else None,
                 stepMode="center",
                 skipFiniteCheck=True,
-                name=labels[i],
             )
             item.setZValue(z - i * 0.01 if brushes else z + i * 0.01)
             self.items.append(item)
             plot.addItem(item)
+        self.halos: list[tuple[int, pg.PlotCurveItem]] = []
+        """(curve index, item) of every halo, drawn just under its curve."""
+        for i, halo in enumerate(halos or []):
+            if halo is not None:
+                under = _StepCurve(
+                    x=np.zeros(1), y=np.zeros(0), pen=halo, stepMode="center", skipFiniteCheck=True
+                )
+                under.setZValue(self.items[i].zValue() - 0.005)
+                self.halos.append((i, under))
+                plot.addItem(under)
 
     def update(self, x0: float, x1: float, pixels: int) -> int:
         """Redraw for the visible ``[x0, x1]`` over ``pixels`` pixels; returns points drawn."""
         vis = self.envelope.visible(x0, x1, pixels)
         if vis.x.size == 0:
-            for item in self.items:
+            for item in [*self.items, *(under for _, under in self.halos)]:
                 item.setData(np.zeros(1), np.zeros(0))
             return 0
         for item, y in zip(self.items, vis.y, strict=True):
             item.setData(vis.edges, y)
+        for i, under in self.halos:
+            under.setData(vis.edges, vis.y[i])
         return int(vis.x.size)
 
     def set_envelope(self, envelope: Envelope) -> None:
@@ -99,9 +110,9 @@ class EnvelopeCurves:
         self.envelope = envelope
 
     def remove(self) -> None:
-        for item in self.items:
+        for item in [*self.items, *(under for _, under in self.halos)]:
             self.plot.removeItem(item)
-        self.items = []
+        self.items, self.halos = [], []
 
 
 def visible_pixels(plot: pg.PlotItem) -> int:

@@ -14,7 +14,6 @@ from PyQt6.QtGui import (
     QDragEnterEvent,
     QDropEvent,
     QKeySequence,
-    QPainter,
 )
 from PyQt6.QtWidgets import (
     QApplication,
@@ -30,6 +29,7 @@ from PyQt6.QtWidgets import (
     QStatusBar,
     QTabWidget,
     QToolBar,
+    QToolTip,
     QWidget,
 )
 
@@ -352,7 +352,7 @@ class MainWindow(QMainWindow):
         self.run_box.blockSignals(True)
         self.run_box.clear()
         for run in self.runs():
-            self.run_box.addItem(f"{run.label}  ({format_bytes(run.peak.bytes)})")
+            self.run_box.addItem(f"{run.label}  ({_peak_text(run).removeprefix('peak ')})")
         self.run_box.blockSignals(False)
         index = select if select is not None else keep
         if self.runs():
@@ -373,15 +373,15 @@ class MainWindow(QMainWindow):
             return
         self.setWindowTitle(f"{run.label} — ckview")
         self.timeline.set_run(run, self.axis)
-        if len(run.tables["modules"]["path"]):
+        if run.n_events == 0:
+            self.plan.set_session(None, "This run holds no step: nothing to plan.")
+        elif len(run.tables["modules"]["path"]):
             self.plan.set_session(PlanSession(run))
         else:  # imported from a memory snapshot: no module tree to checkpoint
             self.plan.set_session(
                 None, "This run has no modules (a memory snapshot): nothing to plan."
             )
-        self.status_run.setText(
-            f"{run.label} · {run.n_events:,} events · peak {format_bytes(run.peak.bytes)}"
-        )
+        self.status_run.setText(f"{run.label} · {run.n_events:,} events · {_peak_text(run)}")
         self._refresh_compare()
 
     def _update_enabled(self) -> None:
@@ -489,21 +489,30 @@ class MainWindow(QMainWindow):
             self.export_view(path)
 
     def export_view(self, path: str) -> None:
-        """Save the visible tab (timeline or comparison) as PNG or SVG, by extension."""
+        """Save the visible tab (timeline or comparison) as PNG or SVG, by extension, under a
+        title (trace, run, plan) and without what follows the mouse."""
+        from ckview.gui.export import save_view
+
         widget = self.tabs.currentWidget()
         assert widget is not None
+        QToolTip.hideText()
         try:
-            if path.lower().endswith(".svg"):
-                _save_svg(widget, path)
-            elif path.lower().endswith(".png"):
-                if not widget.grab().save(path, "PNG"):
-                    raise OSError(f"cannot write {path}")
-            else:
-                raise ValueError(f"cannot export to {path!r}: use a .png or .svg file name")
+            with self.timeline.without_transients():
+                save_view(widget, path, self.export_title(), self.theme)
         except (OSError, ValueError) as exc:
             self.show_error(str(exc))
             return
         self._status().showMessage(f"exported {path}", 8000)
+
+    def export_title(self) -> str:
+        """The title line of an exported view: what it shows."""
+        from ckview.gui.export import export_title
+
+        run = self.current_run()
+        shown = self.runs() if self.tabs.currentWidget() is self.compare else [run]
+        session = self.plan.session
+        regions = [session.region_label(r) for r in session.regions()] if session else []
+        return export_title([r for r in shown if r is not None], self.outcome, regions)
 
     def export_csv_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export CSV", "ckview.csv", "CSV (*.csv)")
@@ -580,22 +589,12 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
+def _peak_text(run: RunData) -> str:
+    """``peak 88.8 MiB``, or ``no step`` for a run without a memory event (not "peak 0 B")."""
+    return f"peak {format_bytes(run.peak.bytes)}" if run.n_events else "no step"
+
+
 def _submenu(parent: QMenu | QMenuBar, title: str) -> QMenu:
     menu = parent.addMenu(title)
     assert menu is not None
     return menu
-
-
-def _save_svg(widget: QWidget, path: str) -> None:
-    from PyQt6.QtSvg import QSvgGenerator
-
-    generator = QSvgGenerator()
-    generator.setFileName(path)
-    generator.setSize(widget.size())
-    generator.setViewBox(widget.rect())
-    generator.setTitle("ckview")
-    painter = QPainter(generator)
-    widget.render(painter)
-    painter.end()
-    if not os.path.exists(path):
-        raise OSError(f"cannot write {path}")

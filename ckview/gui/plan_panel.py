@@ -11,13 +11,22 @@ from __future__ import annotations
 import html
 
 from PyQt6.QtCore import QLine, QPoint, QRect, QSize, Qt, pyqtSignal
-from PyQt6.QtGui import QColor, QMouseEvent, QPainter, QPaintEvent, QPen
+from PyQt6.QtGui import (
+    QColor,
+    QMouseEvent,
+    QPainter,
+    QPaintEvent,
+    QPen,
+    QResizeEvent,
+    QWheelEvent,
+)
 from PyQt6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QToolTip,
     QTreeWidget,
@@ -54,26 +63,33 @@ def _cost(session: PlanSession, row: int) -> str:
 
 class ChainStrip(QWidget):
     """The chain of blocks: click a block to checkpoint its segment, a gap to cut or join
-    segments (NOTE [ Chain strip ] in ``planning``)."""
+    segments (NOTE [ Chain strip ] in ``planning``). A long chain keeps blocks wide enough to
+    click and to number (``MIN_CELL``): the strip then grows wider than the panel and scrolls
+    inside ``ChainView``."""
 
     blockClicked = pyqtSignal(int)
     gapClicked = pyqtSignal(int)
 
     GAP = 6
+    MIN_CELL = 28
+    """Least width of a block and its gap, in pixels: 22 pixels of block, room for ``79``."""
+    HEIGHT = 32
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session: PlanSession | None = None
-        self.setMinimumHeight(46)
+        self.setFixedHeight(self.HEIGHT)
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def sizeHint(self) -> QSize:
-        return QSize(400, 46)
+        return QSize(max(400, self.minimumWidth()), self.HEIGHT)
 
     def set_session(self, session: PlanSession | None) -> None:
         self.session = session
-        self.setVisible(session is not None and session.chain is not None)
+        chain = session.chain if session is not None else None
+        self.setMinimumWidth(2 + self.MIN_CELL * len(chain.blocks) if chain is not None else 0)
+        self.setVisible(chain is not None)
         self.update()
 
     def _geometry(self) -> list[QRect]:
@@ -85,7 +101,9 @@ class ChainStrip(QWidget):
         for i in range(n):
             x0 = 1 + i * width // n
             x1 = 1 + (i + 1) * width // n - self.GAP // 2
-            rects.append(QRect(x0 + self.GAP // 2, 14, max(x1 - x0 - self.GAP // 2, 1), 28))
+            rects.append(
+                QRect(x0 + self.GAP // 2, 2, max(x1 - x0 - self.GAP // 2, 1), self.HEIGHT - 4)
+            )
         return rects
 
     def hit(self, pos: QPoint) -> tuple[str, int] | None:
@@ -106,11 +124,8 @@ class ChainStrip(QWidget):
             return
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        chain = session.chain
         rects = self._geometry()
         fg = self.palette().windowText().color()
-        painter.setPen(fg)
-        painter.drawText(2, 11, f"{chain.path} ({chain.kind}, {len(chain.blocks)} blocks)")
         on = QColor(PROJECTION_COLOR)
         selected = [False] * len(rects)
         for start, stop in session.segments():
@@ -126,15 +141,16 @@ class ChainStrip(QWidget):
                     painter.drawRoundedRect(rect, 3, 3)
             elif group:
                 painter.drawRects(*group)
+        metrics = painter.fontMetrics()
         for i, rect in enumerate(rects):
-            if rect.width() > 18:
+            if rect.width() >= metrics.horizontalAdvance(str(i)) + 4:
                 painter.setPen(QColor("white") if selected[i] else fg)
                 painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, str(i))
         painter.setPen(QPen(fg, 3))
         gaps = sorted(session.boundaries)
         xs = [(rects[gap - 1].right() + rects[gap].left()) // 2 for gap in gaps]
         if xs:
-            painter.drawLines(*[QLine(x, 12, x, 44) for x in xs])
+            painter.drawLines(*[QLine(x, 0, x, self.HEIGHT) for x in xs])
         painter.end()
 
     def mousePressEvent(self, event: QMouseEvent | None) -> None:
@@ -161,6 +177,63 @@ class ChainStrip(QWidget):
                 else self.session.chain.fixed
             )
         QToolTip.showText(event.globalPosition().toPoint(), text, self)
+
+
+class SidewaysScroll(QScrollArea):
+    """A scroll area that scrolls only sideways, by the mouse wheel too."""
+
+    def wheelEvent(self, event: QWheelEvent | None) -> None:
+        bar = self.horizontalScrollBar()
+        if event is None or bar is None:
+            return
+        delta = event.angleDelta()
+        bar.setValue(bar.value() - (delta.y() or delta.x()))
+        event.accept()
+
+
+class ChainView(QWidget):
+    """The chain's heading over its strip, the strip scrolling sideways when its blocks need
+    more room than the panel has."""
+
+    def __init__(self, strip: ChainStrip, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.strip = strip
+        self.title = QLabel()
+        self.title.setTextFormat(Qt.TextFormat.PlainText)
+        self.area = SidewaysScroll()
+        self.area.setWidget(strip)
+        self.area.setWidgetResizable(True)
+        self.area.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        bar = self.area.horizontalScrollBar()
+        bar_height = bar.sizeHint().height() if bar is not None else 16
+        self.area.setFixedHeight(strip.HEIGHT + bar_height + 2)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addWidget(self.title)
+        layout.addWidget(self.area)
+
+    def set_session(self, session: PlanSession | None) -> None:
+        self.strip.set_session(session)
+        self.setVisible(session is not None and session.chain is not None)
+        self._update_title()
+
+    def resizeEvent(self, event: QResizeEvent | None) -> None:
+        super().resizeEvent(event)
+        self._update_title()
+
+    def _update_title(self) -> None:
+        """The chain's path, kind and length; says to scroll when not every block is shown."""
+        session = self.strip.session
+        chain = session.chain if session is not None else None
+        if chain is None:
+            return
+        n = len(chain.blocks)
+        hint = " — scroll for more" if self.strip.minimumWidth() > self.area.width() else ""
+        self.title.setText(f"{chain.path} ({chain.kind}, {n} blocks){hint}")
+        self.title.setToolTip(self.title.text())
 
 
 class PlanPanel(QWidget):
@@ -203,6 +276,7 @@ class PlanPanel(QWidget):
         self.budget_note.setVisible(False)
         self._budget_shown = ""
         self.strip = ChainStrip()
+        self.chain_view = ChainView(self.strip)
         self.strip.blockClicked.connect(self.toggle_block)
         self.strip.gapClicked.connect(self.toggle_boundary)
         self.tree = QTreeWidget()
@@ -211,9 +285,11 @@ class PlanPanel(QWidget):
         header = self.tree.header()
         assert header is not None
         header.setStretchLastSection(False)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for column in range(1, len(TREE_COLUMNS)):
+        # Module names are never cut: the type column gives up its width first (elided, its
+        # full text in the tooltip), then the tree scrolls sideways.
+        for column in range(len(TREE_COLUMNS)):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.tree.itemChanged.connect(self._on_item_changed)
         self._items: dict[int, QTreeWidgetItem] = {}
 
@@ -229,7 +305,7 @@ class PlanPanel(QWidget):
         layout.addLayout(presets)
         layout.addLayout(budget)
         layout.addWidget(self.budget_note)
-        layout.addWidget(self.strip)
+        layout.addWidget(self.chain_view)
         layout.addWidget(self.tree, stretch=1)
         self._ready.connect(self._on_ready)
         self._planned.connect(self._on_planned)
@@ -249,7 +325,7 @@ class PlanPanel(QWidget):
         """Plan over a new baseline run (None: nothing to plan, and ``why_none`` says why)."""
         self.session = session
         self.budget_note.setVisible(False)
-        self.strip.set_session(session)
+        self.chain_view.set_session(session)
         self._fill_tree()
         for w in (*self.presets.values(), self.budget, self.plan_button, self.tree):
             w.setEnabled(session is not None)
@@ -386,6 +462,7 @@ class PlanPanel(QWidget):
                 item = QTreeWidgetItem(parent if parent is not None else self.tree)
                 item.setText(0, info.name)
                 item.setText(1, info.type)
+                item.setToolTip(1, info.type)
                 item.setText(2, format_bytes(info.activation_bytes))
                 item.setText(3, _ms(info.forward_ns) if info.calls else "—")
                 item.setText(4, _cost(session, info.row))
@@ -413,15 +490,25 @@ class PlanPanel(QWidget):
         shadowed = session.shadowed()
         self.tree.blockSignals(True)
         for row, item in self._items.items():
-            if session.modules[row].calls == 0:
+            info = session.modules[row]
+            if info.calls == 0:
                 continue
+            # Only what changed: each change makes the tree re-measure its columns (sized to
+            # their contents), all rows of them; a toggle changes a few rows.
             on = ModuleRegion(row) in session.selection
-            item.setCheckState(0, Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
-            italic = item.font(0)
-            italic.setItalic(row in shadowed)
-            item.setFont(0, italic)
-            if row in shadowed:
-                item.setToolTip(0, "inside another checkpointed module: the outer one wins")
+            state = Qt.CheckState.Checked if on else Qt.CheckState.Unchecked
+            if item.checkState(0) != state:
+                item.setCheckState(0, state)
+            font = item.font(0)
+            if font.italic() != (row in shadowed):
+                font.setItalic(row in shadowed)
+                item.setFont(0, font)
+                item.setToolTip(
+                    0,
+                    "inside another checkpointed module: the outer one wins"
+                    if row in shadowed
+                    else f"{info.path}: {info.calls} forward call(s)",
+                )
         self.tree.blockSignals(False)
 
     def _refresh(self) -> None:

@@ -39,6 +39,15 @@ RUN_COLORS: tuple[str, ...] = (
 
 PROJECTION_COLOR = "#D55E00"
 """The projected curve of the plan being built (vermillion, dashed)."""
+
+# NOTE [ Projected curve halo ]
+# The projected curve is drawn over the stacked fills, one of which (activations) is orange
+# like the curve itself. A solid line in the theme's background colour, wider than the dashed
+# curve, is drawn under it: the dashes then read on every fill and band, in both themes, and
+# the curve keeps the projection's colour everywhere else in the app (strip, readout, legend).
+PROJECTION_PEN_WIDTH = 2.6
+PROJECTION_HALO_WIDTH = 6.0
+
 PEAK_COLOR = "#D00000"
 
 
@@ -52,6 +61,12 @@ class Theme:
     """Band colour per phase, with alpha (#RRGGBBAA)."""
     recompute_tint: str
     overview_region: str
+    peak_text: str
+    """``PEAK_COLOR`` made readable as text on this background (and on its phase bands)."""
+    projection_text: str
+    """``PROJECTION_COLOR`` made readable as text on this background."""
+    label_fill: str
+    """Box behind a value label on a plot (#RRGGBBAA): it reads on any fill or band."""
 
 
 LIGHT = Theme(
@@ -67,6 +82,9 @@ LIGHT = Theme(
     },
     recompute_tint="#D55E0050",
     overview_region="#1F77B440",
+    peak_text="#B00000",
+    projection_text="#A84300",
+    label_fill="#FFFFFFE6",
 )
 
 DARK = Theme(
@@ -82,6 +100,9 @@ DARK = Theme(
     },
     recompute_tint="#FF8C4070",
     overview_region="#6FB1FF50",
+    peak_text="#FF7070",
+    projection_text="#FF9A52",
+    label_fill="#1E1F22E6",
 )
 
 THEMES = {t.name: t for t in (LIGHT, DARK)}

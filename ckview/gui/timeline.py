@@ -6,23 +6,69 @@ Draws what ``RunData`` and ``PlanOutcome`` hold; computes nothing but screen geo
 
 from __future__ import annotations
 
+import html
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 import numpy as np
 import pyqtgraph as pg
 from PyQt6.QtCore import QPointF, Qt, pyqtSignal
-from PyQt6.QtGui import QBrush, QFont, QPen
-from PyQt6.QtWidgets import QVBoxLayout, QWidget
+from PyQt6.QtGui import QBrush, QFont
+from PyQt6.QtWidgets import QGridLayout, QLabel, QStackedLayout, QWidget
 
 from ckview.analysis import format_bytes
 from ckview.gui.axes import BytesAxis
 from ckview.gui.curves import EnvelopeCurves, color, over, visible_pixels
 from ckview.gui.envelope import Envelope
+from ckview.gui.legend import LegendEntry, SideLegend
 from ckview.gui.planning import PlanOutcome
-from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData
-from ckview.gui.style import CATEGORY_COLORS, LIGHT, PEAK_COLOR, PROJECTION_COLOR, Theme
+from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData, Span
+from ckview.gui.style import (
+    CATEGORY_COLORS,
+    LIGHT,
+    PEAK_COLOR,
+    PROJECTION_COLOR,
+    PROJECTION_HALO_WIDTH,
+    PROJECTION_PEN_WIDTH,
+    Theme,
+)
 from ckview.trace.schema import Category
 
 MAX_MARK_LABELS = 24
 """Recompute marks beyond this many are drawn without labels (they would overlap)."""
+
+NO_TRACE_HTML = (
+    "<h3>No trace open</h3>"
+    "<p>Open one with <b>File → Open…</b> (Ctrl+O), or drop a trace file here.</p>"
+    "<p>To record one, run your training script under ckview:<br>"
+    "<code>ckview record -o trace.h5 train.py</code><br>then open it: "
+    "<code>ckview view trace.h5</code></p>"
+)
+"""What the timeline shows with no trace open."""
+
+
+def no_step_html(run: RunData) -> str:
+    """What the timeline shows for a run without a single memory event."""
+    return (
+        f"<h3>{html.escape(run.label)} holds no step</h3>"
+        "<p>No memory event was recorded in this run: the recording ended before a training "
+        "step did (a script that stopped during warmup, or an empty loop).</p>"
+        "<p>Record again with enough iterations for the warmup and the step, e.g. "
+        "<code>ckview record -o trace.h5 --warmup 1 --steps 1 train.py</code>.</p>"
+    )
+
+
+@dataclass
+class _BandLabel:
+    """A phase band's name, shown where it fits inside the visible part of its band."""
+
+    item: pg.TextItem
+    x0: float
+    x1: float
+    names: list[tuple[str, float]]
+    """The names to try, longest first (``optimizer 0``, ``optimizer``), with their widths in
+    pixels."""
 
 
 class TimelineView(QWidget):
@@ -44,7 +90,10 @@ class TimelineView(QWidget):
         self._projected: EnvelopeCurves | None = None
         self._overview_curve: EnvelopeCurves | None = None
         self._decor: list[pg.GraphicsObject] = []
+        self._shown: list[Category] = []
+        """The categories drawn, bottom layer first."""
         self._plan_decor: list[pg.GraphicsObject] = []
+        self._peak_label: pg.TextItem | None = None
         self._marks: dict[tuple[float, str | None, str], pg.InfiniteLine] = {}
         """Recompute marks drawn, by (x, label, tooltip): kept from one outcome to the next."""
 
@@ -59,7 +108,9 @@ class TimelineView(QWidget):
         # Major time ticks only: Qt's raster engine draws a line at ~0.1 us a pixel, and the
         # minor and sub-minor levels add ~90 grid lines across the plot (~10 ms a paint).
         self.main.getPlotItem().getAxis("bottom").setStyle(maxTickLevel=0)
-        self.main.getPlotItem().addLegend(offset=(10, 10), labelTextSize="9pt")
+        self.legend = SideLegend()
+        self.legend.reserve = "projected (1000.0 MiB)"
+        """The categories and the projected curve, beside the plot (never over the data)."""
         self.region = pg.LinearRegionItem(swapMode="sort")
         self.region.setZValue(10)
         self.overview.addItem(self.region)
@@ -74,11 +125,26 @@ class TimelineView(QWidget):
         self.hover_text.setVisible(False)
         self.main.addItem(self.hover_text, ignoreBounds=True)
 
-        layout = QVBoxLayout(self)
+        self.plots = QWidget()
+        layout = QGridLayout(self.plots)  # the legend beside both plots: their x axes align
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
-        layout.addWidget(self.main, stretch=1)
-        layout.addWidget(self.overview)
+        layout.addWidget(self.main, 0, 0)
+        layout.addWidget(self.overview, 1, 0)
+        layout.addWidget(self.legend, 0, 1, 2, 1)
+        layout.setRowStretch(0, 1)
+        layout.setColumnStretch(0, 1)
+        self.message = QLabel()
+        """Shown instead of the plots when there is nothing to draw (no trace, no step)."""
+        self.message.setTextFormat(Qt.TextFormat.RichText)
+        self.message.setWordWrap(True)
+        self.message.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.message.setMargin(40)
+        self.pages = QStackedLayout(self)
+        self.pages.addWidget(self.plots)
+        self.pages.addWidget(self.message)
+        self._band_labels: list[_BandLabel] = []
 
         self.main.getPlotItem().getViewBox().sigXRangeChanged.connect(self._on_range)
         self.main.getPlotItem().getViewBox().sigResized.connect(self._redraw)
@@ -88,6 +154,7 @@ class TimelineView(QWidget):
         )
         self.main.scene().sigMouseClicked.connect(self._on_click)
         self.set_theme(theme)
+        self.show_message(NO_TRACE_HTML)
 
     # -- public
 
@@ -97,6 +164,12 @@ class TimelineView(QWidget):
         self.axis = axis or self.axis
         self.outcome = None
         self.selected_point = None
+        self.selection_line.setVisible(False)
+        if run.n_events == 0:
+            self._clear()
+            self.show_message(no_step_html(run))
+            return
+        self.pages.setCurrentWidget(self.plots)
         self._rebuild()
         if run.initial_point is not None:  # the run ended in an OOM: open on it
             self.centre_on(run.initial_point)
@@ -106,6 +179,30 @@ class TimelineView(QWidget):
         self.run, self.outcome, self.selected_point = None, None, None
         self._clear()
         self.selection_line.setVisible(False)
+        self.show_message(NO_TRACE_HTML)
+
+    def show_message(self, text: str) -> None:
+        """Show ``text`` (rich text) in place of the plots."""
+        self.message.setText(text)
+        self.pages.setCurrentWidget(self.message)
+
+    def showing_message(self) -> bool:
+        """True when a message stands in place of the plots."""
+        return self.pages.currentWidget() is self.message
+
+    @contextmanager
+    def without_transients(self) -> Iterator[None]:
+        """Hide what follows the mouse or a click (hover text and line, the selection line)
+        for the time of an export, then show again what was shown."""
+        items = (self.hover_text, self.hover_line, self.selection_line)
+        shown = [item.isVisible() for item in items]
+        for item in items:
+            item.setVisible(False)
+        try:
+            yield
+        finally:
+            for item, visible in zip(items, shown, strict=True):
+                item.setVisible(visible)
 
     def set_axis(self, axis: Axis) -> None:
         """Place points by time or by op index (NOTE [ Two x axes ] in ``rundata``)."""
@@ -120,6 +217,8 @@ class TimelineView(QWidget):
     def set_outcome(self, outcome: PlanOutcome | None) -> None:
         """Draw the projected curve of the plan being built (None: hide it)."""
         self.outcome = outcome
+        if self._layers is None:  # nothing drawn (no step)
+            return
         self._draw_projection()
         self._fit_y()
         self._redraw()
@@ -136,6 +235,8 @@ class TimelineView(QWidget):
             # paint (benchmarks/gui_performance.py); the hover line and the ticks read time.
             w.getPlotItem().showGrid(x=w is self.overview, y=True, alpha=theme.grid_alpha)
         self.region.setBrush(pg.mkBrush(color(theme.overview_region)))
+        self.legend.set_colors(theme.foreground, theme.background)
+        self.message.setStyleSheet(f"background: {theme.background}; color: {theme.foreground};")
         self.selection_line.setPen(pg.mkPen(theme.foreground, width=1.5))
         self.hover_line.setPen(pg.mkPen(theme.foreground, width=1, style=Qt.PenStyle.DotLine))
         self.hover_text.fill = pg.mkBrush(color(theme.background, 225))
@@ -196,7 +297,7 @@ class TimelineView(QWidget):
 
     def _rebuild(self, keep_range: bool = False) -> None:
         run = self.run
-        if run is None:
+        if run is None or run.n_events == 0:
             return
         view = self.main.getPlotItem().getViewBox().viewRange()[0] if keep_range else None
         self._clear()
@@ -209,7 +310,8 @@ class TimelineView(QWidget):
         brushes = [QBrush(color(CATEGORY_COLORS[c])) for c in shown]  # opaque: no blending
         pens = [pg.mkPen(color(CATEGORY_COLORS[c]).darker(130), width=1) for c in shown]
         self._layers = EnvelopeCurves(self.main.getPlotItem(), env, pens, brushes)
-        self._fill_legend(shown, pens, brushes)
+        self._shown = shown
+        self._fill_legend()
         total = Envelope(xs, run.stacked[-1])
         self._overview_curve = EnvelopeCurves(
             self.overview.getPlotItem(),
@@ -234,26 +336,35 @@ class TimelineView(QWidget):
             self.selection_line.setValue(float(xs[self.selected_point]))
         self._redraw()
 
-    def _fill_legend(self, shown: list[Category], pens: list[QPen], brushes: list[QBrush]) -> None:
+    def _fill_legend(self) -> None:
         """Filled swatches, top layer first, for the categories drawn (those that ever hold
-        bytes)."""
-        legend = self.main.getPlotItem().legend
-        legend.setLabelTextColor(self.theme.foreground)
-        for i in reversed(range(len(shown))):
-            sample = pg.PlotDataItem([0], [0], pen=pens[i], fillLevel=0, fillBrush=brushes[i])
-            legend.addItem(sample, CATEGORY_LABELS[shown[i]])
+        bytes), then the projected curve when a plan is shown."""
+        entries = [
+            LegendEntry(CATEGORY_LABELS[c], CATEGORY_COLORS[c]) for c in reversed(self._shown)
+        ]
+        if self.outcome is not None:
+            entries.append(
+                LegendEntry(
+                    f"projected ({format_bytes(self.outcome.peak_bytes)})",
+                    PROJECTION_COLOR,
+                    dashed=True,
+                    halo=self.theme.background,
+                )
+            )
+        self.legend.set_entries(entries)
 
     def _clear(self) -> None:
         for curves in (self._layers, self._projected, self._overview_curve):
             if curves is not None:
                 curves.remove()
         self._layers = self._projected = self._overview_curve = None
-        legend = self.main.getPlotItem().legend
-        if legend is not None:
-            legend.clear()
+        self._shown = []
+        self.legend.set_entries([])
+        self._band_labels = []
         for item in self._decor:
             self.main.removeItem(item)
         self._decor = []
+        self._peak_label = None
         self._clear_plan_decor()
         self._keep_marks({})
 
@@ -263,9 +374,6 @@ class TimelineView(QWidget):
         self._plan_decor = []
 
     def _draw_bands(self, run: RunData) -> None:
-        top = self._y_top()
-        xs = run.x(self.axis)
-        min_label_width = (float(xs[-1]) - float(xs[0])) / 25  # narrower bands go unlabelled
         for span in run.phases:
             x0, x1 = span.x_range(self.axis)
             band = pg.LinearRegionItem(
@@ -276,11 +384,7 @@ class TimelineView(QWidget):
             )
             band.setZValue(-20)
             self._add_decor(band)
-            if x1 - x0 >= min_label_width:
-                label = pg.TextItem(span.label, color=self.theme.foreground, anchor=(0, 0))
-                label.setFont(_font(9))
-                label.setPos(x0, top)
-                self._add_decor(label)
+            self._add_band_label(span)
         for span in run.recomputes:
             x0, x1 = span.x_range(self.axis)
             brush = QBrush(color(self.theme.recompute_tint), Qt.BrushStyle.BDiagPattern)
@@ -288,6 +392,67 @@ class TimelineView(QWidget):
             band.setZValue(5)
             band.setToolTip(span.label)
             self._add_decor(band)
+
+    def _add_band_label(self, span: Span) -> None:
+        """The band's name, placed and shown by ``_place_band_labels``."""
+        label = pg.TextItem(color=self.theme.foreground, anchor=(0, 0))
+        label.setFont(_font(9))
+        label.setVisible(False)
+        names = []
+        for text in dict.fromkeys((span.label, span.kind.name.lower())):
+            label.setText(text)
+            names.append((text, label.boundingRect().width() + 2))  # text and margins, in px
+        x0, x1 = span.x_range(self.axis)
+        self._band_labels.append(_BandLabel(label, x0, x1, names))
+        self._add_decor(label)
+
+    def _place_band_labels(self) -> None:
+        """Show each band's name at the left of the band's visible part, where it fits in it:
+        names never run into the next band (a checkpointed run's recompute bands are narrow),
+        and zooming in reveals them."""
+        vb = self.main.getPlotItem().getViewBox()
+        (v0, v1), (_, top) = vb.viewRange()
+        per_px = (v1 - v0) / max(vb.width(), 1.0)
+        free_from = v0  # bands can overlap in time (a backward op around a recompute)
+        for band in sorted(self._band_labels, key=lambda b: max(b.x0, v0)):
+            left, right = max(band.x0, v0, free_from), min(band.x1, v1)
+            fits = [(t, w) for t, w in band.names if right - left >= w * per_px]
+            if _show(band.item, bool(fits)):
+                text, width = fits[0]
+                if band.item.textItem.toPlainText() != text:
+                    band.item.setText(text)
+                if band.item.pos() != QPointF(left, top):
+                    band.item.setPos(left, top)
+                free_from = left + width * per_px
+
+    def _place_value_labels(self) -> None:
+        """Keep the peak labels inside the plot: centred over their dot, but ending at it near
+        the right edge of the view and starting at it near the left edge; hidden with their
+        dot out of view (a label cut by the edge reads as another value)."""
+        labels = [self._peak_label, *self._plan_decor[1:]]
+        (v0, v1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        for label in labels:
+            if isinstance(label, pg.TextItem):
+                share = (label.pos().x() - v0) / max(v1 - v0, 1e-12)
+                if not _show(label, 0.0 <= share <= 1.0):
+                    continue
+                across = 1.0 if share > 0.85 else 0.0 if share < 0.15 else 0.5
+                if label.anchor.x() != across:
+                    label.setAnchor((across, label.anchor.y()))
+
+    def _thin_mark_labels(self) -> None:
+        """Show a recompute mark's label only where it does not cover the previous one shown
+        (marks a few pixels apart at this zoom: the tooltip still names each)."""
+        (v0, v1), _ = self.main.getPlotItem().getViewBox().viewRange()
+        per_px = (v1 - v0) / max(self.main.getPlotItem().getViewBox().width(), 1.0)
+        last = -np.inf
+        for line in sorted(self._marks.values(), key=lambda line: line.value()):
+            label = getattr(line, "label", None)
+            if label is None:
+                continue
+            across = label.boundingRect().height() * per_px  # the text runs down the line
+            if _show(label, line.value() - last >= across):
+                last = line.value()
 
     def _draw_peak(self, run: RunData) -> None:
         x = float(run.x(self.axis)[run.peak.point])
@@ -297,13 +462,15 @@ class TimelineView(QWidget):
         dot.setZValue(50)
         label = pg.TextItem(
             f"peak {format_bytes(run.peak.bytes)}",
-            color=PEAK_COLOR,
-            anchor=(0.5, 1.2),
-            fill=pg.mkBrush(color(self.theme.background, 200)),
+            color=self.theme.peak_text,
+            anchor=(0.5, 1.25),
+            fill=pg.mkBrush(color(self.theme.label_fill)),
+            border=pg.mkPen(PEAK_COLOR),
         )
         label.setFont(_font(10, bold=True))
         label.setPos(x, run.peak.bytes)
         label.setZValue(50)
+        self._peak_label = label
         self._add_decor(dot, label)
 
     def _draw_device(self, run: RunData) -> None:
@@ -350,6 +517,7 @@ class TimelineView(QWidget):
             if self._projected is not None:
                 self._projected.remove()
                 self._projected = None
+                self._fill_legend()
             self._clear_plan_decor()
             self._keep_marks({})
             return
@@ -357,17 +525,14 @@ class TimelineView(QWidget):
             envelope = Envelope(outcome.time_ns, outcome.total, x_offset=run.t0_ns, x_divisor=1e6)
         else:
             envelope = Envelope(run.x_op[outcome.point], outcome.total)
-        name = f"projected ({format_bytes(outcome.peak_bytes)})"
-        if self._projected is None:
-            pen = pg.mkPen(PROJECTION_COLOR, width=2.2, style=Qt.PenStyle.DashLine)
+        if self._projected is None:  # NOTE [ Projected curve halo ] in style
+            pen = pg.mkPen(PROJECTION_COLOR, width=PROJECTION_PEN_WIDTH, style=Qt.PenStyle.DashLine)
+            halo = pg.mkPen(self.theme.background, width=PROJECTION_HALO_WIDTH)
             plot = self.main.getPlotItem()
-            self._projected = EnvelopeCurves(plot, envelope, [pen], z=40, names=[name])
+            self._projected = EnvelopeCurves(plot, envelope, [pen], z=40, halos=[halo])
         else:
             self._projected.set_envelope(envelope)
-            legend = self.main.getPlotItem().legend
-            label = legend.getLabel(self._projected.items[0]) if legend is not None else None
-            if label is not None:
-                label.setText(name)
+        self._fill_legend()
         peak_at = int(np.argmax(outcome.total))
         x = float(envelope.shown(envelope.levels_x[0][peak_at : peak_at + 1])[0])
         text = f"projected {format_bytes(outcome.peak_bytes)}"
@@ -381,9 +546,10 @@ class TimelineView(QWidget):
             dot.setZValue(51)
             label = pg.TextItem(
                 text,
-                color=PROJECTION_COLOR,
+                color=self.theme.projection_text,
                 anchor=(0.5, -0.3),
-                fill=pg.mkBrush(color(self.theme.background, 200)),
+                fill=pg.mkBrush(color(self.theme.label_fill)),
+                border=pg.mkPen(PROJECTION_COLOR),
             )
             label.setFont(_font(10, bold=True))
             label.setZValue(52)
@@ -418,16 +584,21 @@ class TimelineView(QWidget):
                     movable=False,
                     pen=pg.mkPen(PROJECTION_COLOR, width=1, style=Qt.PenStyle.DotLine),
                     label=label,
+                    # Anchored at its end just under the top, the label runs down the line:
+                    # never out of the plot, whatever its length.
                     labelOpts={
-                        "position": 0.93,
-                        "color": PROJECTION_COLOR,
+                        "position": 0.94,
+                        "color": self.theme.projection_text,
+                        "fill": pg.mkBrush(color(self.theme.label_fill)),
                         "rotateAxis": (1, 0),
+                        "anchors": [(1, 0), (1, 0)],
                     },
                 )
                 line.setToolTip(tip)
                 line.setZValue(30)
                 wanted[(x, label, tip)] = line
         self._keep_marks(wanted)
+        self._thin_mark_labels()
 
     def _keep_marks(self, wanted: dict[tuple[float, str | None, str], pg.InfiniteLine]) -> None:
         """Show exactly the lines of ``wanted``, removing the others."""
@@ -459,9 +630,9 @@ class TimelineView(QWidget):
         top = self._y_top()
         self.main.setYRange(0, top, padding=0)
         self.overview.setYRange(0, top, padding=0)
-        for item in self._decor:
-            if isinstance(item, pg.TextItem) and item.anchor == pg.Point(0, 0):
-                item.setPos(item.pos().x(), top)
+        self._place_band_labels()
+        self._place_value_labels()
+        self._thin_mark_labels()
 
     def _visible_points(self) -> tuple[int, int] | None:
         if self.run is None:
@@ -493,6 +664,9 @@ class TimelineView(QWidget):
         for curves in (self._layers, self._projected):
             if curves is not None:
                 curves.update(x0, x1, pixels)
+        self._place_band_labels()
+        self._place_value_labels()
+        self._thin_mark_labels()
 
     # -- mouse
 
@@ -539,6 +713,13 @@ class TimelineView(QWidget):
         self.select_point(
             run.point_under(self.axis, vb.mapSceneToView(pos).x(), vb.viewPixelSize()[0])
         )
+
+
+def _show(item: pg.GraphicsObject, visible: bool) -> bool:
+    """Set ``item``'s visibility only if it changes (each call costs an update); returns it."""
+    if item.isVisible() != visible:
+        item.setVisible(visible)
+    return visible
 
 
 def _font(points: int, bold: bool = False) -> QFont:
