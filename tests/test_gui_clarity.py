@@ -129,7 +129,8 @@ def test_legend_sits_beside_the_plot_area(qtbot: QtBot, window: MainWindow) -> N
     window.timeline.jump_to_peak()
     legend = window.timeline.legend
     assert legend.texts()[0] == "other" and legend.texts()[-1].startswith("projected (")
-    assert legend.isVisible() and legend.width() > 0
+    qtbot.waitUntil(lambda: legend.width() > 0)  # laid out once the event loop runs
+    assert legend.isVisible()
     main = window.timeline.main
     box = main.mapFromScene(main.getPlotItem().getViewBox().sceneBoundingRect()).boundingRect()
     plot_area = QRectF(box).translated(QRectF(window_rect(main, window)).topLeft())

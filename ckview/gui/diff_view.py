@@ -45,6 +45,7 @@ from ckview.analysis.diff import (
 from ckview.gui.axes import BytesAxis
 from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
 from ckview.gui.envelope import Envelope
+from ckview.gui.legend import LegendEntry, SideLegend
 from ckview.gui.rundata import Axis, RunData
 from ckview.gui.style import LIGHT, RUN_COLORS, Theme
 
@@ -172,6 +173,8 @@ class DiffView(QWidget):
         self.header.setTextFormat(Qt.TextFormat.RichText)
         self.header.setWordWrap(True)
         self.plot = pg.PlotWidget(axisItems={"left": BytesAxis("left")})
+        self.legend = SideLegend()
+        """Names the two curves beside the plot (a legend on it hid them)."""
         self._curves: list[EnvelopeCurves] = []
         self.plot.getPlotItem().getViewBox().sigXRangeChanged.connect(self._redraw)
         self.categories = DiffTable(
@@ -212,8 +215,14 @@ class DiffView(QWidget):
         side = QSplitter(Qt.Orientation.Vertical)
         side.addWidget(self.categories)
         side.addWidget(self.held)
+        curves = QWidget()
+        beside = QHBoxLayout(curves)
+        beside.setContentsMargins(0, 0, 0, 0)
+        beside.setSpacing(0)
+        beside.addWidget(self.plot, stretch=1)
+        beside.addWidget(self.legend)
         top = QSplitter(Qt.Orientation.Horizontal)
-        top.addWidget(self.plot)
+        top.addWidget(curves)
         top.addWidget(side)
         top.setSizes([900, 440])
         bottom = QSplitter(Qt.Orientation.Horizontal)
@@ -410,12 +419,13 @@ class DiffView(QWidget):
         plot.setMouseEnabled(x=True, y=False)
         plot.hideButtons()
         plot.setMenuEnabled(False)
+        self.legend.set_colors(self.theme.foreground, self.theme.background)
         pair = self.pair()
         if pair is None:
             plot.setTitle("")
+            self.legend.set_entries([])
             return
-        legend = plot.addLegend(offset=(-10, 10), labelTextSize="9pt")
-        legend.setLabelTextColor(self.theme.foreground)
+        entries = []
         parts = self.highlighted()
         for i, run in enumerate(pair):
             tone = RUN_COLORS[i]
@@ -423,14 +433,16 @@ class DiffView(QWidget):
             name = f"{'AB'[i]}: {run.label} ({format_bytes(run.peak.bytes)})"
             line = [pg.mkPen(tone, width=2)]
             self._curves.append(
-                EnvelopeCurves(plot, Envelope(x, run.timeline.total), line, z=10 + i, names=[name])
+                EnvelopeCurves(plot, Envelope(x, run.timeline.total), line, z=10 + i)
             )
+            entries.append(LegendEntry(name, tone, dashed=False))
             if parts:
                 fill = [QBrush(color(tone, 110))]
                 self._curves.append(
                     EnvelopeCurves(plot, Envelope(x, parts[i]), [pg.mkPen(tone)], fill, z=5 + i)
                 )
             self._mark_peak(plot, float(x[run.peak.point]), run.peak.bytes, tone)
+        self.legend.set_entries(entries)
         title = ""
         if self.selection is not None and parts:
             at = [int(p[run.peak.point]) for p, run in zip(parts, pair, strict=True)]
