@@ -107,6 +107,9 @@ def test_checkpointed_run_is_not_planned_on(qtbot: QtBot, window: MainWindow) ->
     assert "No plan for budget 30.0 MiB: this run is checkpointed already" in note
     assert window.plan.plan_button.isEnabled()
     assert window.plan.session is not None and not window.plan.session.selection
+    window.plan.apply_preset("sqrt")  # a preset says the same, rather than nothing
+    assert "No plan for the sqrt preset: this run is checkpointed" in window.plan.budget_note.text()
+    assert not window.plan.session.selection
 
 
 class TwoLayers(nn.Module):

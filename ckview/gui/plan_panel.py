@@ -374,6 +374,10 @@ class PlanPanel(QWidget):
 
     def apply_preset(self, name: str) -> None:
         assert self.session is not None
+        why_not = already_checkpointed(self.session.run.tables)
+        if why_not is not None:  # a preset would project nothing: say why instead
+            self._answer(f"No plan for the {name} preset: {why_not}.", unmet=True)
+            return
         try:
             self.session.apply_preset(name)
         except ValueError as exc:
