@@ -185,9 +185,9 @@ class _Context:
         self.modules, self.strings = modules, strings
         self.json = False
         self.times = ""
+        """Where step time and extra compute come from (``project.times_line``)."""
         self.budget: str | None = None
         """The budget as shown (``Budget.describe``): a share says what it is a share of."""
-        """Where step time and extra compute come from (``project.times_line``)."""
 
     def region(self, region: Any) -> str:
         """A region as a plan names it: a module path, or ``path[start:stop]``."""
