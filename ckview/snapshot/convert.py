@@ -35,6 +35,7 @@ import numpy as np
 
 from ckview import __version__
 from ckview.trace.schema import NO_INDEX, Category, MemoryEventKind
+from ckview.trace.stacks import StackInterner
 from ckview.trace.writer import RunWriter, TraceWriter
 
 from .errors import SnapshotError
@@ -72,7 +73,8 @@ def run_name(device: int) -> str:
 class StackTable:
     """Interns frames and call stacks into the trace's root ``frames`` and ``stacks`` tables.
 
-    A stack is named by the row of its innermost frame (docs/trace-format.md, ``stacks``).
+    A stack is named by the row of its innermost frame (docs/trace-format.md, ``stacks``;
+    NOTE [ The stack prefix tree ] in ckview/trace/stacks.py).
 
     NOTE [ Frames by identity ]
         Torch shares frame dicts between the events of a snapshot (symbolized once each), so a
@@ -87,15 +89,13 @@ class StackTable:
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._frames: dict[tuple[str, int, str], int] = {}
-        self._stacks: dict[tuple[int, int], int] = {}
         self._by_frames: dict[tuple[int, ...], int] = {}
         self._ids: dict[int, int] = {}
         self._alive: list[Any] = []
         self.frame_rows: list[tuple[int, int, int]] = []
-        self.stack_rows: list[tuple[int, int]] = []
         # Rows the trace already holds: ours come after them.
         self._frame_base = writer.root_rows("frames")
-        self._stack_base = writer.root_rows("stacks")
+        self._stacks = StackInterner(writer.root_rows("stacks"))
 
     def stack(self, frames: Any) -> int:
         """The stack row of a list of frame dicts (innermost first); -1 for none."""
@@ -108,19 +108,8 @@ class StackTable:
             key = tuple([self._frame(f) for f in frames])
         row = self._by_frames.get(key)
         if row is None:
-            row = self._by_frames[key] = self._insert(key)
+            row = self._by_frames[key] = self._stacks.intern(key)
         return row
-
-    def _insert(self, frames: tuple[int, ...]) -> int:
-        parent = NO_INDEX
-        for frame in reversed(frames):
-            key = (frame, parent)
-            row = self._stacks.get(key)
-            if row is None:
-                row = self._stacks[key] = self._stack_base + len(self.stack_rows)
-                self.stack_rows.append(key)
-            parent = row
-        return parent
 
     def _frame(self, frame: Any) -> int:
         if not isinstance(frame, dict):
@@ -149,8 +138,7 @@ class StackTable:
         self._writer.append_root(
             "frames", {"file": frames[:, 0], "line": frames[:, 1], "name": frames[:, 2]}
         )
-        stacks = np.array(self.stack_rows, dtype=np.int64).reshape(-1, 2)
-        self._writer.append_root("stacks", {"frame": stacks[:, 0], "parent": stacks[:, 1]})
+        self._writer.append_root("stacks", self._stacks.columns())
 
 
 @dataclass
