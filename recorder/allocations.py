@@ -331,25 +331,25 @@ class AllocatorMerge:
         claims as storages of their own (``add_workspaces``), in time order.
 
         ``events``: (n, 4) int64 rows ``kind, storage, op, time_ns`` the op hook wrote in this
-        window; ``address`` and ``nbytes``: the ``data_ptr`` and size of every storage row so
-        far; ``op_start_ns``: the start of the window's ops, the first of which is row
-        ``first_op``. Storage rows whose times or sizes are the allocator's are in
+        window; ``address`` and ``nbytes``: (n,) the ``data_ptr`` and size of the storage each
+        of those rows names; ``op_start_ns``: the start of the window's ops, the first of which
+        is row ``first_op``. Storage rows whose times or sizes are the allocator's are in
         ``self.touched``.
         """
         new, freed_old = self._add(window)
         rows = events.copy()
-        for i, (kind, sid, _op, when) in enumerate(events.tolist()):
+        for i, (kind, sid, _op, when, at, size) in enumerate(
+            zip(*events.T.tolist(), address.tolist(), nbytes.tolist(), strict=True)
+        ):
             if kind == _FREE:
-                block = self.by_storage.pop(sid, None) or self._freed_near(
-                    int(address[sid]), int(nbytes[sid]), when
-                )
+                block = self.by_storage.pop(sid, None) or self._freed_near(at, size, when)
                 if block is not None and block.free_ns >= 0:
                     block.storage = sid
                     self.touched.append(block)
                     rows[i, 3] = block.free_ns
                 continue
             # ALLOC takes the block's time; SEEN claims it, so that it is not made a workspace.
-            block = self._allocated_at(int(address[sid]), int(nbytes[sid]), when, kind == _ALLOC)
+            block = self._allocated_at(at, size, when, kind == _ALLOC)
             if block is not None:
                 block.storage = sid
                 self.by_storage[sid] = block

@@ -605,6 +605,27 @@ class Recorder:
             self.write_error = _describe_write_error(exc)
             writer.abandon()
 
+    def _journal_timing(self) -> None:
+        """Put the kept timing steps of the current run in the journal, whole (a few rows), so
+        that a recording killed during its timing steps keeps those already timed."""
+        journal, run = self._journal, self._timer.current
+        if journal is None or run is None or not run.steps_ns or self.write_error is not None:
+            return
+        blocks: dict[str, str] = {}
+        arrays: dict[str, np.ndarray] = {}
+        for table, columns in (
+            ("timing_steps", run.step_columns()),
+            ("timed_calls", run.call_columns()),
+        ):
+            data = {name: np.asarray(col, dtype=np.int64) for name, col in columns.items()}
+            _add_rows(blocks, arrays, table, np.arange(_length(data)), data)
+        name = self.runs[self._schedule[self._timing_pos].run].name
+        header = {"kind": "timing", "run": name, "strings": [], "meta": {}, "blocks": blocks}
+        try:
+            journal.append(header, arrays)
+        except OSError:  # a full disk: the recorded steps are in the journal already
+            self._journal = None
+
     def _flush(self) -> None:
         if self._allocator.running and len(self._mem.data) > WINDOW_ROWS * self._mem.width:
             self._close_window()
@@ -648,8 +669,11 @@ class Recorder:
         events = np.frombuffer(mem.data, dtype=np.int64).reshape(-1, mem.width).copy()
         op_rows = np.frombuffer(ops.data, dtype=np.int64).reshape(-1, ops.width).copy()
         first_op = ops.rows - len(op_rows)
-        address = np.frombuffer(self._st_address, dtype=np.int64).copy()
-        nbytes = np.frombuffer(self._st_data, dtype=np.int64)[_ST_NBYTES::_ST_WIDTH].copy()
+        # Gathered for the window's rows alone (fancy indexing copies): a cost per window that
+        # does not grow with the run. No view outlives this line (``_add_workspaces`` appends).
+        sids = events[:, 1]
+        address = np.frombuffer(self._st_address, dtype=np.int64)[sids]
+        nbytes = np.frombuffer(self._st_data, dtype=np.int64)[sids * _ST_WIDTH + _ST_NBYTES]
 
         def workspaces(blocks: list[Block], ops: np.ndarray) -> int:
             local = ops - first_op
@@ -1114,6 +1138,7 @@ class Recorder:
                 self._start_recording()
         elif self._state is State.TIMING:
             self._timer.end_step()
+            self._journal_timing()
             self._next_timing_step()
         elif self._state is State.RECORDING:
             self._close_step_row(now, counts, complete=True)

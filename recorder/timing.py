@@ -112,6 +112,8 @@ class StepTimer:
         """Kept timing steps per run (rounds of the schedule)."""
         self.runs: dict[str, RunTimes] = {}
         self._run: RunTimes | None = None
+        self.current: RunTimes | None = None
+        """The times of the run whose timing step ended last."""
         self._keep = False
         self._round = 0
         self._start = 0
@@ -147,7 +149,7 @@ class StepTimer:
             self._run.rounds.append(self._round)
             self._run.steps_ns.append(now - self._start)
             self._run.calls_ns.append(self._calls)
-        self._run = None
+        self.current, self._run = self._run, None
 
     def stop(self) -> None:
         """Leave timing (also when the script ends mid-way): put the op hook back."""

@@ -3,6 +3,8 @@ synthetic windows where the right answer is known: NOTE [ Matching blocks ]."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -40,12 +42,27 @@ def rows(*events: tuple[int, int, int, int]) -> np.ndarray:
     return np.asarray(events, dtype=np.int64).reshape(-1, 4)
 
 
+def merged(
+    merge: AllocatorMerge,
+    window: AllocatorWindow,
+    events: np.ndarray,
+    address: np.ndarray,
+    nbytes: np.ndarray,
+    **rest: Any,
+) -> np.ndarray:
+    """``merge.merge`` given the address and size of each storage row (the recorder passes
+    those of the storage each event row names)."""
+    sids = events[:, 1]
+    return merge.merge(window, events, address[sids], nbytes[sids], **rest)
+
+
 def test_a_storage_takes_its_blocks_times_and_a_workspace_becomes_a_storage() -> None:
     # Op 0 runs 100..200: allocates its output (storage 0 at 0x1000, 64 B) at 110 and a
     # workspace (0x2000, 32 B) at 120, freed at 150; the op hook stamped the ALLOC at 200.
     merge = AllocatorMerge()
     made = Workspaces(first=1)
-    out = merge.merge(
+    out = merged(
+        merge,
         window((110, 0x1000, 64), (120, 0x2000, 32), (150, 0x2000, -32)),
         rows((ALLOC, 0, 0, 200)),
         address=np.array([0x1000]),
@@ -70,7 +87,8 @@ def test_the_peak_inside_an_op_is_the_allocators() -> None:
     """The point of it all: live bytes after each merged event reach the allocator's peak
     (output and workspace at once), which the op hook's rows alone never do."""
     merge = AllocatorMerge()
-    out = merge.merge(
+    out = merged(
+        merge,
         window((110, 0x1000, 64), (120, 0x2000, 32), (150, 0x2000, -32)),
         rows((ALLOC, 0, 0, 200)),
         address=np.array([0x1000]),
@@ -88,7 +106,8 @@ def test_a_reused_address_matches_the_block_alive_when_the_op_ended() -> None:
     # 0x1000 is handed out twice: a temporary (storage 0, op 0) freed at 130, then storage 1
     # (op 1, 200..300) allocated at 210.
     merge = AllocatorMerge()
-    out = merge.merge(
+    out = merged(
+        merge,
         window((110, 0x1000, 64), (130, 0x1000, -64), (210, 0x1000, 64)),
         rows((ALLOC, 0, 0, 120), (FREE, 0, 0, 131), (ALLOC, 1, 1, 300)),
         address=np.array([0x1000, 0x1000]),
@@ -103,7 +122,8 @@ def test_a_reused_address_matches_the_block_alive_when_the_op_ended() -> None:
 def test_a_block_freed_in_a_later_window_keeps_its_storage() -> None:
     merge = AllocatorMerge()
     made = Workspaces(first=0)
-    merge.merge(
+    merged(
+        merge,
         window((110, 0x3000, 16)),
         rows(),
         address=np.array([], dtype=np.int64),
@@ -113,7 +133,8 @@ def test_a_block_freed_in_a_later_window_keeps_its_storage() -> None:
         add_workspaces=made,
     )
     ((block, _),) = made.made
-    later = merge.merge(
+    later = merged(
+        merge,
         window((510, 0x3000, -16)),
         rows(),
         address=np.array([0x3000]),
@@ -131,7 +152,8 @@ def test_a_storage_seen_before_recording_claims_no_later_block() -> None:
     hands out at its address is a storage of its own, not the SEEN one's."""
     merge = AllocatorMerge()
     made = Workspaces(first=1)
-    out = merge.merge(
+    out = merged(
+        merge,
         window((200, 0x1000, 64), (260, 0x1000, -64)),
         rows((SEEN, 0, -1, 100), (FREE, 0, -1, 120)),
         address=np.array([0x1000]),
@@ -153,7 +175,8 @@ def test_a_block_seen_while_live_is_not_a_workspace() -> None:
     claims the block, so it is not counted twice."""
     merge = AllocatorMerge()
     made = Workspaces(first=1)
-    out = merge.merge(
+    out = merged(
+        merge,
         window((50, 0x5000, 128)),
         rows((SEEN, 0, -1, 100)),
         address=np.array([0x5000]),
@@ -170,7 +193,8 @@ def test_cuda_blocks_keep_the_allocators_rounded_size() -> None:
     """On CUDA the caching allocator hands out rounded blocks: the storage takes the block's
     size, what ``max_memory_allocated`` counts."""
     merge = AllocatorMerge()
-    merge.merge(
+    merged(
+        merge,
         window((110, 0x7F0000, 512), device="cuda:0"),
         rows((ALLOC, 0, 0, 150)),
         address=np.array([0x7F0000]),

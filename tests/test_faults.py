@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ckview.trace import Trace, open_trace
-from ckview.trace.schema import RUN_TABLES, TIMING_TABLES
+from ckview.trace.schema import RUN_TABLES
 from tests.conftest import ROOT
 
 SCRIPT = """\
@@ -89,7 +89,7 @@ def _no_ckview_traceback(stderr: str) -> None:
         ("SIGINT", 2, 20, 0, 1),  # after step 1
         ("SIGHUP", 12, 20, 0, 11),  # after many steps
         ("SIGKILL", 12, 20, 0, 11),
-        ("SIGKILL", 4, 2, 2, 2),  # during the timing steps
+        ("SIGKILL", 5, 2, 2, 2),  # during the timing steps: one of them kept
     ],
 )
 def test_a_signal_keeps_every_completed_step(
@@ -117,6 +117,8 @@ def test_a_signal_keeps_every_completed_step(
     assert recorded == kept and sum(rows) == kept
     with open_trace(out) as trace:
         assert trace.meta.complete is False or (sig != "SIGKILL" and at >= steps + 1)
+        if timing:  # the schedule: a warm-up step, then kept ones; killed in the second kept
+            assert len(trace.run(trace.run_names[0]).table("timing_steps")) == 1
 
 
 def test_os_exit_in_the_script_closes_the_trace_first(tmp_path: Path) -> None:
@@ -157,7 +159,7 @@ def test_the_journal_rebuilds_the_same_trace(
     tmp_path: Path, monkeypatch: Any, runs: tuple[str, ...], ops_per_layer: int
 ) -> None:
     """What a killed recording's journal gives back is, table for table, what the closed trace
-    holds (but for the timings, taken after the recorded runs). With 600 ops per layer the
+    holds, timings included. With 600 ops per layer the
     hot-path buffers are written mid-step (every 4096 ops), so records take rows both from
     written batches and from the buffers."""
     import torch
@@ -199,8 +201,8 @@ def test_the_journal_rebuilds_the_same_trace(
         for name in runs:
             assert len(real.run(name).table("ops")) > (4096 if ops_per_layer > 1 else 0)
             for table in RUN_TABLES:
-                if table not in TIMING_TABLES:
-                    _same(real.run(name).table(table).read(), rebuilt.run(name).table(table).read())
+                _same(real.run(name).table(table).read(), rebuilt.run(name).table(table).read())
+            assert len(rebuilt.run(name).table("timing_steps")) == 1
             assert rebuilt.run(name).steps_recorded == 4
 
 

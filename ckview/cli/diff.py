@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ckview.cli.errors import CLIError
+from ckview.cli.errors import CLIError, no_such_run
 
 
 def add_parser(verbs: Any) -> None:
@@ -68,7 +68,7 @@ def _run_name(trace: Any, side: int, wanted: list[str] | None, same: bool) -> st
         for candidate in (name, f"plan:{name}"):
             if candidate in names:
                 return str(candidate)
-        raise CLIError(f"{trace.path} has no run {name!r}; runs: {', '.join(names)}")
+        raise no_such_run(trace.path, name, names)
     if not same:
         return str(names[0])
     if len(names) < 2:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.errors import CLIError
+from ckview.cli.errors import CLIError, no_such_run
 from ckview.cli.project import read_plan
 
 if TYPE_CHECKING:
@@ -142,8 +142,8 @@ def _write_snapshot(args: argparse.Namespace) -> str:
                 f"(runs: {', '.join(names) or 'none'})"
             )
         if name not in names:
-            raise CLIError(f"{trace.path} has no run {name!r}; runs: {', '.join(names) or 'none'}")
-        tables = trace.read_run(name)
+            raise no_such_run(trace.path, name, names)
+        tables = trace.read_run(name, all_devices=True)  # a snapshot has every device
     snapshot = trace_to_snapshot(tables, tables["strings"])
     staging = path.with_name(f".{path.name}.partial")
     try:
@@ -197,8 +197,7 @@ def _select_runs(traces: list[TraceData], wanted: str | None) -> list[RunData]:
     for trace in traces:
         match = [r for r in trace.runs if r.name == wanted]
         if not match:
-            names = ", ".join(r.name for r in trace.runs) or "none"
-            raise CLIError(f"{trace.path} has no run {wanted!r}; runs: {names}")
+            raise no_such_run(trace.path, wanted, [r.name for r in trace.runs])
         runs += match
     return runs
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.errors import CLIError
+from ckview.cli.errors import CLIError, pick_run
 from ckview.cli.project import times_line
 
 if TYPE_CHECKING:
@@ -158,16 +158,7 @@ def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
     from ckview.trace import open_trace
 
     with open_trace(path) as trace:
-        names = trace.run_names
-        if wanted is None:
-            wanted = next((n for n in ("baseline", "main") if n in names), None)
-            if wanted is None:
-                raise CLIError(
-                    f"{path} has neither a 'baseline' nor a 'main' run; runs: "
-                    f"{', '.join(names) or 'none'} (pick one with --run)"
-                )
-        elif wanted not in names:
-            raise CLIError(f"{path} has no run {wanted!r}; runs: {', '.join(names) or 'none'}")
+        wanted = pick_run(path, trace.run_names, wanted)
         tables: dict[str, Any] = trace.read_run(wanted)
     if not len(tables["modules"]["path"]):
         raise CLIError(

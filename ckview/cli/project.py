@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.errors import CLIError
+from ckview.cli.errors import CLIError, pick_run
 
 if TYPE_CHECKING:
     from ckpt_runtime.plan import Plan
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from ckview.trace import open_trace
 
     with open_trace(args.trace) as trace:
-        name = pick_run(trace.run_names, args.run, args.trace)
+        name = pick_run(args.trace, trace.run_names, args.run)
         tables = read_tables(trace, name)
     plans = [read_plan(source) for source in args.plans]
     results = [
@@ -152,18 +152,6 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(format_projection(result))
     return 0
-
-
-def pick_run(names: Sequence[str], wanted: str | None, path: Path) -> str:
-    """``wanted`` if the trace has it, else 'baseline', else 'main'; CLIError otherwise."""
-    if wanted is None:
-        wanted = "baseline" if "baseline" in names else "main"
-    if wanted not in names:
-        raise CLIError(
-            f"{path} has no run {wanted!r}; runs: {', '.join(names) or 'none'} (pick one with "
-            "--run)"
-        )
-    return wanted
 
 
 def read_tables(trace: Any, name: str) -> Tables:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ckview.cli.errors import CLIError
+from ckview.cli.errors import no_such_run
 
 
 def add_parser(verbs: Any) -> None:
@@ -52,18 +52,19 @@ def _run_one(args: argparse.Namespace) -> int:
         names = args.runs or trace.run_names
         missing = [n for n in names if n not in trace.run_names]
         if missing:
-            raise CLIError(
-                f"{args.trace} has no run {missing[0]!r}; runs: {', '.join(trace.run_names)}"
-            )
+            raise no_such_run(args.trace, missing[0], trace.run_names)
         strings = trace.strings
         modules = trace.modules.read()
         runs = {}
         leftovers: dict[str, Any] = {}
         reserved: dict[str, int] = {}
         devices: dict[str, Any] = {}
+        scope: dict[str, tuple[str | None, dict[str, int]]] = {}
         stacks = {t: trace.root_table(t).read() for t in ("frames", "stacks")}
         for name in names:
-            tables = {**{t: trace.run(name).table(t).read() for t in _TABLES}, **stacks}
+            tables = _on_main_device(
+                {**{t: trace.run(name).table(t).read() for t in _TABLES}, **stacks}, strings
+            )
             reserved[name] = reserved_peak(trace.run(name).table("segments").read())
             devices[name] = _device(trace, name, tables, modules, args.top)
             summary = summarize_run(tables, modules, list(strings), top=args.top)
@@ -72,6 +73,7 @@ def _run_one(args: argparse.Namespace) -> int:
                 _peak_phase(tables, summary.activation_peak.event),
             )
             runs[name] = (summary, phases)
+            scope[name] = (tables.get("timeline_device"), tables.get("left_out", {}))
             leftovers[name] = _leftover(trace.run(name), tables, list(strings))
         meta = trace.meta
     if args.json:
@@ -85,6 +87,8 @@ def _run_one(args: argparse.Namespace) -> int:
                     "activation_peak_phase": ph[1],
                     "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
                     "reserved_peak_bytes": reserved[n],
+                    "timeline_device": scope[n][0],
+                    "left_out_storages": scope[n][1],
                     **devices[n].to_json(),
                 }
                 for n, (s, ph) in runs.items()
@@ -105,11 +109,27 @@ def _run_one(args: argparse.Namespace) -> int:
         print()
         text = _format_run(name, summary, *phases, snapshot=meta.source == "snapshot")
         print(_with_reserved(text, reserved[name]))
+        if scope[name][0] is not None:
+            print(_scope_line(*scope[name]))
         if leftovers[name] is not None:
             print(f"  warning: {leftovers[name].describe(name)}")
         for line in devices[name].state_lines():
             print(line)
     return 0
+
+
+def _scope_line(device: str | None, left_out: dict[str, int]) -> str:
+    """What the figures count, for a run on several devices."""
+    others = ", ".join(f"{n:,} on {d}" for d, n in left_out.items())
+    return f"  memory on {device} only; left out: storages {others}"
+
+
+def _on_main_device(tables: dict[str, Any], strings: Any) -> dict[str, Any]:
+    """The run on its main device (NOTE [ One device per timeline ] in ckview/trace/devices.py)."""
+    from ckview.trace.devices import main_device, on_device
+
+    device = main_device(tables["storages"], strings)
+    return tables if device is None else on_device(tables, strings, device)
 
 
 def _device(trace: Any, name: str, tables: dict[str, Any], modules: Any, top: int) -> Any:
@@ -140,10 +160,10 @@ def _run_ranks(paths: list[Path], args: argparse.Namespace) -> int:
             names = args.runs or trace.run_names
             for name in names:
                 if name not in trace.run_names:
-                    raise CLIError(
-                        f"{path} has no run {name!r}; runs: {', '.join(trace.run_names)}"
-                    )
-                tables = {t: trace.run(name).table(t).read() for t in _TABLES}
+                    raise no_such_run(path, name, trace.run_names)
+                tables = _on_main_device(
+                    {t: trace.run(name).table(t).read() for t in _TABLES}, trace.strings
+                )
                 summary = summarize_run(
                     tables, trace.modules.read(), list(trace.strings), top=_ALL_MODULES
                 )

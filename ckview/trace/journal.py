@@ -3,23 +3,24 @@
 NOTE [ The recording journal ]
 HDF5 is not crash-safe: a process killed between two flushes (SIGKILL, ``os._exit``, the OOM
 killer, a power cut) can leave the staging trace unreadable, and the tables that stay editable
-while recording (storages, module calls, steps) are written only when a run ends. So beside
-the staging trace ``NAME.recording-PID.h5`` the recorder appends, at every step boundary, one
-record to ``NAME.recording-PID.journal``: the rows added since the last record (strings,
-``modules``, the append-only run tables) and the rows of the editable tables that changed
-(their indices and new values), deflated at level 1. Each record is framed by its length and
-a CRC-32, written with one ``write`` on a file opened for that record alone (a script that
-closes every file descriptor cannot break it), and fsync'ed at most every ``SYNC_NS``: a
-killed process loses at most the step in progress; a power cut at most ``SYNC_NS`` of steps.
-A normal end (also Ctrl-C, SIGTERM, SIGHUP, an exception, ``os._exit`` under ``ckview
-record``) closes the trace and removes the journal. A journal whose recorder is gone is turned
-into a trace by ``recover_journal`` (``ckview recover TRACE``, or any verb that reads TRACE):
-the completed steps of every run, marked incomplete; a truncated or damaged last record is
-ignored. Why a journal and not HDF5's SWMR mode: SWMR needs every dataset created before
-writing starts (runs are created as they begin) and cannot hold variable-length strings (the
-string table), and a file that HDF5 itself cannot write (a full disk, a descriptor the script
-closed) is still lost with SWMR; the journal covers those too (NOTE [ When the trace cannot
-be written ] in recorder/session.py).
+while recording (storages, module calls, steps) are written only when a run ends. So beside the
+staging trace ``NAME.recording-PID.h5`` the recorder appends, at every step boundary, one record
+to ``NAME.recording-PID.journal``: the rows added since the last record (strings, ``modules``,
+the append-only run tables) and the rows of the editable tables that changed (their indices and
+new values), deflated at level 1. Each record is framed by its length and a CRC-32, written with
+one ``write`` on a file opened for that record alone (a script that closes every file descriptor
+cannot break it), and fsync'ed at most every ``SYNC_NS``: a killed process loses at most the
+step in progress; a power cut at most ``SYNC_NS`` of steps. A normal end (also Ctrl-C, SIGTERM,
+SIGHUP, an exception, ``os._exit`` under ``ckview record``) closes the trace and removes the
+journal. A journal whose recorder is gone is turned into a trace by ``recover_journal``
+(``ckview recover TRACE``, or any verb that reads TRACE): the completed steps of every run,
+marked incomplete; a truncated or damaged last record is ignored. Plain timing steps (after
+every run is recorded) are journaled too, each record holding its run's whole timing tables. Why
+a journal and not HDF5's SWMR mode: SWMR needs every dataset created before writing starts (runs
+are created as they begin) and cannot hold variable-length strings (the string table), and a
+file that HDF5 itself cannot write (a full disk, a descriptor the script closed) is still lost
+with SWMR; the journal covers those too (NOTE [ When the trace cannot be written ] in
+recorder/session.py).
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ class _State:
         self.steps = int(header["meta"].get("steps_recorded", self.steps))
         _apply_blocks(self.modules, "modules", header["blocks"], arrays)
         run = self.runs.setdefault(header["run"], _Run())
-        run.attrs = dict(header["attrs"])
+        run.attrs = dict(header.get("attrs", run.attrs))  # a timing record has none
         for table, mode in header["blocks"].items():
             if table != "modules":
                 _apply_block(run.tables[table], table, mode, arrays)

@@ -20,6 +20,7 @@ import numpy as np
 from . import _layout as L
 from ._layout import TraceMeta
 from .checks import value_problems
+from .devices import main_device, on_device
 from .errors import (
     TraceError,
     TraceKeyError,
@@ -479,12 +480,19 @@ class Trace:
             self._runs[name] = Run(self, group)
         return self._runs[name]
 
-    def read_run(self, name: str, on_table: Callable[[str], None] | None = None) -> dict[str, Any]:
+    def read_run(
+        self,
+        name: str,
+        on_table: Callable[[str], None] | None = None,
+        all_devices: bool = False,
+    ) -> dict[str, Any]:
         """Everything the analysis of run ``name`` reads, in memory: each of its tables (a dict
         of columns, by table name), the root tables (``modules``, ``frames``, ``stacks``), the
         ``strings`` (a list) and
         ``checkpoint_call_ns`` (median, low, high of checkpoint's cost per call; -1 unknown).
-        ``on_table(table)`` is called before each run table is read (for progress)."""
+        ``on_table(table)`` is called before each run table is read (for progress). A run on
+        several devices is read on its main one, unless ``all_devices`` (NOTE [ One device per
+        timeline ] in devices.py: then ``timeline_device`` names it)."""
         run = self.run(name)
         tables: dict[str, Any] = {}
         for table in RUN_TABLES:
@@ -499,7 +507,8 @@ class Trace:
             [meta.checkpoint_call_ns, meta.checkpoint_call_low_ns, meta.checkpoint_call_high_ns],
             dtype=np.int64,
         )
-        return tables
+        device = None if all_devices else main_device(tables["storages"], tables["strings"])
+        return tables if device is None else on_device(tables, tables["strings"], device)
 
     def close(self) -> None:
         """Close the file; tables and runs obtained from this trace become unreadable."""

@@ -11,7 +11,12 @@ index; no raw data) in a forked child that the parent kills after ``CKVIEW_OPEN_
 seconds (default 30). The walk refuses links other than hard links, external storage, virtual
 datasets, deep or huge hierarchies and tables whose declared size exceeds the memory limit.
 Once the walk has ended, reading the same metadata again in the parent ends too; the data
-itself is then checked by value (``checks.py``) as each table is read.
+itself is then checked by value (``checks.py``) as each table is read. A file that passed is not
+walked again by this process while its identity, size and modification time stay the same (the
+explorer and a test reopen one trace many times; each walk costs a fork and about 50 ms); only a
+file last modified ``SETTLED_S`` before its walk is remembered, because file times tick coarsely
+(a jiffy): a file rewritten within one tick, or a new file at a reused inode, can show the same
+time and size.
 """
 
 from __future__ import annotations
@@ -75,19 +80,35 @@ def _available_memory() -> int:
     return 1 << 62  # unknown: no limit
 
 
+Walked = tuple[str | None, int]
+"""What a walk found: the first problem (None if none), and the most bytes one run declares."""
+
+SETTLED_S = 2.0
+"""How long before its walk a file must have last changed for its pass to be remembered."""
+_passed: dict[tuple[int, ...], int] = {}
+"""Files whose walk passed, (device, inode, size, mtime_ns), with the most memory one of their
+runs declares: a limit at least that high passes them again."""
+
+
 def check_structure(path: str) -> None:
     """Raise CorruptTraceError if ``path``'s HDF5 structure is damaged, hostile or too large,
     or cannot be walked within ``timeout_s()`` (NOTE [ Reading damaged and hostile files ])."""
     limit, seconds = memory_limit(), timeout_s()
+    stat = os.stat(path)
+    key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if limit >= _passed.get(key, 1 << 63):
+        return
     if hasattr(os, "fork"):
-        problem = _in_fork(path, limit, seconds)
+        problem, declared = _in_fork(path, limit, seconds)
     else:
-        problem = _in_subprocess(path, limit, seconds)
+        problem, declared = _in_subprocess(path, limit, seconds)
     if problem:
         raise corrupt(path, problem)
+    if time.time_ns() - stat.st_mtime_ns > SETTLED_S * 1e9:
+        _passed[key] = declared
 
 
-def _in_fork(path: str, limit: int, seconds: float) -> str | None:
+def _in_fork(path: str, limit: int, seconds: float) -> Walked:
     read_end, write_end = os.pipe()
     # Hold h5py's lock across fork() so that no other thread is inside HDF5 at that moment.
     with h5py._objects.phil, warnings.catch_warnings():
@@ -106,7 +127,7 @@ def _in_fork(path: str, limit: int, seconds: float) -> str | None:
         os.close(read_end)
 
 
-def _wait_for(pid: int, fd: int, seconds: float) -> str | None:
+def _wait_for(pid: int, fd: int, seconds: float) -> Walked:
     deadline = time.monotonic() + seconds
     data = b""
     while True:
@@ -115,16 +136,16 @@ def _wait_for(pid: int, fd: int, seconds: float) -> str | None:
         if not ready:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return _timed_out(seconds)
+            return _timed_out(seconds), 0
         chunk = os.read(fd, 65536)
         if not chunk:
             break
         data += chunk
     _, status = os.waitpid(pid, 0)
     if not data:
-        return f"reading its HDF5 structure crashed (status {status})"
-    result: str | None = json.loads(data)
-    return result
+        return f"reading its HDF5 structure crashed (status {status})", 0
+    problem, declared = json.loads(data)
+    return problem, declared
 
 
 def _timed_out(seconds: float) -> str:
@@ -134,7 +155,7 @@ def _timed_out(seconds: float) -> str:
     )
 
 
-def _in_subprocess(path: str, limit: int, seconds: float) -> str | None:
+def _in_subprocess(path: str, limit: int, seconds: float) -> Walked:
     code = "import json,sys; from ckview.trace.structure import walk; "
     code += "print(json.dumps(walk(sys.argv[1], int(sys.argv[2]))))"
     try:
@@ -146,24 +167,26 @@ def _in_subprocess(path: str, limit: int, seconds: float) -> str | None:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return _timed_out(seconds)
+        return _timed_out(seconds), 0
     if done.returncode != 0 or not done.stdout.strip():
-        return f"reading its HDF5 structure failed: {one_line(done.stderr)[-200:]}"
-    result: str | None = json.loads(done.stdout)
-    return result
+        return f"reading its HDF5 structure failed: {one_line(done.stderr)[-200:]}", 0
+    problem, declared = json.loads(done.stdout)
+    return problem, declared
 
 
-def walk(path: str, limit: int) -> str | None:
-    """Walk every link, object, attribute and chunk index of ``path``; the first problem, or
-    None. Runs in the child of ``check_structure``; h5py's low-level API, for speed."""
+def walk(path: str, limit: int) -> Walked:
+    """Walk every link, object, attribute and chunk index of ``path``: the first problem (or
+    None), and the most bytes of tables one run declares. Runs in the child of
+    ``check_structure``; h5py's low-level API, for speed."""
     try:
         fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY)
         try:
-            return _links(fid) or _objects(fid, limit)
+            problem = _links(fid)
+            return (problem, 0) if problem else _objects(fid, limit)
         finally:
             fid.close()
     except Exception as e:
-        return one_line(e)
+        return one_line(e), 0
 
 
 def _links(fid: h5py.h5f.FileID) -> str | None:
@@ -181,7 +204,7 @@ def _links(fid: h5py.h5f.FileID) -> str | None:
     return found[0] if found else None
 
 
-def _objects(fid: h5py.h5f.FileID, limit: int) -> str | None:
+def _objects(fid: h5py.h5f.FileID, limit: int) -> Walked:
     objects: list[tuple[str, int, int]] = []
 
     def visit(name: bytes, info: h5py.h5o.ObjInfo) -> int | None:
@@ -190,12 +213,12 @@ def _objects(fid: h5py.h5f.FileID, limit: int) -> str | None:
 
     h5py.h5o.visit(fid, visit, info=True)
     if len(objects) > MAX_OBJECTS:
-        return f"it holds more than {MAX_OBJECTS} HDF5 objects"
+        return f"it holds more than {MAX_OBJECTS} HDF5 objects", 0
     declared: dict[str, int] = {}
     for name, kind, attributes in objects:
         where = "/" + name.lstrip("./")
         if where.count("/") > MAX_DEPTH:
-            return f"{where} is nested deeper than a trace goes"
+            return f"{where} is nested deeper than a trace goes", 0
         node = h5py.h5o.open(fid, name.encode())
         problem = _attributes(node, attributes, where)
         if not problem and kind == h5py.h5o.TYPE_DATASET:
@@ -206,11 +229,12 @@ def _objects(fid: h5py.h5f.FileID, limit: int) -> str | None:
                 group = "/".join(parts[:depth])
                 declared[group] = declared.get(group, 0) + size
         if problem:
-            return problem
-    for group, size in declared.items():
-        if group != "/runs" and size > limit:
-            return _too_large(group, size, limit)
-    return None
+            return problem, 0
+    runs = {group: size for group, size in declared.items() if group != "/runs"}
+    for group, size in runs.items():
+        if size > limit:
+            return _too_large(group, size, limit), 0
+    return None, max(runs.values(), default=0)
 
 
 def _attributes(node: h5py.h5o.ObjectID, count: int, where: str) -> str | None:
