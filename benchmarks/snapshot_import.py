@@ -1,15 +1,16 @@
-"""``ckview import`` on a big synthetic memory snapshot: time, peak memory, file sizes.
+"""``ckview import`` on big synthetic memory snapshots: time and peak memory, both readers.
 
-    python benchmarks/snapshot_import.py [--events N] [--frames K]
+    python benchmarks/snapshot_import.py [--events N [N ...]] [--frames K] [--only c|stream]
 
-Writes a snapshot pickle of N history events (alloc, free_requested, free_completed of blocks
-that live a few to a few thousand events, over a reused set of addresses, each event with one
-of 2000 call stacks of K frames; each event has its own frames list, and the frame dicts are
-shared, as torch shares them; ``--unshared`` gives every event its own frame dicts) and the
-blocks still live at the end,
-in a child process; then runs ``ckview import`` on it in another child and prints its wall
-time, its peak resident memory (the child's ``ru_maxrss``) against the pickle's size, and checks
-the imported peak against the snapshot's own replay. Not a test: tests never time anything.
+For each N, writes a snapshot pickle of N history events (alloc, free_requested,
+free_completed of blocks that live a few to a few thousand events, over a reused set of
+addresses, each event with one of 2000 call stacks of K frames; each event has its own frames
+list, and the frame dicts are shared, as torch shares them; ``--unshared`` gives every event
+its own frame dicts) and the blocks still live at the end, in a child process; then runs
+``ckview import`` on it in a child per reader, the restricted C unpickler (``c``) and the
+streaming reader (``stream``, NOTE [ Streaming a snapshot ]), and prints each one's wall time
+and peak resident memory (the child's own ``ru_maxrss``, from ``os.wait4``) side by side, and
+checks that both traces have the same peak. Not a test: tests never time anything.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import tempfile
@@ -85,59 +85,74 @@ def make_snapshot(path: Path, events: int, frames: int, seed: int = 0, shared: b
 def run_child(code: str) -> tuple[float, int, str]:
     """Wall seconds, peak RSS (bytes) and stdout of ``python -c code``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        text, errors = out.read(), err.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"the child failed: {errors}")
+    return wall, usage.ru_maxrss * 1024, text
+
+
+#: ``STREAM_ABOVE`` for each reader.
+READERS = {"c": 1 << 62, "stream": 0}
+
+
+def import_once(pickle_path: Path, trace_path: Path, reader: str) -> tuple[float, int, int]:
+    """(wall seconds, peak RSS bytes, imported peak bytes) of one ``ckview import``."""
+    code = (
+        "import sys; import ckview.snapshot.stream as s; "
+        f"s.STREAM_ABOVE = {READERS[reader]}; from ckview.cli.main import main; "
+        f"code = main(['import', {str(pickle_path)!r}, '-o', {str(trace_path)!r}, "
+        "'--no-progress']); "
+        "from ckview.trace import open_trace; from ckview.analysis import memory_timeline; "
+        f"t = open_trace({str(trace_path)!r}).read_run('snapshot:cuda:0'); "
+        "print(int(memory_timeline(t['storages'], t['memory_events']).total.max())); "
+        "sys.exit(code)"
     )
-    wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) * 1024, out.stdout
+    wall, rss, out = run_child(code)
+    return wall, rss, int(out.split()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--events", type=int, nargs="+", default=[2_000_000, 8_000_000])
     parser.add_argument("--frames", type=int, default=8)
     parser.add_argument("--unshared", action="store_true", help="a frame dict per event")
+    parser.add_argument("--only", choices=sorted(READERS), help="run one reader only")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        pickle_path = Path(tmp) / "big.pickle"
-        trace_path = Path(tmp) / "big.h5"
-        start = time.perf_counter()
-        gen = (
-            "from benchmarks.snapshot_import import make_snapshot as m; from pathlib import Path; "
-            f"m(Path({str(pickle_path)!r}), {args.events}, {args.frames}, "
-            f"shared={not args.unshared})"
-        )
-        subprocess.run(
-            [sys.executable, "-c", gen], env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True
-        )
-        print(
-            f"synthetic snapshot: {pickle_path.stat().st_size / 2**20:.0f} MiB pickle "
-            f"({time.perf_counter() - start:.1f} s to make)"
-        )
-        code = (
-            "import time, sys; from ckview.cli.main import main; t = time.perf_counter(); "
-            f"code = main(['import', {str(pickle_path)!r}, '-o', {str(trace_path)!r}, "
-            "'--no-progress']); print(time.perf_counter() - t); sys.exit(code)"
-        )
-        wall, rss, out = run_child(code)
-        print(
-            f"ckview import: {float(out.split()[-1]):.1f} s inside, {wall:.1f} s with start-up; "
-            f"peak RSS {rss / 2**20:.0f} MiB = {rss / pickle_path.stat().st_size:.1f}x the "
-            f"pickle; trace {trace_path.stat().st_size / 2**20:.0f} MiB"
-        )
-        check = (
-            "from ckview.snapshot import load_snapshot, replay_peak; "
-            "from ckview.trace import open_trace; from ckview.analysis import memory_timeline; "
-            f"s = load_snapshot({str(pickle_path)!r}); "
-            f"t = open_trace({str(trace_path)!r}).read_run('snapshot:cuda:0'); "
-            "print(replay_peak(s, 0), int(memory_timeline(t['storages'], t['memory_events'])"
-            ".total.max()))"
-        )
-        replayed, imported = run_child(check)[2].split()
-        print(f"peak: replay {int(replayed):,} B, imported {int(imported):,} B")
+    readers = [args.only] if args.only else sorted(READERS)
+    for events in args.events:
+        with tempfile.TemporaryDirectory() as tmp:
+            pickle_path = Path(tmp) / "big.pickle"
+            gen = (
+                "from benchmarks.snapshot_import import make_snapshot as m; "
+                f"from pathlib import Path; m(Path({str(pickle_path)!r}), {events}, "
+                f"{args.frames}, shared={not args.unshared})"
+            )
+            subprocess.run(
+                [sys.executable, "-c", gen], env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True
+            )
+            size = pickle_path.stat().st_size
+            print(f"{events:,} events: {size / 2**20:.0f} MiB pickle")
+            peaks = set()
+            for reader in readers:
+                wall, rss, peak = import_once(pickle_path, Path(tmp) / f"{reader}.h5", reader)
+                peaks.add(peak)
+                print(
+                    f"  {reader:<6} {wall:6.1f} s with start-up, peak RSS {rss / 2**20:6.0f} MiB"
+                    f" = {rss / size:4.1f}x the pickle ({size / 2**20 / wall:.1f} MiB/s)"
+                )
+            print(
+                f"  imported peak {peaks.pop():,} B"
+                if len(peaks) == 1
+                else f"  PEAKS DIFFER {peaks}"
+            )
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

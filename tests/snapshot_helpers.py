@@ -235,3 +235,27 @@ def random_history(rng: np.random.Generator, steps: int) -> dict[str, Any]:
     ]
     segment = {"device": 0, "address": 0x1000, "total_size": 0x6000, "stream": 0, "blocks": blocks}
     return {"segments": [segment] if blocks else [], "device_traces": [events]}
+
+
+def long_history(blocks: int, seed: int = 0) -> dict[str, Any]:
+    """``blocks`` allocations, each freed (``free_requested`` + ``free_completed``) a few
+    events later, shaped as torch writes a long history: 20 frame dicts shared by all events,
+    30 call stacks, each allocation with its own frames list and the two events of a free
+    sharing one (the pickle fetches it back)."""
+    rng = np.random.default_rng(seed)
+    pool = [{"name": f"f{i}", "filename": f"/src/m{i}.py", "line": i} for i in range(20)]
+    stacks = [rng.integers(0, len(pool), 6).tolist() for _ in range(30)]
+    events: list[dict[str, Any]] = []
+    pending: list[tuple[int, int, list[dict[str, Any]]]] = []
+    for b in range(blocks):
+        addr, size = 0x7000_0000_0000 + (b % 64) * 0x10_0000, int(rng.integers(1, 1 << 20))
+        stack = [pool[j] for j in stacks[int(rng.integers(len(stacks)))]]
+        while pending and (len(pending) > 8 or pending[0][0] == addr):
+            freed, freed_size, freed_stack = pending.pop(0)
+            for action in ("free_requested", "free_completed"):
+                common = {"addr": freed, "size": freed_size, "stream": 0, "frames": freed_stack}
+                events.append({"action": action, "time_us": len(events), **common})
+        common = {"addr": addr, "size": size, "stream": 0, "frames": stack}
+        events.append({"action": "alloc", "time_us": len(events), **common})
+        pending.append((addr, size, stack))
+    return {"segments": [], "device_traces": [events]}

@@ -1,7 +1,8 @@
 """``ckview import SNAPSHOT.pickle [-o trace.h5]``: a PyTorch memory snapshot as a ckview trace.
 
 The pickle is read without running any code in it (NOTE [ A pickle is code ] in
-ckview/snapshot/reading.py) and converted by ``ckview.snapshot.snapshot_to_trace``. The trace
+ckview/snapshot/reading.py), big ones a block at a time (NOTE [ Streaming a snapshot ] in
+ckview/snapshot/stream.py), and converted by ``ckview.snapshot.SnapshotConverter``. The trace
 is written beside the target and moved over it only once complete, so a failed import never
 replaces an existing file.
 """
@@ -49,7 +50,7 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ckview.snapshot import SnapshotError, load_snapshot, snapshot_to_trace
+    from ckview.snapshot import SnapshotConverter, SnapshotError, read_snapshot
 
     source: Path = args.snapshot
     if source.is_dir():
@@ -59,25 +60,13 @@ def run(args: argparse.Namespace) -> int:
     output: Path = args.output or source.with_suffix(".h5")
     _check_output(source, output)
     show = _stderr_is_tty() if args.progress is None else args.progress
-    bar = _Bar() if show else None
     gc.disable()  # NOTE [ No cyclic GC while unpickling ]: conversion makes no cycles either
     try:
-        snapshot = load_snapshot(
-            source, progress=bar.stage("reading", "MiB", 2**20) if bar else None
-        )
-        if bar is not None:
-            bar.done()
+        converter = SnapshotConverter(str(source))
+        rest = read_snapshot(source, converter, _Bar() if show else None)
         staging = _staging_path(output)
         try:
-            runs = snapshot_to_trace(
-                snapshot,
-                staging,
-                source=str(source),
-                progress=bar.stage("converting", "events", 1) if bar else None,
-            )
-            del snapshot
-            if bar is not None:
-                bar.done()
+            runs = converter.to_trace(rest, staging, source=str(source))
             replaced = output.exists()
             os.replace(staging, output)
         finally:
@@ -126,13 +115,15 @@ def _report(output: Path, runs: list[str], replaced: bool) -> str:
 
 
 class _Bar:
-    """A progress bar on stderr, one line per stage, redrawn at most ten times a second.
+    """A progress bar on stderr, one line per stage, redrawn at most ten times a second
+    (``ckview.snapshot.stream.Stages``).
 
     The import verb runs no user code, so a redrawn line cannot collide with a script's output
     (NOTE [ Progress on its own line ] in recorder/progress.py does not apply)."""
 
     def __init__(self) -> None:
         self._last = 0.0
+        self._drawn = False  # a line is drawn and not yet ended
 
     def stage(self, what: str, unit: str, scale: int) -> Callable[[int, int], None]:
         """The progress callback of one stage: ``(done, total)`` in units of ``scale`` (shown
@@ -145,6 +136,7 @@ class _Bar:
             if now - self._last < 0.1 and done < total:
                 return
             self._last = now
+            self._drawn = True
             share = min(done / total, 1.0) if total else 1.0
             text = f"{done / scale:,.{digits}f}/{total / scale:,.{digits}f} {unit}"
             print(
@@ -157,7 +149,10 @@ class _Bar:
         return update
 
     def done(self) -> None:
-        print(file=sys.stderr, flush=True)
+        """End the current stage's line, if one is drawn."""
+        if self._drawn:
+            print(file=sys.stderr, flush=True)
+            self._drawn = False
 
 
 def _stderr_is_tty() -> bool:

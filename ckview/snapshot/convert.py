@@ -71,10 +71,10 @@ def run_name(device: int) -> str:
 
 
 class StackTable:
-    """Interns frames and call stacks into the trace's root ``frames`` and ``stacks`` tables.
-
-    A stack is named by the row of its innermost frame (docs/trace-format.md, ``stacks``;
-    NOTE [ The stack prefix tree ] in ckview/trace/stacks.py).
+    """Interns frames and call stacks, to be appended to the trace's root ``frames`` and
+    ``stacks`` tables by ``write`` (rows here count from 0; ``write`` shifts them after those the
+    trace already holds). A stack is named by the row of its innermost frame
+    (docs/trace-format.md, ``stacks``; NOTE [ The stack prefix tree ] in ckview/trace/stacks.py).
 
     NOTE [ Frames by identity ]
         Torch shares frame dicts between the events of a snapshot (symbolized once each), so a
@@ -86,16 +86,13 @@ class StackTable:
 
     MAX_CACHED = 1 << 20
 
-    def __init__(self, writer: TraceWriter) -> None:
-        self._writer = writer
+    def __init__(self) -> None:
         self._frames: dict[tuple[str, int, str], int] = {}
         self._by_frames: dict[tuple[int, ...], int] = {}
         self._ids: dict[int, int] = {}
         self._alive: list[Any] = []
-        self.frame_rows: list[tuple[int, int, int]] = []
-        # Rows the trace already holds: ours come after them.
-        self._frame_base = writer.root_rows("frames")
-        self._stacks = StackInterner(writer.root_rows("stacks"))
+        self.frame_rows: list[tuple[str, int, str]] = []
+        self._stacks = StackInterner()
 
     def stack(self, frames: Any) -> int:
         """The stack row of a list of frame dicts (innermost first); -1 for none."""
@@ -122,9 +119,8 @@ class StackTable:
         )
         row = self._frames.get(key)
         if row is None:
-            row = self._frames[key] = self._frame_base + len(self.frame_rows)
-            intern = self._writer.intern
-            self.frame_rows.append((intern(key[0]), key[1], intern(key[2])))
+            row = self._frames[key] = len(self.frame_rows)
+            self.frame_rows.append(key)
         if len(self._ids) >= self.MAX_CACHED:
             self._ids.clear()
             self._alive.clear()
@@ -132,111 +128,157 @@ class StackTable:
         self._alive.append(frame)
         return row
 
-    def write(self) -> None:
-        """Append the interned frames and stacks to the trace."""
-        frames = np.array(self.frame_rows, dtype=np.int64).reshape(-1, 3)
-        self._writer.append_root(
+    def write(self, writer: TraceWriter) -> int:
+        """Append the interned frames and stacks to the trace; return the row of the first
+        stack written (add it to the rows ``stack`` returned)."""
+        frame_base = writer.root_rows("frames")
+        stack_base = writer.root_rows("stacks")
+        intern = writer.intern
+        frames = np.array(
+            [(intern(file), line, intern(name)) for file, line, name in self.frame_rows],
+            dtype=np.int64,
+        ).reshape(-1, 3)
+        writer.append_root(
             "frames", {"file": frames[:, 0], "line": frames[:, 1], "name": frames[:, 2]}
         )
-        self._writer.append_root("stacks", self._stacks.columns())
+        stacks = self._stacks.columns()
+        parent = stacks["parent"]
+        writer.append_root(
+            "stacks",
+            {
+                "frame": stacks["frame"] + frame_base,
+                "parent": np.where(parent == NO_INDEX, NO_INDEX, parent + stack_base),
+            },
+        )
+        return stack_base
 
 
 @dataclass
 class _Events:
-    """One device's history as columns."""
+    """One device's history as columns (times relative to the snapshot's first event)."""
 
     code: np.ndarray
     addr: np.ndarray
     size: np.ndarray
     time_ns: np.ndarray
     stream: np.ndarray
-    stack: np.ndarray
+    stack: np.ndarray  # allocations, and frees of blocks live when the history began
+    category: np.ndarray  # as ``stack``: TORCH_CATEGORIES of the event's ``category``
 
 
-#: Events read per chunk: Python lists of one chunk, then numpy arrays.
-CHUNK = 65536
 #: Largest ``time_us`` accepted (2**53: exact in a float, and x1000 fits int64).
 MAX_TIME_US = 2**53
 
+_COLUMNS = ("code", "addr", "size", "stream", "stack", "category", "time_us")
+_DTYPES = (np.uint8, np.int64, np.int64, np.int64, np.int32, np.uint8, np.int64)
+
 
 class _Bad(Exception):
-    """An event failed the fast checks of ``_read_events``; ``_check_event`` says why."""
+    """An event failed the fast checks of ``_History.add``; ``_check_event`` says why."""
 
 
-def _read_events(
-    events: list[Any], device: int, t0_us: int, stacks: StackTable, tick: Callable[[int], None]
-) -> _Events:
-    """Stream a device's events into numpy arrays, chunk by chunk (NOTE [ Snapshot layouts ])."""
-    n = len(events)
-    out = _Events(
-        code=np.zeros(n, np.uint8),
-        addr=np.zeros(n, np.int64),
-        size=np.zeros(n, np.int64),
-        time_ns=np.zeros(n, np.int64),
-        stream=np.zeros(n, np.int64),
-        stack=np.full(n, NO_INDEX, np.int32),
-    )
-    raw_time = np.zeros(n, np.int64)
-    for start in range(0, n, CHUNK):
-        part = events[start : start + CHUNK]
-        columns = _read_chunk(part, start, device, stacks)
-        stop = start + len(part)
-        for name, values in zip(("code", "addr", "size", "stream", "stack"), columns, strict=False):
-            getattr(out, name)[start:stop] = values
-        raw_time[start:stop] = columns[-1]
-        tick(len(part))
-    if (raw_time < 0).any():  # an event without time_us (older layouts): order only
-        out.time_ns[:] = np.arange(n, dtype=np.int64) * 1000
-    else:
-        out.time_ns[:] = (raw_time - t0_us) * 1000
-    np.maximum.accumulate(out.time_ns, out=out.time_ns)  # NOTE [ Event order ] in timeline.py
-    return out
+class _History:
+    """One device's history, read chunk by chunk into numpy columns as it arrives.
 
+    NOTE [ Pairing as the history arrives ]
+        ``open`` holds the addresses whose last allocation or free (so far) is an allocation:
+        a free at an address not in it pairs with no allocation (NOTE [ Pairing frees with
+        allocs ]: the event before it at its address is not an allocation), so its block was
+        live when the history began and only such a free keeps its stack and category. The set
+        holds the blocks live at one moment, not the history, and the events themselves can be
+        dropped as soon as their chunk is read (the streaming reader does).
+    """
 
-def _read_chunk(part: list[Any], start: int, device: int, stacks: StackTable) -> list[np.ndarray]:
-    """(code, addr, size, stream, stack, time_us or -1) of a chunk of events. Only allocations
-    get their stack here (a free carries its block's allocation frames again; the few frees
-    whose block was allocated before the history get theirs in ``_write_device``)."""
-    codes, stack = _ACTION_CODES, stacks.stack
-    rows: list[list[int]] = [[], [], [], [], [], []]
-    code_l, addr_l, size_l, stream_l, stack_l, time_l = rows
-    for j, e in enumerate(part):
-        try:
-            code = codes.get(e["action"], _OTHER)
-            addr = size = stream = 0
-            frames = NO_INDEX
-            if code:
-                addr, size, stream = e["addr"], e["size"], e.get("stream", 0)
-                if type(addr) is not int or type(size) is not int or type(stream) is not int:
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.count = 0
+        self._open: set[int] = set()
+        self._parts: list[list[np.ndarray]] = [[] for _ in _COLUMNS]  # per column, per chunk
+
+    def add(self, part: list[Any], stacks: StackTable) -> None:
+        """Read the next events of the history (SnapshotError naming a bad one)."""
+        codes, stack, live = _ACTION_CODES, stacks.stack, self._open
+        get_category, unknown = TORCH_CATEGORIES.get, Category.UNKNOWN
+        rows: list[list[int]] = [[] for _ in _COLUMNS]
+        code_l, addr_l, size_l, stream_l, stack_l, category_l, time_l = rows
+        for j, e in enumerate(part):
+            try:
+                code = codes.get(e["action"], _OTHER)
+                addr = size = stream = 0
+                frames, category = NO_INDEX, unknown
+                if code:
+                    addr, size, stream = e["addr"], e["size"], e.get("stream", 0)
+                    if type(addr) is not int or type(size) is not int or type(stream) is not int:
+                        raise _Bad
+                    if code == _ALLOC:
+                        live.add(addr)
+                        keep = True
+                    else:  # a free pairing with an allocation needs no stack
+                        keep = code == _FREE and addr not in live
+                        live.discard(addr)
+                    if keep:
+                        frames = stack(e.get("frames"))
+                        c = e.get("category")
+                        category = get_category(c, unknown) if isinstance(c, str) else unknown
+                time_us = e.get("time_us", -1)
+                if type(time_us) is not int:
                     raise _Bad
-                if code == _ALLOC:
-                    frames = stack(e.get("frames"))
-            time_us = e.get("time_us", -1)
-            if type(time_us) is not int:
-                raise _Bad
-        except SnapshotError:
-            raise
-        except Exception:
-            _bad_event(e, device, start + j)
-        code_l.append(code)
-        addr_l.append(addr)
-        size_l.append(size)
-        stream_l.append(stream)
-        stack_l.append(frames)
-        time_l.append(time_us)
-    try:
-        columns = [np.array(r, np.int64) for r in rows]
-    except OverflowError:
-        columns = []
-    if (
-        len(columns) < len(rows)
-        or (columns[2] < 0).any()
-        or (columns[5] < -1).any()
-        or (columns[5] >= MAX_TIME_US).any()
-    ):
-        for j, e in enumerate(part):  # find the culprit and say what is wrong with it
-            _check_event(e, f"device_traces[{device}][{start + j}]")
-    return columns
+            except SnapshotError:
+                raise
+            except Exception:
+                _bad_event(e, self.device, self.count + j)
+            code_l.append(code)
+            addr_l.append(addr)
+            size_l.append(size)
+            stream_l.append(stream)
+            stack_l.append(frames)
+            category_l.append(category)
+            time_l.append(time_us)
+        for parts, column in zip(self._parts, self._columns(part, rows), strict=True):
+            parts.append(column)
+        self.count += len(part)
+
+    def _columns(self, part: list[Any], rows: list[list[int]]) -> list[np.ndarray]:
+        try:
+            columns = [np.array(r, dtype) for r, dtype in zip(rows, _DTYPES, strict=True)]
+        except OverflowError:
+            columns = []
+        if (
+            len(columns) < len(rows)
+            or (columns[2] < 0).any()
+            or (columns[6] < -1).any()
+            or (columns[6] >= MAX_TIME_US).any()
+        ):
+            for j, e in enumerate(part):  # find the culprit and say what is wrong with it
+                _check_event(e, f"device_traces[{self.device}][{self.count + j}]")
+        return columns
+
+    def first_time_us(self) -> int:
+        """The ``time_us`` of the first event, -1 if none or it has none."""
+        return int(self._parts[6][0][0]) if self.count else -1
+
+    def events(self, t0_us: int) -> _Events:
+        """The history as columns, times from ``t0_us`` (NOTE [ Event order ] in timeline.py)."""
+        cols = []
+        for parts, dtype in zip(self._parts, _DTYPES, strict=True):
+            cols.append(np.concatenate(parts) if parts else np.zeros(0, dtype))
+            parts.clear()  # one column at a time: the chunks and the whole never both held
+        time_ns = cols[6]
+        if (time_ns < 0).any():  # an event without time_us (older layouts): order only
+            time_ns[:] = np.arange(len(time_ns), dtype=np.int64)
+        else:
+            time_ns -= t0_us
+        time_ns *= 1000
+        np.maximum.accumulate(time_ns, out=time_ns)
+        return _Events(
+            code=cols[0],
+            addr=cols[1],
+            size=cols[2],
+            time_ns=time_ns,
+            stream=cols[3],
+            stack=cols[4],
+            category=cols[5],
+        )
 
 
 def _bad_event(e: Any, device: int, index: int) -> NoReturn:
@@ -258,17 +300,6 @@ def _check_event(e: Any, where: str) -> None:
         integer(e.get("stream", 0), f"{where}.stream")
     if "time_us" in e and not 0 <= integer(e["time_us"], f"{where}.time_us") < MAX_TIME_US:
         raise SnapshotError(f"{where}.time_us is out of range ({e['time_us']})")
-
-
-def _first_time_us(snapshot: dict[str, Any]) -> int:
-    """The earliest ``time_us`` of the first events of all devices (0 if none has one)."""
-    firsts = [
-        events[0].get("time_us")
-        for events in device_traces(snapshot)
-        if events and isinstance(events[0], dict)
-    ]
-    times = [t for t in firsts if type(t) is int and 0 <= t < MAX_TIME_US]
-    return min(times) if times else 0
 
 
 @dataclass
@@ -364,32 +395,35 @@ def _contains(sorted_values: np.ndarray, value: int) -> bool:
 
 def _write_device(
     writer: TraceWriter,
-    run: RunWriter,
     snapshot: dict[str, Any],
     device: int,
     ev: _Events,
-    stacks: StackTable,
+    stacks: tuple[StackTable, int],
 ) -> None:
-    """The tables of one device's run (NOTE [ Blocks live when the history began ])."""
+    """The tables of one device's run (NOTE [ Blocks live when the history began ]);
+    ``stacks``: the table and the trace row its first stack will have."""
+    table, stack_base = stacks
     device_id = writer.intern(f"cuda:{device}")
     mem = np.flatnonzero((ev.code == _ALLOC) | (ev.code == _FREE))
     is_alloc = ev.code[mem] == _ALLOC
     end_size, end_stack = _final_blocks(
-        snapshot, device, _open_at_end(is_alloc, ev.addr[mem]), stacks
+        snapshot, device, _open_at_end(is_alloc, ev.addr[mem]), table
     )
     life = _pair(is_alloc, ev.addr[mem], len(end_size))
     n_pre = len(life.pre_events) + len(end_size)
     start_ns = int(ev.time_ns[0]) if len(ev.time_ns) else 0
     end_ns = int(ev.time_ns[-1]) if len(ev.time_ns) else 0
-    traces = device_traces(snapshot)
-    events = traces[device] if device < len(traces) else []
     # Per storage: (what the pre-existing frees say, the final blocks, the allocations).
     parts = (mem[life.pre_events], len(end_size), mem[life.open_event])
-    storages = _storage_columns(events, ev, parts, end_size, end_stack, stacks)
+    storages = _storage_columns(ev, parts, end_size, end_stack)
+    stack = storages["stack"]
+    storages["stack"] = np.where(stack == NO_INDEX, NO_INDEX, stack + stack_base)
     storages["free_ns"] = _times(ev.time_ns[mem], life.close_event)
-    storages["device"] = np.full(life.rows, device_id, np.int32)
-    storages["dtype"] = storages["shape"] = np.full(life.rows, writer.intern(""), np.int32)
+    storages["device"] = _constant(device_id, life.rows, np.int32)
+    storages["dtype"] = storages["shape"] = _constant(writer.intern(""), life.rows, np.int32)
+    run = writer.run(run_name(device))
     _append(run, "storages", storages)
+    del storages, stack  # before the memory events' columns are made
     kind = np.where(is_alloc, MemoryEventKind.ALLOC, MemoryEventKind.FREE).astype(np.uint8)
     _append(
         run,
@@ -397,7 +431,7 @@ def _write_device(
         {
             "kind": np.concatenate((np.full(n_pre, MemoryEventKind.SEEN, np.uint8), kind)),
             "storage": np.concatenate((np.arange(n_pre), life.owner)),
-            "op": np.full(n_pre + len(mem), NO_INDEX, np.int32),
+            "op": _constant(NO_INDEX, n_pre + len(mem), np.int32),
             "time_ns": np.concatenate((np.full(n_pre, start_ns, np.int64), ev.time_ns[mem])),
         },
     )
@@ -406,33 +440,26 @@ def _write_device(
 
 
 def _storage_columns(
-    events: list[Any],
     ev: _Events,
     parts: tuple[np.ndarray, int, np.ndarray],
     end_size: np.ndarray,
     end_stack: np.ndarray,
-    stacks: StackTable,
 ) -> dict[str, np.ndarray]:
     """Storage columns known from the events: ``parts`` are the event rows of the frees of
     blocks live when the history began, the number of final blocks the history never touches,
     and the event rows of the allocations (NOTE [ Unknown, never guessed ])."""
     pre, n_end, opened = parts
-    pre_stack = np.asarray([stacks.stack(events[i].get("frames")) for i in pre.tolist()], np.int64)
     rows = len(pre) + n_end + len(opened)
     return {
         "nbytes": np.concatenate((ev.size[pre], end_size, ev.size[opened])),
         "category": np.concatenate(
-            (
-                _categories(events, pre),
-                np.full(n_end, Category.UNKNOWN, np.uint8),
-                _categories(events, opened),
-            )
+            (ev.category[pre], np.full(n_end, Category.UNKNOWN, np.uint8), ev.category[opened])
         ),
-        "op": np.full(rows, NO_INDEX, np.int32),
-        "module_call": np.full(rows, NO_INDEX, np.int32),
-        "module": np.full(rows, NO_INDEX, np.int32),
+        "op": _constant(NO_INDEX, rows, np.int32),
+        "module_call": _constant(NO_INDEX, rows, np.int32),
+        "module": _constant(NO_INDEX, rows, np.int32),
         "alloc_ns": np.concatenate((np.full(len(pre) + n_end, -1, np.int64), ev.time_ns[opened])),
-        "stack": np.concatenate((pre_stack, end_stack, ev.stack[opened])),
+        "stack": np.concatenate((ev.stack[pre], end_stack, ev.stack[opened])),
     }
 
 
@@ -501,14 +528,9 @@ TORCH_CATEGORIES = {
 }
 
 
-def _categories(events: list[Any], rows: np.ndarray) -> np.ndarray:
-    """The category of each event row: TORCH_CATEGORIES of its ``category``, else UNKNOWN."""
-    get, unknown = TORCH_CATEGORIES.get, Category.UNKNOWN
-    found = [
-        get(c, unknown) if isinstance(c := events[i].get("category"), str) else unknown
-        for i in rows.tolist()
-    ]
-    return np.asarray(found, np.uint8)
+def _constant(value: int, rows: int, dtype: type) -> np.ndarray:
+    """A column of ``rows`` times ``value`` that takes no memory (a read-only view)."""
+    return np.broadcast_to(np.asarray(value, dtype), (rows,))
 
 
 def _times(time_ns: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -525,6 +547,101 @@ def _append(run: RunWriter, table: str, columns: dict[str, np.ndarray]) -> None:
         run.append(table, {k: v[start : start + BATCH] for k, v in columns.items()})
 
 
+#: Events handed to the converter at once from a snapshot dict.
+CHUNK = 65536
+
+
+class SnapshotConverter:
+    """Converts a snapshot whose histories arrive in pieces: ``add`` each device's events in
+    history order (devices in order), then ``to_trace`` or ``write`` with the rest of the
+    snapshot (its ``segments``; its ``device_traces`` are not read again). Both the in-memory
+    path and the streaming reader (ckview/snapshot/stream.py) go through it, so they write the
+    same trace. ``label`` names the snapshot in messages."""
+
+    def __init__(self, label: str = "the snapshot") -> None:
+        self.label = label
+        self.events = 0
+        self._stacks = StackTable()
+        self._histories: dict[int, _History] = {}
+
+    def reset(self) -> None:
+        """Forget every event added (to read the snapshot again another way)."""
+        self.events = 0
+        self._stacks = StackTable()
+        self._histories.clear()
+
+    def add(self, device: int, events: list[Any]) -> None:
+        """Read the next ``events`` of ``device``'s history (they may be dropped afterwards)."""
+        history = self._histories.get(device)
+        if history is None:
+            history = self._histories[device] = _History(device)
+        try:
+            history.add(events, self._stacks)
+        except SnapshotError as exc:
+            raise _invalid(self.label, exc) from None
+        self.events += len(events)
+
+    def add_snapshot(self, snapshot: dict[str, Any], progress: Progress | None = None) -> None:
+        """``add`` every history of a snapshot dict, ``CHUNK`` events at a time;
+        ``progress(events added, events in all)``."""
+        traces = device_traces(snapshot)
+        total = sum(len(events) for events in traces)
+        for device, events in enumerate(traces):
+            for start in range(0, len(events), CHUNK):
+                self.add(device, events[start : start + CHUNK])
+                if progress is not None:
+                    progress(self.events, total)
+
+    def devices(self, snapshot: dict[str, Any]) -> list[int]:
+        """The devices to convert (with a history or a segment); SnapshotError if none."""
+        found = {d for d, h in self._histories.items() if h.count}
+        try:
+            found.update(devices({"segments": snapshot.get("segments", [])}))
+        except SnapshotError as exc:
+            raise _invalid(self.label, exc) from None
+        if not found:
+            raise SnapshotError(
+                f"{self.label} holds no memory history and no segments; take it with "
+                "torch.cuda.memory._record_memory_history() enabled"
+            )
+        return sorted(found)
+
+    def to_trace(
+        self, snapshot: dict[str, Any], path: str | os.PathLike[str], source: str = ""
+    ) -> list[str]:
+        """Write a new trace at ``path`` (none is created if the snapshot is refused); return
+        the run names. ``source`` names the file the snapshot came from."""
+        found = self.devices(snapshot)
+        meta = {
+            "ckview_version": __version__,
+            "device": f"cuda:{found[0]}",
+            "command": ["ckview", "import", source] if source else [],
+            "steps_requested": 1,
+            "steps_recorded": 1,
+            "step_rule": "the whole allocator history of the snapshot",
+            "source": "snapshot",
+        }
+        with TraceWriter(path, meta) as writer:
+            return self.write(writer, snapshot)
+
+    def write(self, writer: TraceWriter, snapshot: dict[str, Any]) -> list[str]:
+        """Add the runs (``snapshot:cuda:N``), frames and stacks to an open trace: the frames
+        and stacks come after those the trace holds, and nothing else may append to those two
+        tables until this returns. Returns the run names."""
+        found = self.devices(snapshot)
+        firsts = [h.first_time_us() for h in self._histories.values()]
+        t0 = min([t for t in firsts if t >= 0], default=0)
+        stacks = (self._stacks, writer.root_rows("stacks"))
+        for device in found:
+            history = self._histories.pop(device, None) or _History(device)
+            try:
+                _write_device(writer, snapshot, device, history.events(t0), stacks)
+            except SnapshotError as exc:
+                raise _invalid(self.label, exc) from None
+        self._stacks.write(writer)
+        return [run_name(d) for d in found]
+
+
 def snapshot_to_trace(
     snapshot: dict[str, Any],
     path: str | os.PathLike[str],
@@ -537,18 +654,9 @@ def snapshot_to_trace(
 
     ``source`` names where the snapshot came from (for the trace's ``command`` and messages).
     A snapshot that breaks its format raises SnapshotError (one line, naming ``source``)."""
-    found = _devices(snapshot, source or "the snapshot")  # before the file is created
-    meta = {
-        "ckview_version": __version__,
-        "device": f"cuda:{found[0]}",
-        "command": ["ckview", "import", source] if source else [],
-        "steps_requested": 1,
-        "steps_recorded": 1,
-        "step_rule": "the whole allocator history of the snapshot",
-        "source": "snapshot",
-    }
-    with TraceWriter(path, meta) as writer:
-        return write_snapshot(writer, snapshot, source=source, progress=progress)
+    converter = SnapshotConverter(source or "the snapshot")
+    converter.add_snapshot(snapshot, progress)
+    return converter.to_trace(snapshot, path, source)
 
 
 def write_snapshot(
@@ -561,50 +669,9 @@ def write_snapshot(
     """Add ``snapshot``'s runs (``snapshot:cuda:N``), frames and stacks to an open trace (the
     recorder's, for one): the frames and stacks come after those the trace holds, and nothing
     else may append to those two tables until this returns. Returns the run names."""
-    label = source or "the snapshot"
-    found = _devices(snapshot, label)
-    traces = device_traces(snapshot)
-    tick = _Ticker(sum(len(traces[d]) for d in found if d < len(traces)), progress)
-    t0 = _first_time_us(snapshot)
-    stacks = StackTable(writer)
-    names = []
-    for device in found:
-        events = traces[device] if device < len(traces) else []
-        try:
-            ev = _read_events(events, device, t0, stacks, tick)
-            name = run_name(device)
-            _write_device(writer, writer.run(name), snapshot, device, ev, stacks)
-        except SnapshotError as exc:
-            raise _invalid(label, exc) from None
-        names.append(name)
-    stacks.write()
-    return names
-
-
-def _devices(snapshot: dict[str, Any], label: str) -> list[int]:
-    """The devices to convert; SnapshotError if none or if a segment's device is bad."""
-    try:
-        found = devices(snapshot)
-    except SnapshotError as exc:
-        raise _invalid(label, exc) from None
-    if not found:
-        raise SnapshotError(
-            f"{label} holds no memory history and no segments; take it with "
-            "torch.cuda.memory._record_memory_history() enabled"
-        )
-    return found
-
-
-class _Ticker:
-    """Counts events converted and tells ``progress``."""
-
-    def __init__(self, total: int, progress: Progress | None) -> None:
-        self.total, self.done, self._progress = total, 0, progress
-
-    def __call__(self, n: int) -> None:
-        self.done += n
-        if self._progress is not None:
-            self._progress(self.done, self.total)
+    converter = SnapshotConverter(source or "the snapshot")
+    converter.add_snapshot(snapshot, progress)
+    return converter.write(writer, snapshot)
 
 
 def _invalid(label: str, exc: SnapshotError) -> SnapshotError:

@@ -96,10 +96,7 @@ def _load(f: Any, label: str) -> Any:
     try:
         return _PlainUnpickler(f, buffers=None).load()
     except _RefusedClass as exc:
-        raise SnapshotError(
-            f"{label} is refused: it asks to load {exc} (a pickle can run code, and a snapshot "
-            f"holds only plain data); {IMPORT_HINT}"
-        ) from None
+        raise SnapshotError(refused(label, str(exc))) from None
     except RecursionError:
         raise SnapshotError(
             f"{label} is nested too deeply to be a snapshot; {IMPORT_HINT}"
@@ -110,12 +107,23 @@ def _load(f: Any, label: str) -> Any:
         raise
     except Exception as exc:  # pickle raises many types on damaged input
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise SnapshotError(
-            f"{label} is not a readable pickle ({reason}: truncated or damaged?); {IMPORT_HINT}"
-        ) from None
+        raise SnapshotError(unreadable(label, reason)) from None
     finally:
         if enabled:
             gc.enable()
+
+
+def refused(label: str, what: str) -> str:
+    """The message for a pickle that asks to load ``what`` (NOTE [ A pickle is code ])."""
+    return (
+        f"{label} is refused: it asks to load {what} (a pickle can run code, and a snapshot "
+        f"holds only plain data); {IMPORT_HINT}"
+    )
+
+
+def unreadable(label: str, reason: str) -> str:
+    """The message for a file that is not a pickle that can be read, and why."""
+    return f"{label} is not a readable pickle ({reason}: truncated or damaged?); {IMPORT_HINT}"
 
 
 def check_snapshot(data: Any, label: str = "the snapshot") -> None:
