@@ -23,9 +23,7 @@ and patches as it found them (``test_recorder_leaves_nothing_behind``). The loop
 ``OWN_PROCESS`` keep ``python -m ckview`` subprocesses, started first, running meanwhile. Each
 verify lets the script run exactly the steps it needs (``--stop-after``): a warmup step, the
 recorded step of each run, then ``TIMING_STEPS`` rounds of a warm-up and a plain timing step
-per run: one round (``--timing-steps 1``), not the default three, since these tests check
-memory, steps and messages, not times (the timing rounds themselves are tested in
-tests/test_timing.py; ``benchmarks/projection_accuracy.py`` verifies with the default).
+per run.
 
 CI runs ``CI_LOOPS``: every pattern of issue 9 at least once (the loops left out repeat a
 pattern: BERT and the HF Trainer beside Llama, blocks ending in ReLU and GELU beside Tanh, the
@@ -56,13 +54,12 @@ import pytest
 
 from ckview.analysis import live_storages
 from ckview.cli.main import main as ckview_main
+from ckview.cli.record import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import Category, MemoryEventKind, Phase
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_PERCENT = 2.0
-TIMING_STEPS = 1
-"""Rounds of plain timing steps per run (NOTE [ How the loop tests run ])."""
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SAYS_WHY = re.compile(
     r"cannot|can't|can not|will not|won't|never|no effect|not take effect|does not run|no chain",
@@ -142,8 +139,7 @@ class Job:
         script_args = [*loop.args, *loop.quick, "--steps", str(self.script_steps())]
         if self.kind != "verify":
             script_args.append("--checkpoint")
-        common = ["--steps", "1", "--timing-steps", str(TIMING_STEPS), "--stop-after"]
-        common += ["--no-progress", "-o", str(self.trace)]
+        common = ["--steps", "1", "--stop-after", "--no-progress", "-o", str(self.trace)]
         if self.kind == "compare":
             verb = ["record", "--compare", *common]
         else:
