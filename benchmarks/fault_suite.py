@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -404,17 +404,22 @@ def make_cases(
     families: tuple[str, ...] = tuple(FAMILIES),
     seed: int = 12,
     sources: tuple[str, ...] = SOURCES,
+    members: Container[int] | None = None,
 ) -> list[Case]:
-    """``per_family`` mutated copies of the sample traces per family, under ``out``."""
+    """``per_family`` mutated copies of the sample traces per family, under ``out``; with
+    ``members``, only those members of each family (the same files as with all of them)."""
     rng = random.Random(seed)
     cases: list[Case] = []
     for family in families:
         mutate = FAMILIES[family]
         for i in range(per_family):
+            member_seed = rng.randrange(2**32)  # drawn for every member: the same cases
+            if members is not None and i not in members:
+                continue
             source = SAMPLES / sources[i % len(sources)]
             target = out / f"{family}_{i}.h5"
             shutil.copyfile(source, target)
-            mutate(target, random.Random(rng.randrange(2**32)))
+            mutate(target, random.Random(member_seed))
             cases.append(Case(family, str(target)))
     return cases
 

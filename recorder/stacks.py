@@ -7,8 +7,9 @@ torch, ckview and the standard library's plumbing: the model's ``forward`` line 
 ``self.fc(x)``, a library's modelling code (transformers' ``modeling_bert.py`` is code the user
 runs, so it counts), the training loop. The recorder keeps up to ``MAX_FRAMES`` of those,
 innermost first, interned into the trace's root ``frames`` and ``stacks`` tables (a prefix
-tree: one row per distinct frame and caller), and the storage's ``stack`` column points at
-the innermost. Memory only the allocator saw takes the stack of the op that was running.
+tree: one row per distinct frame and caller, NOTE [ The stack prefix tree ] in
+ckview/trace/stacks.py), and the storage's ``stack`` column points at the innermost. Memory
+only the allocator saw takes the stack of the op that was running.
 Walking the stack costs microseconds per op, which is why it is asked for, not always on.
 """
 
@@ -25,7 +26,7 @@ import torch
 import ckpt_runtime
 import ckview
 import recorder
-from ckview.trace.schema import NO_INDEX
+from ckview.trace.stacks import StackInterner
 from ckview.trace.writer import TraceWriter
 
 MAX_FRAMES = 16
@@ -57,11 +58,9 @@ class Stacks:
     def __init__(self, writer: TraceWriter) -> None:
         self._intern = writer.intern
         self._frame_base = writer.root_rows("frames")
-        self._stack_base = writer.root_rows("stacks")
+        self._stacks = StackInterner(writer.root_rows("stacks"))
         self._frames: dict[tuple[CodeType, int], int] = {}
-        self._stacks: dict[tuple[int, int], int] = {}
         self._frame_rows: list[tuple[int, int, int]] = []
-        self._stack_rows: list[tuple[int, int]] = []
         self._written = (0, 0)
 
     def current(self) -> int:
@@ -73,15 +72,7 @@ class Stacks:
             if _is_users(code):
                 rows.append(self._frame(code, frame.f_lineno))
             frame = frame.f_back  # type: ignore[assignment]
-        parent = NO_INDEX
-        for row in reversed(rows):
-            key = (row, parent)
-            stack = self._stacks.get(key)
-            if stack is None:
-                stack = self._stacks[key] = self._stack_base + len(self._stack_rows)
-                self._stack_rows.append(key)
-            parent = stack
-        return parent
+        return self._stacks.intern(rows)
 
     def _frame(self, code: CodeType, line: int) -> int:
         key = (code, line)
@@ -96,10 +87,9 @@ class Stacks:
         """Append the rows interned since the last write to the root tables."""
         frames, stacks = self._written
         new_frames = np.asarray(self._frame_rows[frames:], dtype=np.int64).reshape(-1, 3)
-        new_stacks = np.asarray(self._stack_rows[stacks:], dtype=np.int64).reshape(-1, 2)
         writer.append_root(
             "frames",
             {"file": new_frames[:, 0], "line": new_frames[:, 1], "name": new_frames[:, 2]},
         )
-        writer.append_root("stacks", {"frame": new_stacks[:, 0], "parent": new_stacks[:, 1]})
-        self._written = (len(self._frame_rows), len(self._stack_rows))
+        writer.append_root("stacks", self._stacks.columns(stacks))
+        self._written = (len(self._frame_rows), len(self._stacks.rows))

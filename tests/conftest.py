@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
 import os
 import sys
@@ -27,8 +29,29 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
+FIXTURES = (ROOT / "sample_traces", ROOT / "tests" / "data")
+"""Folders of trace files that tests only read."""
+
+
 def read_run(path: Path, run: str = "main") -> dict[str, Any]:
-    """All tables of one run, plus the trace's modules, strings and meta."""
+    """All tables of one run, plus the trace's modules, strings and meta.
+
+    A run of a fixture trace (``FIXTURES``) is read once per session (opening and reading a
+    sample trace takes about a second, and many tests read the same ones); each call gets its
+    own deep copy, so a test that changes its tables changes nobody else's."""
+    path = Path(path).resolve()
+    if path.parent.is_relative_to(FIXTURES[0]) or path.parent.is_relative_to(FIXTURES[1]):
+        return copy.deepcopy(_read_fixture(path, run, path.stat().st_mtime_ns))
+    return _read_run(path, run)
+
+
+@functools.cache
+def _read_fixture(path: Path, run: str, mtime_ns: int) -> dict[str, Any]:
+    """``_read_run`` of a fixture, cached by path, run and modification time."""
+    return _read_run(path, run)
+
+
+def _read_run(path: Path, run: str) -> dict[str, Any]:
     from ckview.trace import open_trace
 
     with open_trace(path) as trace:

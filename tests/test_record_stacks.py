@@ -7,6 +7,7 @@ import inspect
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -46,6 +47,12 @@ def _record(path: Path, stacks: bool) -> dict:
     return tables
 
 
+@pytest.fixture(scope="module")
+def with_stacks(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One recording with stacks, shared by the tests that only read it."""
+    return _record(tmp_path_factory.mktemp("stacks") / "t.h5", stacks=True)
+
+
 def _tanh_output(tables: dict) -> int:
     strings, storages, ops = tables["strings"], tables["storages"], tables["ops"]
     names = np.array([strings[n] for n in ops["name"]])
@@ -54,8 +61,8 @@ def _tanh_output(tables: dict) -> int:
     return int(row)
 
 
-def test_a_storage_names_the_users_line_that_made_it(tmp_path: Path) -> None:
-    tables = _record(tmp_path / "t.h5", stacks=True)
+def test_a_storage_names_the_users_line_that_made_it(with_stacks: dict) -> None:
+    tables = with_stacks
     row = _tanh_output(tables)
     stack = int(tables["storages"]["stack"][row])
     site = allocation_site(tables["frames"], tables["stacks"], tables["strings"], stack)
@@ -67,9 +74,8 @@ def test_a_storage_names_the_users_line_that_made_it(tmp_path: Path) -> None:
     assert not any("torch" in tables["strings"][tables["frames"]["file"][f]] for f in frames)
 
 
-def test_every_allocation_has_a_stack_and_workspaces_take_their_ops(tmp_path: Path) -> None:
-    tables = _record(tmp_path / "t.h5", stacks=True)
-    storages = tables["storages"]
+def test_every_allocation_has_a_stack_and_workspaces_take_their_ops(with_stacks: dict) -> None:
+    storages = with_stacks["storages"]
     allocated = storages["alloc_ns"] >= 0
     assert (storages["stack"][allocated] >= 0).all()
     assert (storages["stack"][~allocated] == -1).all()  # made before recording: unknown

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -112,10 +113,16 @@ def _record(path: Path, timing_steps: int, script_steps: int) -> nn.Sequential:
     return model
 
 
-def test_the_trace_holds_plain_timings_and_the_cost_per_call(tmp_path: Path) -> None:
-    path = tmp_path / "t.h5"
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A recording with 3 rounds of timing steps, shared by the tests that only read it."""
+    path = tmp_path_factory.mktemp("timed") / "t.h5"
     _record(path, timing_steps=3, script_steps=1 + 2 + 4)
-    with open_trace(path) as trace:
+    return path
+
+
+def test_the_trace_holds_plain_timings_and_the_cost_per_call(timed: Path) -> None:
+    with open_trace(timed) as trace:
         meta = trace.meta
         assert 0 <= meta.checkpoint_call_low_ns <= meta.checkpoint_call_ns
         assert meta.checkpoint_call_ns <= meta.checkpoint_call_high_ns
@@ -129,13 +136,11 @@ def test_the_trace_holds_plain_timings_and_the_cost_per_call(tmp_path: Path) -> 
     assert sorted(rows.tolist()) == list(range(13))
 
 
-def test_extra_compute_comes_from_plain_times(tmp_path: Path) -> None:
+def test_extra_compute_comes_from_plain_times(timed: Path) -> None:
     """NOTE [ Extra compute from plain times ]: per recomputed block, its plain forward time
     (median over the timing steps) plus checkpoint's cost per call; without timing steps, the
     recorded op times."""
-    path = tmp_path / "t.h5"
-    _record(path, timing_steps=3, script_steps=1 + 2 + 4)
-    with open_trace(path) as trace:
+    with open_trace(timed) as trace:
         tables = trace.read_run("main")
         paths = [trace.strings[int(p)] for p in tables["modules"]["path"]]
     blocks = [ModuleRegion(paths.index(str(i))) for i in range(6)]

@@ -35,6 +35,7 @@ import numpy as np
 
 from ckview import __version__
 from ckview.trace.schema import NO_INDEX, Category, MemoryEventKind
+from ckview.trace.stacks import StackInterner
 from ckview.trace.writer import RunWriter, TraceWriter
 
 from .errors import SnapshotError
@@ -73,7 +74,7 @@ class StackTable:
     """Interns frames and call stacks, to be appended to the trace's root ``frames`` and
     ``stacks`` tables by ``write`` (rows here count from 0; ``write`` shifts them after those the
     trace already holds). A stack is named by the row of its innermost frame
-    (docs/trace-format.md, ``stacks``).
+    (docs/trace-format.md, ``stacks``; NOTE [ The stack prefix tree ] in ckview/trace/stacks.py).
 
     NOTE [ Frames by identity ]
         Torch shares frame dicts between the events of a snapshot (symbolized once each), so a
@@ -87,12 +88,11 @@ class StackTable:
 
     def __init__(self) -> None:
         self._frames: dict[tuple[str, int, str], int] = {}
-        self._stacks: dict[tuple[int, int], int] = {}
         self._by_frames: dict[tuple[int, ...], int] = {}
         self._ids: dict[int, int] = {}
         self._alive: list[Any] = []
         self.frame_rows: list[tuple[str, int, str]] = []
-        self.stack_rows: list[tuple[int, int]] = []
+        self._stacks = StackInterner()
 
     def stack(self, frames: Any) -> int:
         """The stack row of a list of frame dicts (innermost first); -1 for none."""
@@ -105,19 +105,8 @@ class StackTable:
             key = tuple([self._frame(f) for f in frames])
         row = self._by_frames.get(key)
         if row is None:
-            row = self._by_frames[key] = self._insert(key)
+            row = self._by_frames[key] = self._stacks.intern(key)
         return row
-
-    def _insert(self, frames: tuple[int, ...]) -> int:
-        parent = NO_INDEX
-        for frame in reversed(frames):
-            key = (frame, parent)
-            row = self._stacks.get(key)
-            if row is None:
-                row = self._stacks[key] = len(self.stack_rows)
-                self.stack_rows.append(key)
-            parent = row
-        return parent
 
     def _frame(self, frame: Any) -> int:
         if not isinstance(frame, dict):
@@ -152,12 +141,12 @@ class StackTable:
         writer.append_root(
             "frames", {"file": frames[:, 0], "line": frames[:, 1], "name": frames[:, 2]}
         )
-        stacks = np.array(self.stack_rows, dtype=np.int64).reshape(-1, 2)
-        parent = stacks[:, 1]
+        stacks = self._stacks.columns()
+        parent = stacks["parent"]
         writer.append_root(
             "stacks",
             {
-                "frame": stacks[:, 0] + frame_base,
+                "frame": stacks["frame"] + frame_base,
                 "parent": np.where(parent == NO_INDEX, NO_INDEX, parent + stack_base),
             },
         )
