@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# One intra-op thread per test process: the workers (pytest-xdist) share the cores, and a
+# two-thread torch step on two busy cores sometimes runs 100x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

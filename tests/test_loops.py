@@ -554,9 +554,11 @@ def test_dataloader_batch_is_an_input_from_its_arrival(
     shown = np.zeros_like(batches)
     shown[live_storages(storages, events, runs["baseline"]["peak_event"])] = True
     starts = {run: s["baseline_bytes"] for run, s in runs.items()}
-    # A worker may hand over the next batch before the peak (then two are really there), but
-    # never is a batch counted before it arrived.
-    assert 1 <= int(arrived.sum()) <= 2, f"{int(arrived.sum())} batches at the peak\n{d.context()}"
+    # Batches that arrived early are really there: the DataLoader keeps those its 2 workers
+    # hand over out of order (of the 2 x prefetch_factor 2 in flight) until their turn, so
+    # under load up to 4 are live at once (3 were seen). Never is a batch counted before it
+    # arrived: that is the check below.
+    assert 1 <= int(arrived.sum()) <= 4, f"{int(arrived.sum())} batches at the peak\n{d.context()}"
     np.testing.assert_array_equal(shown & batches, arrived, err_msg=d.context())
     assert len(set(starts.values())) == 1, f"'at start' per run: {starts}\n{d.context()}"
 
