@@ -68,6 +68,19 @@ def main() -> int:
     w.timeline.select_point(w.runs()[0].peak.point)
     save(w, "explorer-timeline.png")
 
+    w = window("transformer_compare.h5")  # the timeline and the plan panel, dark
+    w.set_theme(DARK)
+    w.plan.apply_preset("sqrt")
+    w.timeline.jump_to_peak()
+    save(w, "explorer-timeline-dark.png")
+
+    for theme, name in ((None, "explorer-empty.png"), (DARK, "explorer-empty-dark.png")):
+        w = window()  # no trace open: how to open or record one
+        if theme is not None:
+            w.set_theme(theme)
+        w.resize(1200, 700)
+        save(w, name)
+
     w = window("gpt2_compare.h5")
     w.plan.budget.setText("60%")
     w.plan.plan_for_budget()
