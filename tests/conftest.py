@@ -75,3 +75,20 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
         return code, out, err
 
     return call
+
+
+@pytest.fixture
+def window(qtbot: Any, tmp_path: Path) -> Any:
+    """A shown explorer window with its own settings file, back in the light theme after."""
+    from PyQt6.QtCore import QSettings
+
+    from ckview.gui.main_window import MainWindow
+    from ckview.gui.style import LIGHT
+
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(settings=settings)
+    qtbot.addWidget(w)
+    w.resize(1400, 900)
+    w.show()
+    yield w
+    w.set_theme(LIGHT)

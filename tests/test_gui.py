@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,17 +32,11 @@ SAMPLES = ROOT / "sample_traces"
 
 
 @pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(settings=settings)
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    # Shortcuts (Qt.WindowShortcut) fire only in the active window.
-    w.activateWindow()
-    qtbot.waitUntil(w.isActiveWindow)
-    yield w
-    w.set_theme(LIGHT)
+def window(qtbot: QtBot, window: MainWindow) -> MainWindow:
+    """conftest's window, made active: shortcuts (Qt.WindowShortcut) fire only there."""
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+    return window
 
 
 def open_traces(qtbot: QtBot, w: MainWindow, *names: str) -> None:

@@ -4,13 +4,11 @@ panel and in ``ckview plan``, with one wording (``budget_answer``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
-from PyQt6.QtCore import QSettings, Qt
+from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 from torch import nn
 
@@ -22,16 +20,6 @@ from tests.conftest import ROOT, read_run
 SAMPLES = ROOT / "sample_traces"
 TRANSFORMER = SAMPLES / "transformer.h5"
 CHECKPOINTED = SAMPLES / "transformer_checkpointed.h5"
-
-
-@pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(settings=settings)
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    yield w
 
 
 def open_trace_in(qtbot: QtBot, w: MainWindow, path: Path) -> None:

@@ -6,12 +6,11 @@ without a step): tests/test_gui_long_chain.py."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyqtgraph as pg
 import pytest
-from PyQt6.QtCore import QPoint, QRectF, QSettings, Qt
+from PyQt6.QtCore import QPoint, QRectF, Qt
 from PyQt6.QtGui import QColor, QImage
 from PyQt6.QtWidgets import QWidget
 from pytestqt.qtbot import QtBot
@@ -28,17 +27,6 @@ SAMPLES = ROOT / "sample_traces"
 @pytest.fixture(params=[LIGHT, DARK], ids=["light", "dark"])
 def theme(request: pytest.FixtureRequest) -> Theme:
     return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(settings=settings)
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    yield w
-    w.set_theme(LIGHT)
 
 
 def open_trace(qtbot: QtBot, w: MainWindow, path: Path, plan: bool = True) -> None:

@@ -3,12 +3,10 @@ analysis it draws from (``storage_mask``, ``live_bytes_of``) against ``diff_runs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
-from PyQt6.QtCore import QSettings, Qt
+from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from ckview.analysis import format_bytes, memory_timeline
@@ -16,22 +14,11 @@ from ckview.analysis.diff import HELD_CLASSES, diff_runs, held_mask, live_bytes_
 from ckview.gui.diff_view import PROMPT, DiffTable, table_texts
 from ckview.gui.main_window import MainWindow
 from ckview.gui.rundata import Axis, load_trace
-from ckview.gui.style import DARK, LIGHT
+from ckview.gui.style import DARK
 from tests.conftest import ROOT
 
 SAMPLES = ROOT / "sample_traces"
 COMPARE = SAMPLES / "transformer_compare.h5"
-
-
-@pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(settings=settings)
-    qtbot.addWidget(w)
-    w.resize(1500, 900)
-    w.show()
-    yield w
-    w.set_theme(LIGHT)
 
 
 def open_traces(qtbot: QtBot, w: MainWindow, *paths: Path) -> None:

@@ -4,17 +4,15 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from PyQt6.QtCore import QPoint, QPointF, QRectF, QSettings, Qt
+from PyQt6.QtCore import QPoint, QPointF, QRectF, Qt
 from PyQt6.QtGui import QWheelEvent
 from PyQt6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
 from ckview.gui.main_window import MainWindow
-from ckview.gui.style import LIGHT
 from tests.test_gui_clarity import open_trace, window_rect
 
 CHAIN = 80
@@ -42,17 +40,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     with Recorder(empty, steps=1, warmup=1, progress=False):
         pass
     return {"chain": chain, "empty": empty}
-
-
-@pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(settings=settings)
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    yield w
-    w.set_theme(LIGHT)
 
 
 def test_close_recompute_labels_do_not_cover_each_other(

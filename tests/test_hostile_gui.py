@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
-import pytest
-from PyQt6.QtCore import QSettings
 from PyQt6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
@@ -16,16 +13,6 @@ from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT
 
 SAMPLE = ROOT / "sample_traces" / "mlp.h5"
-
-
-@pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(settings=settings)
-    qtbot.addWidget(w)
-    w.resize(1200, 800)
-    w.show()
-    yield w
 
 
 def cyclic(tmp_path: Path) -> Path:
