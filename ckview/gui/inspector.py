@@ -27,14 +27,16 @@ GROUPINGS = ("each tensor", "source line")
 """The inspector's groupings: one row per tensor, or per source line (sums of bytes)."""
 
 
-class LiveTensorModel(QAbstractTableModel):
-    """Rows of ``LiveTensor``; sorting by bytes sorts by the number, not its text."""
+class _RowsModel(QAbstractTableModel):
+    """A read-only table of ``rows`` under the headers ``columns`` (subclasses give ``data``)."""
+
+    columns: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
-        self.rows: list[LiveTensor] = []
+        self.rows: list[Any] = []
 
-    def set_rows(self, rows: list[LiveTensor]) -> None:
+    def set_rows(self, rows: list[Any]) -> None:
         self.beginResetModel()
         self.rows = rows
         self.endResetModel()
@@ -43,16 +45,23 @@ class LiveTensorModel(QAbstractTableModel):
         return len(self.rows)
 
     def columnCount(self, parent: QModelIndex | None = None) -> int:
-        return len(COLUMNS)
+        return len(self.columns)
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = 0) -> Any:
         if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return COLUMNS[section]
+            return self.columns[section]
         return None
+
+
+class LiveTensorModel(_RowsModel):
+    """Rows of ``LiveTensor``; sorting by bytes sorts by the number, not its text."""
+
+    columns = COLUMNS
+    rows: list[LiveTensor]
 
     def data(self, index: QModelIndex, role: int = 0) -> Any:
         row = self.rows[index.row()]
-        name = COLUMNS[index.column()]
+        name = self.columns[index.column()]
         if role == Qt.ItemDataRole.DisplayRole:
             return format_bytes(row.nbytes) if name == "bytes" else str(getattr(row, name))
         if role == Qt.ItemDataRole.UserRole:  # sort key
@@ -65,28 +74,11 @@ class LiveTensorModel(QAbstractTableModel):
         return None
 
 
-class SiteGroupModel(QAbstractTableModel):
+class SiteGroupModel(_RowsModel):
     """Rows of ``SiteGroup``: the live tensors summed per source line."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[SiteGroup] = []
-
-    def set_rows(self, rows: list[SiteGroup]) -> None:
-        self.beginResetModel()
-        self.rows = rows
-        self.endResetModel()
-
-    def rowCount(self, parent: QModelIndex | None = None) -> int:
-        return len(self.rows)
-
-    def columnCount(self, parent: QModelIndex | None = None) -> int:
-        return len(SITE_COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation, role: int = 0) -> Any:
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return SITE_COLUMNS[section]
-        return None
+    columns = SITE_COLUMNS
+    rows: list[SiteGroup]
 
     def data(self, index: QModelIndex, role: int = 0) -> Any:
         row = self.rows[index.row()]
