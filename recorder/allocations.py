@@ -247,36 +247,37 @@ def _config() -> tuple[Any, set[Any]]:
 
 def _allocations(roots: list[Any], offset: int) -> AllocatorWindow:
     """Every allocation event under ``roots``, in time order, on the recorder's clock. Without
-    ops (NOTE [ Allocations without ops ]) the roots are the allocations themselves."""
+    ops (NOTE [ Allocations without ops ]) the roots are the allocations themselves, read a
+    field at a time: each read is a call into torch, the one cost per event left to us."""
     from torch._C._profiler import _ExtraFields_Allocation
 
-    times: list[int] = []
-    addresses: list[int] = []
-    sizes: list[int] = []
-    devices: list[str] = []
+    events = roots
+    fields = [event.extra_fields for event in events]
+    if any(type(f) is not _ExtraFields_Allocation for f in fields):  # ops of another thread
+        events = list(_allocation_events(roots, _ExtraFields_Allocation))
+        fields = [event.extra_fields for event in events]
+    n = len(events)
+    times = np.fromiter((event.start_time_ns for event in events), np.int64, n)
+    order = np.argsort(times, kind="stable")
     names: dict[Any, str] = {}
+    devices = [names.get(d) or names.setdefault(d, str(d)) for d in (f.device for f in fields)]
+    return AllocatorWindow(
+        time_ns=times[order] - offset,
+        address=np.fromiter((f.ptr for f in fields), np.uint64, n).astype(np.int64)[order],
+        nbytes=np.fromiter((f.alloc_size for f in fields), np.int64, n)[order],
+        device=[devices[i] for i in order.tolist()],
+    )
+
+
+def _allocation_events(roots: list[Any], allocation: type) -> Iterator[Any]:
+    """The allocation events in the trees under ``roots``."""
     todo = list(roots)
     while todo:
         event = todo.pop()
-        fields = event.extra_fields
-        if type(fields) is _ExtraFields_Allocation:  # cheaper than event.tag
-            times.append(event.start_time_ns)
-            addresses.append(fields.ptr)
-            sizes.append(fields.alloc_size)
-            device = fields.device
-            name = names.get(device)
-            if name is None:
-                name = names[device] = str(device)
-            devices.append(name)
+        if type(event.extra_fields) is allocation:
+            yield event
         else:
             todo.extend(event.children)
-    order = np.argsort(np.asarray(times, dtype=np.int64), kind="stable")
-    return AllocatorWindow(
-        time_ns=np.asarray(times, dtype=np.int64)[order] - offset,
-        address=np.asarray(addresses, dtype=np.uint64).astype(np.int64)[order],
-        nbytes=np.asarray(sizes, dtype=np.int64)[order],
-        device=[devices[i] for i in order],
-    )
 
 
 # ----------------------------------------------------------------------------- the merge

@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ckpt_runtime.presets import container_kind, is_compiled_wrapper, runs_sequential_forward
 from ckview.trace.schema import NO_INDEX
@@ -38,7 +37,7 @@ class ModuleRegistry:
             "container": [],
             "sequential_forward": [],
         }
-        self._owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> module row
+        self._owner = ParameterOwners()
         self._saw_wrapper = False
 
     def passes_through(self, module: torch.nn.Module) -> bool:
@@ -78,11 +77,11 @@ class ModuleRegistry:
         return True
 
     def parameters(self) -> list[torch.Tensor]:
-        return list(self._owner.keys())
+        return self._owner.parameters()
 
     def owner(self, parameter: torch.Tensor) -> int:
         """Row of the module that owns ``parameter``, -1 if it is not a known parameter."""
-        return int(self._owner.get(parameter, NO_INDEX))
+        return self._owner.get(parameter)
 
     def display(self, row: int) -> str:
         """``'Root.path.below'``, as the analysis shows it."""
@@ -167,3 +166,39 @@ def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn
     relative = sub_path[len(root_path) + 1 :] if root_path else sub_path
     parent_rel = relative.rpartition(".")[0]
     return root.get_submodule(parent_rel) if parent_rel else root
+
+
+class ParameterOwners:
+    """Parameter -> module row, holding parameters weakly.
+
+    The recorder asks for the owner of every gradient and optimizer state at every step, so a
+    lookup is one dict access by ``id`` and one identity test, where torch's
+    ``WeakIdKeyDictionary`` builds a weak reference per lookup (about 3 µs). An id is reused
+    only after its tensor died, and a dead tensor's entry goes when its weak reference fires.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+
+    def __contains__(self, parameter: torch.Tensor) -> bool:
+        entry = self._by_id.get(id(parameter))
+        return entry is not None and entry[0]() is parameter
+
+    def __setitem__(self, parameter: torch.Tensor, row: int) -> None:
+        key, entries = id(parameter), self._by_id
+
+        def forget(ref: weakref.ref[torch.Tensor]) -> None:
+            if entries.get(key, (None,))[0] is ref:
+                del entries[key]
+
+        entries[key] = (weakref.ref(parameter, forget), row)
+
+    def get(self, parameter: torch.Tensor) -> int:
+        """The owner's row, -1 if ``parameter`` is not known."""
+        entry = self._by_id.get(id(parameter))
+        return entry[1] if entry is not None and entry[0]() is parameter else NO_INDEX
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The known parameters still alive."""
+        alive = (ref() for ref, _ in list(self._by_id.values()))
+        return [p for p in alive if p is not None]

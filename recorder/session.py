@@ -1770,10 +1770,9 @@ class Recorder:
         if category == _PARAMETER and _local(t) is not t:
             category = _SHARDED  # NOTE [ FSDP's storages ]
         self._promote(sid, category)
-        module = self._registry.owner(owner if owner is not None else t)
         at = sid * _ST_WIDTH + _ST_MODULE
-        if module != NO_INDEX and self._st_data[at] == NO_INDEX:
-            self._st_data[at] = module
+        if self._st_data[at] == NO_INDEX:
+            self._st_data[at] = self._registry.owner(owner if owner is not None else t)
 
     def _parameters(self) -> Iterator[torch.Tensor]:
         yield from self._registry.parameters()
