@@ -260,7 +260,7 @@ class PlanPanel(QWidget):
         for name, button in self.presets.items():
             button.clicked.connect(lambda _=False, n=name: self.apply_preset(n))
         self.budget = QLineEdit()
-        self.budget.setPlaceholderText("budget, e.g. 60 MiB, 70% or device")
+        self.budget.setPlaceholderText("budget, e.g. 60 MiB or 70%")
         self.budget.setToolTip(
             "Memory budget for the planner: bytes with a unit (KiB, MiB, GiB), a percentage "
             "of the recorded peak, or 'device' (the capacity of the device the trace was "
