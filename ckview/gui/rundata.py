@@ -192,6 +192,19 @@ class RunData:
         return lines
 
     @property
+    def scope(self) -> str:
+        """What the figures count when the run held storages on several devices: ``'on cuda:0;
+        left out: 12 storages on cpu'`` (NOTE [ One device per timeline ] in
+        ckview/trace/devices.py; ``ckview summary`` says it too); '' when nothing was left out."""
+        left_out: dict[str, int] = self.tables.get("left_out") or {}
+        if not left_out:
+            return ""
+        others = ", ".join(
+            f"{n:,} storage{'' if n == 1 else 's'} on {device}" for device, n in left_out.items()
+        )
+        return f"on {self.tables['timeline_device']}; left out: {others}"
+
+    @property
     def label(self) -> str:
         """``file.h5 · run``."""
         return f"{os.path.basename(self.source)} · {self.name}"
