@@ -3,14 +3,22 @@
     QT_QPA_PLATFORM=offscreen python docs/screenshots.py
 
 Writes docs/images/explorer-*.png from the sample traces (explorer-export.png through File ->
-Export View), and docs/images/snapshot-import.png from the CUDA snapshot fixture when it is
-there. ``--diff-only``: only the Diff view's and the budget answers' images (explorer-diff*.png,
-explorer-budget*.png).
+Export View), the explorer opened on an out-of-memory failure (explorer-oom*.png, from a step
+recorded here that asks for more memory than any machine has; once with the test fakes of
+torch.cuda and pynvml, for the device lines), the two ranks of an FSDP recording side by side
+(ranks.png, recorded here with torchrun: about 15 s; the peaks vary a little from one recording
+to the next, rank 1 with its larger batch most often the higher), and
+docs/images/snapshot-import.png from the CUDA snapshot fixture when it is there.
+``--diff-only``: only the Diff view's and the budget answers' images (explorer-diff*.png,
+explorer-budget*.png); ``--oom-ranks-only``: only explorer-oom*.png and ranks.png.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,8 +68,12 @@ def main() -> int:
         print(f"wrote docs/images/{name}")
 
     OUT.mkdir(parents=True, exist_ok=True)
-    _diff_and_budget_shots(window, save, settle)
+    if "--oom-ranks-only" not in sys.argv[1:]:
+        _diff_and_budget_shots(window, save, settle)
     if "--diff-only" in sys.argv[1:]:
+        return 0
+    _oom_and_ranks_shots(window, save)
+    if "--oom-ranks-only" in sys.argv[1:]:
         return 0
     w = window("transformer_compare.h5")
     w.plan.apply_preset("sqrt")
@@ -150,6 +162,86 @@ def _diff_and_budget_shots(window: Any, save: Any, settle: Any) -> None:
         w.plan.plan_for_budget()
         settle(lambda w=w: w.plan.plan_button.isEnabled())
         save(w.plan, name)
+
+
+def _oom_and_ranks_shots(window: Any, save: Any) -> None:
+    """The explorer opened on an OOM (a CPU one, and one with fake CUDA device samples) and on
+    the two ranks of an FSDP recording, side by side on the Compare tab."""
+    folder = Path(tempfile.mkdtemp())
+    for name, trace in (
+        ("explorer-oom.png", _record_oom(folder / "oom.h5")),
+        ("explorer-oom-fake-device.png", _record_oom(folder / "fake_oom.h5", fake_device=True)),
+    ):
+        w = window(str(trace))  # opens centred on the failure, its live tensors listed
+        w.resize(1300, 800)
+        save(w, name)
+
+    from ckview.trace.ranks import expand_rank_paths
+
+    subprocess.run(
+        [sys.executable, "-m", "ckview", "record", "-o", "fsdp.h5", "--no-progress",
+         "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         str(ROOT / "examples" / "distributed.py"), "--fsdp", "--uneven"],
+        cwd=folder, check=True, capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    w = window(*map(str, expand_rank_paths([folder / "fsdp.h5"])))  # as `ckview view fsdp.h5`
+    w.resize(1400, 900)
+    w.side_action.setChecked(True)
+    w.tabs.setCurrentWidget(w.compare)
+    save(w, "ranks.png")
+
+
+def _record_oom(path: Path, fake_device: bool = False) -> Path:
+    """Record a small step whose module ``Huge`` asks for 4 EiB in the second recorded step
+    (a real allocation failure of the CPU allocator). ``fake_device``: with the test fakes of
+    torch.cuda and pynvml (there may be no GPU), a 20 KiB device scaled to the step."""
+    import torch
+    from torch import nn
+
+    from recorder import Recorder, session
+    from recorder.device import DeviceSampler, Nvml
+
+    class Huge(nn.Module):
+        boom = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.boom:
+                torch.empty(2**62, dtype=torch.uint8)
+            return x * 2
+
+    torch.manual_seed(0)
+    huge = Huge()
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.ReLU(), nn.Sequential(nn.Linear(32, 32), huge), nn.Linear(32, 1)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sampler = session.DeviceSampler
+    if fake_device:
+        sys.path.insert(0, str(ROOT))
+        from tests.fake_cuda import FakeCuda, FakePynvml
+
+        KiB = 1024
+        cuda = FakeCuda(
+            total=20 * KiB, allocated=12 * KiB, reserved=16 * KiB, grow=0, peak_extra=2 * KiB
+        )
+        nvml = FakePynvml(total=20 * KiB, mine=18 * KiB, others=0)
+        session.DeviceSampler = functools.partial(  # type: ignore[assignment,misc]
+            DeviceSampler, cuda=cuda, nvml=lambda: Nvml(nvml, os.getpid())
+        )
+    try:
+        with (
+            contextlib.suppress(RuntimeError),
+            Recorder(path, steps=2, warmup=1, progress=False),
+        ):
+            for step in range(3):
+                huge.boom = step == 2
+                model(torch.randn(8, 16)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        session.DeviceSampler = sampler  # type: ignore[misc]
+    return path
 
 
 def _fixture_snapshot() -> Path | None:

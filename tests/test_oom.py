@@ -181,7 +181,7 @@ def test_plan_for_the_device_on_a_cpu_trace_is_a_clear_error(recorded: tuple[Pat
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("ckview: error: ") and "no device capacity" in line
-    assert "--budget 3GiB" in line and "Traceback" not in proc.stderr
+    assert "give the budget as a size instead" in line and "Traceback" not in proc.stderr
 
 
 def test_the_explorer_opens_on_the_oom(recorded: tuple[Path, Any]) -> None:

@@ -60,31 +60,62 @@ def parse_bytes(text: str) -> int:
     return int(value.to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
+DEVICE_BUDGET = "device"
+"""The budget that means the capacity of the device the trace was recorded on."""
+
+NO_DEVICE_CAPACITY = (
+    "budget 'device': the trace has no device capacity (recorded on the CPU, or by an older "
+    "ckview); give the budget as a size instead, e.g. 3GiB"
+)
+
+
 @dataclass(frozen=True)
 class Budget:
-    """A memory budget: a size, or a share of a run's peak (exactly one is set)."""
+    """A memory budget: a size, or a share of a run's peak (exactly one is set), or the
+    capacity of the recording device (``device``; its size is set by ``on_device``)."""
 
     size: int | None = None
     share: float | None = None
+    device: bool = False
+    """``'device'``: the capacity of the device the trace was recorded on."""
+
+    def on_device(self, total_bytes: int) -> Budget:
+        """This budget for a trace whose device capacity is ``total_bytes`` (its meta
+        ``device_total_bytes``, -1 if unknown): a device budget gets that size, any other is
+        unchanged. Raises ``ValueError`` (``NO_DEVICE_CAPACITY``) for a device budget on a trace
+        that does not know its device's capacity."""
+        if not self.device:
+            return self
+        if total_bytes < 0:
+            raise ValueError(NO_DEVICE_CAPACITY)
+        return Budget(size=total_bytes, device=True)
 
     def bytes(self, peak_bytes: int) -> int:
         """The budget in bytes, for a run whose peak is ``peak_bytes``."""
+        assert not self.device or self.size is not None, "a device budget needs on_device first"
         return self.size if self.size is not None else round(peak_bytes * (self.share or 0.0))
 
     def describe(self, peak_bytes: int, of: str = "the recorded peak") -> str:
         """The budget for people: ``'53.3 MiB (60% of the recorded peak 88.8 MiB)'`` for a
-        share (saying what it is a share of), ``'60.0 MiB'`` for a size."""
+        share (saying what it is a share of), ``'16.0 GiB (the device's capacity)'`` for the
+        device, ``'60.0 MiB'`` for a size."""
         shown = format_bytes(self.bytes(peak_bytes))
+        if self.device:
+            return f"{shown} (the device's capacity)"
         if self.share is None:
             return shown
         return f"{shown} ({self.share * 100:g}% of {of} {format_bytes(peak_bytes)})"
 
 
 def parse_budget(text: str) -> Budget:
-    """``'60%'`` (of a run's peak) or a size with a unit that ``parse_bytes`` reads (``'3GiB'``,
-    ``'512 B'``). Raises ``ValueError`` with a one-line message for anything else, for no memory
-    at all, and for a number without a unit: a bare '60' is far more often meant as 60 MiB or
-    60% than as 60 bytes, so it is refused with both readings as a hint."""
+    """``'60%'`` (of a run's peak), a size with a unit that ``parse_bytes`` reads (``'3GiB'``,
+    ``'512 B'``), or ``'device'`` (any case: the capacity of the device the trace was recorded
+    on, known once ``Budget.on_device`` is given the trace's). Raises ``ValueError`` with a
+    one-line message for anything else, for no memory at all, and for a number without a unit:
+    a bare '60' is far more often meant as 60 MiB or 60% than as 60 bytes, so it is refused
+    with both readings as a hint."""
+    if text.strip().lower() == DEVICE_BUDGET:
+        return Budget(device=True)
     bare = _SIZE.fullmatch(text)
     if bare is not None and not bare.group(2) and float(bare.group(1)) > 0:
         number = bare.group(1)
@@ -103,7 +134,10 @@ def parse_budget(text: str) -> Budget:
     try:
         size = parse_bytes(text)
     except ValueError as exc:
-        raise ValueError(f"budget: {exc}, or a share of the run's peak such as '60%'") from None
+        raise ValueError(
+            f"budget: {exc}, or a share of the run's peak such as '60%', or 'device' (the "
+            "capacity of the device the trace was recorded on)"
+        ) from None
     if size <= 0:
         raise ValueError(f"budget {text!r} is no memory at all; give a positive size, e.g. 3GiB")
     return Budget(size=size)

@@ -66,11 +66,10 @@ def run(args: argparse.Namespace) -> int:
         from ckview.cli.outputs import refuse_inputs
 
         refuse_inputs(args.output, [args.trace])
-    device = args.budget is not None and args.budget.strip().lower() == DEVICE_BUDGET
-    wanted = _parse_budget(args.budget) if args.budget is not None and not device else None
+    wanted = _parse_budget(args.budget) if args.budget is not None else None
     name, tables = _read_run(args.trace, args.run)
-    if device:
-        wanted = _device_budget(args.trace)
+    if wanted is not None:
+        wanted = _on_device(wanted, args.trace)
     from ckview.analysis import Planner
 
     try:
@@ -84,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
     context.times = times_line(tables)
     if wanted is not None:
         context.budget = wanted.describe(planner.baseline_peak)
-        if device:
-            context.budget += " (the device's capacity)"
     if args.json:
         json.dump(_document(context, result, front), sys.stdout, indent=2)
         print()
@@ -137,23 +134,19 @@ def _parse_budget(text: str) -> Budget:
         raise CLIError(str(exc)) from None
 
 
-DEVICE_BUDGET = "device"
-"""``--budget device``: the trace's ``device_total_bytes``."""
-
-
-def _device_budget(path: Path) -> Budget:
-    """The capacity of the device the trace was recorded on (CLIError if it has none)."""
-    from ckview.analysis import Budget
+def _on_device(wanted: Budget, path: Path) -> Budget:
+    """``wanted`` for the trace at ``path``: ``--budget device`` becomes the capacity of the
+    device it was recorded on (CLIError if it has none)."""
+    if not wanted.device:
+        return wanted
     from ckview.trace import open_trace
 
     with open_trace(path) as trace:
         total = trace.meta.device_total_bytes
-    if total < 0:
-        raise CLIError(
-            f"{path} has no device capacity (recorded on the CPU, or by an older ckview); "
-            "give the budget as a size instead, e.g. --budget 3GiB"
-        )
-    return Budget(size=total)
+    try:
+        return wanted.on_device(total)
+    except ValueError as exc:
+        raise CLIError(f"{path}: {exc}") from None
 
 
 def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:

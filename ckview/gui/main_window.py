@@ -111,6 +111,15 @@ class MainWindow(QMainWindow):
         self.run_box.setMinimumContentsLength(28)
         self.run_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.run_box.currentIndexChanged.connect(self._on_run_chosen)
+        self.run_scope = QLabel()
+        self.run_scope.setContentsMargins(8, 0, 8, 0)
+        """Beside the run box, for a run on several devices: which one the figures are on and
+        what was left out (``RunData.scope``); hidden otherwise."""
+        self.run_scope.setToolTip(
+            "A run with storages on several devices is shown on its main device (the GPU "
+            "holding the most): the timeline, peak and plans count that device's memory only, "
+            "as ckview summary does"
+        )
         self.status_run = QLabel()
         self.status_point = QLabel()
         self._status().addPermanentWidget(self.status_point, stretch=1)
@@ -234,6 +243,7 @@ class MainWindow(QMainWindow):
         self.addToolBar(bar)
         bar.addWidget(QLabel(" Run: "))
         bar.addWidget(self.run_box)
+        self.run_scope_action = bar.addWidget(self.run_scope)
         bar.addSeparator()
         bar.addAction(self.peak_action)
         bar.addAction(self.axis_action)
@@ -369,6 +379,7 @@ class MainWindow(QMainWindow):
             self.timeline.clear()
             self.compare.set_runs([])
             self.status_run.setText("")
+            self._show_scope("")
             self.setWindowTitle("ckview")
             return
         self.setWindowTitle(f"{run.label} — ckview")
@@ -382,7 +393,15 @@ class MainWindow(QMainWindow):
                 None, "This run has no modules (a memory snapshot): nothing to plan."
             )
         self.status_run.setText(f"{run.label} · {run.n_events:,} events · {_peak_text(run)}")
+        self._show_scope(run.scope)
         self._refresh_compare()
+
+    def _show_scope(self, scope: str) -> None:
+        """Show the run's device scope beside the run box, or hide the label if it has none."""
+        self.run_scope.setText(scope)
+        action = self.run_scope_action
+        assert action is not None
+        action.setVisible(bool(scope))
 
     def _update_enabled(self) -> None:
         has = self.current_run() is not None

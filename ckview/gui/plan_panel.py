@@ -262,8 +262,9 @@ class PlanPanel(QWidget):
         self.budget = QLineEdit()
         self.budget.setPlaceholderText("budget, e.g. 60 MiB or 70%")
         self.budget.setToolTip(
-            "Memory budget for the planner: bytes with a unit (KiB, MiB, GiB) or a percentage "
-            "of the recorded peak. Enter finds the plan with the least extra compute that fits."
+            "Memory budget for the planner: bytes with a unit (KiB, MiB, GiB), a percentage "
+            "of the recorded peak, or 'device' (the capacity of the device the trace was "
+            "recorded on). Enter finds the plan with the least extra compute that fits."
         )
         self.budget.returnPressed.connect(self.plan_for_budget)
         self.plan_button = self._button("Best plan", "Find the cheapest plan for the budget")
@@ -394,6 +395,11 @@ class PlanPanel(QWidget):
             wanted = parse_budget(text)
         except ValueError as exc:
             self.error.emit(f"budget {text!r}: {exc}")
+            return
+        try:
+            wanted = wanted.on_device(session.run.device_total_bytes)
+        except ValueError as exc:  # 'device' on a trace that does not know its capacity
+            self._answer(str(exc), unmet=True)
             return
         budget = wanted.bytes(session.run.peak.bytes)
         self._budget_shown = wanted.describe(session.run.peak.bytes)

@@ -163,6 +163,9 @@ class RunData:
     """The allocation failure the run ended in, None if it did not."""
     device: DeviceState | None = None
     """The run's main CUDA device (allocator and NVML figures), None on a CPU run."""
+    device_total_bytes: int = -1
+    """The trace's meta ``device_total_bytes``: the capacity of the device it was recorded on,
+    -1 if unknown (the budget ``'device'`` plans for it, as ``ckview plan --budget device``)."""
     _stacked: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -187,6 +190,19 @@ class RunData:
         if d.total >= 0:
             lines.insert(0, (f"device {d.device} {format_bytes(d.total)}", d.total))
         return lines
+
+    @property
+    def scope(self) -> str:
+        """What the figures count when the run held storages on several devices: ``'on cuda:0;
+        left out: 12 storages on cpu'`` (NOTE [ One device per timeline ] in
+        ckview/trace/devices.py; ``ckview summary`` says it too); '' when nothing was left out."""
+        left_out: dict[str, int] = self.tables.get("left_out") or {}
+        if not left_out:
+            return ""
+        others = ", ".join(
+            f"{n:,} storage{'' if n == 1 else 's'} on {device}" for device, n in left_out.items()
+        )
+        return f"on {self.tables['timeline_device']}; left out: {others}"
 
     @property
     def label(self) -> str:
@@ -357,7 +373,8 @@ def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -
                 tables["device_samples"], tables["strings"], trace.meta.device_total_bytes
             )
             device = states[0] if states else None
-            runs.append(run_data(path, name, tables, Oom.of_run(trace.run(name)), device))
+            oom = Oom.of_run(trace.run(name))
+            runs.append(run_data(path, name, tables, oom, device, trace.meta.device_total_bytes))
     report(1.0, "done")
     return TraceData(path=path, meta=meta, runs=runs)
 
@@ -368,9 +385,10 @@ def run_data(
     tables: dict[str, Any],
     oom: Oom | None = None,
     device: DeviceState | None = None,
+    device_total_bytes: int = -1,
 ) -> RunData:
     """A ``RunData`` from a run's tables (what ``load_trace`` reads for each run), with its
-    OOM and main CUDA device if it has them."""
+    OOM and main CUDA device if it has them, and its trace's device capacity if known."""
     timeline = memory_timeline(tables["storages"], tables["memory_events"])
     ops = tables["ops"]
     t0 = int(timeline.time_ns[0])
@@ -387,6 +405,7 @@ def run_data(
         paths=module_paths(tables["modules"], tables["strings"]),
         oom=oom,
         device=device,
+        device_total_bytes=device_total_bytes,
     )
 
 
