@@ -2,7 +2,9 @@
 
 For a compute-bound step (6 TransformerEncoder layers, d=256, seq 128, batch 8) and a small-op
 step (40 x Linear 64->64 + GELU) it times the same training step unrecorded, under a dispatch
-mode that does nothing (the floor of any op-hook recorder), under ``ckview``'s recorder, under
+mode that does nothing (the floor of any op-hook recorder), with the allocator's events taken in
+a window per step and nothing else (the floor of any recorder that keeps each completed step's
+allocator events on disk, as ckview's journal does), under ``ckview``'s recorder, under
 ``torch.profiler.profile(profile_memory=True)`` (the allocator's events alone) and under
 ``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``,
 interleaving them in rounds so machine noise hits all alike. "step" is the median step time,
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trace_write import measure_write
 
 from recorder import Recorder
+from recorder.allocations import AllocatorEvents
 
 Step = Callable[[], None]
 
@@ -126,6 +129,23 @@ def recorded_with_stacks(step: Step, n: int) -> Timing:
         )
 
 
+def windows_alone(step: Step, n: int) -> Timing:
+    """The allocator's events in a window per step, and nothing else: the recorder's profiler
+    window started before each step and stopped, its events read, after it. What any recorder
+    pays that keeps each completed step's allocator events safe from a kill (ckview's journal
+    does), before it records a single op."""
+    events = AllocatorEvents()
+    times = []
+    t = time.perf_counter()
+    for _ in range(n):
+        began = time.perf_counter()
+        events.start()
+        step()
+        events.stop()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times), (time.perf_counter() - t) / n
+
+
 def profiled_memory(step: Step, n: int) -> Timing:
     return _timed(
         step,
@@ -155,6 +175,7 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
     runs = {
         "plain": plain,
         "empty mode": empty_mode,
+        "windows": windows_alone,
         "ckview": recorded,
         "ckview --stacks": recorded_with_stacks,
         "profiler memory": profiled_memory,
@@ -169,7 +190,8 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
         base = median["plain"]
         print(
             f"{name:<14} {label:<15} plain {base * 1e3:7.2f} ms | empty dispatch mode "
-            f"{median['empty mode'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x "
+            f"{median['empty mode'] / base:5.2f}x | allocator window per step "
+            f"{median['windows'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x "
             f"(--stacks {median['ckview --stacks'] / base:5.2f}x) | "
             f"profiler (memory) {median['profiler memory'] / base:5.2f}x | "
             f"profiler (memory, shapes, stacks) {median['profiler'] / base:5.2f}x"
