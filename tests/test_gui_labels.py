@@ -72,10 +72,24 @@ def _scene_x(timeline: TimelineView, x: float) -> float:
     return float(vb.mapViewToScene(QPointF(x, 0.0)).x())
 
 
-def _meet_at_the_peak(w: MainWindow) -> tuple[float, float]:
+def _laid_out(qtbot: QtBot, w: MainWindow) -> None:
+    """Wait until the main plot's width holds (the legend and the axes settle after a trace
+    opens): a zoom set in pixels before then shifts as the plot narrows."""
+    vb = w.timeline.main.getPlotItem().getViewBox()
+    widths = [-1.0]
+
+    def steady() -> bool:
+        widths.append(vb.width())
+        return widths[-1] == widths[-2] and w.timeline.legend.width() > 0
+
+    qtbot.waitUntil(steady, timeout=5000)
+
+
+def _meet_at_the_peak(qtbot: QtBot, w: MainWindow) -> tuple[float, float]:
     """Zoom out around the recorded peak (in backward) until the nearest recompute mark is 10
     pixels from it: its label and the backward band's name fall on the peak label. Returns the
     peak's x and the mark's."""
+    _laid_out(qtbot, w)
     timeline = w.timeline
     run = w.runs()[0]
     peak_x = float(run.x(timeline.axis)[run.peak.point])
@@ -95,7 +109,7 @@ def test_labels_that_meet_the_peak_label_hide_and_it_shows(
     window.resize(1200, 800)
     _open(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
     timeline = window.timeline
-    peak_x, mark_x = _meet_at_the_peak(window)
+    peak_x, mark_x = _meet_at_the_peak(qtbot, window)
     backward = next(b for b in timeline._band_labels if b.names[0][0] == "backward 0")
     peak_at = _scene_x(timeline, peak_x)
     assert abs(_scene_x(timeline, mark_x) - peak_at) < 12  # the premise: they would meet
@@ -163,7 +177,7 @@ def test_marks_without_labels_place_nothing(
     monkeypatch.setattr(timeline_module, "MAX_MARK_LABELS", 2)
     _open(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
     timeline = window.timeline
-    _meet_at_the_peak(window)
+    _meet_at_the_peak(qtbot, window)
     assert len(timeline._marks) == 4
     assert not any(hasattr(line, "label") for line in timeline._marks.values())
     boxes = _drawn(qtbot, window)
@@ -177,7 +191,7 @@ def test_arithmetic_boxes_are_the_drawn_ones(qtbot: QtBot, window: MainWindow) -
     window.resize(1200, 800)
     _open(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
     timeline = window.timeline
-    _meet_at_the_peak(window)
+    _meet_at_the_peak(qtbot, window)
     timeline.zoom(0.5)
     drawn = _drawn(qtbot, window)
     shown = {id(item): name for name, item in _labels(timeline).items() if name in drawn}

@@ -119,10 +119,23 @@ class _LabelGeometry:
     vb: pg.ViewBox
     area: QRectF
     """The view box in scene pixels."""
+    origin: QPointF
+    """View point (0, 0) in scene pixels."""
+    scale: QPointF
+    """Scene pixels per view unit along x and y (negative along y: up is smaller)."""
+
+    @classmethod
+    def of(cls, vb: pg.ViewBox) -> _LabelGeometry:
+        """The view box's mapping as of now: two points mapped by Qt, the rest arithmetic
+        (the view is scaled and moved, never turned)."""
+        origin = vb.mapViewToScene(QPointF(0.0, 0.0))
+        return cls(
+            vb, vb.sceneBoundingRect(), origin, vb.mapViewToScene(QPointF(1.0, 1.0)) - origin
+        )
 
     def at(self, x: float, y: float) -> QPointF:
         """A view point in scene pixels."""
-        return self.vb.mapViewToScene(QPointF(x, y))
+        return QPointF(self.origin.x() + x * self.scale.x(), self.origin.y() + y * self.scale.y())
 
     @staticmethod
     def box(at: QPointF, label: pg.TextItem, anchor: tuple[float, float]) -> QRectF:
@@ -481,8 +494,7 @@ class TimelineView(QWidget):
     def _place_labels(self) -> None:
         """Show and place the labels at the top of the main plot, the peak labels first, so
         that no two shown meet (NOTE [ Labels never overlap ])."""
-        vb = self.main.getPlotItem().getViewBox()
-        geometry = _LabelGeometry(vb, vb.sceneBoundingRect())
+        geometry = _LabelGeometry.of(self.main.getPlotItem().getViewBox())
         placed = self._place_value_labels(geometry)
         taken = [box for _, box in placed]
         marks = self._place_mark_labels(geometry, taken)
@@ -496,6 +508,7 @@ class TimelineView(QWidget):
         their dot out of view (a label cut by the edge reads as another value)."""
         projected = self._plan_decor[1] if len(self._plan_decor) > 1 else None
         area = geometry.area
+        inner = area.adjusted(1.0, 1.0, -1.0, -1.0)
         placed: list[tuple[pg.TextItem, QRectF]] = []
         for label, sides in ((self._peak_label, PEAK_SIDES), (projected, PROJECTED_SIDES)):
             if not isinstance(label, pg.TextItem):
@@ -504,15 +517,17 @@ class TimelineView(QWidget):
             if not _show(label, area.left() <= at.x() <= area.right()):
                 continue
             width = max(label.textItem.boundingRect().width(), 1.0)
-            across = min(
-                max(0.5, 1 - (area.right() - at.x()) / width), (at.x() - area.left()) / width
-            )
+            # Centred where it fits; else the least shift that keeps it a pixel inside (flush
+            # with the edge, rounding can put the drawn box a hair across it).
+            ends_inside = 1 - (inner.right() - at.x()) / width
+            starts_inside = (at.x() - inner.left()) / width
+            across = min(max(min(max(0.5, ends_inside), starts_inside), 0.0), 1.0)
             boxes = [(side, geometry.box(at, label, (across, side))) for side in sides]
             fits = [
                 (side, box)
                 for side, box in boxes
-                if area.top() <= box.top()
-                and box.bottom() <= area.bottom()
+                if inner.top() <= box.top()
+                and box.bottom() <= inner.bottom()
                 and geometry.free(box, [b for _, b in placed])
             ]
             side, box = (fits or boxes)[0]
