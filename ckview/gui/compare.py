@@ -6,9 +6,11 @@ The projected curve of the plan being built joins the overlay as one more (dashe
 
 from __future__ import annotations
 
+import html
+
 import pyqtgraph as pg
-from PyQt6.QtCore import Qt
-from PyQt6.QtGui import QBrush
+from PyQt6.QtCore import QSize, Qt
+from PyQt6.QtGui import QBrush, QFont, QFontMetricsF, QResizeEvent, QTextDocument, QTextOption
 from PyQt6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from ckview.analysis import format_bytes
@@ -65,6 +67,101 @@ def _rank_imbalance(runs: list[RunData]) -> list[str]:
     return rows
 
 
+SEPARATOR = " &nbsp;·&nbsp; "
+"""Between two entries of a line of the Compare tab's header."""
+
+
+class EntriesLabel(QLabel):
+    """A header of entries (rich text: a run's peak, the plan's, the ranks' imbalance) that is
+    never cut at the right edge: as many whole entries to a line as fit the width, separated by
+    dots, so that no entry is split over two lines where it fits on one; an entry wider than a
+    line wraps at its own spaces, and one that cannot (a word wider than the label: a long file
+    name in a narrow window) is elided, the whole header then in the tooltip. Laid out again
+    whenever the width changes; asks for no width of its own."""
+
+    MARGIN = 4.0
+    """Pixels kept free at the right of a line: a measure rounds, a paint may not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setTextFormat(Qt.TextFormat.RichText)
+        self.setWordWrap(True)  # the entries' own spaces, where one is wider than a line
+        self.entries: list[str] = []
+
+    def set_entries(self, entries: list[str]) -> None:
+        """Show ``entries`` (rich text each)."""
+        self.entries = entries
+        self._lay_out()
+
+    def minimumSizeHint(self) -> QSize:
+        """As narrow as the layout likes: the entries are laid out again for the width given
+        (a long word, taken as the least width, would push the window wider than the screen)."""
+        return QSize(0, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event: QResizeEvent | None) -> None:
+        super().resizeEvent(event)
+        self._lay_out()
+
+    def _lay_out(self) -> None:
+        width = self.contentsRect().width() - self.MARGIN
+        if width <= 0:  # not laid out yet: one paragraph, wrapped by Qt
+            lines, elided = [SEPARATOR.join(self.entries)], False
+        else:
+            lines, elided = _lines(self.entries, width, self.font())
+        text = "<br>".join(lines)
+        if self.text() != text:  # a new text changes the height, and resizes the label again
+            self.setText(text)
+        tip = SEPARATOR.join(self.entries) if elided else ""
+        if self.toolTip() != tip:
+            self.setToolTip(tip)
+
+
+def _lines(entries: list[str], width: float, font: QFont) -> tuple[list[str], bool]:
+    """``entries`` packed whole into lines of ``width`` pixels (an entry alone on its line when
+    it is wider), and whether one was elided (no space to wrap it at)."""
+    lines: list[list[str]] = []
+    used = width + 1.0  # a new line for the first entry
+    gap = _text_width(SEPARATOR, font)
+    elided = False
+    for entry in entries:
+        size = _text_width(entry, font)
+        if size > width and _text_width(entry, font, wrap=width) > width:
+            entry, elided = _elide(entry, width, font), True
+            size = width
+        if lines and used + gap + size <= width:
+            lines[-1].append(entry)
+            used += gap + size
+        else:
+            lines.append([entry])
+            used = size
+    return [SEPARATOR.join(line) for line in lines], elided
+
+
+def _text_width(rich: str, font: QFont, wrap: float = -1.0) -> float:
+    """The width in pixels of rich text in ``font``: of its widest line when wrapped at
+    ``wrap`` pixels (a word wider than that overflows), else on one line."""
+    doc = QTextDocument()
+    doc.setDefaultFont(font)
+    doc.setDocumentMargin(0)
+    option = doc.defaultTextOption()
+    option.setWrapMode(QTextOption.WrapMode.WordWrap)  # as a QLabel wraps: never in a word
+    doc.setDefaultTextOption(option)
+    doc.setHtml(rich)
+    doc.setTextWidth(wrap)
+    return doc.idealWidth()
+
+
+def _elide(rich: str, width: float, font: QFont) -> str:
+    """``rich`` as plain text ending in … where it passes ``width`` pixels (measured in bold:
+    part of it may be)."""
+    doc = QTextDocument()
+    doc.setHtml(rich)
+    bold = QFont(font)
+    bold.setBold(True)
+    short = QFontMetricsF(bold).elidedText(doc.toPlainText(), Qt.TextElideMode.ElideRight, width)
+    return html.escape(short)
+
+
 class CompareView(QWidget):
     """Overlay (``side_by_side=False``) or one stacked plot per run with a shared x range."""
 
@@ -75,9 +172,7 @@ class CompareView(QWidget):
         self.outcome: tuple[PlanOutcome, RunData] | None = None
         self.axis = Axis.TIME
         self.side_by_side = False
-        self.summary = QLabel()
-        self.summary.setTextFormat(Qt.TextFormat.RichText)
-        self.summary.setWordWrap(True)
+        self.summary = EntriesLabel()
         self.plots = pg.GraphicsLayoutWidget()
         self._curves: list[tuple[pg.PlotItem, EnvelopeCurves]] = []
         layout = QVBoxLayout(self)
@@ -109,16 +204,17 @@ class CompareView(QWidget):
         self._curves = []
         self.plots.setBackground(self.theme.background)
         if not self.runs:
-            self.summary.setText("Open traces to compare their runs.")
+            self.summary.set_entries(["Open traces to compare their runs."])
             return
-        self.summary.setText(self._summary_html())
+        self.summary.set_entries(self._summary_entries())
         if self.side_by_side:
             self._build_panels()
         else:
             self._build_overlay()
         self._redraw()
 
-    def _summary_html(self) -> str:
+    def _summary_entries(self) -> list[str]:
+        """The header's entries: each run's peak and its change, the plan's, the ranks'."""
         ref = self.runs[0]
         rows = [
             f"<span style='color:{RUN_COLORS[i % len(RUN_COLORS)]}'>■</span> {run.label}: "
@@ -133,7 +229,7 @@ class CompareView(QWidget):
                 f"<b>{format_bytes(plan.peak_bytes)}</b> "
                 f"{change:+.1%} vs {_short_label(ref, over)}".replace("-", "−")
             )
-        return " &nbsp;·&nbsp; ".join(rows + _rank_imbalance(self.runs))
+        return rows + _rank_imbalance(self.runs)
 
     def _new_plot(self, row: int, title: str | None = None) -> pg.PlotItem:
         plot = self.plots.addPlot(row=row, col=0, axisItems={"left": BytesAxis("left")})

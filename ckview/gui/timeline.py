@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyqtgraph as pg
-from PyQt6.QtCore import QPointF, Qt, pyqtSignal
+from PyQt6.QtCore import QPointF, QRectF, Qt, pyqtSignal
 from PyQt6.QtGui import QBrush, QFont
 from PyQt6.QtWidgets import QGridLayout, QLabel, QStackedLayout, QWidget
 
@@ -37,6 +37,44 @@ from ckview.trace.schema import Category
 
 MAX_MARK_LABELS = 24
 """Recompute marks beyond this many are drawn without labels (they would overlap)."""
+
+# NOTE [ Labels never overlap ]
+# The main plot writes three kinds of label near its top: the peak labels (the recorded peak's,
+# boxed above its dot, and the projected peak's, boxed below its dot), the recompute marks'
+# labels (running down their line from just under the top) and the phase bands' names (at the
+# top left of each band's visible part). On a checkpointed run the peak usually falls in
+# backward, where the recomputes are: one label drawn over another makes both unreadable, and
+# the peak is the number users came for. So, in this order (``_place_labels``):
+#   1. The peak labels always show while their dot is in view, the recorded one first, then
+#      the projected one; each slides along x to stay wholly inside the plot, and goes to the
+#      other side of its dot where it would leave the plot at the top or bottom, or cover the
+#      peak label placed before it.
+#   2. A recompute label shows only where its box meets no peak label shown and not the
+#      recompute label shown before it (left to right).
+#   3. A phase name shows only where its box meets none of those, fits in its band and starts
+#      after the previous name; the shorter name (``backward`` for ``backward 0``) is tried too.
+# Recompute labels win over phase names: a phase is still told by its band's tint and its name
+# shows again once zoomed in or panned, but a recompute label names one event at one moment and
+# nothing else on the plot names it. A hidden label's line, band and tooltip stay.
+# Boxes are scene pixels computed from the view range and each text's size, a few dozen
+# rectangles at most (``_LabelGeometry``): the items' own transforms follow a range change only
+# when painted, and a scene-wide query per frame would cost what the envelope saves. They are
+# placed again on every x range change, resize, y fit and plan toggle (``_redraw``,
+# ``_fit_y``); tests/test_gui_labels.py checks the rule from the boxes Qt paints.
+
+LABEL_GAP = 2.0
+"""Pixels kept free between two labels shown (NOTE [ Labels never overlap ]): closer, their
+boxes read as one."""
+
+MARK_LABEL_AT = 0.94
+"""Where a recompute label's end sits along its line, from the bottom of the view (0) to the
+top (1): just under the top, the label running down the line."""
+
+PEAK_SIDES = (1.25, -0.25)
+"""The recorded peak label's vertical anchors: above its dot, else below it."""
+
+PROJECTED_SIDES = (-0.3, 1.3)
+"""The projected peak label's vertical anchors: below its dot, else above it."""
 
 NO_TRACE_HTML = (
     "<h3>No trace open</h3>"
@@ -69,6 +107,48 @@ class _BandLabel:
     names: list[tuple[str, float]]
     """The names to try, longest first (``optimizer 0``, ``optimizer``), with their widths in
     pixels."""
+    height: float
+    """The names' height in pixels."""
+
+
+@dataclass
+class _LabelGeometry:
+    """The main plot's view mapped to scene pixels, as of now (NOTE [ Labels never overlap ]):
+    where a label's box falls, by arithmetic, and whether it is free of the boxes taken."""
+
+    vb: pg.ViewBox
+    area: QRectF
+    """The view box in scene pixels."""
+    origin: QPointF
+    """View point (0, 0) in scene pixels."""
+    scale: QPointF
+    """Scene pixels per view unit along x and y (negative along y: up is smaller)."""
+
+    @classmethod
+    def of(cls, vb: pg.ViewBox) -> _LabelGeometry:
+        """The view box's mapping as of now: two points mapped by Qt, the rest arithmetic
+        (the view is scaled and moved, never turned)."""
+        origin = vb.mapViewToScene(QPointF(0.0, 0.0))
+        return cls(
+            vb, vb.sceneBoundingRect(), origin, vb.mapViewToScene(QPointF(1.0, 1.0)) - origin
+        )
+
+    def at(self, x: float, y: float) -> QPointF:
+        """A view point in scene pixels."""
+        return QPointF(self.origin.x() + x * self.scale.x(), self.origin.y() + y * self.scale.y())
+
+    @staticmethod
+    def box(at: QPointF, label: pg.TextItem, anchor: tuple[float, float]) -> QRectF:
+        """The box of an upright ``label`` anchored at scene point ``at``."""
+        size = label.textItem.boundingRect().size()
+        w, h = size.width(), size.height()
+        return QRectF(at.x() - anchor[0] * w, at.y() - anchor[1] * h, w, h)
+
+    @staticmethod
+    def free(box: QRectF, taken: list[QRectF]) -> bool:
+        """True when ``box``, with ``LABEL_GAP`` around it, meets none of ``taken``."""
+        grown = box.adjusted(-LABEL_GAP, -LABEL_GAP, LABEL_GAP, LABEL_GAP)
+        return not any(grown.intersects(other) for other in taken)
 
 
 class TimelineView(QWidget):
@@ -94,6 +174,9 @@ class TimelineView(QWidget):
         """The categories drawn, bottom layer first."""
         self._plan_decor: list[pg.GraphicsObject] = []
         self._peak_label: pg.TextItem | None = None
+        self._placed: list[tuple[pg.TextItem, QRectF]] = []
+        """The labels shown and their boxes in scene pixels, as last placed (NOTE [ Labels
+        never overlap ])."""
         self._marks: dict[tuple[float, str | None, str], pg.InfiniteLine] = {}
         """Recompute marks drawn, by (x, label, tooltip): kept from one outcome to the next."""
 
@@ -365,6 +448,7 @@ class TimelineView(QWidget):
             self.main.removeItem(item)
         self._decor = []
         self._peak_label = None
+        self._placed = []
         self._clear_plan_decor()
         self._keep_marks({})
 
@@ -401,58 +485,115 @@ class TimelineView(QWidget):
         names = []
         for text in dict.fromkeys((span.label, span.kind.name.lower())):
             label.setText(text)
-            names.append((text, label.boundingRect().width() + 2))  # text and margins, in px
+            names.append((text, label.boundingRect().width()))  # text and margins, in px
         x0, x1 = span.x_range(self.axis)
-        self._band_labels.append(_BandLabel(label, x0, x1, names))
+        height = label.textItem.boundingRect().height()
+        self._band_labels.append(_BandLabel(label, x0, x1, names, height))
         self._add_decor(label)
 
-    def _place_band_labels(self) -> None:
-        """Show each band's name at the left of the band's visible part, where it fits in it:
-        names never run into the next band (a checkpointed run's recompute bands are narrow),
-        and zooming in reveals them."""
-        vb = self.main.getPlotItem().getViewBox()
+    def _place_labels(self) -> None:
+        """Show and place the labels at the top of the main plot, the peak labels first, so
+        that no two shown meet (NOTE [ Labels never overlap ])."""
+        geometry = _LabelGeometry.of(self.main.getPlotItem().getViewBox())
+        placed = self._place_value_labels(geometry)
+        taken = [box for _, box in placed]
+        marks = self._place_mark_labels(geometry, taken)
+        taken += [box for _, box in marks]
+        self._placed = placed + marks + self._place_band_labels(geometry, taken)
+
+    def _place_value_labels(self, geometry: _LabelGeometry) -> list[tuple[pg.TextItem, QRectF]]:
+        """Keep the peak labels wholly inside the plot: centred over their dot, slid along x
+        near the plot's sides (ending at the dot at the very edge), on their other side of the
+        dot where the first would leave the plot or cover the label placed before; hidden with
+        their dot out of view (a label cut by the edge reads as another value)."""
+        projected = self._plan_decor[1] if len(self._plan_decor) > 1 else None
+        area = geometry.area
+        inner = area.adjusted(1.0, 1.0, -1.0, -1.0)
+        placed: list[tuple[pg.TextItem, QRectF]] = []
+        for label, sides in ((self._peak_label, PEAK_SIDES), (projected, PROJECTED_SIDES)):
+            if not isinstance(label, pg.TextItem):
+                continue
+            at = geometry.at(label.pos().x(), label.pos().y())
+            if not _show(label, area.left() <= at.x() <= area.right()):
+                continue
+            width = max(label.textItem.boundingRect().width(), 1.0)
+            # Centred where it fits; else the least shift that keeps it a pixel inside (flush
+            # with the edge, rounding can put the drawn box a hair across it).
+            ends_inside = 1 - (inner.right() - at.x()) / width
+            starts_inside = (at.x() - inner.left()) / width
+            across = min(max(min(max(0.5, ends_inside), starts_inside), 0.0), 1.0)
+            boxes = [(side, geometry.box(at, label, (across, side))) for side in sides]
+            fits = [
+                (side, box)
+                for side, box in boxes
+                if inner.top() <= box.top()
+                and box.bottom() <= inner.bottom()
+                and geometry.free(box, [b for _, b in placed])
+            ]
+            side, box = (fits or boxes)[0]
+            if (label.anchor.x(), label.anchor.y()) != (across, side):
+                label.setAnchor((across, side))
+            placed.append((label, box))
+        return placed
+
+    def _place_mark_labels(
+        self, geometry: _LabelGeometry, taken: list[QRectF]
+    ) -> list[tuple[pg.TextItem, QRectF]]:
+        """Show a recompute mark's label only where its line is in view and the label meets no
+        box in ``taken`` (the peak labels) and not the previous label shown (marks a few pixels
+        apart at this zoom: the tooltip still names each)."""
+        # A line made without a label (more marks than MAX_MARK_LABELS) has no ``label``.
+        lines = [line for line in self._marks.values() if getattr(line, "label", None)]
+        if not lines:
+            return []
+        (_, _), (bottom, top) = geometry.vb.viewRange()
+        y = bottom + MARK_LABEL_AT * (top - bottom)
+        shown: list[tuple[pg.TextItem, QRectF]] = []
+        for line in sorted(lines, key=lambda line: line.value()):
+            label = line.label
+            at = geometry.at(line.value(), y)
+            size = label.textItem.boundingRect().size()
+            # Turned a quarter (read upwards), the text's end at ``at`` and its top against
+            # the line: the box runs down from ``at``, right of the line, as wide as the text
+            # is tall.
+            box = QRectF(at.x(), at.y(), size.height(), size.width())
+            # The labels start at one height and are as wide: the last one shown is the
+            # nearest on the left. A line out of view keeps no label (cut by the edge).
+            in_view = geometry.area.left() <= at.x() <= geometry.area.right()
+            if _show(label, in_view and geometry.free(box, taken + [b for _, b in shown[-1:]])):
+                shown.append((label, box))
+        return shown
+
+    def _place_band_labels(
+        self, geometry: _LabelGeometry, taken: list[QRectF]
+    ) -> list[tuple[pg.TextItem, QRectF]]:
+        """Show each band's name at the left of the band's visible part, where it fits in it
+        and meets no box in ``taken`` (the peak and recompute labels): names never run into
+        the next band (a checkpointed run's recompute bands are narrow), and zooming in
+        reveals them."""
+        vb = geometry.vb
         (v0, v1), (_, top) = vb.viewRange()
         per_px = (v1 - v0) / max(vb.width(), 1.0)
         free_from = v0  # bands can overlap in time (a backward op around a recompute)
+        shown: list[tuple[pg.TextItem, QRectF]] = []
         for band in sorted(self._band_labels, key=lambda b: max(b.x0, v0)):
             left, right = max(band.x0, v0, free_from), min(band.x1, v1)
-            fits = [(t, w) for t, w in band.names if right - left >= w * per_px]
+            at = geometry.at(left, top)
+            fits = [
+                (text, width, box)
+                for text, width in band.names
+                if right - left >= (width + LABEL_GAP) * per_px
+                and geometry.free(box := QRectF(at.x(), at.y(), width, band.height), taken)
+            ]
             if _show(band.item, bool(fits)):
-                text, width = fits[0]
+                text, width, box = fits[0]
                 if band.item.textItem.toPlainText() != text:
                     band.item.setText(text)
                 if band.item.pos() != QPointF(left, top):
                     band.item.setPos(left, top)
-                free_from = left + width * per_px
-
-    def _place_value_labels(self) -> None:
-        """Keep the peak labels inside the plot: centred over their dot, but ending at it near
-        the right edge of the view and starting at it near the left edge; hidden with their
-        dot out of view (a label cut by the edge reads as another value)."""
-        labels = [self._peak_label, *self._plan_decor[1:]]
-        (v0, v1), _ = self.main.getPlotItem().getViewBox().viewRange()
-        for label in labels:
-            if isinstance(label, pg.TextItem):
-                share = (label.pos().x() - v0) / max(v1 - v0, 1e-12)
-                if not _show(label, 0.0 <= share <= 1.0):
-                    continue
-                across = 1.0 if share > 0.85 else 0.0 if share < 0.15 else 0.5
-                if label.anchor.x() != across:
-                    label.setAnchor((across, label.anchor.y()))
-
-    def _thin_mark_labels(self) -> None:
-        """Show a recompute mark's label only where it does not cover the previous one shown
-        (marks a few pixels apart at this zoom: the tooltip still names each)."""
-        (v0, v1), _ = self.main.getPlotItem().getViewBox().viewRange()
-        per_px = (v1 - v0) / max(self.main.getPlotItem().getViewBox().width(), 1.0)
-        last = -np.inf
-        for line in sorted(self._marks.values(), key=lambda line: line.value()):
-            label = getattr(line, "label", None)
-            if label is None:
-                continue
-            across = label.boundingRect().height() * per_px  # the text runs down the line
-            if _show(label, line.value() - last >= across):
-                last = line.value()
+                free_from = left + (width + LABEL_GAP) * per_px
+                shown.append((band.item, box))
+        return shown
 
     def _draw_peak(self, run: RunData) -> None:
         x = float(run.x(self.axis)[run.peak.point])
@@ -463,7 +604,7 @@ class TimelineView(QWidget):
         label = pg.TextItem(
             f"peak {format_bytes(run.peak.bytes)}",
             color=self.theme.peak_text,
-            anchor=(0.5, 1.25),
+            anchor=(0.5, PEAK_SIDES[0]),
             fill=pg.mkBrush(color(self.theme.label_fill)),
             border=pg.mkPen(PEAK_COLOR),
         )
@@ -547,7 +688,7 @@ class TimelineView(QWidget):
             label = pg.TextItem(
                 text,
                 color=self.theme.projection_text,
-                anchor=(0.5, -0.3),
+                anchor=(0.5, PROJECTED_SIDES[0]),
                 fill=pg.mkBrush(color(self.theme.label_fill)),
                 border=pg.mkPen(PROJECTION_COLOR),
             )
@@ -587,7 +728,7 @@ class TimelineView(QWidget):
                     # Anchored at its end just under the top, the label runs down the line:
                     # never out of the plot, whatever its length.
                     labelOpts={
-                        "position": 0.94,
+                        "position": MARK_LABEL_AT,
                         "color": self.theme.projection_text,
                         "fill": pg.mkBrush(color(self.theme.label_fill)),
                         "rotateAxis": (1, 0),
@@ -597,8 +738,7 @@ class TimelineView(QWidget):
                 line.setToolTip(tip)
                 line.setZValue(30)
                 wanted[(x, label, tip)] = line
-        self._keep_marks(wanted)
-        self._thin_mark_labels()
+        self._keep_marks(wanted)  # placed with the other labels by the caller's redraw
 
     def _keep_marks(self, wanted: dict[tuple[float, str | None, str], pg.InfiniteLine]) -> None:
         """Show exactly the lines of ``wanted``, removing the others."""
@@ -630,9 +770,7 @@ class TimelineView(QWidget):
         top = self._y_top()
         self.main.setYRange(0, top, padding=0)
         self.overview.setYRange(0, top, padding=0)
-        self._place_band_labels()
-        self._place_value_labels()
-        self._thin_mark_labels()
+        self._place_labels()
 
     def _visible_points(self) -> tuple[int, int] | None:
         if self.run is None:
@@ -664,9 +802,7 @@ class TimelineView(QWidget):
         for curves in (self._layers, self._projected):
             if curves is not None:
                 curves.update(x0, x1, pixels)
-        self._place_band_labels()
-        self._place_value_labels()
-        self._thin_mark_labels()
+        self._place_labels()
 
     # -- mouse
 
