@@ -1,7 +1,8 @@
 """The timeline's labels never overlap (NOTE [ Labels never overlap ] in ckview/gui/timeline.py):
-the peak labels always show, a recompute label or a phase name that would cover one hides, and
-recompute labels and phase names never cover each other; checked on the real explorer from the
-boxes Qt draws the labels in. Also the Compare tab's header line, never cut at the right edge."""
+the peak labels always show, a recompute label that would cover one starts below it, a phase
+name that would cover one hides, and recompute labels and phase names never cover each other;
+checked on the real explorer from the boxes Qt draws the labels in. Also the Compare tab's header
+line, never cut at the right edge."""
 
 from __future__ import annotations
 
@@ -101,11 +102,12 @@ def _meet_at_the_peak(qtbot: QtBot, w: MainWindow) -> tuple[float, float]:
     return peak_x, mark_x
 
 
-def test_labels_that_meet_the_peak_label_hide_and_it_shows(
+def test_labels_that_meet_the_peak_label_give_way_and_it_shows(
     qtbot: QtBot, window: MainWindow
 ) -> None:
     """NOTE [ Labels never overlap ]: on a planned run whose peak is in backward, zoomed out so
-    that a recompute mark and the backward band start a few pixels from the peak."""
+    that a recompute mark and the backward band start a few pixels from the peak: the mark's
+    label starts below the peak label, the band's name hides."""
     window.resize(1200, 800)
     _open(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
     timeline = window.timeline
@@ -118,6 +120,11 @@ def test_labels_that_meet_the_peak_label_hide_and_it_shows(
     assert "peak" in boxes  # the number users came for
     assert _overlaps(boxes) == []
     assert any(name.startswith("band forward") for name in boxes)  # it meets none: it shows
+    assert not any(name.startswith("band backward") for name in boxes)
+    nearest = next(
+        name for name in boxes if name.startswith("mark ") and f"at {mark_x:.1f}" in name
+    )
+    assert boxes[nearest].top() >= boxes["peak"].bottom()  # below the peak label, not hidden
     # Zoomed in on the marks, the peak out of view: every recompute label shows again.
     last = max(line.value() for line in timeline._marks.values())
     timeline.main.setXRange((peak_x + mark_x) / 2, last + (last - mark_x) / 4, padding=0)

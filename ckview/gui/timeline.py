@@ -49,8 +49,10 @@ MAX_MARK_LABELS = 24
 #      the projected one; each slides along x to stay wholly inside the plot, and goes to the
 #      other side of its dot where it would leave the plot at the top or bottom, or cover the
 #      peak label placed before it.
-#   2. A recompute label shows only where its box meets no peak label shown and not the
-#      recompute label shown before it (left to right).
+#   2. A recompute label runs down its line from just under the top; where it would meet a
+#      peak label it starts just below that label instead (a checkpointed run's marks cluster
+#      around its peak), and it shows only where, so placed, it meets no peak label, stays in
+#      the plot and does not meet the recompute label shown before it (left to right).
 #   3. A phase name shows only where its box meets none of those, fits in its band and starts
 #      after the previous name; the shorter name (``backward`` for ``backward 0``) is tried too.
 # Recompute labels win over phase names: a phase is still told by its band's tint and its name
@@ -539,28 +541,29 @@ class TimelineView(QWidget):
     def _place_mark_labels(
         self, geometry: _LabelGeometry, taken: list[QRectF]
     ) -> list[tuple[pg.TextItem, QRectF]]:
-        """Show a recompute mark's label only where its line is in view and the label meets no
-        box in ``taken`` (the peak labels) and not the previous label shown (marks a few pixels
-        apart at this zoom: the tooltip still names each)."""
+        """Show a recompute mark's label where its line is in view and the label, from just
+        under the top or else just below the peak labels it would meet, meets none of ``taken``
+        and not the previous label shown (marks a few pixels apart at this zoom: the tooltip
+        still names each)."""
         # A line made without a label (more marks than MAX_MARK_LABELS) has no ``label``.
         lines = [line for line in self._marks.values() if getattr(line, "label", None)]
-        if not lines:
-            return []
-        (_, _), (bottom, top) = geometry.vb.viewRange()
-        y = bottom + MARK_LABEL_AT * (top - bottom)
+        area = geometry.area
         shown: list[tuple[pg.TextItem, QRectF]] = []
         for line in sorted(lines, key=lambda line: line.value()):
             label = line.label
-            at = geometry.at(line.value(), y)
+            x = geometry.at(line.value(), 0.0).x()
             size = label.textItem.boundingRect().size()
-            # Turned a quarter (read upwards), the text's end at ``at`` and its top against
-            # the line: the box runs down from ``at``, right of the line, as wide as the text
-            # is tall.
-            box = QRectF(at.x(), at.y(), size.height(), size.width())
-            # The labels start at one height and are as wide: the last one shown is the
-            # nearest on the left. A line out of view keeps no label (cut by the edge).
-            in_view = geometry.area.left() <= at.x() <= geometry.area.right()
-            if _show(label, in_view and geometry.free(box, taken + [b for _, b in shown[-1:]])):
+            # Turned a quarter (read upwards), the text's end at the top of its box and its
+            # top against the line: the box runs down from there, right of the line, as wide
+            # as the text is tall.
+            box = _mark_label_box(area, x, size.height(), size.width(), taken)
+            # The labels are as wide: the last one shown is the nearest on the left. A line
+            # out of view keeps no label (cut by the edge).
+            fits = area.left() <= x <= area.right() and box.bottom() <= area.bottom() - 1.0
+            if _show(label, fits and geometry.free(box, taken + [b for _, b in shown[-1:]])):
+                at = (area.bottom() - box.top()) / max(area.height(), 1.0)
+                if abs(label.orthoPos - at) > 1e-6:
+                    label.setPosition(at)
                 shown.append((label, box))
         return shown
 
@@ -849,6 +852,21 @@ class TimelineView(QWidget):
         self.select_point(
             run.point_under(self.axis, vb.mapSceneToView(pos).x(), vb.viewPixelSize()[0])
         )
+
+
+def _mark_label_box(
+    area: QRectF, x: float, width: float, height: float, taken: list[QRectF]
+) -> QRectF:
+    """A recompute label's box (NOTE [ Labels never overlap ]): from just under the top of the
+    plot, or else from just below the boxes in ``taken`` that it would meet."""
+    box = QRectF(x, area.bottom() - MARK_LABEL_AT * area.height(), width, height)
+    for _ in taken:  # each move clears one box at least
+        grown = box.adjusted(-LABEL_GAP, -LABEL_GAP, LABEL_GAP, LABEL_GAP)
+        below = [other.bottom() for other in taken if grown.intersects(other)]
+        if not below:
+            break
+        box.moveTop(max(below) + 2 * LABEL_GAP)
+    return box
 
 
 def _show(item: pg.GraphicsObject, visible: bool) -> bool:
