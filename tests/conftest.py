@@ -92,3 +92,28 @@ def window(qtbot: Any, tmp_path: Path) -> Any:
     w.show()
     yield w
     w.set_theme(LIGHT)
+
+
+def open_trace_in(qtbot: Any, w: Any, path: Path, preset: str | None = None) -> None:
+    """Open ``path`` in explorer window ``w``, wait until its plan panel is ready, and apply
+    plan ``preset`` if one is given."""
+    with qtbot.waitSignal(w.loaded, timeout=20000):
+        w.open_paths([str(path)])
+    qtbot.waitUntil(w.plan.is_ready, timeout=20000)
+    if preset is not None:
+        w.plan.apply_preset(preset)
+
+
+def ask_budget(qtbot: Any, w: Any, budget: str, planned: bool = True) -> str:
+    """Type a budget in the plan panel, press Enter (waiting for the planner if ``planned``);
+    the answer under the field, as its HTML."""
+    from PyQt6.QtCore import Qt
+
+    w.plan.budget.setText(budget)
+    if planned:
+        with qtbot.waitSignal(w.plan._planned, timeout=30000):
+            qtbot.keyClick(w.plan.budget, Qt.Key.Key_Return)
+    else:
+        qtbot.keyClick(w.plan.budget, Qt.Key.Key_Return)
+    assert w.plan.budget_note.isVisible()
+    return str(w.plan.budget_note.text())

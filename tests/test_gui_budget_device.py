@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from ckview.analysis import Budget, Planner, budget_answer, parse_budget
 from ckview.analysis.units import NO_DEVICE_CAPACITY
 from ckview.gui.main_window import MainWindow
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ask_budget, open_trace_in
 from tests.fake_cuda import FakeCuda, FakePynvml, GiB
 from tests.test_device import fake_devices, record_small
 
@@ -34,22 +33,9 @@ def _record_on(monkeypatch: pytest.MonkeyPatch, path: Path, total: int) -> Path:
     return path
 
 
-def _open(qtbot: QtBot, w: MainWindow, path: Path) -> None:
-    with qtbot.waitSignal(w.loaded, timeout=20000):
-        w.open_paths([str(path)])
-    qtbot.waitUntil(w.plan.is_ready, timeout=20000)
-
-
 def _ask(qtbot: QtBot, w: MainWindow, budget: str, planned: bool) -> str:
-    """Type a budget and press Enter; the answer under the field, as plain text."""
-    w.plan.budget.setText(budget)
-    if planned:
-        with qtbot.waitSignal(w.plan._planned, timeout=30000):
-            qtbot.keyClick(w.plan.budget, Qt.Key.Key_Return)
-    else:
-        qtbot.keyClick(w.plan.budget, Qt.Key.Key_Return)
-    assert w.plan.budget_note.isVisible()
-    note = w.plan.budget_note.text()
+    """The plan panel's answer to ``budget``, as plain text."""
+    note = ask_budget(qtbot, w, budget, planned)
     return html.unescape(note[note.index(">") + 1 : note.rindex("</span>")])
 
 
@@ -71,7 +57,7 @@ def test_the_panel_plans_for_the_device(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, run_cli: Any
 ) -> None:
     path = _record_on(monkeypatch, tmp_path / "tiny_device.h5", TINY)
-    _open(qtbot, window, path)
+    open_trace_in(qtbot, window, path)
     run = window.current_run()
     assert run is not None and run.device_total_bytes == TINY
     note = _ask(qtbot, window, "device", planned=True)
@@ -87,7 +73,7 @@ def test_the_panel_plans_for_the_device(
 def test_a_capacity_the_baseline_fits(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    _open(qtbot, window, _record_on(monkeypatch, tmp_path / "big_device.h5", 16 * GiB))
+    open_trace_in(qtbot, window, _record_on(monkeypatch, tmp_path / "big_device.h5", 16 * GiB))
     note = _ask(qtbot, window, "Device", planned=True)
     assert note.startswith("budget 16.0 GiB (the device's capacity) is met: nothing checkpointed")
 
@@ -95,7 +81,7 @@ def test_a_capacity_the_baseline_fits(
 def test_a_trace_without_capacity_says_why_in_the_panel(
     qtbot: QtBot, window: MainWindow, run_cli: Any
 ) -> None:
-    _open(qtbot, window, CPU_TRACE)
+    open_trace_in(qtbot, window, CPU_TRACE)
     run = window.current_run()
     assert run is not None and run.device_total_bytes == -1
     note = _ask(qtbot, window, "device", planned=False)

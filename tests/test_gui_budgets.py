@@ -8,36 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 from torch import nn
 
 from ckview.analysis import Budget, Planner, already_checkpointed, budget_answer, format_bytes
 from ckview.gui.main_window import MainWindow
 from recorder import Recorder
-from tests.conftest import ROOT, read_run
+from tests.conftest import ROOT, ask_budget, open_trace_in, read_run
 
 SAMPLES = ROOT / "sample_traces"
 TRANSFORMER = SAMPLES / "transformer.h5"
 CHECKPOINTED = SAMPLES / "transformer_checkpointed.h5"
-
-
-def open_trace_in(qtbot: QtBot, w: MainWindow, path: Path) -> None:
-    with qtbot.waitSignal(w.loaded, timeout=20000):
-        w.open_paths([str(path)])
-    qtbot.waitUntil(w.plan.is_ready, timeout=20000)
-
-
-def ask(qtbot: QtBot, w: MainWindow, budget: str, planned: bool = True) -> str:
-    """Type a budget, press Enter, wait for the planner; the answer under the field."""
-    w.plan.budget.setText(budget)
-    if planned:
-        with qtbot.waitSignal(w.plan._planned, timeout=30000):
-            qtbot.keyClick(w.plan.budget, Qt.Key.Key_Return)
-    else:
-        qtbot.keyClick(w.plan.budget, Qt.Key.Key_Return)
-    assert w.plan.budget_note.isVisible()
-    return w.plan.budget_note.text()
 
 
 # -- analysis
@@ -76,7 +57,7 @@ def test_unmet_budget_says_by_how_much(qtbot: QtBot, window: MainWindow) -> None
     run = window.current_run()
     assert run is not None
     expected = Planner(run.tables).for_budget(round(run.peak.bytes * 0.1))
-    note = ask(qtbot, window, "10%")
+    note = ask_budget(qtbot, window, "10%")
     best = expected.best_reachable_peak
     assert "is not met: the best plan peaks at" in note
     assert format_bytes(best) in note and f"(+{format_bytes(best - expected.budget_bytes)})" in note
@@ -84,14 +65,14 @@ def test_unmet_budget_says_by_how_much(qtbot: QtBot, window: MainWindow) -> None
     assert window.statusBar().currentMessage().startswith("budget ")
     # The lowest-peak plan is selected all the same: the curve shows how close it gets.
     assert window.plan.session is not None and window.plan.session.selection
-    note = ask(qtbot, window, "80 MiB")
+    note = ask_budget(qtbot, window, "80 MiB")
     assert "budget 80.0 MiB is met: " in note and "→" in note and "extra compute" in note
     assert "color" not in note  # an answer that is met is not shown as a warning
 
 
 def test_checkpointed_run_is_not_planned_on(qtbot: QtBot, window: MainWindow) -> None:
     open_trace_in(qtbot, window, CHECKPOINTED)
-    note = ask(qtbot, window, "30 MiB", planned=False)
+    note = ask_budget(qtbot, window, "30 MiB", planned=False)
     assert "No plan for budget 30.0 MiB: this run is checkpointed already" in note
     assert window.plan.plan_button.isEnabled()
     assert window.plan.session is not None and not window.plan.session.selection
@@ -127,7 +108,7 @@ def _record_two_layers(path: Path) -> Path:
 def test_run_without_chain_says_why(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     path = _record_two_layers(tmp_path / "two.h5")
     open_trace_in(qtbot, window, path)
-    note = ask(qtbot, window, "50%")
+    note = ask_budget(qtbot, window, "50%")
     assert note.startswith("<span") and "No plan for budget" in note
     assert "no chain of blocks" in note and "% of the recorded peak" in note
     assert window.last_error is None  # an answer, not an error dialog

@@ -21,17 +21,9 @@ from ckview.gui import timeline as timeline_module
 from ckview.gui.compare import EntriesLabel
 from ckview.gui.main_window import MainWindow
 from ckview.gui.timeline import TimelineView
-from tests.conftest import ROOT
+from tests.conftest import ROOT, open_trace_in
 
 SAMPLES = ROOT / "sample_traces"
-
-
-def _open(qtbot: QtBot, w: MainWindow, path: Path, preset: str | None = None) -> None:
-    with qtbot.waitSignal(w.loaded, timeout=20000):
-        w.open_paths([str(path)])
-    qtbot.waitUntil(w.plan.is_ready, timeout=20000)
-    if preset is not None:
-        w.plan.apply_preset(preset)
 
 
 def _labels(timeline: TimelineView) -> dict[str, pg.TextItem]:
@@ -109,7 +101,7 @@ def test_labels_that_meet_the_peak_label_give_way_and_it_shows(
     that a recompute mark and the backward band start a few pixels from the peak: the mark's
     label starts below the peak label, the band's name hides."""
     window.resize(1200, 800)
-    _open(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
     timeline = window.timeline
     peak_x, mark_x = _meet_at_the_peak(qtbot, window)
     backward = next(b for b in timeline._band_labels if b.names[0][0] == "backward 0")
@@ -149,7 +141,7 @@ def test_no_two_visible_labels_meet_at_any_zoom(
     """Zoomed to fit, on the peak, out and in, panned, at two window sizes; after a plan
     toggle too. The peak labels show whenever their dot is in view."""
     window.resize(*size)
-    _open(qtbot, window, SAMPLES / trace, preset)
+    open_trace_in(qtbot, window, SAMPLES / trace, preset)
     timeline = window.timeline
     run = window.runs()[0]
     peak_x = float(run.x(timeline.axis)[run.peak.point])
@@ -182,7 +174,7 @@ def test_marks_without_labels_place_nothing(
 ) -> None:
     """More recomputes than MAX_MARK_LABELS: lines without labels, the peak's still placed."""
     monkeypatch.setattr(timeline_module, "MAX_MARK_LABELS", 2)
-    _open(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
     timeline = window.timeline
     _meet_at_the_peak(qtbot, window)
     assert len(timeline._marks) == 4
@@ -196,7 +188,7 @@ def test_arithmetic_boxes_are_the_drawn_ones(qtbot: QtBot, window: MainWindow) -
     """The boxes the timeline places labels by (arithmetic on the view range, no scene query)
     are those Qt paints, within a pixel."""
     window.resize(1200, 800)
-    _open(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5", "all")
     timeline = window.timeline
     _meet_at_the_peak(qtbot, window)
     timeline.zoom(0.5)
