@@ -24,7 +24,7 @@ from ckview.trace.schema import RUN_TABLES
 from tests.conftest import ROOT
 
 SCRIPT = """\
-import os, signal, sys
+import os, signal, sys, weakref
 import torch
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -40,6 +40,14 @@ for i in range(int(sys.argv[3]) if len(sys.argv) > 3 else 40):
             if child == 0:
                 raise RuntimeError("the child fails")
             os.waitpid(child, 0)
+        elif action.endswith("-in-callback"):  # the handler runs inside a weakref callback
+            def hurt(_ref, signum=getattr(signal, action.split("-")[0])):
+                os.kill(os.getpid(), signum)
+                for _ in range(1000):
+                    pass
+            box = type("Box", (), {})()
+            keep = weakref.ref(box, hurt)
+            del box
         elif action != "none":
             os.kill(os.getpid(), getattr(signal, action))
     loss = model(torch.randn(4, 8)).sum()
@@ -119,6 +127,42 @@ def test_a_signal_keeps_every_completed_step(
         assert trace.meta.complete is False or (sig != "SIGKILL" and at >= steps + 1)
         if timing:  # the schedule: a warm-up step, then kept ones; killed in the second kept
             assert len(trace.run(trace.run_names[0]).table("timing_steps")) == 1
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_signal_in_a_weakref_callback_still_stops_the_script(tmp_path: Path, sig: str) -> None:
+    """NOTE [ A stop is never lost ]: Python swallows an exception raised in a weak-reference
+    callback, and the recorder sees frees through such callbacks: the stop is sent again."""
+    done = _record(tmp_path, "--steps=20", "train.py", f"{sig}-in-callback", "12")
+    assert done.returncode == EXIT[sig], done.stderr
+    _no_ckview_traceback(done.stderr)
+    assert "Exception ignored" not in done.stderr
+    recorded, rows = _steps(tmp_path / "out.h5")
+    assert 11 <= recorded < 20 and sum(rows) == recorded  # stopped within a step or two
+
+
+def test_a_signal_in_the_recorders_bookkeeping_waits_for_the_script(monkeypatch: Any) -> None:
+    """NOTE [ A stop is never lost ]: in the recorder's own code the handler raises nothing and
+    sends the signal again; in the script's code it stops the script."""
+    import signal
+    import threading
+
+    from ckview.cli import stops
+    from recorder import SignalExit
+
+    inside: dict[str, Any] = {}
+    session = ROOT / "recorder" / "session.py"
+    exec(compile("import sys\nframe = sys._getframe()", str(session), "exec"), inside)
+    assert stops.in_the_recorder(inside["frame"])
+    assert not stops.in_the_recorder(sys._getframe())
+    sent = threading.Event()
+    monkeypatch.setattr(stops.os, "kill", lambda pid, signum: sent.set())
+    stops._stop(signal.SIGTERM, inside["frame"])  # no SignalExit
+    assert sent.wait(5)
+    with pytest.raises(SignalExit):
+        stops._stop(signal.SIGTERM, sys._getframe())
+    with pytest.raises(KeyboardInterrupt):
+        stops._stop(signal.SIGINT, sys._getframe())
 
 
 def test_os_exit_in_the_script_closes_the_trace_first(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ import contextlib
 import importlib.util
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -216,6 +215,7 @@ def record_script(
         raise CLIError(f"cannot write {output}: folder {output.parent} does not exist")
     check_output(output, args)
     existed = output.exists()
+    from ckview.cli.stops import signals_stop_the_script
     from recorder import Recorder, StopScript, run_script
     from recorder.steps import StepRule, StepRuleError
 
@@ -246,7 +246,7 @@ def record_script(
     try:
         with (
             _stdout_to_stderr(stdout_to_stderr),
-            _signals_stop_the_script(),
+            signals_stop_the_script(),
             _os_exit_closes(recorder, lambda ending: report(output, ending, args), existed),
         ):
             outcome = run_script(args.target, args.args, module=args.module)
@@ -319,26 +319,10 @@ _REAL_EXIT = os._exit
 # script (it leaves through _exit_if_child, never touching the parent's trace: the recorder
 # went inert in it at the fork and HDF5 writes from it go to /dev/null), ``os._exit`` (wrapped
 # while the script runs: the trace is closed and reported first, then the process exits as
-# asked), SIGTERM and SIGHUP (they stop the script as Ctrl-C does: SignalExit), a script that
-# closes every file descriptor (the trace's is put back: TraceWriter.check_file; the journal
-# opens its file per record). A kill that nothing can catch leaves the journal (NOTE [ The
-# recording journal ] in ckview/trace/journal.py).
-
-
-@contextlib.contextmanager
-def _signals_stop_the_script() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise SignalExit in the script (a SIGHUP ignored, as under nohup,
-    stays ignored)."""
-    wanted = [signal.SIGTERM, signal.SIGHUP]
-    previous = {s: signal.getsignal(s) for s in wanted}
-    for signum in wanted:
-        if previous[signum] is not signal.SIG_IGN:
-            signal.signal(signum, _stop_on_signal)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+# asked), SIGTERM and SIGHUP (they stop the script as Ctrl-C does: SignalExit; NOTE [ A stop
+# is never lost ] in stops.py), a script that closes every file descriptor (the trace's is put
+# back: TraceWriter.check_file; the journal opens its file per record). A kill that nothing can
+# catch leaves the journal (NOTE [ The recording journal ] in ckview/trace/journal.py).
 
 
 @contextlib.contextmanager
@@ -621,12 +605,6 @@ def _has_main(package: str) -> bool:
         return importlib.util.find_spec(f"{package}.__main__") is not None
     except (ImportError, ValueError):
         return False
-
-
-def _stop_on_signal(signum: int, frame: object) -> None:
-    from recorder import SignalExit
-
-    raise SignalExit(signum)  # unwinds the script so the trace is closed
 
 
 MAX_STEPS = 1_000_000
