@@ -128,3 +128,27 @@ def test_what_a_long_name_elides_keeps_it_whole_in_a_tooltip(
     legend = diff.legend
     assert all("…" in text for text in legend.shown_texts())
     assert all(name in legend.toolTip() for name in names)
+
+
+def test_a_run_without_a_step_and_a_long_name_does_not_widen_the_window(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """The timeline's message for a run without a step names the run: its file name wraps
+    after a ``_`` instead of being one word of the message's least width."""
+    from recorder import Recorder
+
+    empty = tmp_path / "empty.h5"
+    with Recorder(empty, steps=1, warmup=1, progress=False):
+        pass
+    widths = []
+    for stem in ("s", LONG):
+        window.close_all()
+        path = tmp_path / f"{stem}0.h5"
+        shutil.copy(empty, path)
+        with qtbot.waitSignal(window.loaded, timeout=20000):
+            window.open_paths([str(path)])
+        qtbot.wait(50)
+        assert window.timeline.pages.currentWidget() is window.timeline.message
+        assert "holds no step" in window.timeline.message.text()
+        widths.append(window.minimumSizeHint().width())
+    assert widths[1] <= widths[0] + 4, f"least width {widths[0]} px short, {widths[1]} px long"
