@@ -1,6 +1,6 @@
 """Take the explorer screenshots shown in the README, offscreen, from the real app.
 
-    QT_QPA_PLATFORM=offscreen python docs/screenshots.py
+    QT_QPA_PLATFORM=offscreen python docs/screenshots.py [--diff-only | --oom-ranks-only]
 
 Writes docs/images/explorer-*.png from the sample traces (explorer-export.png through File ->
 Export View), the explorer opened on an out-of-memory failure (explorer-oom*.png, from a step
@@ -8,13 +8,13 @@ recorded here that asks for more memory than any machine has; once with the test
 torch.cuda and pynvml, for the device lines), the two ranks of an FSDP recording side by side
 (ranks.png, recorded here with torchrun: about 15 s; the peaks vary a little from one recording
 to the next, rank 1 with its larger batch most often the higher), and
-docs/images/snapshot-import.png from the CUDA snapshot fixture when it is there.
-``--diff-only``: only the Diff view's and the budget answers' images (explorer-diff*.png,
-explorer-budget*.png); ``--oom-ranks-only``: only explorer-oom*.png and ranks.png.
+docs/images/snapshot-import.png from the CUDA snapshot fixture when it is there; the options
+below make only some of them.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
@@ -35,7 +35,30 @@ SAMPLES = ROOT / "sample_traces"
 OUT = ROOT / "docs" / "images"
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``--help`` prints this module's docstring and exits, writing nothing)."""
+    parser = argparse.ArgumentParser(
+        prog="docs/screenshots.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument(
+        "--diff-only",
+        action="store_true",
+        help="only the Diff view's and the budget answers' images (explorer-diff*.png, "
+        "explorer-budget*.png)",
+    )
+    only.add_argument(
+        "--oom-ranks-only",
+        action="store_true",
+        help="only explorer-oom*.png and ranks.png (records an OOM step and an FSDP run)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     app = QApplication(sys.argv[:1])
     from ckview.gui.main_window import MainWindow
     from ckview.gui.style import DARK
@@ -68,12 +91,12 @@ def main() -> int:
         print(f"wrote docs/images/{name}")
 
     OUT.mkdir(parents=True, exist_ok=True)
-    if "--oom-ranks-only" not in sys.argv[1:]:
+    if not args.oom_ranks_only:
         _diff_and_budget_shots(window, save, settle)
-    if "--diff-only" in sys.argv[1:]:
+    if args.diff_only:
         return 0
     _oom_and_ranks_shots(window, save)
-    if "--oom-ranks-only" in sys.argv[1:]:
+    if args.oom_ranks_only:
         return 0
     w = window("transformer_compare.h5")
     w.plan.apply_preset("sqrt")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 from tests.conftest import ROOT
 
@@ -21,3 +24,19 @@ def test_readme_starts_with_run_and_test_commands() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert _readme_commands()[1] in ci
+
+
+def test_screenshots_help_prints_its_options_and_writes_nothing() -> None:
+    """``docs/screenshots.py --help`` exits 0 with its usage; it once took every screenshot."""
+    images = ROOT / "docs" / "images"
+    before = {p.name: p.stat().st_mtime_ns for p in images.iterdir()}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "screenshots.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--diff-only" in done.stdout and "--oom-ranks-only" in done.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in images.iterdir()} == before

@@ -9,14 +9,15 @@ from __future__ import annotations
 import html
 
 import pyqtgraph as pg
-from PyQt6.QtCore import QSize, Qt
-from PyQt6.QtGui import QBrush, QFont, QFontMetricsF, QResizeEvent, QTextDocument, QTextOption
-from PyQt6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PyQt6.QtCore import Qt
+from PyQt6.QtGui import QBrush, QFont, QFontMetricsF, QResizeEvent
+from PyQt6.QtWidgets import QVBoxLayout, QWidget
 
 from ckview.analysis import format_bytes
 from ckview.gui.axes import BytesAxis
 from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
 from ckview.gui.envelope import Envelope
+from ckview.gui.fit import EntriesLabel
 from ckview.gui.planning import PlanOutcome
 from ckview.gui.rundata import STACK_ORDER, Axis, RunData
 from ckview.gui.style import (
@@ -35,7 +36,7 @@ def peak_difference(run: RunData, reference: RunData) -> str:
     if run is reference or reference.peak.bytes == 0:
         return ""
     change = run.peak.bytes / reference.peak.bytes - 1
-    return f"{change:+.1%} vs {_short_label(reference, run)}".replace("-", "−")
+    return f"{change:+.1%}".replace("-", "−") + f" vs {_short_label(reference, run)}"
 
 
 def _short_label(reference: RunData, other: RunData) -> str:
@@ -67,99 +68,9 @@ def _rank_imbalance(runs: list[RunData]) -> list[str]:
     return rows
 
 
-SEPARATOR = " &nbsp;·&nbsp; "
-"""Between two entries of a line of the Compare tab's header."""
-
-
-class EntriesLabel(QLabel):
-    """A header of entries (rich text: a run's peak, the plan's, the ranks' imbalance) that is
-    never cut at the right edge: as many whole entries to a line as fit the width, separated by
-    dots, so that no entry is split over two lines where it fits on one; an entry wider than a
-    line wraps at its own spaces, and one that cannot (a word wider than the label: a long file
-    name in a narrow window) is elided, the whole header then in the tooltip. Laid out again
-    whenever the width changes; asks for no width of its own."""
-
-    MARGIN = 4.0
-    """Pixels kept free at the right of a line: a measure rounds, a paint may not."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setTextFormat(Qt.TextFormat.RichText)
-        self.setWordWrap(True)  # the entries' own spaces, where one is wider than a line
-        self.entries: list[str] = []
-
-    def set_entries(self, entries: list[str]) -> None:
-        """Show ``entries`` (rich text each)."""
-        self.entries = entries
-        self._lay_out()
-
-    def minimumSizeHint(self) -> QSize:
-        """As narrow as the layout likes: the entries are laid out again for the width given
-        (a long word, taken as the least width, would push the window wider than the screen)."""
-        return QSize(0, super().minimumSizeHint().height())
-
-    def resizeEvent(self, event: QResizeEvent | None) -> None:
-        super().resizeEvent(event)
-        self._lay_out()
-
-    def _lay_out(self) -> None:
-        width = self.contentsRect().width() - self.MARGIN
-        if width <= 0:  # not laid out yet: one paragraph, wrapped by Qt
-            lines, elided = [SEPARATOR.join(self.entries)], False
-        else:
-            lines, elided = _lines(self.entries, width, self.font())
-        text = "<br>".join(lines)
-        if self.text() != text:  # a new text changes the height, and resizes the label again
-            self.setText(text)
-        tip = SEPARATOR.join(self.entries) if elided else ""
-        if self.toolTip() != tip:
-            self.setToolTip(tip)
-
-
-def _lines(entries: list[str], width: float, font: QFont) -> tuple[list[str], bool]:
-    """``entries`` packed whole into lines of ``width`` pixels (an entry alone on its line when
-    it is wider), and whether one was elided (no space to wrap it at)."""
-    lines: list[list[str]] = []
-    used = width + 1.0  # a new line for the first entry
-    gap = _text_width(SEPARATOR, font)
-    elided = False
-    for entry in entries:
-        size = _text_width(entry, font)
-        if size > width and _text_width(entry, font, wrap=width) > width:
-            entry, elided = _elide(entry, width, font), True
-            size = width
-        if lines and used + gap + size <= width:
-            lines[-1].append(entry)
-            used += gap + size
-        else:
-            lines.append([entry])
-            used = size
-    return [SEPARATOR.join(line) for line in lines], elided
-
-
-def _text_width(rich: str, font: QFont, wrap: float = -1.0) -> float:
-    """The width in pixels of rich text in ``font``: of its widest line when wrapped at
-    ``wrap`` pixels (a word wider than that overflows), else on one line."""
-    doc = QTextDocument()
-    doc.setDefaultFont(font)
-    doc.setDocumentMargin(0)
-    option = doc.defaultTextOption()
-    option.setWrapMode(QTextOption.WrapMode.WordWrap)  # as a QLabel wraps: never in a word
-    doc.setDefaultTextOption(option)
-    doc.setHtml(rich)
-    doc.setTextWidth(wrap)
-    return doc.idealWidth()
-
-
-def _elide(rich: str, width: float, font: QFont) -> str:
-    """``rich`` as plain text ending in … where it passes ``width`` pixels (measured in bold:
-    part of it may be)."""
-    doc = QTextDocument()
-    doc.setHtml(rich)
-    bold = QFont(font)
-    bold.setBold(True)
-    short = QFontMetricsF(bold).elidedText(doc.toPlainText(), Qt.TextElideMode.ElideRight, width)
-    return html.escape(short)
+TITLE_SPARE = 100.0
+"""Pixels of the view's width that are not a side-by-side panel's title: the left axis beside
+it, the layouts' margins and the text's."""
 
 
 class CompareView(QWidget):
@@ -175,6 +86,7 @@ class CompareView(QWidget):
         self.summary = EntriesLabel()
         self.plots = pg.GraphicsLayoutWidget()
         self._curves: list[tuple[pg.PlotItem, EnvelopeCurves]] = []
+        self._titles: list[tuple[pg.PlotItem, list[tuple[str, bool]]]] = []
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.summary)
@@ -202,6 +114,7 @@ class CompareView(QWidget):
     def _rebuild(self) -> None:
         self.plots.clear()
         self._curves = []
+        self._titles = []
         self.plots.setBackground(self.theme.background)
         if not self.runs:
             self.summary.set_entries(["Open traces to compare their runs."])
@@ -227,11 +140,14 @@ class CompareView(QWidget):
             rows.append(
                 f"<span style='color:{PROJECTION_COLOR}'>┅</span> plan over {over.label}: "
                 f"<b>{format_bytes(plan.peak_bytes)}</b> "
-                f"{change:+.1%} vs {_short_label(ref, over)}".replace("-", "−")
+                + f"{change:+.1%}".replace("-", "−")
+                + f" vs {_short_label(ref, over)}"
             )
         return rows + _rank_imbalance(self.runs)
 
-    def _new_plot(self, row: int, title: str | None = None) -> pg.PlotItem:
+    def _new_plot(self, row: int, title: list[tuple[str, bool]] | None = None) -> pg.PlotItem:
+        """A plot in row ``row``; ``title``: its parts, and whether each is a run's label
+        (elided where the whole does not fit: ``_fit_title``)."""
         plot = self.plots.addPlot(row=row, col=0, axisItems={"left": BytesAxis("left")})
         plot.setMouseEnabled(x=True, y=False)
         plot.hideButtons()
@@ -242,7 +158,8 @@ class CompareView(QWidget):
             plot.getAxis(name).setPen(pg.mkPen(self.theme.foreground))
             plot.getAxis(name).setTextPen(pg.mkPen(self.theme.foreground))
         if title:
-            plot.setTitle(title, color=self.theme.foreground, size="10pt")
+            self._titles.append((plot, title))
+            self._fit_title(plot, title)
         plot.getViewBox().sigXRangeChanged.connect(self._redraw)
         return plot
 
@@ -275,12 +192,45 @@ class CompareView(QWidget):
         peak_x = float(xs[int(plan.total.argmax())])
         self._mark_peak(plot, peak_x, plan.peak_bytes, PROJECTION_COLOR, left=True)
 
+    def resizeEvent(self, event: QResizeEvent | None) -> None:
+        super().resizeEvent(event)
+        for plot, title in self._titles:
+            self._fit_title(plot, title)
+
+    def _fit_title(self, plot: pg.PlotItem, parts: list[tuple[str, bool]]) -> None:
+        """A panel's title fitted to the view: its run labels elided in their middle where the
+        whole does not fit (a long file name), the whole in the tooltip then. A title is the
+        least width of its panel, and the panels ran past the right of the view, cut
+        (NOTE [ Long names never widen the window ] in ckview/gui/fit.py)."""
+        font = QFont(plot.titleLabel.item.font())
+        font.setPointSizeF(10)  # the title's size="10pt"
+        metrics = QFontMetricsF(font)
+        room = self.plots.width() - TITLE_SPARE
+        room -= sum(metrics.horizontalAdvance(text) for text, label in parts if not label)
+        widths = sorted(metrics.horizontalAdvance(text) for text, label in parts if label)
+        for i, width in enumerate(widths):  # shorter labels whole, the rest share what is left
+            if width > room / (len(widths) - i):
+                room /= len(widths) - i
+                break
+            room -= width
+        mode = Qt.TextElideMode.ElideMiddle
+        shown = "".join(
+            metrics.elidedText(text, mode, max(room, 0.0)) if label else text
+            for text, label in parts
+        )
+        whole = "".join(text for text, _ in parts)
+        text = html.escape(shown)
+        if plot.titleLabel.text != text:
+            plot.setTitle(text, color=self.theme.foreground, size="10pt")
+            plot.titleLabel.setToolTip(whole if shown != whole else "")
+
     def _build_panels(self) -> None:
         first: pg.PlotItem | None = None
         for i, run in enumerate(self.runs):
-            title = f"{run.label}: peak {format_bytes(run.peak.bytes)} " + peak_difference(
-                run, self.runs[0]
-            )
+            title = [(run.label, True), (f": peak {format_bytes(run.peak.bytes)} ", False)]
+            change, vs, reference = peak_difference(run, self.runs[0]).partition(" vs ")
+            if vs:
+                title += [(change + vs, False), (reference, True)]
             plot = self._new_plot(i, title)
             env = Envelope(run.x(self.axis), run.stacked)
             brushes = [QBrush(color(CATEGORY_COLORS[c], 235)) for c in STACK_ORDER]

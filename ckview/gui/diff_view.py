@@ -45,6 +45,7 @@ from ckview.analysis.diff import (
 from ckview.gui.axes import BytesAxis
 from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
 from ckview.gui.envelope import Envelope
+from ckview.gui.fit import ElidedComboBox, EntriesLabel
 from ckview.gui.legend import LegendEntry, SideLegend
 from ckview.gui.rundata import Axis, RunData
 from ckview.gui.style import LIGHT, RUN_COLORS, Theme
@@ -161,20 +162,21 @@ class DiffView(QWidget):
         self.axis = Axis.TIME
         self.diff: RunDiff | None = None
         self.selection: Selection | None = None
-        self.box_a, self.box_b = QComboBox(), QComboBox()
-        for box, side in ((self.box_a, "A"), (self.box_b, "B")):
-            box.setToolTip(f"Run {side}: the difference is B − A")
+        # NOTE [ Long names never widen the window ] in ckview/gui/fit.py
+        self.box_a = ElidedComboBox("Run A: the difference is B − A")
+        self.box_b = ElidedComboBox("Run B: the difference is B − A")
+        for box in (self.box_a, self.box_b):
             box.setMinimumContentsLength(24)
             box.currentIndexChanged.connect(self._rebuild)
         self.swap = QPushButton("Swap")
         self.swap.setToolTip("Swap runs A and B")
         self.swap.clicked.connect(self.swap_runs)
-        self.header = QLabel(PROMPT)
-        self.header.setTextFormat(Qt.TextFormat.RichText)
-        self.header.setWordWrap(True)
+        self.header = EntriesLabel(packed=False)
+        self.header.set_entries([PROMPT])
         self.plot = pg.PlotWidget(axisItems={"left": BytesAxis("left")})
-        self.legend = SideLegend()
-        """Names the two curves beside the plot (a legend on it hid them)."""
+        self.legend = SideLegend(share=0.4)
+        """Names the two curves beside the plot (a legend on it hid them); a long file name in
+        a narrow window elided."""
         self._curves: list[EnvelopeCurves] = []
         self.plot.getPlotItem().getViewBox().sigXRangeChanged.connect(self._redraw)
         self.categories = DiffTable(
@@ -308,9 +310,9 @@ class DiffView(QWidget):
         if diff is None:
             for table in self.tables:
                 table.fill([], 0)
-            self.header.setText(PROMPT)
+            self.header.set_entries([PROMPT])
             return
-        self.header.setText(self._header_html(diff))
+        self.header.set_entries(self._header_entries(diff))
         self.categories.fill(
             [
                 (Selection(name, category=name), [name, a, b, b - a])
@@ -363,7 +365,8 @@ class DiffView(QWidget):
                 rows.append((Selection(describe_kind(t), kind=t), cells))
         return rows
 
-    def _header_html(self, diff: RunDiff) -> str:
+    def _header_entries(self, diff: RunDiff) -> list[str]:
+        """Run A's peak and when, run B's, and their difference: a line each."""
         pair = self.pair()
         assert pair is not None
         share = f" ({diff.delta / diff.a.bytes:+.1%})".replace("-", "−") if diff.a.bytes else ""
@@ -377,7 +380,7 @@ class DiffView(QWidget):
                 f"peak <b>{format_bytes(peak.bytes)}</b> {html.escape(describe_moment(peak))}"
             )
         lines.append(f"<b>B − A: {_signed(diff.delta)}{share}</b> at the peaks")
-        return "<br>".join(lines)
+        return lines
 
     # -- the curves
 

@@ -38,6 +38,7 @@ from ckview.analysis import format_bytes
 from ckview.gui.background import in_background
 from ckview.gui.compare import CompareView
 from ckview.gui.diff_view import DiffView
+from ckview.gui.fit import ElidedComboBox, ElidedLabel
 from ckview.gui.inspector import Inspector
 from ckview.gui.plan_panel import PlanPanel
 from ckview.gui.planning import PlanOutcome, PlanSession
@@ -106,8 +107,8 @@ class MainWindow(QMainWindow):
         self.docks = (plan_dock, live_dock)
         self.resizeDocks([plan_dock], [560], Qt.Orientation.Horizontal)
         self.resizeDocks([live_dock], [250], Qt.Orientation.Vertical)
-        self.run_box = QComboBox()
-        self.run_box.setToolTip("The run shown on the timeline and planned over")
+        # NOTE [ Long names never widen the window ] in ckview/gui/fit.py
+        self.run_box = ElidedComboBox("The run shown on the timeline and planned over", most=64)
         self.run_box.setMinimumContentsLength(28)
         self.run_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.run_box.currentIndexChanged.connect(self._on_run_chosen)
@@ -120,7 +121,7 @@ class MainWindow(QMainWindow):
             "holding the most): the timeline, peak and plans count that device's memory only, "
             "as ckview summary does"
         )
-        self.status_run = QLabel()
+        self.status_run = ElidedLabel()
         self.status_point = QLabel()
         self._status().addPermanentWidget(self.status_point, stretch=1)
         self._status().addPermanentWidget(self.status_run)
@@ -378,7 +379,7 @@ class MainWindow(QMainWindow):
             self.plan.set_session(None)
             self.timeline.clear()
             self.compare.set_runs([])
-            self.status_run.setText("")
+            self.status_run.show_text("")
             self._show_scope("")
             self.setWindowTitle("ckview")
             return
@@ -392,7 +393,7 @@ class MainWindow(QMainWindow):
             self.plan.set_session(
                 None, "This run has no modules (a memory snapshot): nothing to plan."
             )
-        self.status_run.setText(f"{run.label} · {run.n_events:,} events · {_peak_text(run)}")
+        self.status_run.show_text(f"{run.label} · {run.n_events:,} events · {_peak_text(run)}")
         self._show_scope(run.scope)
         self._refresh_compare()
 

@@ -7,6 +7,7 @@ Draws what ``RunData`` and ``PlanOutcome`` hold; computes nothing but screen geo
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,9 +90,13 @@ NO_TRACE_HTML = (
 
 
 def no_step_html(run: RunData) -> str:
-    """What the timeline shows for a run without a single memory event."""
+    """What the timeline shows for a run without a single memory event. The label may wrap
+    after each ``_ - . /`` of its file name (a zero-width space there): a long one, a word of
+    the message's least width, made the window as wide (NOTE [ Long names never widen the
+    window ] in ckview/gui/fit.py)."""
+    label = re.sub(r"([_\-./])", "\\1\u200b", html.escape(run.label))
     return (
-        f"<h3>{html.escape(run.label)} holds no step</h3>"
+        f"<h3>{label} holds no step</h3>"
         "<p>No memory event was recorded in this run: the recording ended before a training "
         "step did (a script that stopped during warmup, or an empty loop).</p>"
         "<p>Record again with enough iterations for the warmup and the step, e.g. "
