@@ -26,7 +26,7 @@ from ckview.analysis import (
 from ckview.gui.main_window import MainWindow
 from ckview.gui.rundata import Axis
 from ckview.gui.style import DARK, LIGHT
-from tests.conftest import ROOT
+from tests.conftest import ROOT, open_trace_in
 
 SAMPLES = ROOT / "sample_traces"
 
@@ -80,6 +80,18 @@ def test_open_shows_runs_timeline_and_peak(qtbot: QtBot, window: MainWindow) -> 
     assert layers is not None and all(item.xData is not None for item in layers.items)
     assert float(np.max(layers.items[-1].yData)) == run.peak.bytes
     assert "Recorded peak" in readout_peak(window)
+
+
+def test_a_status_message_shows_over_the_hover_readout(qtbot: QtBot, window: MainWindow) -> None:
+    """A message ("opened ...", "exported ...", an error) shows in the status bar: the hover
+    readout gives way while it does, and comes back after."""
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5")
+    bar = window.statusBar()
+    assert bar is not None and bar.currentMessage().startswith("opened ")
+    assert not window.status_point.isVisible()  # the message's room is free
+    assert window.status_run.isVisible()  # the run and its peak stay, at the right
+    bar.clearMessage()
+    qtbot.waitUntil(window.status_point.isVisible, timeout=2000)
 
 
 def test_toggling_a_module_shows_the_projected_peak(qtbot: QtBot, window: MainWindow) -> None:

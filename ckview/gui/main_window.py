@@ -123,7 +123,9 @@ class MainWindow(QMainWindow):
         )
         self.status_run = ElidedLabel()
         self.status_point = QLabel()
-        self._status().addPermanentWidget(self.status_point, stretch=1)
+        # Not permanent: a message ("exported ...", an error) hides the hover readout while it
+        # shows; a permanent widget stretched over the bar would hide the message instead.
+        self._status().addWidget(self.status_point, stretch=1)
         self._status().addPermanentWidget(self.status_run)
         self._build_actions()
 
