@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -65,8 +66,20 @@ def _record(tmp_path: Path, *args: str, out: str = "out.h5") -> subprocess.Compl
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "ckview", "record", "-o", out]
     return subprocess.run(
-        [*command, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        [*command, *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_hangup_as_by_default,
     )
+
+
+def _hangup_as_by_default() -> None:
+    """The child takes SIGHUP as a shell would give it, also when the tests run under
+    ``nohup`` (which ignores it, and ckview keeps an ignored SIGHUP ignored)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _steps(path: Path) -> tuple[int, list[int]]:
@@ -144,7 +157,6 @@ def test_a_signal_in_a_weakref_callback_still_stops_the_script(tmp_path: Path, s
 def test_a_signal_in_the_recorders_bookkeeping_waits_for_the_script(monkeypatch: Any) -> None:
     """NOTE [ A stop is never lost ]: in the recorder's own code the handler raises nothing and
     sends the signal again; in the script's code it stops the script."""
-    import signal
     import threading
 
     from ckview.cli import stops
