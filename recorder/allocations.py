@@ -246,6 +246,14 @@ def _config() -> tuple[Any, set[Any]]:
     return config, {ProfilerActivity.CPU}
 
 
+# The fields read of each allocation event (attrgetters: the loops run in C).
+_EXTRA_FIELDS = attrgetter("extra_fields")
+_START_NS = attrgetter("start_time_ns")
+_DEVICE = attrgetter("device")
+_PTR = attrgetter("ptr")
+_ALLOC_SIZE = attrgetter("alloc_size")
+
+
 def _allocations(roots: list[Any], offset: int) -> AllocatorWindow:
     """Every allocation event under ``roots``, in time order, on the recorder's clock. Without
     ops (NOTE [ Allocations without ops ]) the roots are the allocations themselves, read a
@@ -258,7 +266,7 @@ def _allocations(roots: list[Any], offset: int) -> AllocatorWindow:
         events = list(_allocation_events(roots, _ExtraFields_Allocation))
         fields = list(map(_EXTRA_FIELDS, events))
     n = len(events)
-    # map + attrgetter: the loop runs in C, a fifth less than comprehensions (measured).
+    # map + attrgetter: a fifth less time than comprehensions (measured).
     times = np.fromiter(map(_START_NS, events), np.int64, n)
     order = np.argsort(times, kind="stable")
     names: dict[Any, str] = {}
@@ -269,13 +277,6 @@ def _allocations(roots: list[Any], offset: int) -> AllocatorWindow:
         nbytes=np.fromiter(map(_ALLOC_SIZE, fields), np.int64, n)[order],
         device=[devices[i] for i in order.tolist()],
     )
-
-
-_EXTRA_FIELDS = attrgetter("extra_fields")
-_START_NS = attrgetter("start_time_ns")
-_DEVICE = attrgetter("device")
-_PTR = attrgetter("ptr")
-_ALLOC_SIZE = attrgetter("alloc_size")
 
 
 def _allocation_events(roots: list[Any], allocation: type) -> Iterator[Any]:

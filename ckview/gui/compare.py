@@ -33,10 +33,21 @@ from ckview.gui.style import (
 
 def peak_difference(run: RunData, reference: RunData) -> str:
     """``-58.8% vs baseline`` (empty for the reference itself)."""
+    parts = _difference_parts(run, reference)
+    return f"{parts[0]} vs {parts[1]}" if parts else ""
+
+
+def _difference_parts(run: RunData, reference: RunData) -> tuple[str, str] | None:
+    """The change of ``run``'s peak from ``reference``'s, and the reference's short label; None
+    for the reference itself."""
     if run is reference or reference.peak.bytes == 0:
-        return ""
-    change = run.peak.bytes / reference.peak.bytes - 1
-    return f"{change:+.1%}".replace("-", "−") + f" vs {_short_label(reference, run)}"
+        return None
+    return _percent(run.peak.bytes / reference.peak.bytes - 1), _short_label(reference, run)
+
+
+def _percent(change: float) -> str:
+    """``−58.8%`` with a real minus sign."""
+    return f"{change:+.1%}".replace("-", "−")
 
 
 def _short_label(reference: RunData, other: RunData) -> str:
@@ -140,8 +151,7 @@ class CompareView(QWidget):
             rows.append(
                 f"<span style='color:{PROJECTION_COLOR}'>┅</span> plan over {over.label}: "
                 f"<b>{format_bytes(plan.peak_bytes)}</b> "
-                + f"{change:+.1%}".replace("-", "−")
-                + f" vs {_short_label(ref, over)}"
+                f"{_percent(change)} vs {_short_label(ref, over)}"
             )
         return rows + _rank_imbalance(self.runs)
 
@@ -228,9 +238,9 @@ class CompareView(QWidget):
         first: pg.PlotItem | None = None
         for i, run in enumerate(self.runs):
             title = [(run.label, True), (f": peak {format_bytes(run.peak.bytes)} ", False)]
-            change, vs, reference = peak_difference(run, self.runs[0]).partition(" vs ")
-            if vs:
-                title += [(change + vs, False), (reference, True)]
+            parts = _difference_parts(run, self.runs[0])
+            if parts:
+                title += [(f"{parts[0]} vs ", False), (parts[1], True)]
             plot = self._new_plot(i, title)
             env = Envelope(run.x(self.axis), run.stacked)
             brushes = [QBrush(color(CATEGORY_COLORS[c], 235)) for c in STACK_ORDER]

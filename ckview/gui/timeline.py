@@ -152,10 +152,15 @@ class _LabelGeometry:
         return QRectF(at.x() - anchor[0] * w, at.y() - anchor[1] * h, w, h)
 
     @staticmethod
+    def met(box: QRectF, taken: list[QRectF]) -> list[QRectF]:
+        """The boxes of ``taken`` that ``box``, with ``LABEL_GAP`` around it, meets."""
+        grown = box.adjusted(-LABEL_GAP, -LABEL_GAP, LABEL_GAP, LABEL_GAP)
+        return [other for other in taken if grown.intersects(other)]
+
+    @staticmethod
     def free(box: QRectF, taken: list[QRectF]) -> bool:
         """True when ``box``, with ``LABEL_GAP`` around it, meets none of ``taken``."""
-        grown = box.adjusted(-LABEL_GAP, -LABEL_GAP, LABEL_GAP, LABEL_GAP)
-        return not any(grown.intersects(other) for other in taken)
+        return not _LabelGeometry.met(box, taken)
 
 
 class TimelineView(QWidget):
@@ -866,11 +871,10 @@ def _mark_label_box(
     plot, or else from just below the boxes in ``taken`` that it would meet."""
     box = QRectF(x, area.bottom() - MARK_LABEL_AT * area.height(), width, height)
     for _ in taken:  # each move clears one box at least
-        grown = box.adjusted(-LABEL_GAP, -LABEL_GAP, LABEL_GAP, LABEL_GAP)
-        below = [other.bottom() for other in taken if grown.intersects(other)]
-        if not below:
+        met = _LabelGeometry.met(box, taken)
+        if not met:
             break
-        box.moveTop(max(below) + 2 * LABEL_GAP)
+        box.moveTop(max(other.bottom() for other in met) + 2 * LABEL_GAP)
     return box
 
 
