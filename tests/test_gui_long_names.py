@@ -152,3 +152,17 @@ def test_a_run_without_a_step_and_a_long_name_does_not_widen_the_window(
         assert "holds no step" in window.timeline.message.text()
         widths.append(window.minimumSizeHint().width())
     assert widths[1] <= widths[0] + 4, f"least width {widths[0]} px short, {widths[1]} px long"
+
+
+def test_side_by_side_titles_that_fit_stay_whole(qtbot: QtBot, window: MainWindow) -> None:
+    """A panel title is elided only when it does not fit: titles of short names, in a window
+    of ordinary size, show whole (each label once took only the room the others left)."""
+    window.resize(1200, 760)
+    _open(qtbot, window, [SAMPLES / "transformer_compare.h5"])
+    _show(qtbot, window, "side by side")
+    panels = [i for i in window.compare.plots.ci.items if isinstance(i, pg.PlotItem)]
+    assert len(panels) == 2
+    for panel in panels:
+        title = panel.titleLabel
+        assert "…" not in title.text and title.toolTip() == ""
+        assert "transformer_compare.h5" in title.text

@@ -218,14 +218,15 @@ class CompareView(QWidget):
         room = self.plots.width() - TITLE_SPARE
         room -= sum(metrics.horizontalAdvance(text) for text, label in parts if not label)
         widths = sorted(metrics.horizontalAdvance(text) for text, label in parts if label)
-        for i, width in enumerate(widths):  # shorter labels whole, the rest share what is left
+        each = None  # what a label may take: shorter ones whole, the rest share what is left
+        for i, width in enumerate(widths):
             if width > room / (len(widths) - i):
-                room /= len(widths) - i
+                each = max(room / (len(widths) - i), 0.0)
                 break
             room -= width
         mode = Qt.TextElideMode.ElideMiddle
         shown = "".join(
-            metrics.elidedText(text, mode, max(room, 0.0)) if label else text
+            metrics.elidedText(text, mode, each) if label and each is not None else text
             for text, label in parts
         )
         whole = "".join(text for text, _ in parts)
