@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.test_faults import SCRIPT  # noqa: E402
+from tests.test_faults import SCRIPT, stops_as_by_default  # noqa: E402
 
 EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129, "SIGKILL": -9}
 MOMENTS = {  # name: (iteration hurt, --steps, --timing-steps, steps completed)
@@ -52,6 +52,7 @@ def ckview(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=300,
+        preexec_fn=stops_as_by_default,  # however this suite was started (nohup, background)
     )
 
 
@@ -112,6 +113,31 @@ def _signal_case(sig: str, at: int, steps: int, timing: int, kept: int) -> Calla
         got = steps_in(folder / "out.h5")
         ok = run.returncode == EXIT[sig] and clean(run.stderr)
         return Result(ok and got == kept, got < kept, f"rc {run.returncode}, {got}/{kept} steps")
+
+    return case
+
+
+REPEAT = 5
+"""How many times each stop in a weak-reference callback runs (``--repeat``)."""
+
+
+def stops_in_callbacks() -> Iterator[tuple[str, Callable[[Path], Result]]]:
+    """The stop that Python would swallow (NOTE [ A stop is never lost ]), many times over:
+    lost when the script runs its 20 steps to the end."""
+    for sig in ("SIGTERM", "SIGINT"):
+        for k in range(REPEAT):
+            yield f"{sig} in a weakref callback #{k + 1}", _callback_case(sig)
+
+
+def _callback_case(sig: str) -> Callable[[Path], Result]:
+    def case(folder: Path) -> Result:
+        run = ckview(
+            folder, "record", "--steps=20", "-o", "out.h5", "train.py", f"{sig}-in-callback", "12"
+        )
+        got = steps_in(folder / "out.h5")
+        stopped = 11 <= got < 20
+        ok = run.returncode == EXIT[sig] and clean(run.stderr) and stopped
+        return Result(ok, not stopped, f"rc {run.returncode}, {got} of 20 steps")
 
     return case
 
@@ -288,6 +314,7 @@ def bad_scripts() -> Iterator[tuple[str, Callable[[Path], Result]]]:
 
 FAMILIES = {
     "signals": signals,
+    "stops in callbacks": stops_in_callbacks,
     "os._exit": os_exit,
     "disk full": disk_full,
     "busy files": busy,
@@ -297,10 +324,15 @@ FAMILIES = {
 
 
 def main() -> None:
+    global REPEAT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", choices=list(FAMILIES))
     parser.add_argument("-v", "--verbose", action="store_true", help="a line per case")
+    parser.add_argument(
+        "--repeat", type=int, default=REPEAT, help="runs of each stop in a callback (default 5)"
+    )
     args = parser.parse_args()
+    REPEAT = args.repeat
     rows = []
     for family in args.family or list(FAMILIES):
         tried = handled = lost = 0

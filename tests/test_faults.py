@@ -72,14 +72,17 @@ def _record(tmp_path: Path, *args: str, out: str = "out.h5") -> subprocess.Compl
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=_hangup_as_by_default,
+        preexec_fn=stops_as_by_default,
     )
 
 
-def _hangup_as_by_default() -> None:
-    """The child takes SIGHUP as a shell would give it, also when the tests run under
-    ``nohup`` (which ignores it, and ckview keeps an ignored SIGHUP ignored)."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+def stops_as_by_default() -> None:
+    """The child takes SIGINT, SIGTERM and SIGHUP as an interactive shell gives them, however
+    the suite was started: ``nohup`` ignores SIGHUP, and a non-interactive shell starts a
+    background job with SIGINT ignored; ckview keeps an inherited ignored stop ignored, as
+    Python does (NOTE [ A stop is never lost ])."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _steps(path: Path) -> tuple[int, list[int]]:
@@ -145,7 +148,8 @@ def test_a_signal_keeps_every_completed_step(
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])  # SIGHUP takes SIGTERM's handler
 def test_a_signal_in_a_weakref_callback_still_stops_the_script(tmp_path: Path, sig: str) -> None:
     """NOTE [ A stop is never lost ]: Python swallows an exception raised in a weak-reference
-    callback, and the recorder sees frees through such callbacks: the stop is sent again."""
+    callback, and the recorder sees frees through such callbacks: the stop is held and raised
+    after it."""
     done = _record(tmp_path, "--steps=20", "train.py", f"{sig}-in-callback", "12")
     assert done.returncode == EXIT[sig], done.stderr
     _no_ckview_traceback(done.stderr)
@@ -154,27 +158,100 @@ def test_a_signal_in_a_weakref_callback_still_stops_the_script(tmp_path: Path, s
     assert 11 <= recorded < 20 and sum(rows) == recorded  # stopped within a step or two
 
 
-def test_a_signal_in_the_recorders_bookkeeping_waits_for_the_script(monkeypatch: Any) -> None:
-    """NOTE [ A stop is never lost ]: in the recorder's own code the handler raises nothing and
-    sends the signal again; in the script's code it stops the script."""
-    import threading
+SESSION = ROOT / "recorder" / "session.py"
+
+
+def _bookkeeping(code: str, **names: Any) -> None:
+    """Run ``code`` as if it were the recorder's own (its frames carry the recorder's path)."""
+    exec(compile(code, str(SESSION), "exec"), {"sys": sys, "signal": signal, **names})
+
+
+def test_a_stop_in_the_recorders_bookkeeping_is_raised_at_the_scripts_next_line() -> None:
+    """NOTE [ A stop is never lost ]: in the recorder's own code the handler raises nothing; the
+    stop is held and raised at the next line of the frame the bookkeeping returns to."""
+    from ckview.cli import stops
+    from recorder import SignalExit
+
+    lines_run = []
+    with pytest.raises(SignalExit):
+        _bookkeeping("stops._stop(signal.SIGTERM, sys._getframe())", stops=stops)
+        lines_run.append("the line after the bookkeeping")  # the stop is raised before it
+    assert lines_run == [] and stops._held.frame is None and sys.gettrace() is None
+    with pytest.raises(KeyboardInterrupt):
+        stops._stop(signal.SIGINT, sys._getframe())  # the script's own code: raised at once
+
+
+def test_a_held_stop_follows_its_frame_out_when_that_frame_returns_first() -> None:
+    from ckview.cli import stops
+    from recorder import SignalExit
+
+    def calls_the_recorder_last() -> None:
+        _bookkeeping("stops._stop(signal.SIGTERM, sys._getframe())", stops=stops)
+
+    lines_run = []
+    with pytest.raises(SignalExit):
+        calls_the_recorder_last()  # its last line: the stop moves out to this frame
+        lines_run.append("the caller's next line")
+    assert lines_run == [] and stops._held.frame is None
+
+
+def test_a_stop_swallowed_by_a_weakref_callback_is_raised_after_it(monkeypatch: Any) -> None:
+    """Python swallows what a weak-reference callback raises; the hook holds it instead, for
+    the next line of the code that dropped the reference."""
+    import weakref
 
     from ckview.cli import stops
     from recorder import SignalExit
 
-    inside: dict[str, Any] = {}
-    session = ROOT / "recorder" / "session.py"
-    exec(compile("import sys\nframe = sys._getframe()", str(session), "exec"), inside)
-    assert stops.in_the_recorder(inside["frame"])
-    assert not stops.in_the_recorder(sys._getframe())
-    sent = threading.Event()
-    monkeypatch.setattr(stops.os, "kill", lambda pid, signum: sent.set())
-    stops._stop(signal.SIGTERM, inside["frame"])  # no SignalExit
-    assert sent.wait(5)
+    monkeypatch.setattr(sys, "unraisablehook", stops._hold_if_swallowed(sys.unraisablehook))
+
+    def hurt(_ref: Any) -> None:
+        raise SignalExit(signal.SIGTERM)
+
+    box = type("Box", (), {})()
+    ref = weakref.ref(box, hurt)
+    lines_run = []
     with pytest.raises(SignalExit):
-        stops._stop(signal.SIGTERM, sys._getframe())
-    with pytest.raises(KeyboardInterrupt):
-        stops._stop(signal.SIGINT, sys._getframe())
+        del box  # the callback runs here and its SignalExit is swallowed
+        lines_run.append("the line after the callback")
+    assert lines_run == [] and ref() is None
+
+
+def test_the_frame_a_stop_is_raised_in_lies_outside_the_recorder() -> None:
+    from ckview.cli import stops
+
+    inside: dict[str, Any] = {}
+    _bookkeeping("out['frame'] = sys._getframe()", out=inside)
+    assert stops.in_the_recorder(inside["frame"])
+    outside = stops.frame_outside_the_recorder(inside["frame"])
+    assert outside is not None and outside.f_code.co_name == "_bookkeeping"  # exec's caller
+    assert not stops.in_the_recorder(sys._getframe())
+    assert stops.frame_outside_the_recorder(sys._getframe()) is sys._getframe()
+
+
+def test_an_inherited_ignored_sigint_stays_ignored(tmp_path: Path) -> None:
+    """NOTE [ A stop is never lost ]: a job that a non-interactive shell starts in the
+    background has SIGINT ignored; ckview, like Python, leaves it so. SIGTERM still stops."""
+
+    def sigint_ignored() -> None:
+        stops_as_by_default()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "ckview", "record", "-o", "out.h5", "--steps=6"]
+    done = subprocess.run(
+        [*command, "train.py", "SIGINT", "3", "8"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=sigint_ignored,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _steps(tmp_path / "out.h5") == (6, [6])
 
 
 def test_os_exit_in_the_script_closes_the_trace_first(tmp_path: Path) -> None:
