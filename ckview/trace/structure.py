@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -52,16 +53,71 @@ def timeout_s() -> float:
         return DEFAULT_TIMEOUT_S
 
 
+READ_FACTOR = 4
+"""Memory reading a run takes, per byte its tables declare: ``validate`` and ``summary`` peak at
+3.4x (measured on a 340 MB table of compressed zeros, ``benchmarks/fault_suite.py``'s bomb)."""
+
+
 def memory_limit() -> int:
-    """Bytes of tables one run may declare: CKVIEW_MEMORY_LIMIT, else half the available
-    memory (the analysis holds the run and about as much again)."""
+    """Bytes of tables one run may declare: CKVIEW_MEMORY_LIMIT, else the memory this process
+    may still use (NOTE [ Memory this process may use ]) over READ_FACTOR."""
     text = os.environ.get("CKVIEW_MEMORY_LIMIT")
     if text:
         try:
             return int(text)
         except ValueError:
             pass
-    return _available_memory() // 2
+    return usable_memory() // READ_FACTOR
+
+
+def usable_memory() -> int:
+    """NOTE [ Memory this process may use ]
+    The least of: the machine's available memory, what the address-space and data limits
+    (``ulimit -v``, ``prlimit --as``) leave beside what the process already maps, and what its
+    cgroup (a container, a systemd unit) leaves. The machine's free memory alone says nothing
+    of a process started under a 3 GB limit on a 24 GB machine."""
+    room = [_available_memory()]
+    mapped = _status_kib("VmSize")
+    for limit in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY and mapped is not None:
+            room.append(max(0, soft - mapped))
+    room.append(_cgroup_room())
+    return min(room)
+
+
+def _status_kib(field: str) -> int | None:
+    """A ``/proc/self/status`` field in bytes (None where there is none)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> int:
+    """Bytes the process's cgroup (v2, else v1) still allows; very large where none is set."""
+    pairs = (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    )
+    for limit_file, usage_file in pairs:
+        try:
+            with open(limit_file) as f:
+                text = f.read().strip()
+            if text == "max":
+                return 1 << 62
+            with open(usage_file) as f:
+                return max(0, int(text) - int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return 1 << 62
 
 
 def _available_memory() -> int:
