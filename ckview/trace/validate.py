@@ -42,6 +42,7 @@ def validate_trace(path: str | os.PathLike[str]) -> ValidationReport:
         report = ValidationReport(trace.path)
         if not trace.meta.complete:
             report.notes.append(f"trace is incomplete: {trace.meta.error or 'no error recorded'}")
+        _check_strings(report, list(trace.strings))
         sizes = {"strings": len(trace.strings)}
         roots = {}
         for name in ROOT_TABLES:
@@ -54,6 +55,21 @@ def validate_trace(path: str | os.PathLike[str]) -> ValidationReport:
         for name in trace.run_names:
             _check_run(report, trace, name, sizes)
     return report
+
+
+def _check_strings(report: ValidationReport, strings: list[str]) -> None:
+    """The writer interns every string once: a repeated one means the table was altered (a
+    resized string table repeats its fill value)."""
+    seen: set[str] = set()
+    for string in strings:
+        if string in seen:
+            repeated = len(strings) - len(set(strings))
+            report.problems.append(
+                f"/strings holds {repeated} repeated strings, first {string!r}: the string "
+                "table was altered"
+            )
+            return
+        seen.add(string)
 
 
 def _table_or_problem(
