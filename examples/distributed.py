@@ -1,6 +1,7 @@
 """Data-parallel training of a small MLP with DDP or FSDP (``fully_shard``), gloo on the CPU.
 
     torchrun --nproc-per-node 2 examples/distributed.py [--fsdp] [--steps N] [--uneven]
+    python examples/distributed.py            # no launcher: one rank, in this process
     ckview record -m torch.distributed.run --nproc-per-node 2 examples/distributed.py --fsdp
 
 ``--uneven`` gives rank R a batch R+1 times as large (as ranks with longer sequences have), so
@@ -10,6 +11,8 @@ that the ranks' peaks differ.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -35,6 +38,19 @@ def build(width: int, depth: int, ckpt: bool) -> nn.Module:
     return nn.Sequential(*(Block(width, ckpt) for _ in range(depth)), nn.Linear(width, 10))
 
 
+def start_group() -> None:
+    """The launcher's process group, or, run without one, a group of this process alone."""
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+        return
+    print(
+        "distributed.py: no launcher, running as one rank "
+        "(torchrun --nproc-per-node 2 examples/distributed.py for two)",
+        file=sys.stderr,
+    )
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fsdp", action="store_true", help="fully_shard each block (FSDP2)")
@@ -45,7 +61,7 @@ def main() -> None:
     parser.add_argument("--uneven", action="store_true", help="rank R takes R+1 batches")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
+    start_group()
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = build(args.width, 3, args.checkpoint)
