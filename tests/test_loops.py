@@ -60,6 +60,8 @@ from ckview.trace.schema import Category, MemoryEventKind, Phase
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_PERCENT = 2.0
+TIGHT_PERCENT = {"lightning_residual": 0.5}
+"""Loops held to a tighter bound: a pattern a user found off, now exact (issue 21)."""
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SAYS_WHY = re.compile(
     r"cannot|can't|can not|will not|won't|never|no effect|not take effect|does not run|no chain",
@@ -87,6 +89,7 @@ ALL_LOOPS = {loop.name: loop for loop in CORPUS.LOOPS}
 CI_LOOPS = {
     "hf_llama": "HF model from a config; with --checkpoint, HF gradient checkpointing",
     "lightning_module": "Lightning, forward and backward inside optimizer.step(closure)",
+    "lightning_residual": "Lightning with residual blocks in a Sequential (issue 21)",
     "densenet": "DenseNet with BatchNorm, plain and with its own torch checkpointing",
     "densenet_efficient": "checkpointing by a hand-written Function (cannot be bypassed)",
     "grad_accumulation": "gradient accumulation",
@@ -115,8 +118,9 @@ CHECKPOINTING = [name for name, loop in LOOPS.items() if loop.checkpoint]
 BYPASSABLE = [name for name in CHECKPOINTING if LOOPS[name].bypassable]
 UNBYPASSABLE = [name for name in CHECKPOINTING if not LOOPS[name].bypassable]
 OWN_PROCESS = {
-    "lightning_module": "importing Lightning replaces torch.compile for the whole process "
-    "(lightning/fabric/wrappers.py)",
+    name: "importing Lightning replaces torch.compile for the whole process "
+    "(lightning/fabric/wrappers.py)"
+    for name in ("lightning_module", "lightning_residual")
 }
 """Loops recorded in a ``python -m ckview`` subprocess, and why: what the script itself
 changes in the process would stay for the next recordings (NOTE [ How the loop tests run ])."""
@@ -395,13 +399,14 @@ def _check_verify(d: Done) -> None:
     plans = {p["plan"]: p for p in json.loads(d.stdout)["plans"]}
     want = sorted(LOOPS[d.job.loop].plans)
     assert sorted(plans) == want, f"plans verified: {sorted(plans)}\n{d.context()}"
+    bound = TIGHT_PERCENT.get(d.job.loop, TARGET_PERCENT)
     off = {
         name: f"{p['peak_error_percent']:+.2f}% (projected {p['projected_peak_bytes']} B, "
         f"measured {p['measured_peak_bytes']} B)"
         for name, p in plans.items()
-        if abs(p["peak_error_percent"]) > TARGET_PERCENT
+        if abs(p["peak_error_percent"]) > bound
     }
-    assert not off, f"projected vs measured peak beyond {TARGET_PERCENT}%: {off}\n{d.context()}"
+    assert not off, f"projected vs measured peak beyond {bound}%: {off}\n{d.context()}"
 
 
 # DataLoader workers hand batches over when they are ready: whether the next batch is already

@@ -61,6 +61,13 @@ LOOPS: tuple[Loop, ...] = (
         ("--hidden", "256"),
     ),
     Loop(
+        "lightning_residual",
+        "Lightning Trainer, automatic optimization, a residual MLP in an nn.Sequential, AdamW",
+        ("--hidden", "128"),
+        file="lightning_module",
+        args=("--residual", "6"),
+    ),
+    Loop(
         "densenet",
         "DenseNet-BC with BatchNorm; --checkpoint: torch.utils.checkpoint per dense layer",
         ("--batch-size", "8"),

@@ -5,6 +5,7 @@ inside ``optimizer.step(closure)``. No logger, no checkpoint files, no progress 
 working folder is a temporary directory removed at the end.
 
     python examples/loops/lightning_module.py --steps 6
+    python examples/loops/lightning_module.py --steps 6 --residual 6   # a residual MLP
 """
 
 from __future__ import annotations
@@ -20,10 +21,30 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
+class Residual(nn.Module):
+    """A pre-norm MLP block with a skip connection: ``x + net(x)``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.net(x)
+
+
 class Classifier(L.LightningModule):
-    def __init__(self, dim: int, hidden: int, classes: int, lr: float) -> None:
+    def __init__(self, dim: int, hidden: int, classes: int, lr: float, residual: int = 0) -> None:
         super().__init__()
         self.lr = lr
+        if residual:  # a residual MLP: blocks in an nn.Sequential
+            self.net = nn.Sequential(
+                nn.Linear(dim, hidden),
+                *(Residual(hidden) for _ in range(residual)),
+                nn.Linear(hidden, classes),
+            )
+            return
         self.net = nn.Sequential(
             nn.Linear(dim, hidden),
             nn.LayerNorm(hidden),
@@ -66,12 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--residual", type=int, default=0, help="N residual blocks instead")
     args = parser.parse_args(argv)
 
     # Lightning's banner (devices, hints) goes to the console logger; keep the output to losses.
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     L.seed_everything(args.seed, verbose=False)
-    model = Classifier(args.dim, args.hidden, classes=10, lr=1e-3)
+    model = Classifier(args.dim, args.hidden, classes=10, lr=1e-3, residual=args.residual)
     data = make_data(args.batch_size * args.steps, args.dim, 10, args.seed)
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True)
     with tempfile.TemporaryDirectory(prefix="lightning-") as root:
