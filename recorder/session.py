@@ -78,9 +78,7 @@ import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from enum import Enum
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
@@ -124,6 +122,7 @@ from recorder.device import DeviceSampler, recorded_peak_time
 from recorder.modules import ModuleRegistry
 from recorder.oom import OomWatch
 from recorder.progress import StepProgress
+from recorder.runs import RunSpec, State, StopScript
 from recorder.stacks import Stacks
 from recorder.steps import IterationTracker, StepCounts, StepRule, plural
 from recorder.timing import RunTimes, StepTimer, plan_call_cost_ns, timing_schedule
@@ -169,37 +168,6 @@ _WRITE_ERRORS = (OSError, RuntimeError, TraceError)
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _NODE_BUDGET = 8192  # NOTE [ Autograd nodes stay unwrapped ]: 5x below the crash depth
-
-
-class State(Enum):
-    WARMUP = "warmup"
-    RECORDING = "recording"
-    TIMING = "timing"  # unrecorded plain steps of each run, after all are recorded (timing.py)
-    BETWEEN_RUNS = "between runs"  # a run ended, the next begins at once (same step boundary)
-    DONE = "done"
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run of the recording: its name and what to change while it is recorded.
-
-    ``context(recorder)`` returns a context manager entered at the step boundary where the run
-    begins and left where it ends (e.g. ``ckpt_runtime.bypass()`` for the baseline, or applying
-    a checkpoint plan to the recorder's :meth:`Recorder.main_model`).
-    """
-
-    name: str
-    context: Callable[[Recorder], AbstractContextManager[Any]] | None = None
-    checkpointing: str = "script"
-    """What the run does with the script's own checkpointing (schema.CHECKPOINTING)."""
-
-
-class StopScript(BaseException):
-    """Raised into the user's script when ``stop_after`` is set and all steps are recorded.
-
-    A ``BaseException`` so that a script's ``except Exception`` does not swallow it. With
-    arguments it is an abort with a reason, which ``run_script`` passes on to its caller.
-    """
 
 
 _NO_GRAPH = frozenset(

@@ -21,10 +21,11 @@ import pytest
 import torch
 from torch import nn
 
-from ckview.cli.record import load_plans, plan_runs
+from ckview.cli.recording import load_plans
 from ckview.cli.verify import Check, _verify, format_table
 from ckview.trace import open_trace
 from recorder import Recorder
+from recorder.plans import plan_runs
 
 PLANS = ("none", "sqrt", "all")
 TOLERANCE = 0.001  # the target: 0.1% of the measured peak

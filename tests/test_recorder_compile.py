@@ -116,7 +116,7 @@ def test_compiled_model_is_named_as_the_model(tmp_path: Path) -> None:
     over ``torch.compile(model)`` as over the model, and a plan run recorded through the
     wrapper recomputes the modules the plan names."""
     from ckpt_runtime import ModuleRegion, Plan, resolve_plan
-    from ckview.cli.record import plan_runs
+    from recorder.plans import plan_runs
 
     torch.manual_seed(0)
     model = nn.Sequential(
