@@ -17,10 +17,11 @@ allocator: pre-existing parameters and inputs are ``SEEN``, never ``ALLOC``.
 NOTE [ Cooperating with other saved-tensor hooks ]
 Only the innermost saved-tensor hooks apply, so inside a non-reentrant
 ``torch.utils.checkpoint`` region (or a user's offloading hooks) ours are not called. While
-recording, ``saved_tensors_hooks.__init__`` is wrapped so that every hook pair created meanwhile
-reports to the recorder too: a pack that returns a tensor keeps that tensor for backward, and an
-unpack that returns a tensor (e.g. one recomputed by checkpoint) hands it to backward; both make
-the storage an activation. A pack that returns an opaque holder keeps nothing.
+recording, the constructor of ``saved_tensors_hooks`` is wrapped (recorder/_torch.py) so that
+every hook pair created meanwhile reports to the recorder too: a pack that returns a tensor
+keeps that tensor for backward, and an unpack that returns a tensor (e.g. one recomputed by
+checkpoint) hands it to backward; both make the storage an activation. A pack that returns an
+opaque holder keeps nothing.
 
 NOTE [ Inputs and their sources ]
 A storage made outside the step's forward and used by it (or saved by autograd) is an INPUT: a
@@ -39,11 +40,11 @@ recorder follows that one (``local``), and a DTensor parameter's local data is a
 SHARDED_PARAMETER. FSDP's own ops name its buffers: ``fsdp.all_gather_copy_in`` makes the flat
 all-gather buffers and ``fsdp.chunk_cat`` fills the reduce-scatter input (COMM_BUFFER),
 ``fsdp.split_with_sizes_copy`` fills the all-gathered parameters (UNSHARDED_PARAMETER). FSDP
-frees and re-allocates an unsharded parameter by resizing its storage (no op; the storage
-object lives on), so the recorder wraps ``FSDPParam.free_unsharded_param`` and
-``alloc_all_gather_outputs``: a resize to 0 is the storage's FREE, and a resize back is a new
-storage row (ALLOC) of the same StorageImpl, owned by the parameter's module, its old weak
-reference disarmed (``sid`` -1).
+frees and re-allocates an unsharded parameter by resizing its storage (no op; the storage object
+lives on), so the recorder wraps FSDP's ``free_unsharded_param`` and
+``alloc_all_gather_outputs`` (recorder/_torch.py): a resize to 0 is the storage's FREE, and a
+resize back is a new storage row (ALLOC) of the same StorageImpl, owned by the parameter's
+module, its old weak reference disarmed (``sid`` -1).
 """
 
 from __future__ import annotations
