@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from recorder.runner import run_script
 from recorder.runs import RunSpec, StopScript
 from recorder.session import Recorder
+from recorder.steps import StepRule
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class RecordingResult:
     """The recording's journal, kept when the trace could not be rebuilt from it."""
 
 
+class CannotOpenTrace(Exception):
+    """The trace or its journal could not be created; the message says why."""
+
+
 @dataclass(frozen=True)
 class RecordOptions:
     """What to record of a script (the ``Recorder``'s arguments)."""
@@ -58,7 +63,7 @@ class RecordOptions:
     steps: int = 1
     warmup: int = 1
     stop_after: bool = False
-    step_every: Any = "auto"
+    step_every: str | StepRule = "auto"
     timing_steps: int = 0
     stacks: bool = False
     progress: bool | None = None
@@ -84,8 +89,9 @@ def record(
     the recorded runs come ``options.timing_steps`` rounds of plain timing steps (NOTE [ Plain
     timing steps ] in recorder/timing.py). ``guard`` is entered around the script (the CLI's
     signal handlers); ``on_exit`` hears the result when the script calls ``os._exit`` (NOTE
-    [ Bad scripts ]). Raises OSError if the trace cannot be opened, and ``StopScript(reason)``
-    if a run aborted the script (a plan that does not fit the model; nothing is kept).
+    [ Bad scripts ]). Raises CannotOpenTrace if the trace cannot be created, and
+    ``StopScript(reason)`` if a run aborted the script (a plan that does not fit the model;
+    nothing is kept).
     """
     existed = output.exists()
     recorder = Recorder(
@@ -100,7 +106,10 @@ def record(
         timing_steps=options.timing_steps,
         stacks=options.stacks,
     )
-    recorder.__enter__()
+    try:
+        recorder.__enter__()
+    except OSError as exc:
+        raise CannotOpenTrace(exc.strerror or str(exc)) from exc
     outcome = None
     parent = os.getpid()
     try:

@@ -138,7 +138,7 @@ def record_script(
     check_output(output, args)
     from ckview.cli.stops import signals_stop_the_script
     from recorder import StopScript
-    from recorder.run import RecordOptions, record
+    from recorder.run import CannotOpenTrace, RecordOptions, record
     from recorder.steps import StepRule, StepRuleError
 
     try:
@@ -169,8 +169,8 @@ def record_script(
             guard=signals_stop_the_script,
             stdout_to_stderr=stdout_to_stderr,
         )
-    except OSError as exc:
-        raise CLIError(f"cannot write {output}: {exc.strerror or exc}") from None
+    except CannotOpenTrace as exc:
+        raise CLIError(f"cannot write {output}: {exc}") from None
     except StopScript as abort:
         raise CLIError(str(abort)) from None
     return _kept(result, output)
