@@ -148,8 +148,8 @@ def keep_fd_on_closerange(ours: Callable[[], int], before: Callable[[], None]) -
 
 
 def watch_optimizer_init(created: Callable[[torch.optim.Optimizer], None]) -> Undo:
-    """Call ``created(optimizer)`` for every optimizer built from now on (a weak reference to
-    the bound method: the patch keeps nothing alive)."""
+    """Call ``created(optimizer)`` (a bound method, held by a weak reference: the patch keeps
+    nothing alive) for every optimizer built from now on."""
     cls = torch.optim.Optimizer
     orig_init = cls.__init__
     method = weakref.WeakMethod(created)
