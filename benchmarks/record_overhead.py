@@ -217,7 +217,9 @@ def recorder_bytes_per_event(step: Step, n: int) -> None:
                 time_steps(step, steps)
                 peak = tracemalloc.get_traced_memory()[1] - base
             tracemalloc.stop()
-            points.append((rec._ops.rows + rec._mem.rows + rec._saved.rows, peak))
+            assert rec._sink is not None
+            run = rec._sink.tables  # the last run's tables stay readable after close
+            points.append((run.ops.rows + run.mem.rows + run.saved.rows, peak))
     (e1, p1), (e2, p2) = points
     print(
         f"recorder memory: {(p2 - p1) / (e2 - e1):.1f} bytes/event marginal, "

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from recorder import Recorder
-from recorder.session import Recorder as Session
+from recorder.sink import TraceSink as Session
 
 Model = Callable[[], tuple[torch.nn.Module, torch.Tensor]]
 
@@ -59,14 +59,14 @@ def record(make: Model, steps: int, folder: Path, journal: bool) -> tuple[float,
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     path = folder / f"t-{journal}.h5"
     biggest = [0]
-    original = Session._journal_step
+    original = Session.journal_step
 
-    def measured(self: Any) -> None:
-        original(self)
+    def measured(self: Any, *args: Any) -> None:
+        original(self, *args)
         if self.journal.exists():
             biggest[0] = max(biggest[0], self.journal.stat().st_size)
 
-    Session._journal_step = measured if journal else (lambda self: None)  # type: ignore[method-assign]
+    Session.journal_step = measured if journal else (lambda self, *args: None)  # type: ignore[method-assign]
     try:
         with Recorder(path, steps=steps, warmup=1) as rec:
             start = 0.0
@@ -79,7 +79,7 @@ def record(make: Model, steps: int, folder: Path, journal: bool) -> tuple[float,
             elapsed = time.perf_counter() - start
         del rec
     finally:
-        Session._journal_step = original  # type: ignore[method-assign]
+        Session.journal_step = original  # type: ignore[method-assign]
     return elapsed / steps, biggest[0], path.stat().st_size
 
 

@@ -19,7 +19,7 @@ are torch-free, for ckview's analysis (NOTE [ Importing ckpt_runtime does not im
 Note that the functions ``checkpoint`` and ``bypass`` shadow their submodules as attributes of
 the package: reach the modules with ``from ckpt_runtime.checkpoint import ...`` or
 ``sys.modules``. The recorder cooperates with both this runtime and ``torch.utils.checkpoint``
-(see recorder/session.py, NOTE [ Cooperating with other saved-tensor hooks ]).
+(see recorder/ledger.py, NOTE [ Cooperating with other saved-tensor hooks ]).
 """
 
 from __future__ import annotations

@@ -222,8 +222,9 @@ def _record_oom(path: Path, fake_device: bool = False) -> Path:
     import torch
     from torch import nn
 
-    from recorder import Recorder, session
+    from recorder import Recorder
     from recorder.device import DeviceSampler, Nvml
+    from recorder.sources import device as session
 
     class Huge(nn.Module):
         boom = False

@@ -5,7 +5,19 @@
 ...     train()
 """
 
+from recorder.run import RecordingResult, RecordOptions, record
 from recorder.runner import Outcome, SignalExit, run_script
-from recorder.session import Recorder, RunSpec, StopScript
+from recorder.runs import RunSpec, StopScript
+from recorder.session import Recorder
 
-__all__ = ["Outcome", "Recorder", "RunSpec", "SignalExit", "StopScript", "run_script"]
+__all__ = [
+    "Outcome",
+    "RecordOptions",
+    "Recorder",
+    "RecordingResult",
+    "RunSpec",
+    "SignalExit",
+    "StopScript",
+    "record",
+    "run_script",
+]

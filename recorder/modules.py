@@ -70,7 +70,7 @@ class ModuleRegistry:
 
     def add_loose(self, parameter: torch.Tensor) -> bool:
         """Know ``parameter``, owned by no module (NOTE [ A forward without modules ] in
-        session.py); False if it was known already."""
+        hooks.py); False if it was known already."""
         if parameter in self._owner:
             return False
         self._owner[parameter] = NO_INDEX

@@ -9,7 +9,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-from recorder.session import StopScript
+from recorder.runs import StopScript
 
 
 class SignalExit(SystemExit):

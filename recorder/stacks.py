@@ -25,7 +25,6 @@ import torch
 
 import ckpt_runtime
 import ckview
-import recorder
 from ckview.trace.stacks import StackInterner
 from ckview.trace.writer import TraceWriter
 
@@ -37,9 +36,12 @@ def _package_dir(module: object) -> str:
     return os.path.dirname(os.path.abspath(str(getattr(module, "__file__", "")))) + os.sep
 
 
+_RECORDER = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""The recorder package's folder (not imported here: its face imports the whole recorder)."""
+
 #: Frames from files under these directories are not the user's (NOTE [ User frames ]).
 _NOT_THE_USERS = tuple(
-    {_package_dir(torch), _package_dir(ckview), _package_dir(recorder), _package_dir(ckpt_runtime)}
+    {_package_dir(torch), _package_dir(ckview), _RECORDER, _package_dir(ckpt_runtime)}
 )
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 

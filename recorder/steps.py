@@ -18,7 +18,7 @@ and backward run inside the step). The rule, by ``StepRule.kind``:
 * ``auto`` without any optimizer: an iteration ends at the first top-level forward after a
   backward (a manual SGD update under ``no_grad`` then belongs to the step it follows); in a
   loop without any nn.Module, at the end of the backward (NOTE [ A forward without modules ]
-  in session.py).
+  in hooks.py).
 * ``optimizer:N``: every N-th optimizer step ends an iteration (all optimizers count).
 * ``backward:N``: the first top-level forward after every N-th backward ends one.
 * ``manual``: only ``Recorder.mark_step()`` ends a step; calling it switches any rule to this
@@ -172,7 +172,7 @@ class IterationTracker:
 
     def describe(self, warmup: int, modules: bool = True) -> str:
         """The rule as stored in the trace's ``step_rule`` meta field (``modules``: whether
-        the loop has any nn.Module; NOTE [ A forward without modules ] in session.py)."""
+        the loop has any nn.Module; NOTE [ A forward without modules ] in hooks.py)."""
         kind, n = self.rule.kind, self.rule.count
         if kind == "manual":
             text = "manual: Recorder.mark_step() ends each step"

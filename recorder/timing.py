@@ -49,7 +49,8 @@ from time import perf_counter_ns
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from recorder._torch import dispatch_mode
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class StepTimer:
 
     def begin(self, observer: Any) -> None:
         """Timing begins: take ``observer`` (the op hook) off the dispatch stack if on top."""
-        if observer is not None and _get_current_dispatch_mode() is observer:
+        if observer is not None and dispatch_mode() is observer:
             self._observer = observer
             self._observer.__exit__(None, None, None)
 

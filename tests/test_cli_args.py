@@ -120,7 +120,7 @@ def test_verify_passes_everything_after_the_script(
     ],
 )
 def test_split_command(argv: list[str], target: str, module: bool, args: list[str]) -> None:
-    from ckview.cli.record import add_record_options
+    from ckview.cli.recording import add_record_options
 
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_record_options(parser)

@@ -18,8 +18,9 @@ from torch import nn
 from ckview.analysis.device import device_states
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import RUN_TABLES, SampleReason
-from recorder import Recorder, session
+from recorder import Recorder
 from recorder.device import DeviceSampler, Nvml, recorded_peak_time
+from recorder.sources import device as device_source
 from tests.fake_cuda import FakeCuda, FakePynvml, GiB, MiB
 
 DATA = Path(__file__).parent / "data"
@@ -195,7 +196,7 @@ def test_device_states_of_a_cpu_run_are_none() -> None:
 
 def fake_devices(monkeypatch: pytest.MonkeyPatch, cuda: FakeCuda, nvml: FakePynvml) -> None:
     monkeypatch.setattr(
-        session,
+        device_source,
         "DeviceSampler",
         functools.partial(DeviceSampler, cuda=cuda, nvml=lambda: Nvml(nvml, os.getpid())),
     )

@@ -14,9 +14,10 @@ from ckpt_runtime.checkpoint import checkpoint
 from ckview.analysis import summarize_run
 from ckview.analysis.diff import diff_runs
 from ckview.cli.main import main
-from ckview.cli.record import load_plans, plan_runs
+from ckview.cli.recording import load_plans
 from ckview.trace import open_trace
 from recorder import Recorder
+from recorder.plans import plan_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPARE = ROOT / "sample_traces" / "transformer_compare.h5"

@@ -1,7 +1,7 @@
 """Recording under torchrun (issue 10, part 2): one trace per rank for DDP and FSDP2 on the
 CPU (gloo, 2 ranks), found and shown together; a failing rank; verify per rank.
 NOTE [ One file per rank ] (ckview/trace/ranks.py), NOTE [ Recording every rank ]
-(ckview/cli/distributed.py), NOTE [ FSDP's storages ] (recorder/session.py)."""
+(ckview/cli/distributed.py), NOTE [ FSDP's storages ] (recorder/ledger.py)."""
 
 from __future__ import annotations
 

@@ -299,7 +299,7 @@ def test_the_journal_rebuilds_the_same_trace(
 
     from ckview.trace.journal import recover_journal
     from recorder import Recorder, RunSpec
-    from recorder.session import Recorder as Session
+    from recorder.sink import TraceSink as Session
 
     class Slow(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -383,7 +383,7 @@ def test_a_full_disk_keeps_the_steps_recorded_before(
         flush(self)
 
     monkeypatch.setattr(writer.TraceWriter, "flush", failing_flush)
-    monkeypatch.setattr("recorder.session._FILE_FLUSH_NS", 0)  # a flush per step
+    monkeypatch.setattr("recorder.runs._FILE_FLUSH_NS", 0)  # a flush per step
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     code, _, err = run_cli(

@@ -54,7 +54,7 @@ import pytest
 
 from ckview.analysis import live_storages
 from ckview.cli.main import main as ckview_main
-from ckview.cli.record import TIMING_STEPS
+from ckview.cli.recording import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import Category, MemoryEventKind, Phase
 

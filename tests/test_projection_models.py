@@ -4,7 +4,7 @@ records them: run 'baseline' (the script's checkpointing bypassed), then one run
 Each model is a pattern that projected 2-14% off before NOTE [ Released outputs ] (blocks ending
 in an op that saves its own output, DDP, a DenseNet with BatchNorm, an LSTM, an alternating
 Linear/ReLU Sequential with sqrt segments), or a loop that made plan runs measure something else
-than the projection: a loop without optimizer (NOTE [ Early run context ] in recorder/session.py)
+than the projection: a loop without optimizer (NOTE [ Early run context ] in recorder/runs.py)
 and a model that checkpoints itself (NOTE [ A plan that replaces the script's checkpointing ]).
 """
 
@@ -21,10 +21,11 @@ import pytest
 import torch
 from torch import nn
 
-from ckview.cli.record import load_plans, plan_runs
+from ckview.cli.recording import load_plans
 from ckview.cli.verify import Check, _verify, format_table
 from ckview.trace import open_trace
 from recorder import Recorder
+from recorder.plans import plan_runs
 
 PLANS = ("none", "sqrt", "all")
 TOLERANCE = 0.001  # the issue's target: 0.1% of the measured peak

@@ -213,7 +213,7 @@ def _function(params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("optimizer", [False, True])
 def test_loop_without_modules(tmp_path: Path, optimizer: bool) -> None:
-    # NOTE [ A forward without modules ] (recorder/session.py): no nn.Module at all, the
+    # NOTE [ A forward without modules ] (recorder/hooks.py): no nn.Module at all, the
     # model a function of plain tensors; a step is one optimizer iteration, or per backward
     # without optimizer, and the tensors trained are parameters (their grads gradients).
     def loop() -> None:

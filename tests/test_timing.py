@@ -21,9 +21,9 @@ from ckview.analysis.timing import (
     recorded_times_only,
     step_time_ns,
 )
-from ckview.cli.record import plan_runs
 from ckview.trace import open_trace
 from recorder import Recorder
+from recorder.plans import plan_runs
 from recorder.timing import TimingStep, timing_schedule
 
 
@@ -187,7 +187,7 @@ def test_plan_runs_are_timed_in_their_own_context(tmp_path: Path) -> None:
     """Each plan run's timing steps run with its plan applied: the plan run's plain step
     calls every block's forward twice (forward, then recompute in backward), recompute calls
     are not counted as forward calls, so its timed calls match the baseline's."""
-    from ckview.cli.record import load_plans
+    from ckview.cli.recording import load_plans
 
     torch.manual_seed(0)
     model = nn.Sequential(*[Block(64) for _ in range(4)])

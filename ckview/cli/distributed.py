@@ -5,8 +5,8 @@ and ``ckview verify``) records one trace per rank.
 NOTE [ Recording every rank ]
 The ranks are the launcher's child processes; the process that runs the launcher trains nothing
 and records nothing. So ckview runs the launcher itself, as ``python -m torch.distributed.run``
-would, with the training script replaced by this module: each rank runs ``python -m
-ckview.cli.distributed TARGET ARGS`` and finds the verb and its options in the environment
+would, with the training script replaced by ckview.cli.rank: each rank runs ``python -m
+ckview.cli.rank TARGET ARGS`` and finds the verb and its options in the environment
 variable ``CKVIEW_RANK_RUN`` (JSON), then runs the verb as ``ckview VERB OPTIONS TARGET ARGS``
 would, into ``NAME.rank{R}.h5`` (NOTE [ One file per rank ] in ckview/trace/ranks.py). Nothing in
 ckview communicates between ranks, so no rank ever waits for another while recording or
@@ -28,11 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ckview.cli.errors import EXIT_USAGE, CLIError
+from ckview.cli.errors import CLIError
 
 LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
 ENV = "CKVIEW_RANK_RUN"
-_LEGACY_RANK_ARGS = ("--local-rank=", "--local_rank=")
+RANK_MODULE = "ckview.cli.rank"
+"""What each rank runs (``python -m ckview.cli.rank``): named, not imported, as it imports
+every verb."""
 
 
 def is_launcher(target: str, module: bool) -> bool:
@@ -48,12 +50,12 @@ def run_launcher(args: argparse.Namespace, default_output: Callable[[str], Path]
 
     launcher = _parse_launcher_args(args)
     user = [launcher.training_script, *launcher.training_script_args]
-    from ckview.cli.record import check_target
+    from ckview.cli.recording import check_target
 
     check_target(launcher.training_script, bool(launcher.module))
     stem = args.output or default_output(launcher.training_script)
     launcher.training_script_args = ["-m", *user] if launcher.module else user
-    launcher.training_script, launcher.module = __name__, True
+    launcher.training_script, launcher.module = RANK_MODULE, True
     started = time.time()
     os.environ[ENV] = json.dumps(_rank_config(args))
     failed: dict[int, Any] = {}
@@ -135,49 +137,3 @@ def _failures(failed: dict[int, Any]) -> str:
         for rank, f in sorted(failed.items())
     ]
     return ", ".join(parts)
-
-
-# ----------------------------------------------------------------------------- in each rank
-
-
-def rank_main(argv: list[str] | None = None) -> int:
-    """Entry of each rank: run the verb that ``CKVIEW_RANK_RUN`` names on ``[-m] TARGET ARGS``."""
-    from ckview.cli.main import VERBS
-    from ckview.trace.errors import TraceError
-
-    config = os.environ.get(ENV)
-    if config is None:
-        print(f"ckview: error: {ENV} is not set; run ckview record -m torch.distributed.run ...")
-        return EXIT_USAGE
-    args = _rank_args(json.loads(config), list(sys.argv[1:] if argv is None else argv))
-    verb = next(v for v in VERBS if v.__name__.rsplit(".", 1)[-1] == args.verb)
-    try:
-        return int(verb.run(args))
-    except (CLIError, TraceError) as exc:
-        print(f"ckview: error: rank {os.environ.get('RANK', '?')}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-
-
-def _rank_args(config: dict[str, Any], argv: list[str]) -> argparse.Namespace:
-    """The verb's arguments in this rank: the options handed down, the target from ``argv``.
-
-    ``torch.distributed.launch`` without ``--use-env`` puts ``--local-rank=N`` before the
-    target; it belongs to the script, as it would without ckview.
-    """
-    legacy = []
-    while argv and argv[0].startswith(_LEGACY_RANK_ARGS):
-        legacy.append(argv.pop(0))
-    module = bool(argv) and argv[0] == "-m"
-    if module:
-        argv.pop(0)
-    if not argv:
-        raise SystemExit("ckview: error: no training script given to the rank")
-    options = dict(config["options"])
-    if options.get("output") is not None:
-        options["output"] = Path(options["output"])
-    sys.argv = list(config["command"])  # the trace's command: the line the user typed
-    return argparse.Namespace(**options, target=argv[0], args=[*legacy, *argv[1:]], module=module)
-
-
-if __name__ == "__main__":
-    sys.exit(rank_main())

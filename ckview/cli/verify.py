@@ -25,7 +25,7 @@ from typing import Any
 from ckview.cli import project as proj
 from ckview.cli.distributed import is_launcher, run_launcher
 from ckview.cli.errors import CLIError
-from ckview.cli.record import (
+from ckview.cli.recording import (
     ARGS_HELP,
     USAGE,
     add_record_options,
@@ -34,7 +34,6 @@ from ckview.cli.record import (
     default_output,
     hint_misplaced,
     load_plans,
-    plan_runs,
     record_script,
     report,
 )
@@ -175,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     check_target(args.target, args.module)
     output = this_rank_path(args.output or default_output(args.target, "-verify"))
     plans = load_plans(args.plan)
+    from recorder.plans import plan_runs
+
     runs = plan_runs(plans, baseline=True, checkpointed=False)
     ending = record_script(args, output, runs, args.json)
     exit_code = report(output, ending, args)

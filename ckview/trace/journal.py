@@ -20,7 +20,7 @@ a journal and not HDF5's SWMR mode: SWMR needs every dataset created before writ
 are created as they begin) and cannot hold variable-length strings (the string table), and a
 file that HDF5 itself cannot write (a full disk, a descriptor the script closed) is still lost
 with SWMR; the journal covers those too (NOTE [ When the trace cannot be written ] in
-recorder/session.py).
+recorder/sink.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,286 @@
+"""Where recorded rows go: the trace (HDF5, written in batches) and the recording's journal
+(one record per step, NOTE [ The recording journal ] in ckview/trace/journal.py).
+
+NOTE [ When the trace cannot be written ]
+A full disk, or a script that closed the trace's file descriptor and opened another file at its
+number, makes writing the trace fail. The first failure is kept in ``write_error``, the HDF5
+file is never written again (the script runs on, its steps still go to the journal while it can
+be written) and at close the trace is rebuilt from the journal: every step journaled before the
+failure is kept, in a trace marked incomplete.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckview.trace import TraceWriter
+from ckview.trace.errors import TraceError
+from ckview.trace.journal import ROWS, JournalWriter, journal_path, recover_journal, room_for
+from ckview.trace.staging import settle, staging_path
+from recorder.tables import Flags, RunTables
+
+_APPENDED = ("ops", "memory_events", "saved_events", "module_io")
+"""The run tables written in batches as they fill (RowBuffer), journaled as appended rows."""
+_WRITE_ERRORS = (OSError, RuntimeError, TraceError)
+"""What writing the trace raises when the disk is full or the file was closed under it."""
+Columns = dict[str, np.ndarray]
+
+
+class TraceSink:
+    """The trace beside ``path`` and its journal, open from construction to :meth:`close`.
+
+    Raises OSError when either cannot be created.
+    """
+
+    def __init__(self, path: Path, meta: Mapping[str, Any], flags: Flags) -> None:
+        self.path = path
+        self._flags = flags
+        self._staging = staging_path(path)
+        self.journal = journal_path(self._staging)
+        """The recording's journal (NOTE [ The recording journal ]): removed once the trace is
+        written; kept if the trace could not be rebuilt from it (a full disk)."""
+        self.written: Path | None = None
+        """Where the trace went once closed (NOTE [ Writing beside the target ])."""
+        self.write_error: str | None = None
+        """Why writing the trace failed (NOTE [ When the trace cannot be written ])."""
+        self.recovered_steps: int | None = None
+        """Steps of the trace rebuilt from the journal after a write failure."""
+        self.writer: TraceWriter | None = TraceWriter(self._staging, meta=meta)
+        try:
+            self._journal: JournalWriter | None = JournalWriter(self.journal, meta)
+        except OSError:
+            self.writer.close(complete=False, error="cannot write the journal")
+            self._staging.unlink(missing_ok=True)
+            raise
+        self._tables: RunTables | None = None
+        self._run: Any = None
+        self._batches: list[tuple[str, Columns]] = []  # written, not journaled yet
+        self._journaled: dict[str, int] = {}  # rows of each appended table in the journal
+        self._sunk: dict[str, int] = {}  # rows of each appended table handed to the writer
+        self._journal_strings = 0
+        self._journal_modules: Columns = {}
+
+    def intern(self, s: str) -> int:
+        assert self.writer is not None
+        return self.writer.intern(s)
+
+    def begin_run(self, name: str) -> None:
+        """The trace's run ``name`` begins; :meth:`tables` hold its rows."""
+        assert self.writer is not None
+        self._run = self.writer.run(name)
+        self._tables = RunTables(name, self.sink, self.intern)
+        self._batches, self._journaled, self._sunk = [], {}, {}
+
+    @property
+    def tables(self) -> RunTables:
+        assert self._tables is not None, "no run begun"
+        return self._tables
+
+    def sink(self, table: str, columns: Columns) -> None:
+        """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
+        self._since_start(columns)
+        if table in _APPENDED and self._journal is not None:
+            self._batches.append((table, columns))
+            self._sunk[table] = self._sunk.get(table, 0) + _length(columns)
+        self.write(self._run.append, table, columns)
+
+    def _since_start(self, columns: Columns) -> None:
+        t0 = self.tables.t0
+        for name, col in columns.items():
+            if name.endswith("_ns"):
+                np.subtract(col, t0, out=col, where=col >= 0)
+
+    def write(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Call ``write`` (a TraceWriter method) unless writing failed already; a failure is
+        kept in ``write_error`` (NOTE [ When the trace cannot be written ])."""
+        if self.write_error is not None or self.writer is None:
+            return
+        self._flags.busy, busy = True, self._flags.busy
+        try:
+            self.writer.check_file()
+            write(*args, **kwargs)
+        except _WRITE_ERRORS as exc:
+            self.write_error = _describe_write_error(exc)
+            self.writer.abandon()  # nothing more goes to it
+        finally:
+            self._flags.busy = busy
+
+    def set_run_attrs(self, **attrs: Any) -> None:
+        self.write(self._run.set_attrs, **attrs)
+
+    def close_run(self, complete: bool) -> None:
+        self.write(self._run.close, complete=complete)
+
+    def flush_file(self) -> None:
+        """Put what was written on disk (the journal keeps it too)."""
+        if self.writer is not None:
+            self.write(self.writer.flush)
+
+    def fileno(self) -> int:
+        """The trace's file descriptor, -1 once closed."""
+        return self.writer.fileno() if self.writer is not None else -1
+
+    # ------------------------------------------------------------------------- journal
+
+    def journal_step(self, modules: Columns, attrs: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Append the step that just ended to the journal (NOTE [ The recording journal ]):
+        the run's rows since the last record, the ``modules`` table's changes, new strings."""
+        journal, writer, tables = self._journal, self.writer, self.tables
+        if journal is None or writer is None:
+            return
+        blocks: dict[str, str] = {}
+        arrays: Columns = {}
+        for table, columns in self._appended_since_journal().items():
+            blocks[table] = "append"
+            arrays.update({f"{table}/{name}": col for name, col in columns.items()})
+        for mutable in tables.editable:
+            rows, columns = mutable.take_changes()
+            self._since_start(columns)
+            _add_rows(blocks, arrays, mutable.table, rows, columns)
+        _add_rows(blocks, arrays, "modules", *_changed(self._journal_modules, modules))
+        self._journal_modules = modules
+        strings = writer.strings_since(self._journal_strings)
+        self._journal_strings += len(strings)
+        header = {
+            "kind": "step",
+            "run": tables.name,
+            "attrs": attrs,
+            "meta": meta,
+            "strings": strings,
+            "blocks": blocks,
+        }
+        if self.write_error is not None:
+            return  # the journal's last record is the last step kept: room to rebuild it
+        try:
+            journal.append(header, arrays)
+        except OSError as exc:  # a full disk: the steps journaled so far are what is kept
+            self._journal = None
+            self.write_error = _describe_write_error(exc)
+            writer.abandon()
+
+    def _appended_since_journal(self) -> dict[str, Columns]:
+        """Per appended table, its rows since the last journal record: from the batches
+        written since (their rows not in the journal yet) and from the buffer, unwritten."""
+        batches, self._batches = self._batches, []
+        found = {}
+        for buf in self.tables.appended:
+            table, start = buf.table, self._journaled.get(buf.table, 0)
+            end = self._sunk.get(table, 0)
+            parts = []
+            for name, columns in reversed(batches):
+                if name == table and end > start:
+                    size = _length(columns)
+                    parts.append({c: a[max(start - (end - size), 0) :] for c, a in columns.items()})
+                    end -= size
+            parts.reverse()
+            rest = buf.unflushed(start)
+            self._since_start(rest)
+            parts.append(rest)
+            if buf.rows > start:
+                found[table] = {c: np.concatenate([p[c] for p in parts]) for c in rest}
+            self._journaled[table] = buf.rows
+        return found
+
+    def journal_timing(self, run: str, tables: dict[str, dict[str, list[int]]]) -> None:
+        """Put a run's kept timing steps in the journal, whole (a few rows), so that a recording
+        killed during its timing steps keeps those already timed."""
+        journal = self._journal
+        if journal is None or self.write_error is not None:
+            return
+        blocks: dict[str, str] = {}
+        arrays: Columns = {}
+        for table, columns in tables.items():
+            data = {name: np.asarray(col, dtype=np.int64) for name, col in columns.items()}
+            _add_rows(blocks, arrays, table, np.arange(_length(data)), data)
+        header = {"kind": "timing", "run": run, "strings": [], "meta": {}, "blocks": blocks}
+        try:
+            journal.append(header, arrays)
+        except OSError:  # a full disk: the recorded steps are in the journal already
+            self._journal = None
+
+    # ------------------------------------------------------------------------- close
+
+    def close(self, error: str) -> None:
+        """Close the trace and settle it (NOTE [ Writing beside the target ] in
+        ckview/trace/staging.py): incomplete with ``error``."""
+        writer = self.writer
+        if writer is None:
+            return
+        try:
+            if self.write_error is None:
+                self.write(writer.close, complete=not error, error=error)
+        finally:
+            self.writer = None
+            self._settle(writer, error)
+
+    def _settle(self, writer: TraceWriter, error: str) -> None:
+        """Put the closed trace where it belongs; after a write failure, the trace rebuilt from
+        the journal (NOTE [ When the trace cannot be written ])."""
+        self._journal = None
+        if self.write_error is None:
+            self.written = settle(self._staging, self.path, good=not error)
+            self.journal.unlink(missing_ok=True)
+            return
+        writer.abandon()
+        self._staging.unlink(missing_ok=True)  # frees the room the rebuilt trace needs
+        why = f"{self.write_error}; the steps recorded before are kept"
+        if not room_for(self.journal):
+            return  # the journal stays, for ckview recover once there is room
+        try:
+            recovered = recover_journal(self.journal, self._staging, why)
+        except (OSError, RuntimeError, TraceError):
+            return  # the journal stays, for ckview recover once there is room
+        self.recovered_steps = recovered.steps
+        self.written = settle(self._staging, self.path, good=False)
+        self.journal.unlink(missing_ok=True)
+
+    def forget_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): the trace and the journal are the
+        parent's."""
+        if self.writer is not None:
+            self.writer.forget_in_child()
+        self.writer = None
+        self._journal = None
+
+
+def _describe_write_error(exc: BaseException) -> str:
+    """One line: why the trace could not be written."""
+    if isinstance(exc, TraceError):
+        return str(exc)
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    if code == errno.ENOSPC or "errno = 28" in text or "No space left" in text:
+        return "the disk is full (no space left on device)"
+    if code == errno.EBADF or "errno = 9" in text:
+        return "the script closed the trace's file"
+    return f"writing the trace failed ({' '.join(text.split())[:200]})"
+
+
+def _length(columns: Columns) -> int:
+    return len(next(iter(columns.values())))
+
+
+def _add_rows(
+    blocks: dict[str, str], arrays: Columns, table: str, rows: np.ndarray, columns: Columns
+) -> None:
+    """Add a changed-rows block of ``table`` to a journal record, if any row changed."""
+    if len(rows):
+        blocks[table] = "rows"
+        arrays[f"{table}/{ROWS}"] = rows
+        arrays.update({f"{table}/{name}": col for name, col in columns.items()})
+
+
+def _changed(before: Columns, now: Columns) -> tuple[np.ndarray, Columns]:
+    """The rows of ``now`` that are new or differ from ``before``, and their columns."""
+    seen = len(next(iter(before.values()))) if before else 0
+    count = len(next(iter(now.values())))
+    differs = np.zeros(seen, bool)
+    for name, col in now.items() if seen else ():
+        differs |= col[:seen] != before[name]
+    rows = np.concatenate((np.flatnonzero(differs), np.arange(seen, count)))
+    return rows, {name: col[rows] for name, col in now.items()}

@@ -1,0 +1,49 @@
+"""CUDA devices as a source: allocator state and NVML totals sampled at step boundaries, at
+each step's peak and at an OOM (NOTE [ Device samples ] in recorder/device.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from recorder.device import DeviceSampler, recorded_peak_time
+from recorder.sources.base import RunPart, nothing_to_undo
+from recorder.tables import RunTables
+
+
+class DeviceSource:
+    """The run's ``device_samples`` table and the trace's ``device_total_bytes``."""
+
+    def __init__(self, intern: Callable[[str], int]) -> None:
+        self._sampler = DeviceSampler(intern)
+
+    def install(self) -> Callable[[], None]:
+        return nothing_to_undo
+
+    def begin_run(self, run: RunTables) -> None:
+        pass
+
+    def step_begins(self, now: int) -> None:
+        self._sampler.step_begins(now)
+
+    def step_ends(self, now: int) -> None:
+        self._sampler.step_ends(now)
+
+    def end_run(self, run: RunTables, now: int, error: str) -> RunPart:
+        """The run's samples, its last boundary sampled at its last step's end (``now`` if it
+        has none); peaks placed on the recorded storages."""
+        last = len(run.steps) - 1
+        self._sampler.run_ends(run.steps.get(last, "end_ns") if last >= 0 else now)
+        storages = run.storages.as_columns()
+
+        def peak_time(device: str, start: int, end: int) -> int:
+            return recorded_peak_time(storages, run.intern(device), start, end)
+
+        return RunPart(tables={"device_samples": self._sampler.columns(peak_time)})
+
+    def meta(self) -> dict[str, Any]:
+        return {"device_total_bytes": self._sampler.total_bytes}
+
+    def oom(self, now: int) -> None:
+        """An allocation failed (NOTE [ OOM capture ] in recorder/oom.py): sample the devices."""
+        self._sampler.oom(now)
