@@ -26,6 +26,7 @@ from recorder.progress import StepProgress
 from recorder.sink import TraceSink
 from recorder.sources.base import Source
 from recorder.stacks import Stacks
+from recorder.steady import warmup_needed
 from recorder.steps import IterationTracker, StepCounts, plural
 from recorder.tables import Flags, State
 from recorder.timing import RunTimes, StepTimer, plan_call_cost_ns, timing_schedule
@@ -159,13 +160,24 @@ class RunSequencer:
         self._early_context = spec.context(self._owner)
         self._early_context.__enter__()
 
+    def warmup_needed(self) -> int:
+        """Warmup iterations: as asked, and until the script's model has settled (NOTE [ Warm-up
+        until steady ] in steady.py)."""
+        if self.plan.warmup == 0:
+            return 0
+        try:
+            model = self._p.registry.main_model()
+        except RuntimeError:  # no module ran forward (yet)
+            model = None
+        return warmup_needed(self.plan.warmup, model)
+
     def _next_boundary_starts_run(self) -> bool:
         """Whether the next step boundary enters another run's context: the first run after
         warmup, the next run, the first run's timing steps after the last recorded step, or
         the next run's timing steps (NOTE [ Plain timing steps ] in timing.py)."""
         state = self._p.flags.state
         if state is State.WARMUP:
-            return self.warmup_done + 1 >= self.plan.warmup
+            return self.warmup_done + 1 >= self.warmup_needed()
         if state is State.TIMING:
             following = self._schedule[self._timing_pos + 1 : self._timing_pos + 2]
             return bool(following) and following[0].run != self._timing_run
@@ -223,7 +235,7 @@ class RunSequencer:
             p.tracker.learned = counts
             self.warmup_done += 1
             p.progress.step_done()
-            if self.warmup_done >= self.plan.warmup:
+            if self.warmup_done >= self.warmup_needed():
                 self.start_recording()
         elif p.flags.state is State.TIMING:
             self.timer.end_step()
@@ -414,9 +426,11 @@ class RunSequencer:
         """``error``, or why no step was recorded: that is a failure too."""
         if error or self.steps_recorded:
             return error
-        if self.warmup_done < self.plan.warmup:
-            done = f"{self.warmup_done} of {plural(self.plan.warmup, 'warmup step')}"
-            return f"no step was recorded: the code ended after {done}"
+        needed = self.warmup_needed()
+        if self.warmup_done < needed:
+            done = f"{self.warmup_done} of {plural(needed, 'warmup step')}"
+            settle = " (DDP settles in its second iteration)" if needed > self.plan.warmup else ""
+            return f"no step was recorded: the code ended after {done}{settle}"
         rule = self._p.tracker.describe(self.plan.warmup)
         return f"no step was recorded: the first recorded step never ended (steps: {rule})"
 
