@@ -1,0 +1,496 @@
+// ckview's native event sources (recorder/native): ops, allocator blocks, module calls and
+// saved tensors, written as fixed-width rows into per-thread buffers and handed to Python by
+// drain() at step boundaries. Python turns them into per-step facts with numpy
+// (recorder/native/attribute.py); nothing here runs Python per op.
+//
+// Row layouts are mirrored by numpy dtypes in recorder/native/rows.py; row_sizes() lets Python
+// check that both agree before reading a byte.
+//
+// NOTE [ Native sources ]
+// - Ops: a thread-local RecordFunction callback (FUNCTION and BACKWARD_FUNCTION scopes). The
+//   callback and the PROFILER_STATE slot travel with torch's ThreadLocalState into autograd
+//   engine threads and at::launch tasks, as torch's profiler does; threads the user starts are
+//   not seen.
+// - Allocator blocks: a ProfilerStateBase subclass pushed into the thread-local PROFILER_STATE
+//   debug-info slot with memoryProfilingEnabled() true. The CPU allocator and the CUDA caching
+//   allocator report every block there (c10::reportMemoryUsageToProfiler), on the thread that
+//   allocates or frees. It must be a ProfilerStateBase: torch static_casts what sits in that
+//   slot (profilerEnabled(), _profiler_type()). Torch's profiler refuses to start while the slot
+//   is taken, so suspend_reporter()/resume_reporter() let a script's own profiler run.
+// - At an allocation the thread's op stack is known, so a memory row carries its innermost op,
+//   its top-level op and the sequence number of the enclosing backward node: no parent walk is
+//   needed afterwards.
+// - Module calls and saved tensors: global module forward hooks and saved_tensors_hooks whose
+//   callables are these C++ functions (no Python frame runs).
+#include <torch/extension.h>
+#include <torch/version.h>
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+
+#include <atomic>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+namespace prof = torch::profiler::impl;
+
+constexpr int kDims = 8;  // sizes kept per tensor row; ndim says how many were real
+
+// ---------------------------------------------------------------------------------------------
+// Rows (packed; rows.py holds the matching numpy dtypes)
+// ---------------------------------------------------------------------------------------------
+#pragma pack(push, 1)
+struct OpRow {  // one RecordFunction range
+  int64_t id, t0, t1, seq, parent, top, node_seq;
+  int32_t name, call, graph_task;
+  uint8_t scope, pad[3];
+};
+struct MemRow {  // one allocator event: bytes > 0 allocates, < 0 frees
+  int64_t t, ptr, bytes, op, top, node_seq, allocated, reserved;
+  int32_t call;
+  int16_t device_type, device_index;
+};
+struct OomRow {  // an allocation the allocator could not satisfy
+  int64_t t, bytes, allocated, reserved, op, top;
+  int32_t call;
+  int16_t device_type, device_index;
+};
+struct TensorInfo {
+  int8_t dtype, ndim;
+  uint8_t pad[6];
+  int64_t dims[kDims];
+};
+struct SavedRow {  // a saved_tensors_hooks pack (kind 0) or unpack (kind 1)
+  int64_t t, ptr, storage_nbytes, nbytes, op, top;
+  int32_t call;
+  uint8_t kind, pad[3];
+  TensorInfo tensor;
+};
+struct OutRow {  // one tensor an op returned (only when outputs are recorded)
+  int64_t t, op, ptr, storage_nbytes;
+  TensorInfo tensor;
+};
+struct ModRow {  // a module forward call begins (enter 1) or returns (enter 0)
+  int64_t t, address, seq;
+  int32_t call, parent, module;
+  uint8_t enter, pad[3];
+};
+struct EndRow {  // an op that ended after its row was drained
+  int64_t id, t1;
+};
+#pragma pack(pop)
+
+// CLOCK_MONOTONIC: the clock of Python's time.perf_counter_ns on Linux, which the recorder uses.
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+inline int64_t addr(const void* p) { return int64_t(reinterpret_cast<intptr_t>(p)); }
+
+// ---------------------------------------------------------------------------------------------
+// Buffers: one per thread, each with its own lock (uncontended except while drain() reads it)
+// ---------------------------------------------------------------------------------------------
+struct Buffers {
+  std::mutex mu;
+  std::vector<OpRow> ops;
+  std::vector<MemRow> mems;
+  std::vector<OomRow> ooms;
+  std::vector<SavedRow> saved;
+  std::vector<OutRow> outs;
+  std::vector<ModRow> mods;
+  std::vector<EndRow> ends;
+  int64_t drained_ops = 0;  // op rows of this thread handed out by drain() so far
+};
+
+struct Frame {  // an open op on this thread
+  int64_t id, local, top, node_seq;
+};
+struct Call {  // an open module call on this thread
+  int32_t call, module;
+};
+
+std::mutex registry_mu;  // guards `registry`, names and module ids
+std::vector<std::shared_ptr<Buffers>> registry;
+std::vector<std::string> names;
+std::unordered_map<std::string, int32_t> name_ids;
+std::unordered_map<int64_t, int32_t> module_ids;
+std::atomic<int64_t> next_op{0};
+std::atomic<int32_t> next_call{0};
+std::atomic<uint64_t> generation{1};  // bumped by start(): stacks of an earlier recording go
+
+struct ThreadState {
+  std::shared_ptr<Buffers> buf;
+  std::vector<Frame> ops;
+  std::vector<Call> calls;
+  std::unordered_map<const char*, std::pair<int32_t, std::string>> by_ptr;
+  uint64_t generation = 0;
+};
+thread_local ThreadState tls;
+
+ThreadState& state() {
+  uint64_t g = generation.load(std::memory_order_relaxed);
+  if (tls.generation != g) {
+    tls.ops.clear();
+    tls.calls.clear();
+    tls.generation = g;
+  }
+  if (!tls.buf) {
+    tls.buf = std::make_shared<Buffers>();
+    std::lock_guard<std::mutex> lock(registry_mu);
+    registry.push_back(tls.buf);
+  }
+  return tls;
+}
+
+int32_t intern_text(const char* text) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = name_ids.find(text);
+  if (it != name_ids.end()) return it->second;
+  int32_t id = int32_t(names.size());
+  names.emplace_back(text);
+  name_ids.emplace(names.back(), id);
+  return id;
+}
+
+// NOTE [ Interning op names ]
+// FUNCTION-scope names point into the op's schema and live as long as it, so a thread caches
+// them by pointer; the cached text is compared too, because a name built at run time may free
+// its string and a later one reuse the address. Backward node names die with their range:
+// looked up by text.
+int32_t intern(ThreadState& ts, const at::RecordFunction& fn) {
+  const char* p = fn.name();
+  if (fn.scope() != at::RecordScope::FUNCTION) return intern_text(p);
+  auto it = ts.by_ptr.find(p);
+  if (it != ts.by_ptr.end() && std::strcmp(it->second.second.c_str(), p) == 0)
+    return it->second.first;
+  int32_t id = intern_text(p);
+  ts.by_ptr[p] = {id, std::string(p)};
+  return id;
+}
+
+inline int64_t cur_op(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().id; }
+inline int64_t cur_top(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().top; }
+inline int64_t cur_node(const ThreadState& ts) {
+  return ts.ops.empty() ? -1 : ts.ops.back().node_seq;
+}
+inline int32_t cur_call(const ThreadState& ts) {
+  return ts.calls.empty() ? -1 : ts.calls.back().call;
+}
+
+void describe(const at::Tensor& t, TensorInfo& info) {
+  info.dtype = int8_t(t.scalar_type());
+  int64_t nd = t.dim();
+  info.ndim = int8_t(nd);
+  std::memset(info.pad, 0, sizeof info.pad);
+  auto sizes = t.sizes();
+  for (int i = 0; i < kDims; ++i) info.dims[i] = i < nd ? sizes[i] : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------------------------
+bool want_outputs = false;
+at::CallbackHandle callback = 0;
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  ThreadState& ts = state();
+  int64_t t = now_ns();
+  int64_t id = next_op.fetch_add(1, std::memory_order_relaxed);
+  bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+  int64_t parent = cur_op(ts);
+  int64_t top = parent < 0 ? id : ts.ops.back().top;
+  int64_t node_seq = node ? fn.seqNr() : cur_node(ts);
+  OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
+            int32_t(torch::autograd::get_current_graph_task_id()), uint8_t(fn.scope()),
+            {0, 0, 0}};
+  Buffers& b = *ts.buf;
+  std::lock_guard<std::mutex> lock(b.mu);
+  ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq});
+  b.ops.push_back(row);
+  return nullptr;
+}
+
+// NOTE [ Op ends ]
+// A range is closed on the thread that opened it, last opened first closed, so the thread's
+// stack top is the range that ends. Its row is still in the buffer unless drain() ran while it
+// was open (a step boundary inside an op): then the end goes to an EndRow that Python applies.
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  ThreadState& ts = state();
+  if (ts.ops.empty()) return;  // opened before start() or before a restart
+  Frame f = ts.ops.back();
+  ts.ops.pop_back();
+  int64_t t = now_ns();
+  Buffers& b = *ts.buf;
+  std::lock_guard<std::mutex> lock(b.mu);
+  int64_t i = f.local - b.drained_ops;
+  if (i >= 0 && i < int64_t(b.ops.size())) {
+    b.ops[size_t(i)].t1 = t;
+  } else {
+    b.ends.push_back(EndRow{f.id, t});
+  }
+  if (!want_outputs) return;
+  for (const c10::IValue& v : fn.outputs()) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& out = v.toTensor();
+    if (!out.defined() || !out.has_storage()) continue;
+    const c10::StorageImpl* s = out.storage().unsafeGetStorageImpl();
+    OutRow row{t, f.id, addr(s->data_ptr().get()), int64_t(s->nbytes()), {}};
+    describe(out, row.tensor);
+    b.outs.push_back(row);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allocator blocks
+// ---------------------------------------------------------------------------------------------
+struct Reporter final : prof::ProfilerStateBase {
+  Reporter()
+      : prof::ProfilerStateBase(prof::ProfilerConfig(prof::ProfilerState::Disabled,
+                                                     /*report_input_shapes=*/false,
+                                                     /*profile_memory=*/true)) {}
+
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t allocated, size_t reserved,
+                         c10::Device d) override {
+    int64_t t = now_ns();
+    ThreadState& ts = state();
+    MemRow row{t, addr(ptr), bytes, cur_op(ts), cur_top(ts), cur_node(ts), int64_t(allocated),
+               int64_t(reserved), cur_call(ts), int16_t(d.type()), int16_t(d.index())};
+    std::lock_guard<std::mutex> lock(ts.buf->mu);
+    ts.buf->mems.push_back(row);
+  }
+
+  void reportOutOfMemory(int64_t bytes, size_t allocated, size_t reserved,
+                         c10::Device d) override {
+    int64_t t = now_ns();
+    ThreadState& ts = state();
+    OomRow row{t, bytes, int64_t(allocated), int64_t(reserved), cur_op(ts), cur_top(ts),
+               cur_call(ts), int16_t(d.type()), int16_t(d.index())};
+    std::lock_guard<std::mutex> lock(ts.buf->mu);
+    ts.buf->ooms.push_back(row);
+  }
+
+  bool memoryProfilingEnabled() const override { return true; }
+  prof::ActiveProfilerType profilerType() override { return prof::ActiveProfilerType::NONE; }
+};
+
+// The slot's name is the same token in every supported release: an enum value up to the 2.1x
+// series, a static DebugInfoKind object in 2.13 (c10/util/ThreadLocalDebugInfo.h).
+const auto kSlot = c10::DebugInfoKind::PROFILER_STATE;
+
+std::shared_ptr<Reporter> reporter;  // set while recording memory
+bool reporter_pushed = false;        // on this (the recording) thread's slot now
+
+bool reporter_on_top() {
+  return reporter && c10::ThreadLocalDebugInfo::get(kSlot) == reporter.get();
+}
+
+// Pops the reporter so that a script's torch.profiler can take the slot. False when it is not
+// the slot's innermost entry (someone pushed above it): then nothing is popped.
+bool suspend_reporter() {
+  if (!reporter_pushed) return false;
+  if (!reporter_on_top()) return false;
+  try {
+    c10::ThreadLocalDebugInfo::_pop(kSlot);
+  } catch (const c10::Error&) {
+    return false;  // another kind of debug info sits above ours
+  }
+  reporter_pushed = false;
+  return true;
+}
+
+// Pushes the reporter back. False while the slot holds something else (a profiler still on).
+bool resume_reporter() {
+  if (!reporter || reporter_pushed) return false;
+  if (c10::ThreadLocalDebugInfo::get(kSlot) != nullptr) return false;
+  c10::ThreadLocalDebugInfo::_push(kSlot, reporter);
+  reporter_pushed = true;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start, stop, drain
+// ---------------------------------------------------------------------------------------------
+void start(bool ops, bool memory, bool outputs) {
+  TORCH_CHECK(!callback && !reporter, "the native recorder is already started; stop() it first");
+  generation.fetch_add(1, std::memory_order_relaxed);
+  want_outputs = outputs;
+  if (ops) {
+    at::RecordFunctionCallback cb(on_start, on_end);
+    cb.needsInputs(false).needsOutputs(outputs).needsIds(false).scopes(
+        {at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+    callback = at::addThreadLocalCallback(cb);
+  }
+  if (memory) {
+    reporter = std::make_shared<Reporter>();
+    if (!resume_reporter()) {
+      reporter.reset();
+      if (callback) at::removeCallback(callback);
+      callback = 0;
+      TORCH_CHECK(false, "torch's profiler slot is taken on this thread (a profiler is running)");
+    }
+  }
+}
+
+void stop() {
+  if (callback) at::removeCallback(callback);
+  callback = 0;
+  suspend_reporter();
+  reporter.reset();
+  reporter_pushed = false;
+}
+
+template <class T>
+void take(std::vector<T>& rows, std::string& out) {
+  out.append(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(T));
+  rows.clear();
+}
+
+py::dict drain() {
+  std::string ops, mems, ooms, saved, outs, mods, ends;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    for (const auto& b : registry) {
+      std::lock_guard<std::mutex> guard(b->mu);
+      b->drained_ops += int64_t(b->ops.size());
+      take(b->ops, ops);
+      take(b->mems, mems);
+      take(b->ooms, ooms);
+      take(b->saved, saved);
+      take(b->outs, outs);
+      take(b->mods, mods);
+      take(b->ends, ends);
+    }
+  }
+  py::dict d;
+  d["ops"] = py::bytes(ops);
+  d["memory"] = py::bytes(mems);
+  d["ooms"] = py::bytes(ooms);
+  d["saved"] = py::bytes(saved);
+  d["outputs"] = py::bytes(outs);
+  d["modules"] = py::bytes(mods);
+  d["op_ends"] = py::bytes(ends);
+  return d;
+}
+
+std::vector<std::string> names_from(size_t first) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  if (first >= names.size()) return {};
+  return std::vector<std::string>(names.begin() + int64_t(first), names.end());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Module and saved-tensor hooks (Python calls these directly)
+// ---------------------------------------------------------------------------------------------
+int32_t module_id(int64_t address) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  return module_ids.try_emplace(address, int32_t(module_ids.size())).first->second;
+}
+
+void pre_hook(py::handle module, py::handle) {
+  ThreadState& ts = state();
+  int64_t a = addr(module.ptr());
+  int32_t m = module_id(a);
+  int32_t call = next_call.fetch_add(1, std::memory_order_relaxed);
+  ModRow row{now_ns(), a, int64_t(at::sequence_number::peek()), call, cur_call(ts), m, 1,
+             {0, 0, 0}};
+  ts.calls.push_back(Call{call, m});
+  std::lock_guard<std::mutex> lock(ts.buf->mu);
+  ts.buf->mods.push_back(row);
+}
+
+// Closes the innermost open call of this module (calls left open above it by an exception
+// are closed with it).
+void post_hook(py::handle module, py::handle, py::handle) {
+  ThreadState& ts = state();
+  int64_t a = addr(module.ptr());
+  int32_t m = module_id(a);
+  int64_t t = now_ns();
+  int64_t seq = int64_t(at::sequence_number::peek());
+  size_t i = ts.calls.size();
+  while (i > 0 && ts.calls[i - 1].module != m) --i;
+  if (i == 0) return;  // its pre-hook ran before recording started
+  std::lock_guard<std::mutex> lock(ts.buf->mu);
+  while (ts.calls.size() >= i) {
+    Call c = ts.calls.back();
+    ts.calls.pop_back();
+    int32_t parent = ts.calls.empty() ? -1 : ts.calls.back().call;
+    ts.buf->mods.push_back(ModRow{t, a, seq, c.call, parent, c.module, 0, {0, 0, 0}});
+  }
+}
+
+void saved_row(py::handle obj, uint8_t kind) {
+  if (!THPVariable_Check(obj.ptr())) return;
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  if (!t.defined() || !t.has_storage()) return;
+  ThreadState& ts = state();
+  const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  SavedRow row{now_ns(), addr(s->data_ptr().get()), int64_t(s->nbytes()),
+               int64_t(t.numel()) * int64_t(t.element_size()), cur_op(ts), cur_top(ts),
+               cur_call(ts), kind, {0, 0, 0}, {}};
+  describe(t, row.tensor);
+  std::lock_guard<std::mutex> lock(ts.buf->mu);
+  ts.buf->saved.push_back(row);
+}
+
+// The pack hook keeps the tensor itself: autograd saves exactly what it would without hooks.
+py::object pack(py::handle obj) {
+  saved_row(obj, 0);
+  return py::reinterpret_borrow<py::object>(obj);
+}
+
+py::object unpack(py::handle obj) {
+  saved_row(obj, 1);
+  return py::reinterpret_borrow<py::object>(obj);
+}
+
+py::dict row_sizes() {
+  py::dict d;
+  d["ops"] = sizeof(OpRow);
+  d["memory"] = sizeof(MemRow);
+  d["ooms"] = sizeof(OomRow);
+  d["saved"] = sizeof(SavedRow);
+  d["outputs"] = sizeof(OutRow);
+  d["modules"] = sizeof(ModRow);
+  d["op_ends"] = sizeof(EndRow);
+  return d;
+}
+
+std::string built_for() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "ckview's native event sources (see recorder/native/__init__.py)";
+  m.def("start", &start, py::arg("ops") = true, py::arg("memory") = true,
+        py::arg("outputs") = false);
+  m.def("stop", &stop);
+  m.def("drain", &drain);
+  m.def("names", &names_from, py::arg("first") = 0);
+  m.def("suspend_reporter", &suspend_reporter);
+  m.def("resume_reporter", &resume_reporter);
+  m.def("reporter_active", &reporter_on_top);
+  m.def("pre_hook", &pre_hook);
+  m.def("post_hook", &post_hook);
+  m.def("pack", &pack);
+  m.def("unpack", &unpack);
+  m.def("row_sizes", &row_sizes);
+  m.def("built_for", &built_for);
+  m.def("now_ns", &now_ns);
+  m.def("dtype_code", [](const at::Tensor& t) { return int(t.scalar_type()); });
+  m.attr("DIMS") = kDims;
+}
