@@ -135,6 +135,7 @@ struct ThreadState {
   std::vector<Frame> ops;
   std::vector<Call> calls;
   std::unordered_map<const char*, std::pair<int32_t, std::string>> by_ptr;
+  int64_t last_node_seq = -1;  // NOTE [ Engine work between nodes ]
   uint64_t generation = 0;
 };
 thread_local ThreadState tls;
@@ -144,6 +145,7 @@ ThreadState& state() {
   if (tls.generation != g) {
     tls.ops.clear();
     tls.calls.clear();
+    tls.last_node_seq = -1;
     tls.generation = g;
   }
   if (!tls.buf) {
@@ -211,16 +213,24 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
   int64_t parent = cur_op(ts);
   int64_t top = parent < 0 ? id : ts.ops.back().top;
+  int32_t graph_task = int32_t(torch::autograd::get_current_graph_task_id());
   int64_t node_seq = node ? fn.seqNr() : cur_node(ts);
+  if (parent < 0 && !node && graph_task >= 0) node_seq = ts.last_node_seq;
   OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
-            int32_t(torch::autograd::get_current_graph_task_id()), uint8_t(fn.scope()),
-            {0, 0, 0}};
+            graph_task, uint8_t(fn.scope()), {0, 0, 0}};
   Buffers& b = *ts.buf;
   std::lock_guard<std::mutex> lock(b.mu);
   ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq});
   b.ops.push_back(row);
   return nullptr;
 }
+
+// NOTE [ Engine work between nodes ]
+// Between two backward node ranges the autograd engine runs ops of its own on the node's
+// outputs: validate_outputs reduces a broadcast gradient to its input's shape (a Linear bias's
+// `sum`), and input buffers accumulate gradients (`add`). They belong to the node that just
+// ran, so a top-level op inside a graph task takes the sequence number of the last node range
+// that ended on the thread, as the Python recorder's _last_seq_call does.
 
 // NOTE [ Op ends ]
 // A range is closed on the thread that opened it, last opened first closed, so the thread's
@@ -232,6 +242,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   Frame f = ts.ops.back();
   ts.ops.pop_back();
   int64_t t = now_ns();
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && fn.seqNr() >= 0)
+    ts.last_node_seq = fn.seqNr();
   Buffers& b = *ts.buf;
   std::lock_guard<std::mutex> lock(b.mu);
   int64_t i = f.local - b.drained_ops;
