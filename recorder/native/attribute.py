@@ -88,12 +88,14 @@ class Attribution:
         seq_keys, seq_calls = self._seq_to_call(ops)
         ops["phase"] = _phases(ops, spans)
         backward_call = _lookup(seq_keys, seq_calls, ops["seq_nr"], -1)
-        ops["module_call"] = np.where(ops["seq_nr"] >= 0, backward_call, ops["call"]).astype(np.int32)
+        ops["module_call"] = np.where(ops["seq_nr"] >= 0, backward_call, ops["call"]).astype(
+            np.int32
+        )
         blocks, late_frees, unknown = self._blocks(rows.memory, ops, seq_keys, seq_calls)
         saved = self._saved(rows.saved, blocks)
         if len(rows.outputs):
             _layouts(rows.outputs, blocks, self._open)
-        ooms = {name: np.ascontiguousarray(rows.ooms[name]) for name in rows.ooms.dtype.names}
+        ooms = _columns(rows.ooms)
         return StepFacts(ops, blocks, late_frees, late_ends, unknown, saved, calls, ooms)
 
     # -- module calls ------------------------------------------------------------------------
@@ -106,8 +108,12 @@ class Attribution:
             grown[: len(self._call_module)] = self._call_module
             self._call_module = grown
         self._call_module[enter["call"]] = enter["module"]
-        end = _lookup(exits["call"].astype(np.int64), exits["t"], enter["call"].astype(np.int64), -1)
-        seq_end = _lookup(exits["call"].astype(np.int64), exits["seq"], enter["call"].astype(np.int64), -1)
+        end = _lookup(
+            exits["call"].astype(np.int64), exits["t"], enter["call"].astype(np.int64), -1
+        )
+        seq_end = _lookup(
+            exits["call"].astype(np.int64), exits["seq"], enter["call"].astype(np.int64), -1
+        )
         return {
             "call": enter["call"].copy(),
             "module": enter["module"].copy(),
@@ -123,7 +129,7 @@ class Attribution:
         """Module id of each call id (-1 for -1 or a call never seen)."""
         call = np.asarray(call, np.int64)
         known = (call >= 0) & (call < len(self._call_module))
-        return np.where(known, self._call_module[np.where(known, call, 0)], -1).astype(np.int32)
+        return _take(self._call_module, np.where(known, call, -1)).astype(np.int32)
 
     # NOTE [ Backward blocks and modules ]
     # A backward node's range carries the sequence number autograd gave the node when the
@@ -171,14 +177,20 @@ class Attribution:
         free_t = _take(mem["t"], freed_by)
         free_op = _take(mem["op"], freed_by)
         late = freed_by[:n_old] >= 0
-        late_frees = {"block": old["block"][late], "free_ns": free_t[:n_old][late],
-                      "free_op": free_op[:n_old][late]}
+        late_frees = {
+            "block": old["block"][late],
+            "free_ns": free_t[:n_old][late],
+            "free_op": free_op[:n_old][late],
+        }
         new = np.flatnonzero(alloc)
         frees = np.flatnonzero(~alloc)
         unknown = frees[~has_alloc[n_old + frees]]
         unknown_frees = {
-            "ptr": mem["ptr"][unknown], "nbytes": -mem["bytes"][unknown], "t": mem["t"][unknown],
-            "op": mem["op"][unknown], "device_type": mem["device_type"][unknown],
+            "ptr": mem["ptr"][unknown],
+            "nbytes": -mem["bytes"][unknown],
+            "t": mem["t"][unknown],
+            "op": mem["op"][unknown],
+            "device_type": mem["device_type"][unknown],
             "device_index": mem["device_index"][unknown],
         }
 
@@ -225,18 +237,34 @@ class Attribution:
         block = np.where(alive, cand_block[np.maximum(hit, 0)], -1)
         packed = block[(saved["kind"] == 0) & (block >= 0)]
         blocks["saved"] |= np.isin(blocks["block"], packed)
-        out = {name: np.ascontiguousarray(saved[name]) for name in
-               ("t", "ptr", "storage_nbytes", "nbytes", "op", "top", "call", "kind", "dtype",
-                "ndim", "dims")}
+        out = {
+            name: np.ascontiguousarray(saved[name])
+            for name in (
+                "t",
+                "ptr",
+                "storage_nbytes",
+                "nbytes",
+                "op",
+                "top",
+                "call",
+                "kind",
+                "dtype",
+                "ndim",
+                "dims",
+            )
+        }
         out["block"] = block
         return out
 
 
+_NONE = np.zeros(0, np.int64)
+
+
 def categorize(
     blocks: Columns,
-    parameters: np.ndarray = np.zeros(0, np.int64),
-    gradients: np.ndarray = np.zeros(0, np.int64),
-    optimizer_state: np.ndarray = np.zeros(0, np.int64),
+    parameters: np.ndarray = _NONE,
+    gradients: np.ndarray = _NONE,
+    optimizer_state: np.ndarray = _NONE,
 ) -> np.ndarray:
     """Category of each block (``CATEGORY_PRIORITY`` order), from the storage pointers the
     caller read at the step boundary and what the rows say (saved, freed within the drain)."""
@@ -285,6 +313,12 @@ def _empty(names: Sequence[str]) -> Columns:
     return {name: np.zeros(0, np.int64) for name in names}
 
 
+def _columns(rows: np.ndarray) -> Columns:
+    """A structured array's fields as contiguous columns (padding left out)."""
+    names = rows.dtype.names or ()
+    return {name: np.ascontiguousarray(rows[name]) for name in names if "pad" not in name}
+
+
 def _take(values: np.ndarray, index: np.ndarray, missing: int = -1) -> np.ndarray:
     """``values[index]``, and ``missing`` where index < 0."""
     if len(values) == 0:
@@ -306,7 +340,7 @@ def _ops(ops: np.ndarray, ends: np.ndarray) -> tuple[Columns, Columns]:
     """This drain's op rows as columns, with the ends that arrived for them applied; ends of
     ops of earlier drains come back as late ends (NOTE [ Op ends ] in ckrec.cpp)."""
     ops = ops[np.argsort(ops["id"], kind="stable")]
-    cols = {name: np.ascontiguousarray(ops[name]) for name in ops.dtype.names if name != "pad"}
+    cols = _columns(ops)
     cols["t1"] = cols["t1"].copy()
     i = np.searchsorted(cols["id"], ends["id"])
     here = (i < len(cols["id"])) & (cols["id"][np.minimum(i, len(cols["id"]) - 1)] == ends["id"])
@@ -318,7 +352,9 @@ def _ops(ops: np.ndarray, ends: np.ndarray) -> tuple[Columns, Columns]:
 
 def _phases(ops: Columns, spans: Sequence[tuple[Phase, np.ndarray]]) -> np.ndarray:
     backward = (ops["graph_task"] >= 0) | (ops["node_seq"] >= 0)
-    phase = np.where(backward, Phase.BACKWARD, np.where(ops["call"] >= 0, Phase.FORWARD, Phase.OTHER))
+    phase = np.where(
+        backward, Phase.BACKWARD, np.where(ops["call"] >= 0, Phase.FORWARD, Phase.OTHER)
+    )
     for which, intervals in spans:
         intervals = np.asarray(intervals, np.int64).reshape(-1, 2)
         if len(intervals) == 0:
@@ -394,7 +430,9 @@ def _layouts(outputs: np.ndarray, blocks: Columns, open_: Columns) -> None:
     keep = first_block >= 0
     first_block, first = first_block[keep], first[keep]
     row = np.searchsorted(blocks["block"], first_block)
-    mine = (row < len(blocks["block"])) & (blocks["block"][np.minimum(row, len(blocks["block"]) - 1)] == first_block)
+    mine = (row < len(blocks["block"])) & (
+        blocks["block"][np.minimum(row, len(blocks["block"]) - 1)] == first_block
+    )
     row, first = row[mine], first[mine]
     blocks["dtype"][row] = outputs["dtype"][first]
     blocks["ndim"][row] = outputs["ndim"][first]

@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
@@ -165,8 +166,11 @@ def _import(directory: Path) -> ModuleType:
 def _checked(ext: ModuleType, torch_version: str) -> Loaded:
     built = ext.built_for()
     if built != torch_version.split("+")[0]:
-        return Loaded(None, f"the native recorder was compiled against torch {built}, "
-                      f"but torch {torch_version} runs")
+        return Loaded(
+            None,
+            f"the native recorder was compiled against torch {built}, "
+            f"but torch {torch_version} runs",
+        )
     layout = check_layout(ext)
     if layout:
         return Loaded(None, f"the native recorder's {layout}: this is a ckview bug")
@@ -178,7 +182,7 @@ class _LockTimeout(Exception):
 
 
 @contextlib.contextmanager
-def _lock(directory: Path):  # type: ignore[no-untyped-def]
+def _lock(directory: Path) -> Iterator[None]:
     from filelock import FileLock, Timeout  # a dependency of torch
 
     lock = FileLock(str(directory / "build.lock"))
@@ -229,15 +233,13 @@ def _build(directory: Path, stamp: dict[str, str]) -> str | None:
     except Exception as exc:  # the compiler's own words go to the log, one line to the user
         log.write_text(f"{type(exc).__name__}: {exc}\n" + _warnings_text(caught))
         return f"building the native recorder failed ({_first_line(exc)}); see {log}"
-    log.write_text(
-        f"built in {time.perf_counter() - started:.1f} s\n" + _warnings_text(caught)
-    )
+    log.write_text(f"built in {time.perf_counter() - started:.1f} s\n" + _warnings_text(caught))
     (directory / STAMP).write_text(json.dumps(stamp, indent=1))
     return None
 
 
 @contextlib.contextmanager
-def _ninja_on_path():  # type: ignore[no-untyped-def]
+def _ninja_on_path() -> Iterator[None]:
     """The ``ninja`` wheel's binary, also when the venv's bin/ is not on PATH."""
     try:
         import ninja

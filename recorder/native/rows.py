@@ -26,7 +26,10 @@ OPS = np.dtype(
         ("seq", "<i8"),  # RecordFunction sequence number (autograd's, -1 if none)
         ("parent", "<i8"),  # enclosing op on the thread, -1 at top level
         ("top", "<i8"),  # outermost enclosing op (itself at top level)
-        ("node_seq", "<i8"),  # seq of the backward node it belongs to, -1 if none (NOTE [ Engine work between nodes ])
+        (
+            "node_seq",
+            "<i8",
+        ),  # seq of the backward node it belongs to, -1 if none (NOTE [ Engine work between nodes ])
         ("name", "<i4"),  # index into the extension's names()
         ("call", "<i4"),  # innermost open module call on the thread, -1 if none
         ("graph_task", "<i4"),  # autograd graph task running on the thread, -1 if none
@@ -124,7 +127,11 @@ class Rows:
 def check_layout(ext: Any) -> str | None:
     """Why the extension's rows cannot be read with these dtypes, or None if they can."""
     sizes = ext.row_sizes()
-    wrong = [f"{k} {sizes.get(k)} != {d.itemsize}" for k, d in DTYPES.items() if sizes.get(k) != d.itemsize]
+    wrong = [
+        f"{k} {sizes.get(k)} != {d.itemsize}"
+        for k, d in DTYPES.items()
+        if sizes.get(k) != d.itemsize
+    ]
     if ext.DIMS != DIMS:
         wrong.append(f"DIMS {ext.DIMS} != {DIMS}")
     return f"row layout differs ({', '.join(wrong)})" if wrong else None
