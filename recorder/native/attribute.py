@@ -60,6 +60,7 @@ class StepFacts:
     blocks: Columns
     late_frees: Columns
     late_op_ends: Columns
+    late_saved: np.ndarray
     unknown_frees: Columns
     saved: Columns
     calls: Columns
@@ -70,12 +71,9 @@ class StepFacts:
 class Attribution:
     """Per-step attribution of native rows; one per recording (state spans drains)."""
 
-    next_block: int = 0
-    # blocks allocated and not yet freed: block id, ptr, device code, alloc time
-    _open: Columns = field(default_factory=lambda: _empty(("block", "ptr", "device", "t")))
     # module of every call id seen (call ids count from 0 over the process)
     _call_module: np.ndarray = field(default_factory=lambda: np.full(0, -1, np.int32))
-    # forward ops' sequence numbers -> module call, of the previous drain and this one
+    # forward ops' sequence numbers -> module call, of the previous drain
     _seq_call_prev: tuple[np.ndarray, np.ndarray] = field(
         default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int32))
     )
@@ -88,15 +86,20 @@ class Attribution:
         seq_keys, seq_calls = self._seq_to_call(ops)
         ops["phase"] = _phases(ops, spans)
         backward_call = _lookup(seq_keys, seq_calls, ops["seq_nr"], -1)
-        ops["module_call"] = np.where(ops["seq_nr"] >= 0, backward_call, ops["call"]).astype(
-            np.int32
-        )
+        backward = ops["seq_nr"] >= 0
+        ops["module_call"] = np.where(backward, backward_call, ops["call"]).astype(np.int32)
         blocks, late_frees, unknown = self._blocks(rows.memory, ops, seq_keys, seq_calls)
-        saved = self._saved(rows.saved, blocks)
+        saved = _columns(rows.saved)
+        packed = saved["block"][saved["kind"] == 0]
+        here, row = _rows_of(blocks["block"], packed)
+        blocks["saved"][row[here]] = True
+        late_saved = np.unique(packed[~here & (packed >= 0)])
         if len(rows.outputs):
-            _layouts(rows.outputs, blocks, self._open)
+            _layouts(rows.outputs, blocks)
         ooms = _columns(rows.ooms)
-        return StepFacts(ops, blocks, late_frees, late_ends, unknown, saved, calls, ooms)
+        return StepFacts(
+            ops, blocks, late_frees, late_ends, late_saved, unknown, saved, calls, ooms
+        )
 
     # -- module calls ------------------------------------------------------------------------
     def _calls(self, mods: np.ndarray) -> Columns:
@@ -108,21 +111,17 @@ class Attribution:
             grown[: len(self._call_module)] = self._call_module
             self._call_module = grown
         self._call_module[enter["call"]] = enter["module"]
-        end = _lookup(
-            exits["call"].astype(np.int64), exits["t"], enter["call"].astype(np.int64), -1
-        )
-        seq_end = _lookup(
-            exits["call"].astype(np.int64), exits["seq"], enter["call"].astype(np.int64), -1
-        )
+        calls = enter["call"].astype(np.int64)
+        exit_calls = exits["call"].astype(np.int64)
         return {
             "call": enter["call"].copy(),
             "module": enter["module"].copy(),
             "address": enter["address"].copy(),
             "parent": enter["parent"].copy(),
             "start_ns": enter["t"].copy(),
-            "end_ns": end,
+            "end_ns": _lookup(exit_calls, exits["t"], calls, -1),
             "seq_begin": enter["seq"].copy(),
-            "seq_end": seq_end,
+            "seq_end": _lookup(exit_calls, exits["seq"], calls, -1),
         }
 
     def module_of(self, call: np.ndarray) -> np.ndarray:
@@ -136,8 +135,8 @@ class Attribution:
     # forward op that made it ran; that forward op's range recorded the same number (its seq
     # at start) inside the module call that ran it. So a block allocated under a backward node
     # belongs to the call of the first forward op with the node's number. Engine work between
-    # nodes (gradient accumulation into input buffers) and AccumulateGrad have no number: they
-    # keep the call that was open on the thread (none, on the CPU).
+    # nodes takes the number of the node that ran last (NOTE [ Engine work between nodes ] in
+    # ckrec.cpp); AccumulateGrad has no number and keeps the call open on the thread (none).
     def _seq_to_call(self, ops: Columns) -> tuple[np.ndarray, np.ndarray]:
         fwd = (ops["scope"] != _BACKWARD_SCOPE) & (ops["seq"] >= 0) & (ops["call"] >= 0)
         keys = np.concatenate([ops["seq"][fwd], self._seq_call_prev[0]])
@@ -151,110 +150,56 @@ class Attribution:
     def _blocks(
         self, mem: np.ndarray, ops: Columns, seq_keys: np.ndarray, seq_calls: np.ndarray
     ) -> tuple[Columns, Columns, Columns]:
-        mem = mem[np.argsort(mem["t"], kind="stable")]
-        device = mem["device_type"].astype(np.int64) * 65536 + mem["device_index"].astype(np.int64)
+        """Blocks allocated in the drain, with their frees (NOTE [ Blocks by address ] in
+        ckrec.cpp: every free names its block); frees of earlier drains' blocks; frees of
+        blocks from before recording."""
         alloc = mem["bytes"] > 0
-        n_alloc = int(alloc.sum())
-        block_ids = self.next_block + np.arange(n_alloc, dtype=np.int64)
-        self.next_block += n_alloc
-
-        # Pair each free with the allocation before it at the same address and device: at one
-        # address the allocator alternates allocation and free. Blocks still open from earlier
-        # drains take part as allocations that come first.
-        old = self._open
-        n_old, n = len(old["block"]), len(mem)
-        ptr = np.concatenate([old["ptr"], mem["ptr"]])
-        dev = np.concatenate([old["device"], device])
-        is_alloc = np.concatenate([np.ones(n_old, bool), alloc])
-        order = np.lexsort((np.arange(n_old + n), dev, ptr))  # by address, then event order
-        a, b = order[:-1], order[1:]
-        pair = (ptr[a] == ptr[b]) & (dev[a] == dev[b]) & is_alloc[a] & ~is_alloc[b]
-        freed_by = np.full(n_old + n, -1, np.int64)  # allocation event -> its free event
-        freed_by[a[pair]] = b[pair] - n_old
-        has_alloc = np.zeros(n_old + n, bool)
-        has_alloc[b[pair]] = True
-
-        free_t = _take(mem["t"], freed_by)
-        free_op = _take(mem["op"], freed_by)
-        late = freed_by[:n_old] >= 0
+        rows = _sorted(mem[alloc], "block")
+        frees = mem[~alloc]
+        here, row = _rows_of(rows["block"], frees["block"])
+        n = len(rows["block"])
+        free_ns = np.full(n, -1, np.int64)
+        free_op = np.full(n, -1, np.int64)
+        free_ns[row[here]] = frees["t"][here]
+        free_op[row[here]] = frees["op"][here]
+        late = ~here & (frees["block"] >= 0)
         late_frees = {
-            "block": old["block"][late],
-            "free_ns": free_t[:n_old][late],
-            "free_op": free_op[:n_old][late],
+            "block": frees["block"][late],
+            "free_ns": frees["t"][late],
+            "free_op": frees["op"][late],
         }
-        new = np.flatnonzero(alloc)
-        frees = np.flatnonzero(~alloc)
-        unknown = frees[~has_alloc[n_old + frees]]
+        unknown = frees[frees["block"] < 0]
         unknown_frees = {
-            "ptr": mem["ptr"][unknown],
-            "nbytes": -mem["bytes"][unknown],
-            "t": mem["t"][unknown],
-            "op": mem["op"][unknown],
-            "device_type": mem["device_type"][unknown],
-            "device_index": mem["device_index"][unknown],
+            "ptr": unknown["ptr"],
+            "nbytes": -unknown["bytes"],
+            "t": unknown["t"],
+            "op": unknown["op"],
+            "device_type": unknown["device_type"],
+            "device_index": unknown["device_index"],
         }
-
-        rows = mem[new]
         op, top, node_seq, phase = _block_ops(rows, ops)
         call = np.where(node_seq >= 0, _lookup(seq_keys, seq_calls, node_seq, -1), rows["call"])
         blocks: Columns = {
-            "block": block_ids,
-            "ptr": rows["ptr"].copy(),
-            "nbytes": rows["bytes"].copy(),
-            "device_type": rows["device_type"].copy(),
-            "device_index": rows["device_index"].copy(),
-            "alloc_ns": rows["t"].copy(),
-            "free_ns": free_t[n_old + new],
-            "free_op": free_op[n_old + new],
+            "block": rows["block"],
+            "ptr": rows["ptr"],
+            "nbytes": rows["bytes"],
+            "device_type": rows["device_type"],
+            "device_index": rows["device_index"],
+            "alloc_ns": rows["t"],
+            "free_ns": free_ns,
+            "free_op": free_op,
             "op": op,
             "top_op": top,
             "node_seq": node_seq,
             "phase": phase,
             "module_call": call.astype(np.int32),
             "module": self.module_of(call),
-            "saved": np.zeros(len(new), bool),
-            "dtype": np.full(len(new), -1, np.int8),
-            "ndim": np.full(len(new), -1, np.int8),
-            "dims": np.zeros((len(new), DIMS), np.int64),
-        }
-        still_old = ~late
-        still_new = blocks["free_ns"] < 0
-        self._open = {
-            "block": np.concatenate([old["block"][still_old], block_ids[still_new]]),
-            "ptr": np.concatenate([old["ptr"][still_old], rows["ptr"][still_new]]),
-            "device": np.concatenate([old["device"][still_old], device[new][still_new]]),
-            "t": np.concatenate([old["t"][still_old], rows["t"][still_new]]),
+            "saved": np.zeros(n, bool),
+            "dtype": np.full(n, -1, np.int8),
+            "ndim": np.full(n, -1, np.int8),
+            "dims": np.zeros((n, DIMS), np.int64),
         }
         return blocks, late_frees, unknown_frees
-
-    def _saved(self, saved: np.ndarray, blocks: Columns) -> Columns:
-        """Pack and unpack rows, each with the block its storage lives in (-1: a block of no
-        recorded allocation, e.g. a parameter made before recording). Marks saved blocks."""
-        cand_block, cand_ptr, cand_t, cand_free = _candidates(blocks, self._open)
-        hit = _last_at_or_before(cand_ptr, cand_t, saved["ptr"], saved["t"])
-        alive = hit >= 0
-        alive[alive] = (cand_free[hit[alive]] < 0) | (cand_free[hit[alive]] >= saved["t"][alive])
-        block = np.where(alive, cand_block[np.maximum(hit, 0)], -1)
-        packed = block[(saved["kind"] == 0) & (block >= 0)]
-        blocks["saved"] |= np.isin(blocks["block"], packed)
-        out = {
-            name: np.ascontiguousarray(saved[name])
-            for name in (
-                "t",
-                "ptr",
-                "storage_nbytes",
-                "nbytes",
-                "op",
-                "top",
-                "call",
-                "kind",
-                "dtype",
-                "ndim",
-                "dims",
-            )
-        }
-        out["block"] = block
-        return out
 
 
 _NONE = np.zeros(0, np.int64)
@@ -309,10 +254,6 @@ def _shape_text(ndim: int, dims: np.ndarray) -> str:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def _empty(names: Sequence[str]) -> Columns:
-    return {name: np.zeros(0, np.int64) for name in names}
-
-
 def _columns(rows: np.ndarray) -> Columns:
     """A structured array's fields as contiguous columns (padding left out)."""
     names = rows.dtype.names or ()
@@ -339,12 +280,10 @@ def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, missing: in
 def _ops(ops: np.ndarray, ends: np.ndarray) -> tuple[Columns, Columns]:
     """This drain's op rows as columns, with the ends that arrived for them applied; ends of
     ops of earlier drains come back as late ends (NOTE [ Op ends ] in ckrec.cpp)."""
-    ops = ops[np.argsort(ops["id"], kind="stable")]
-    cols = _columns(ops)
-    cols["t1"] = cols["t1"].copy()
-    i = np.searchsorted(cols["id"], ends["id"])
-    here = (i < len(cols["id"])) & (cols["id"][np.minimum(i, len(cols["id"]) - 1)] == ends["id"])
-    cols["t1"][i[here]] = ends["t1"][here]
+    cols = _sorted(ops, "id")
+    cols["t1"] = cols["t1"].copy()  # a column may be a view of the drained bytes
+    here, row = _rows_of(cols["id"], ends["id"])
+    cols["t1"][row[here]] = ends["t1"][here]
     cols["start_ns"], cols["end_ns"] = cols["t0"], cols["t1"]
     cols["seq_nr"] = np.where(cols["node_seq"] >= 0, cols["node_seq"], -1)
     return cols, {"id": ends["id"][~here], "end_ns": ends["t1"][~here]}
@@ -366,74 +305,53 @@ def _phases(ops: Columns, spans: Sequence[tuple[Phase, np.ndarray]]) -> np.ndarr
     return phase.astype(np.uint8)
 
 
-def _block_ops(rows: np.ndarray, ops: Columns) -> tuple[np.ndarray, ...]:
+def _block_ops(rows: Columns, ops: Columns) -> tuple[np.ndarray, ...]:
     """Op, top-level op, backward node seq and phase of each allocation. An allocation outside
     any op (a Python scalar wrapped before dispatch) takes the next op to start."""
     op, top, node_seq = rows["op"].copy(), rows["top"].copy(), rows["node_seq"].copy()
     n = len(ops["id"])
-    phase = np.full(len(rows), int(Phase.OTHER), np.uint8)
+    phase = np.full(len(op), int(Phase.OTHER), np.uint8)
     if n == 0:
         return op, top, node_seq, phase
-    by_start = np.argsort(ops["t0"], kind="stable")
-    nxt = by_start[np.minimum(np.searchsorted(ops["t0"][by_start], rows["t"], side="right"), n - 1)]
-    outside = op < 0
-    op[outside] = ops["id"][nxt[outside]]
-    top[outside] = ops["top"][nxt[outside]]
-    node_seq[outside] = ops["node_seq"][nxt[outside]]
-    i = np.minimum(np.searchsorted(ops["id"], op), n - 1)
-    here = ops["id"][i] == op
-    phase[here] = ops["phase"][i[here]]
+    t0 = ops["t0"]
+    by_start = None if (t0[1:] >= t0[:-1]).all() else np.argsort(t0, kind="stable")
+    outside = np.flatnonzero(op < 0)
+    if by_start is None:
+        nxt = np.minimum(np.searchsorted(t0, rows["t"][outside], side="right"), n - 1)
+    else:
+        starts = t0[by_start]
+        nxt = by_start[np.minimum(np.searchsorted(starts, rows["t"][outside], side="right"), n - 1)]
+    op[outside] = ops["id"][nxt]
+    top[outside] = ops["top"][nxt]
+    node_seq[outside] = ops["node_seq"][nxt]
+    here, row = _rows_of(ops["id"], op)
+    phase[here] = ops["phase"][row[here]]
     return op, top, node_seq, phase
 
 
-def _candidates(blocks: Columns, open_: Columns) -> tuple[np.ndarray, ...]:
-    """Blocks a storage pointer may live in: this drain's and those open from earlier ones."""
-    old = ~np.isin(open_["block"], blocks["block"])
-    return (
-        np.concatenate([blocks["block"], open_["block"][old]]),
-        np.concatenate([blocks["ptr"], open_["ptr"][old]]),
-        np.concatenate([blocks["alloc_ns"], open_["t"][old]]),
-        np.concatenate([blocks["free_ns"], np.full(int(old.sum()), -1, np.int64)]),
-    )
+def _sorted(rows: np.ndarray, key: str) -> Columns:
+    """Columns of ``rows`` in ``key`` order (rows of one thread come sorted: no sort then)."""
+    values = rows[key]
+    if len(values) > 1 and not (values[1:] >= values[:-1]).all():
+        rows = rows[np.argsort(values, kind="stable")]
+    return _columns(rows)
 
 
-def _last_at_or_before(
-    ptr: np.ndarray, t: np.ndarray, q_ptr: np.ndarray, q_t: np.ndarray
-) -> np.ndarray:
-    """For each query, the index of the candidate at the same address allocated last at or
-    before the query's time, or -1."""
-    n = len(ptr)
-    all_ptr = np.concatenate([ptr, q_ptr])
-    all_t = np.concatenate([t, q_t])
-    is_query = np.concatenate([np.zeros(n, bool), np.ones(len(q_ptr), bool)])
-    order = np.lexsort((is_query, all_t, all_ptr))  # by address, time; candidates first
-    position = np.where(is_query[order], -1, np.arange(len(order)))
-    last = np.maximum.accumulate(position) if len(order) else position
-    at = np.empty(len(order), np.int64)
-    at[order] = last  # for each event, the sorted position of the last candidate up to it
-    found = at[n:]
-    cand = np.where(found >= 0, order[np.maximum(found, 0)], -1)
-    same = (cand >= 0) & (all_ptr[np.maximum(cand, 0)] == q_ptr)
-    return np.where(same, cand, -1)
+def _rows_of(keys: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each query, whether it is in the sorted ``keys`` and at which row."""
+    if len(keys) == 0:
+        return np.zeros(len(query), bool), np.zeros(len(query), np.int64)
+    row = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+    return keys[row] == query, row
 
 
-def _layouts(outputs: np.ndarray, blocks: Columns, open_: Columns) -> None:
+def _layouts(outputs: np.ndarray, blocks: Columns) -> None:
     """Dtype and shape of each new block: those of the first op output on it (NOTE [ New
     storage = unknown output storage ] in session.py: the tensor an op returned first)."""
-    cand_block, cand_ptr, cand_t, cand_free = _candidates(blocks, open_)
     outputs = outputs[np.argsort(outputs["t"], kind="stable")]
-    hit = _last_at_or_before(cand_ptr, cand_t, outputs["ptr"], outputs["t"])
-    ok = hit >= 0
-    ok[ok] = (cand_free[hit[ok]] < 0) | (cand_free[hit[ok]] >= outputs["t"][ok])
-    block = np.where(ok, cand_block[np.maximum(hit, 0)], -1)
-    first_block, first = np.unique(block, return_index=True)
-    keep = first_block >= 0
-    first_block, first = first_block[keep], first[keep]
-    row = np.searchsorted(blocks["block"], first_block)
-    mine = (row < len(blocks["block"])) & (
-        blocks["block"][np.minimum(row, len(blocks["block"]) - 1)] == first_block
-    )
-    row, first = row[mine], first[mine]
+    first_block, first = np.unique(outputs["block"], return_index=True)
+    here, row = _rows_of(blocks["block"], first_block)
+    row, first = row[here], first[here]
     blocks["dtype"][row] = outputs["dtype"][first]
     blocks["ndim"][row] = outputs["ndim"][first]
     blocks["dims"][row] = outputs["dims"][first]

@@ -57,7 +57,7 @@ struct OpRow {  // one RecordFunction range
   uint8_t scope, pad[3];
 };
 struct MemRow {  // one allocator event: bytes > 0 allocates, < 0 frees
-  int64_t t, ptr, bytes, op, top, node_seq, allocated, reserved;
+  int64_t t, ptr, bytes, block, op, top, node_seq, allocated, reserved;
   int32_t call;
   int16_t device_type, device_index;
 };
@@ -72,13 +72,13 @@ struct TensorInfo {
   int64_t dims[kDims];
 };
 struct SavedRow {  // a saved_tensors_hooks pack (kind 0) or unpack (kind 1)
-  int64_t t, ptr, storage_nbytes, nbytes, op, top;
+  int64_t t, ptr, block, storage_nbytes, nbytes, op, top;
   int32_t call;
   uint8_t kind, pad[3];
   TensorInfo tensor;
 };
 struct OutRow {  // one tensor an op returned (only when outputs are recorded)
-  int64_t t, op, ptr, storage_nbytes;
+  int64_t t, op, ptr, block, storage_nbytes;
   TensorInfo tensor;
 };
 struct ModRow {  // a module forward call begins (enter 1) or returns (enter 0)
@@ -201,6 +201,47 @@ void describe(const at::Tensor& t, TensorInfo& info) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Blocks
+// ---------------------------------------------------------------------------------------------
+// NOTE [ Blocks by address ]
+// Every allocation gets a block id (counting up over the process), and a table keyed by device
+// and address holds the id of the block that lives there now: an allocation enters it, a free
+// takes it out. So a free, a saved tensor and an op output name their block when they happen,
+// and no pairing by address and time is left for later. A free the table does not know (a block
+// allocated before start(), which CUDA reports and the CPU allocator does not) gets -1.
+// blocks_mu is never held together with a buffer's lock.
+std::mutex blocks_mu;
+std::unordered_map<int64_t, int64_t> live_blocks;
+int64_t next_block = 0;  // guarded by blocks_mu
+
+// Addresses fit in 48 bits (x86-64 and aarch64 user space, CUDA's unified addresses).
+inline int64_t block_key(int64_t ptr, c10::Device d) {
+  return ptr ^ (int64_t(uint8_t(d.type())) << 56) ^ (int64_t(uint8_t(d.index())) << 48);
+}
+
+int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
+  std::lock_guard<std::mutex> lock(blocks_mu);
+  int64_t key = block_key(ptr, d);
+  if (bytes > 0) {
+    int64_t block = next_block++;
+    live_blocks[key] = block;
+    return block;
+  }
+  auto it = live_blocks.find(key);
+  if (it == live_blocks.end()) return -1;
+  int64_t block = it->second;
+  live_blocks.erase(it);
+  return block;
+}
+
+int64_t block_of(const at::Tensor& t) {
+  int64_t key = block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
+  std::lock_guard<std::mutex> lock(blocks_mu);
+  auto it = live_blocks.find(key);
+  return it == live_blocks.end() ? -1 : it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Ops
 // ---------------------------------------------------------------------------------------------
 bool want_outputs = false;
@@ -245,12 +286,14 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && fn.seqNr() >= 0)
     ts.last_node_seq = fn.seqNr();
   Buffers& b = *ts.buf;
-  std::lock_guard<std::mutex> lock(b.mu);
-  int64_t i = f.local - b.drained_ops;
-  if (i >= 0 && i < int64_t(b.ops.size())) {
-    b.ops[size_t(i)].t1 = t;
-  } else {
-    b.ends.push_back(EndRow{f.id, t});
+  {
+    std::lock_guard<std::mutex> lock(b.mu);
+    int64_t i = f.local - b.drained_ops;
+    if (i >= 0 && i < int64_t(b.ops.size())) {
+      b.ops[size_t(i)].t1 = t;
+    } else {
+      b.ends.push_back(EndRow{f.id, t});
+    }
   }
   if (!want_outputs) return;
   for (const c10::IValue& v : fn.outputs()) {
@@ -258,8 +301,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     const at::Tensor& out = v.toTensor();
     if (!out.defined() || !out.has_storage()) continue;
     const c10::StorageImpl* s = out.storage().unsafeGetStorageImpl();
-    OutRow row{t, f.id, addr(s->data_ptr().get()), int64_t(s->nbytes()), {}};
+    OutRow row{t, f.id, addr(s->data_ptr().get()), block_of(out), int64_t(s->nbytes()), {}};
     describe(out, row.tensor);
+    std::lock_guard<std::mutex> lock(b.mu);
     b.outs.push_back(row);
   }
 }
@@ -277,7 +321,9 @@ struct Reporter final : prof::ProfilerStateBase {
                          c10::Device d) override {
     int64_t t = now_ns();
     ThreadState& ts = state();
-    MemRow row{t, addr(ptr), bytes, cur_op(ts), cur_top(ts), cur_node(ts), int64_t(allocated),
+    int64_t block = on_block(addr(ptr), bytes, d);
+    MemRow row{t,           addr(ptr),  bytes,         block,
+               cur_op(ts),  cur_top(ts), cur_node(ts), int64_t(allocated),
                int64_t(reserved), cur_call(ts), int16_t(d.type()), int16_t(d.index())};
     std::lock_guard<std::mutex> lock(ts.buf->mu);
     ts.buf->mems.push_back(row);
@@ -338,6 +384,11 @@ void start(bool ops, bool memory, bool outputs) {
   TORCH_CHECK(!callback && !reporter, "the native recorder is already started; stop() it first");
   generation.fetch_add(1, std::memory_order_relaxed);
   want_outputs = outputs;
+  {
+    std::lock_guard<std::mutex> lock(blocks_mu);
+    live_blocks.clear();  // frees of an earlier recording's blocks are unknown now
+    live_blocks.reserve(1 << 16);
+  }
   if (ops) {
     at::RecordFunctionCallback cb(on_start, on_end);
     cb.needsInputs(false).needsOutputs(outputs).needsIds(false).scopes(
@@ -448,7 +499,7 @@ void saved_row(py::handle obj, uint8_t kind) {
   if (!t.defined() || !t.has_storage()) return;
   ThreadState& ts = state();
   const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  SavedRow row{now_ns(), addr(s->data_ptr().get()), int64_t(s->nbytes()),
+  SavedRow row{now_ns(), addr(s->data_ptr().get()), block_of(t), int64_t(s->nbytes()),
                int64_t(t.numel()) * int64_t(t.element_size()), cur_op(ts), cur_top(ts),
                cur_call(ts), kind, {0, 0, 0}, {}};
   describe(t, row.tensor);

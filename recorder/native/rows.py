@@ -39,6 +39,7 @@ MEMORY = np.dtype(
         ("t", "<i8"),
         ("ptr", "<i8"),
         ("bytes", "<i8"),  # > 0 allocation, < 0 free
+        ("block", "<i8"),  # block id (NOTE [ Blocks by address ] in ckrec.cpp); -1: unknown free
         ("op", "<i8"),  # innermost open op, -1 if none
         ("top", "<i8"),
         ("node_seq", "<i8"),
@@ -66,6 +67,7 @@ SAVED = np.dtype(
     [
         ("t", "<i8"),
         ("ptr", "<i8"),  # data pointer of the tensor's storage
+        ("block", "<i8"),  # the block it lives in, -1 if allocated before recording
         ("storage_nbytes", "<i8"),
         ("nbytes", "<i8"),  # numel * element size of the saved view
         ("op", "<i8"),
@@ -77,7 +79,14 @@ SAVED = np.dtype(
     ]
 )
 OUTPUTS = np.dtype(
-    [("t", "<i8"), ("op", "<i8"), ("ptr", "<i8"), ("storage_nbytes", "<i8"), *_TENSOR]
+    [
+        ("t", "<i8"),
+        ("op", "<i8"),
+        ("ptr", "<i8"),
+        ("block", "<i8"),
+        ("storage_nbytes", "<i8"),
+        *_TENSOR,
+    ]
 )
 MODULES = np.dtype(
     [
