@@ -318,6 +318,27 @@ def test_blocks_span_drains(ext: Any) -> None:
     assert second.late_frees["block"].tolist() == block.tolist()
 
 
+def test_many_live_blocks_keep_their_ids(ext: Any) -> None:
+    """The extension's block table grows past its first size (NOTE [ Blocks by address ])."""
+    ext.start(ops=False, memory=True)
+    try:
+        drain(ext)
+        kept = [torch.empty(3) for _ in range(40_000)]
+        first = drain(ext)
+        del kept
+        second = drain(ext)
+    finally:
+        ext.stop()
+    allocated = first.memory[first.memory["bytes"] > 0]
+    assert len(allocated) >= 40_000
+    assert len(np.unique(allocated["block"])) == len(allocated)
+    freed = second.memory[second.memory["bytes"] < 0]
+    assert set(allocated["block"][allocated["bytes"] == 12].tolist()) <= set(
+        freed["block"].tolist()
+    )
+    assert (freed["block"] >= 0).all()
+
+
 def test_an_op_open_at_the_drain_ends_later(ext: Any) -> None:
     """NOTE [ Op ends ]: a drain inside an op (a custom op calling back into Python)."""
     drained: list[Rows] = []

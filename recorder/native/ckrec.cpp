@@ -116,6 +116,7 @@ struct Buffers {
 
 struct Frame {  // an open op on this thread
   int64_t id, local, top, node_seq;
+  int64_t allocations;  // blocks allocated while it was the innermost op
 };
 struct Call {  // an open module call on this thread
   int32_t call, module;
@@ -210,11 +211,76 @@ void describe(const at::Tensor& t, TensorInfo& info) {
 // and no pairing by address and time is left for later. A free the table does not know (a block
 // allocated before start(), which CUDA reports and the CPU allocator does not) gets -1.
 // blocks_mu is never held together with a buffer's lock.
+// Open addressing with linear probing and backward-shift deletion: no allocation per event
+// (std::unordered_map allocates a node per insert). Key 0 marks an empty slot.
+class BlockTable {
+ public:
+  BlockTable() { clear(); }
+  void clear() {
+    keys_.assign(1 << 16, 0);
+    values_.assign(1 << 16, -1);
+    size_ = 0;
+  }
+  void put(int64_t key, int64_t value) {
+    if (2 * (size_ + 1) > keys_.size()) grow();
+    size_t i = find_slot(key);
+    if (keys_[i] == 0) ++size_;
+    keys_[i] = key;
+    values_[i] = value;
+  }
+  int64_t get(int64_t key) const {
+    size_t i = find_slot(key);
+    return keys_[i] == key ? values_[i] : -1;
+  }
+  int64_t take(int64_t key) {  // removes the key; its value, or -1
+    size_t i = find_slot(key);
+    if (keys_[i] != key) return -1;
+    int64_t value = values_[i];
+    size_t mask = keys_.size() - 1;
+    for (size_t j = (i + 1) & mask; keys_[j] != 0; j = (j + 1) & mask) {
+      size_t home = slot(keys_[j]);
+      // move j back into the hole at i unless its home lies cyclically in (i, j]
+      if (((j - home) & mask) >= ((j - i) & mask)) {
+        keys_[i] = keys_[j];
+        values_[i] = values_[j];
+        i = j;
+      }
+    }
+    keys_[i] = 0;
+    --size_;
+    return value;
+  }
+
+ private:
+  size_t slot(int64_t key) const {
+    uint64_t h = uint64_t(key) * 0x9E3779B97F4A7C15ull;
+    return size_t(h ^ (h >> 32)) & (keys_.size() - 1);
+  }
+  size_t find_slot(int64_t key) const {
+    size_t mask = keys_.size() - 1, i = slot(key);
+    while (keys_[i] != 0 && keys_[i] != key) i = (i + 1) & mask;
+    return i;
+  }
+  void grow() {
+    std::vector<int64_t> keys, values;
+    keys.swap(keys_);
+    values.swap(values_);
+    keys_.assign(2 * keys.size(), 0);
+    values_.assign(2 * keys.size(), -1);
+    size_ = 0;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] != 0) put(keys[i], values[i]);
+  }
+  std::vector<int64_t> keys_, values_;
+  size_t size_ = 0;
+};
+
 std::mutex blocks_mu;
-std::unordered_map<int64_t, int64_t> live_blocks;
+BlockTable live_blocks;  // guarded by blocks_mu
 int64_t next_block = 0;  // guarded by blocks_mu
 
-// Addresses fit in 48 bits (x86-64 and aarch64 user space, CUDA's unified addresses).
+// Addresses fit in 48 bits (x86-64 and aarch64 user space, CUDA's unified addresses); the
+// device goes above them. Never 0 for a real block (ptr is never null).
 inline int64_t block_key(int64_t ptr, c10::Device d) {
   return ptr ^ (int64_t(uint8_t(d.type())) << 56) ^ (int64_t(uint8_t(d.index())) << 48);
 }
@@ -223,22 +289,16 @@ int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
   std::lock_guard<std::mutex> lock(blocks_mu);
   int64_t key = block_key(ptr, d);
   if (bytes > 0) {
-    int64_t block = next_block++;
-    live_blocks[key] = block;
-    return block;
+    live_blocks.put(key, next_block);
+    return next_block++;
   }
-  auto it = live_blocks.find(key);
-  if (it == live_blocks.end()) return -1;
-  int64_t block = it->second;
-  live_blocks.erase(it);
-  return block;
+  return live_blocks.take(key);
 }
 
 int64_t block_of(const at::Tensor& t) {
   int64_t key = block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
   std::lock_guard<std::mutex> lock(blocks_mu);
-  auto it = live_blocks.find(key);
-  return it == live_blocks.end() ? -1 : it->second;
+  return live_blocks.get(key);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,7 +321,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
             graph_task, uint8_t(fn.scope()), {0, 0, 0}};
   Buffers& b = *ts.buf;
   std::lock_guard<std::mutex> lock(b.mu);
-  ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq});
+  ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0});
   b.ops.push_back(row);
   return nullptr;
 }
@@ -295,7 +355,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       b.ends.push_back(EndRow{f.id, t});
     }
   }
-  if (!want_outputs) return;
+  // NOTE [ Outputs of allocating ops ]: a block's dtype and shape are those of the first tensor
+  // returned on it, which the op that allocated it returns; ops that allocated nothing return
+  // views of blocks that already have one, and are skipped (most ops of a step).
+  if (!want_outputs || f.allocations == 0) return;
   for (const c10::IValue& v : fn.outputs()) {
     if (!v.isTensor()) continue;
     const at::Tensor& out = v.toTensor();
@@ -322,6 +385,7 @@ struct Reporter final : prof::ProfilerStateBase {
     int64_t t = now_ns();
     ThreadState& ts = state();
     int64_t block = on_block(addr(ptr), bytes, d);
+    if (bytes > 0 && !ts.ops.empty()) ++ts.ops.back().allocations;
     MemRow row{t,           addr(ptr),  bytes,         block,
                cur_op(ts),  cur_top(ts), cur_node(ts), int64_t(allocated),
                int64_t(reserved), cur_call(ts), int16_t(d.type()), int16_t(d.index())};
@@ -387,7 +451,6 @@ void start(bool ops, bool memory, bool outputs) {
   {
     std::lock_guard<std::mutex> lock(blocks_mu);
     live_blocks.clear();  // frees of an earlier recording's blocks are unknown now
-    live_blocks.reserve(1 << 16);
   }
   if (ops) {
     at::RecordFunctionCallback cb(on_start, on_end);
