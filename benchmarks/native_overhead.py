@@ -120,8 +120,10 @@ def measure(ext: Any, step: Step, n: int, rounds: int) -> dict[str, tuple[float,
             mine = run_block(ext, MECHANISMS[name], step, n)
             ratios[name].append((mine[0] / base[0], mine[1] / base[1]))
             plain_ms.append(base[0] * 1e3)
-    out = {name: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
-           for name, rs in ratios.items()}
+    out = {
+        name: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
+        for name, rs in ratios.items()
+    }
     out["plain"] = (statistics.median(plain_ms), 0.0)
     return out
 
@@ -141,8 +143,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.rounds} rounds; ratios to plain: CPU (wall)")
     for label, (make, n) in steps.items():
         result = measure(ext, make(), n, args.rounds)
-        cells = ", ".join(f"{name} {cpu:.2f}x ({wall:.2f}x)" for name, (cpu, wall) in result.items()
-                          if name != "plain")
+        cells = ", ".join(
+            f"{name} {cpu:.2f}x ({wall:.2f}x)"
+            for name, (cpu, wall) in result.items()
+            if name != "plain"
+        )
         print(f"{label}: plain {result['plain'][0]:.1f} ms CPU per step; {cells}")
 
 
