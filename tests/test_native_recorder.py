@@ -433,6 +433,27 @@ def test_a_build_for_another_torch_is_refused_never_loaded(
     assert build.load() == (None, "rebuilt instead")
 
 
+def test_a_build_in_progress_elsewhere_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from filelock import FileLock
+
+    monkeypatch.setenv("CKVIEW_CACHE", str(tmp_path))
+    monkeypatch.setenv("CKVIEW_RECORDER", "auto")
+    monkeypatch.setattr(build, "LOCK_TIMEOUT_S", 0.2)
+    directory = build.cache_dir()
+    directory.mkdir(parents=True)
+
+    def no_build(*args: Any) -> None:
+        raise AssertionError("built while another process held the lock")
+
+    monkeypatch.setattr(build, "_build", no_build)
+    with FileLock(str(directory / "build.lock")):
+        ext, reason = build.load()
+    assert ext is None
+    assert reason.startswith("another process has been building the native recorder in ")
+
+
 def test_python_mode_never_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKVIEW_CACHE", str(tmp_path))
     monkeypatch.setenv("CKVIEW_RECORDER", "python")
