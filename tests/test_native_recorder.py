@@ -369,6 +369,91 @@ def test_clock_is_perf_counter(ext: Any) -> None:
     assert before <= native <= after
 
 
+# -- CUDA (run where a GPU is; skipped elsewhere) -----------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cuda_step() -> Callable[[], None]:
+    """The small-op step on the GPU: backward runs on the autograd engine's device thread."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(40) for m in (torch.nn.Linear(64, 64), torch.nn.GELU())]
+    model = torch.nn.Sequential(*layers).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(64, 64, device="cuda")
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step.model = model  # type: ignore[attr-defined]
+    return step
+
+
+@cuda
+def test_cuda_blocks_are_the_caching_allocators(ext: Any) -> None:
+    step = cuda_step()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    rows = record(ext, step)
+    torch.cuda.synchronize()
+    on_cuda = rows.memory[rows.memory["device_type"] == 1]
+    mine = Counter(on_cuda["bytes"][on_cuda["bytes"] > 0].tolist())
+    assert sum(mine.values()) > 100
+    assert on_cuda["allocated"][-1] == torch.cuda.memory_allocated()
+    assert on_cuda["reserved"][-1] == torch.cuda.memory_reserved()
+    from torch._C._profiler import _ExtraFields_Allocation
+
+    prof = torch.profiler.profile(profile_memory=True)
+    with prof:
+        step()
+        torch.cuda.synchronize()
+    todo, sizes = list(prof.profiler.kineto_results.experimental_event_tree()), []
+    while todo:
+        event = todo.pop()
+        if type(event.extra_fields) is _ExtraFields_Allocation:
+            fields = event.extra_fields
+            sizes.append((fields.alloc_size, fields.device.type))
+        else:
+            todo.extend(event.children)
+    theirs = Counter(b for b, device in sizes if b > 0 and device == "cuda")
+    assert mine == theirs
+
+
+@cuda
+def test_cuda_backward_on_the_device_thread_is_seen_and_attributed(ext: Any) -> None:
+    step = cuda_step()
+    for _ in range(3):
+        step()
+    facts = Attribution().step(record(ext, step))
+    blocks = facts.blocks
+    backward = blocks["phase"] == Phase.BACKWARD
+    assert backward.sum() >= 120
+    types = _module_types(step.model, facts)  # type: ignore[attr-defined]
+    with_module = blocks["module"][backward] >= 0
+    assert with_module.sum() >= 119
+    assert {types[m] for m in blocks["module"][backward][with_module].tolist()} == {
+        "Linear",
+        "GELU",
+    }
+    assert (blocks["free_ns"][blocks["saved"]] >= 0).all()
+
+
+@cuda
+def test_cuda_frees_of_older_blocks_are_known_by_size(ext: Any) -> None:
+    old = torch.empty(1 << 20, device="cuda")
+    ext.start(ops=False, memory=True)
+    try:
+        drain(ext)
+        del old
+        facts = Attribution().step(drain(ext))
+    finally:
+        ext.stop()
+    assert (1 << 22) in facts.unknown_frees["nbytes"].tolist()
+
+
 # -- the script's own profiler -----------------------------------------------------------------
 
 
