@@ -16,6 +16,10 @@ median over rounds of the ratio of thread CPU time (what the other jobs on a sha
 disturb least), and of wall time.
 
     OMP_NUM_THREADS=1 python benchmarks/native_overhead.py [--rounds 7] [--only small]
+        [--device cuda]
+
+With ``--device cuda`` the same two models train on the GPU (each step ends with a
+synchronize), and the ratios are of wall time: there the CPU's time is the launch time.
 """
 
 from __future__ import annotations
@@ -93,6 +97,26 @@ MECHANISMS: dict[str, Mechanism] = {
 }
 
 
+def on_cuda(make: Callable[[], Step]) -> Step:
+    """``make``'s step with its model, optimizer state and batches on the GPU."""
+    real_randn = torch.randn
+    torch.set_default_device("cuda")
+    try:
+        step = make()
+    finally:
+        torch.set_default_device(None)
+
+    def step_on_cuda() -> None:
+        torch.randn = lambda *a, **k: real_randn(*a, device="cuda", **k)  # type: ignore[assignment]
+        try:
+            step()
+        finally:
+            torch.randn = real_randn  # type: ignore[assignment]
+        torch.cuda.synchronize()
+
+    return step_on_cuda
+
+
 def run_block(ext: Any, mechanism: Mechanism, step: Step, n: int) -> tuple[float, float]:
     """Median thread-CPU and wall seconds per step (the boundary's work included)."""
     cpu, wall = [], []
@@ -132,6 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only", choices=("small", "compute"))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     ext, reason = load()
@@ -140,9 +165,10 @@ def main() -> None:
     steps = {"small-op": (small_op_step, 10), "compute-bound": (compute_bound_step, 3)}
     if args.only:
         steps = {k: v for k, v in steps.items() if k.startswith(args.only)}
-    print(f"torch {torch.__version__}, {args.rounds} rounds; ratios to plain: CPU (wall)")
+    head = f"torch {torch.__version__} on {args.device}, {args.rounds} rounds"
+    print(f"{head}; ratios to plain: CPU (wall)")
     for label, (make, n) in steps.items():
-        result = measure(ext, make(), n, args.rounds)
+        result = measure(ext, on_cuda(make) if args.device == "cuda" else make(), n, args.rounds)
         cells = ", ".join(
             f"{name} {cpu:.2f}x ({wall:.2f}x)"
             for name, (cpu, wall) in result.items()
