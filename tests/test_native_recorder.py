@@ -308,11 +308,13 @@ def test_blocks_span_drains(ext: Any) -> None:
     try:
         drain(ext)
         kept = torch.ones(1000)
+        assert ext.pending_rows() >= 2  # the op and its block
         first = att.step(drain(ext))
         del kept
         second = att.step(drain(ext))
     finally:
         ext.stop()
+    assert ext.pending_rows() == 0
     block = first.blocks["block"][first.blocks["nbytes"] == 4000]
     assert len(block) == 1 and first.blocks["free_ns"][first.blocks["block"] == block[0]] == -1
     assert second.late_frees["block"].tolist() == block.tolist()

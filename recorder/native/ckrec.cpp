@@ -407,15 +407,20 @@ struct Reporter final : prof::ProfilerStateBase {
   prof::ActiveProfilerType profilerType() override { return prof::ActiveProfilerType::NONE; }
 };
 
-// The slot's name is the same token in every supported release: an enum value up to the 2.1x
-// series, a static DebugInfoKind object in 2.13 (c10/util/ThreadLocalDebugInfo.h).
-const auto kSlot = c10::DebugInfoKind::PROFILER_STATE;
+// NOTE [ Torch versions ]
+// Everything used here exists with the same spelling from torch 2.4 to 2.13, so no code is
+// guarded by TORCH_VERSION_MAJOR/MINOR today (built_for() reports them). The one known change:
+// PROFILER_STATE is an enumerator of `enum class DebugInfoKind` in older releases and a static
+// DebugInfoKind object in 2.13; `c10::DebugInfoKind::PROFILER_STATE` names both. It is read
+// where it is used, never copied at static-initialisation time. A difference found on another
+// release goes here, guarded by those macros.
+inline c10::DebugInfoKind slot() { return c10::DebugInfoKind::PROFILER_STATE; }
 
 std::shared_ptr<Reporter> reporter;  // set while recording memory
 bool reporter_pushed = false;        // on this (the recording) thread's slot now
 
 bool reporter_on_top() {
-  return reporter && c10::ThreadLocalDebugInfo::get(kSlot) == reporter.get();
+  return reporter && c10::ThreadLocalDebugInfo::get(slot()) == reporter.get();
 }
 
 // Pops the reporter so that a script's torch.profiler can take the slot. False when it is not
@@ -424,7 +429,7 @@ bool suspend_reporter() {
   if (!reporter_pushed) return false;
   if (!reporter_on_top()) return false;
   try {
-    c10::ThreadLocalDebugInfo::_pop(kSlot);
+    c10::ThreadLocalDebugInfo::_pop(slot());
   } catch (const c10::Error&) {
     return false;  // another kind of debug info sits above ours
   }
@@ -435,8 +440,8 @@ bool suspend_reporter() {
 // Pushes the reporter back. False while the slot holds something else (a profiler still on).
 bool resume_reporter() {
   if (!reporter || reporter_pushed) return false;
-  if (c10::ThreadLocalDebugInfo::get(kSlot) != nullptr) return false;
-  c10::ThreadLocalDebugInfo::_push(kSlot, reporter);
+  if (c10::ThreadLocalDebugInfo::get(slot()) != nullptr) return false;
+  c10::ThreadLocalDebugInfo::_push(slot(), reporter);
   reporter_pushed = true;
   return true;
 }
@@ -508,6 +513,18 @@ py::dict drain() {
   d["modules"] = py::bytes(mods);
   d["op_ends"] = py::bytes(ends);
   return d;
+}
+
+// Rows waiting in the buffers: a recorder may drain mid-step when they grow large.
+int64_t pending_rows() {
+  int64_t n = 0;
+  std::lock_guard<std::mutex> lock(registry_mu);
+  for (const auto& b : registry) {
+    std::lock_guard<std::mutex> guard(b->mu);
+    n += int64_t(b->ops.size() + b->mems.size() + b->saved.size() + b->outs.size() +
+                 b->mods.size());
+  }
+  return n;
 }
 
 std::vector<std::string> names_from(size_t first) {
@@ -607,6 +624,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stop", &stop);
   m.def("drain", &drain);
   m.def("names", &names_from, py::arg("first") = 0);
+  m.def("pending_rows", &pending_rows);
   m.def("suspend_reporter", &suspend_reporter);
   m.def("resume_reporter", &resume_reporter);
   m.def("reporter_active", &reporter_on_top);
