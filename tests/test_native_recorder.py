@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -362,6 +363,30 @@ def test_an_op_open_at_the_drain_ends_later(ext: Any) -> None:
     open_ = first.ops["end_ns"] == -1
     assert open_.any()
     assert set(second.late_op_ends["id"].tolist()) == set(first.ops["id"][open_].tolist())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_records_nothing(ext: Any) -> None:
+    """NOTE [ Forked children ]: a DataLoader worker forked mid-recording goes inert."""
+    source = NativeSource(ext, lambda kind, facts: None)
+    undo = source.install()
+    source.begin_run()
+    try:
+        with warnings.catch_warnings():  # Python 3.12 warns about fork in a threaded process
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: no rows pile up, the profiler slot is free
+            before = ext.pending_rows()
+            torch.nn.Linear(8, 8)(torch.ones(2, 8)).sum()
+            ok = ext.pending_rows() == before and not ext.reporter_active()
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        torch.ones(10)
+        assert ext.reporter_active() and ext.pending_rows() > 0  # the parent records on
+    finally:
+        source.end_run()
+        undo()
 
 
 def test_clock_is_perf_counter(ext: Any) -> None:

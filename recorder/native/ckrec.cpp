@@ -304,10 +304,20 @@ int64_t block_of(const at::Tensor& t) {
 // ---------------------------------------------------------------------------------------------
 // Ops
 // ---------------------------------------------------------------------------------------------
-bool want_outputs = false;
+std::atomic<bool> want_outputs{false};
+
+// NOTE [ Forked children ]
+// A DataLoader worker forked while recording inherits the forking thread's callback and
+// profiler slot, and the Python module hooks. Its rows would never be drained, so the child goes
+// inert: every hook returns at once, and the reporter leaves the child's slot (so the CPU
+// allocator stops tracking sizes there). Only thread-local state is touched: another thread may
+// have held any lock at the fork. source.py calls forget_in_child() after every fork.
+std::atomic<bool> inert{false};
+inline bool off() { return inert.load(std::memory_order_relaxed); }
 at::CallbackHandle callback = 0;
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (off()) return nullptr;
   ThreadState& ts = state();
   int64_t t = now_ns();
   int64_t id = next_op.fetch_add(1, std::memory_order_relaxed);
@@ -338,6 +348,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 // stack top is the range that ends. Its row is still in the buffer unless drain() ran while it
 // was open (a step boundary inside an op): then the end goes to an EndRow that Python applies.
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (off()) return;
   ThreadState& ts = state();
   if (ts.ops.empty()) return;  // opened before start() or before a restart
   Frame f = ts.ops.back();
@@ -358,7 +369,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   // NOTE [ Outputs of allocating ops ]: a block's dtype and shape are those of the first tensor
   // returned on it, which the op that allocated it returns; ops that allocated nothing return
   // views of blocks that already have one, and are skipped (most ops of a step).
-  if (!want_outputs || f.allocations == 0) return;
+  if (!want_outputs.load(std::memory_order_relaxed) || f.allocations == 0) return;
   for (const c10::IValue& v : fn.outputs()) {
     if (!v.isTensor()) continue;
     const at::Tensor& out = v.toTensor();
@@ -382,6 +393,7 @@ struct Reporter final : prof::ProfilerStateBase {
 
   void reportMemoryUsage(void* ptr, int64_t bytes, size_t allocated, size_t reserved,
                          c10::Device d) override {
+    if (off()) return;
     int64_t t = now_ns();
     ThreadState& ts = state();
     int64_t block = on_block(addr(ptr), bytes, d);
@@ -395,6 +407,7 @@ struct Reporter final : prof::ProfilerStateBase {
 
   void reportOutOfMemory(int64_t bytes, size_t allocated, size_t reserved,
                          c10::Device d) override {
+    if (off()) return;
     int64_t t = now_ns();
     ThreadState& ts = state();
     OomRow row{t, bytes, int64_t(allocated), int64_t(reserved), cur_op(ts), cur_top(ts),
@@ -450,6 +463,7 @@ bool resume_reporter() {
 // Start, stop, drain
 // ---------------------------------------------------------------------------------------------
 void start(bool ops, bool memory, bool outputs) {
+  TORCH_CHECK(!off(), "the native recorder does not record in a forked child");
   TORCH_CHECK(!callback && !reporter, "the native recorder is already started; stop() it first");
   generation.fetch_add(1, std::memory_order_relaxed);
   want_outputs = outputs;
@@ -472,6 +486,17 @@ void start(bool ops, bool memory, bool outputs) {
       TORCH_CHECK(false, "torch's profiler slot is taken on this thread (a profiler is running)");
     }
   }
+}
+
+void forget_in_child() {
+  inert.store(true);
+  if (reporter_pushed && reporter_on_top()) {
+    try {
+      c10::ThreadLocalDebugInfo::_pop(slot());
+    } catch (const c10::Error&) {
+    }
+  }
+  reporter_pushed = false;
 }
 
 void stop() {
@@ -542,6 +567,7 @@ int32_t module_id(int64_t address) {
 }
 
 void pre_hook(py::handle module, py::handle) {
+  if (off()) return;
   ThreadState& ts = state();
   int64_t a = addr(module.ptr());
   int32_t m = module_id(a);
@@ -556,6 +582,7 @@ void pre_hook(py::handle module, py::handle) {
 // Closes the innermost open call of this module (calls left open above it by an exception
 // are closed with it).
 void post_hook(py::handle module, py::handle, py::handle) {
+  if (off()) return;
   ThreadState& ts = state();
   int64_t a = addr(module.ptr());
   int32_t m = module_id(a);
@@ -574,6 +601,7 @@ void post_hook(py::handle module, py::handle, py::handle) {
 }
 
 void saved_row(py::handle obj, uint8_t kind) {
+  if (off()) return;
   if (!THPVariable_Check(obj.ptr())) return;
   const at::Tensor& t = THPVariable_Unpack(obj.ptr());
   if (!t.defined() || !t.has_storage()) return;
@@ -622,6 +650,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("start", &start, py::arg("ops") = true, py::arg("memory") = true,
         py::arg("outputs") = false);
   m.def("stop", &stop);
+  m.def("forget_in_child", &forget_in_child);
   m.def("drain", &drain);
   m.def("names", &names_from, py::arg("first") = 0);
   m.def("pending_rows", &pending_rows);

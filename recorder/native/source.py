@@ -45,6 +45,7 @@ class NativeSource:
         from torch.nn.modules import module as nn_module
 
         ext = self._ext
+        _inert_in_forked_children(ext)
         hooks = [
             nn_module.register_module_forward_pre_hook(ext.pre_hook),
             nn_module.register_module_forward_hook(ext.post_hook, always_call=True),
@@ -128,3 +129,15 @@ class NativeSource:
                 setattr(autograd_profiler, name, original)
 
         return undo
+
+
+_FORK_HOOKED: set[int] = set()
+
+
+def _inert_in_forked_children(ext: Any) -> None:
+    """NOTE [ Forked children ] in ckrec.cpp: once per extension and process."""
+    import os
+
+    if id(ext) not in _FORK_HOOKED:
+        _FORK_HOOKED.add(id(ext))
+        os.register_at_fork(after_in_child=ext.forget_in_child)
