@@ -1,17 +1,21 @@
 """From one drain's rows to per-step facts, vectorised with numpy (no Python runs per op).
 
-``Attribution`` holds what spans drains (blocks still allocated, module calls' modules, the
-forward ops of the previous drain) and turns each drain's ``Rows`` into a ``StepFacts``:
+``Attribution`` holds what spans drains (each module call's module, the forward ops of the
+previous drain; the extension itself knows which block lives where, NOTE [ Blocks by address ]
+in ckrec.cpp) and turns each drain's ``Rows`` into a ``StepFacts``:
 
-- ``ops``: one row per RecordFunction range, with its phase, module call and backward node;
+- ``ops``: one row per RecordFunction range, with its phase, module call (in backward, the
+  forward call that made its node), module and backward node;
 - ``blocks``: one row per allocation, with its free, top-level op, module (in backward through
   the autograd node's sequence number, NOTE [ Backward blocks and modules ]), whether autograd
   saved it, and its dtype and shape when op outputs were recorded;
-- ``late_frees`` / ``late_op_ends``: blocks and ops of earlier drains that ended in this one;
+- ``late_frees`` / ``late_op_ends`` / ``late_saved``: blocks and ops of earlier drains that
+  were freed, ended or saved in this one;
 - ``unknown_frees``: frees of blocks allocated before the reporter started (CUDA reports them;
   the CPU allocator knows no size for them and reports nothing);
 - ``saved``: pack and unpack rows with the block they hit;
-- ``calls``: module calls begun in this drain.
+- ``calls``: module calls begun in this drain (a call that ends in a later drain has
+  ``end_ns`` -1 here; drains happen at step boundaries, outside module calls).
 
 How these map onto the trace's run tables (``ckview/trace/schema.py``):
 
@@ -88,6 +92,7 @@ class Attribution:
         backward_call = _lookup(seq_keys, seq_calls, ops["seq_nr"], -1)
         backward = ops["seq_nr"] >= 0
         ops["module_call"] = np.where(backward, backward_call, ops["call"]).astype(np.int32)
+        ops["module"] = self.module_of(ops["module_call"])
         blocks, late_frees, unknown = self._blocks(rows.memory, ops, seq_keys, seq_calls)
         saved = _columns(rows.saved)
         packed = saved["block"][saved["kind"] == 0]
