@@ -267,9 +267,14 @@ def test_op_outputs_give_dtype_and_shape(ext: Any, small_op: Any) -> None:
     assert (d[~forward] >= -1).all() and (d[forward] >= 0).all()
 
 
-def test_ops_phases_and_backward_sequence_numbers(small_op: Any) -> None:
-    _, _rows, facts = small_op
+def test_ops_phases_and_backward_sequence_numbers(ext: Any, small_op: Any) -> None:
+    step, _rows, facts = small_op
     ops = facts.ops
+    names = ext.names()
+    types = _module_types(step.model, facts)
+    addmm_nodes = np.flatnonzero([names[n] == "AddmmBackward0" for n in ops["name"]])
+    assert len(addmm_nodes) == 40
+    assert {types[m] for m in ops["module"][addmm_nodes].tolist()} == {"Linear"}
     assert (ops["end_ns"] >= ops["start_ns"]).all()
     nodes = ops["scope"] == 1
     assert nodes.sum() > 100
