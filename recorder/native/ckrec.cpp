@@ -566,10 +566,10 @@ int32_t module_id(int64_t address) {
   return module_ids.try_emplace(address, int32_t(module_ids.size())).first->second;
 }
 
-void pre_hook(py::handle module, py::handle) {
+void pre_hook(PyObject* module) {
   if (off()) return;
   ThreadState& ts = state();
-  int64_t a = addr(module.ptr());
+  int64_t a = addr(module);
   int32_t m = module_id(a);
   int32_t call = next_call.fetch_add(1, std::memory_order_relaxed);
   ModRow row{now_ns(), a, int64_t(at::sequence_number::peek()), call, cur_call(ts), m, 1,
@@ -581,10 +581,10 @@ void pre_hook(py::handle module, py::handle) {
 
 // Closes the innermost open call of this module (calls left open above it by an exception
 // are closed with it).
-void post_hook(py::handle module, py::handle, py::handle) {
+void post_hook(PyObject* module) {
   if (off()) return;
   ThreadState& ts = state();
-  int64_t a = addr(module.ptr());
+  int64_t a = addr(module);
   int32_t m = module_id(a);
   int64_t t = now_ns();
   int64_t seq = int64_t(at::sequence_number::peek());
@@ -600,10 +600,10 @@ void post_hook(py::handle module, py::handle, py::handle) {
   }
 }
 
-void saved_row(py::handle obj, uint8_t kind) {
+void saved_row(PyObject* obj, uint8_t kind) {
   if (off()) return;
-  if (!THPVariable_Check(obj.ptr())) return;
-  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  if (!THPVariable_Check(obj)) return;
+  const at::Tensor& t = THPVariable_Unpack(obj);
   if (!t.defined() || !t.has_storage()) return;
   ThreadState& ts = state();
   const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
@@ -615,16 +615,39 @@ void saved_row(py::handle obj, uint8_t kind) {
   ts.buf->saved.push_back(row);
 }
 
-// The pack hook keeps the tensor itself: autograd saves exactly what it would without hooks.
-py::object pack(py::handle obj) {
-  saved_row(obj, 0);
-  return py::reinterpret_borrow<py::object>(obj);
+// Python calls the hooks below on every module call and saved tensor, so they are plain
+// CPython functions: pybind11's argument handling would cost about 0.3 us a call. The pack hook
+// returns the tensor itself: autograd saves exactly what it would without hooks.
+PyObject* py_pre_hook(PyObject*, PyObject* const* args, Py_ssize_t nargs) {  // (module, args)
+  if (nargs >= 1) pre_hook(args[0]);
+  Py_RETURN_NONE;
 }
 
-py::object unpack(py::handle obj) {
-  saved_row(obj, 1);
-  return py::reinterpret_borrow<py::object>(obj);
+PyObject* py_post_hook(PyObject*, PyObject* const* args, Py_ssize_t nargs) {  // + result
+  if (nargs >= 1) post_hook(args[0]);
+  Py_RETURN_NONE;
 }
+
+PyObject* py_pack(PyObject*, PyObject* obj) {
+  saved_row(obj, 0);
+  Py_INCREF(obj);
+  return obj;
+}
+
+PyObject* py_unpack(PyObject*, PyObject* obj) {
+  saved_row(obj, 1);
+  Py_INCREF(obj);
+  return obj;
+}
+
+PyMethodDef hook_defs[] = {
+    {"pre_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_pre_hook)),
+     METH_FASTCALL, "global module forward pre-hook: a module call begins"},
+    {"post_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_post_hook)),
+     METH_FASTCALL, "global module forward hook (always_call): a module call returns"},
+    {"pack", py_pack, METH_O, "saved_tensors_hooks pack: records the tensor, returns it"},
+    {"unpack", py_unpack, METH_O, "saved_tensors_hooks unpack: records the tensor, returns it"},
+};
 
 py::dict row_sizes() {
   py::dict d;
@@ -657,10 +680,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("suspend_reporter", &suspend_reporter);
   m.def("resume_reporter", &resume_reporter);
   m.def("reporter_active", &reporter_on_top);
-  m.def("pre_hook", &pre_hook);
-  m.def("post_hook", &post_hook);
-  m.def("pack", &pack);
-  m.def("unpack", &unpack);
+  for (PyMethodDef& def : hook_defs)
+    m.attr(def.ml_name) = py::reinterpret_steal<py::object>(PyCFunction_New(&def, nullptr));
   m.def("row_sizes", &row_sizes);
   m.def("built_for", &built_for);
   m.def("now_ns", &now_ns);
