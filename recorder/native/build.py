@@ -32,6 +32,7 @@ from typing import NamedTuple
 from recorder.native.rows import check_layout
 
 SOURCE = Path(__file__).with_name("ckrec.cpp")
+HEADERS = (Path(__file__).with_name("ckrec.h"),)
 NAME = "ckview_native"
 STAMP = "stamp.json"
 LOCK_TIMEOUT_S = 900
@@ -122,8 +123,15 @@ def _expected_stamp() -> dict[str, str]:
     return {
         "torch": torch.__version__,
         "python": sys.implementation.cache_tag or "",
-        "source": hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
+        "source": _source_hash(),
     }
+
+
+def _source_hash() -> str:
+    digest = hashlib.sha256()
+    for path in (SOURCE, *HEADERS):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def refused(directory: Path, expected: dict[str, str]) -> str | None:
