@@ -394,6 +394,28 @@ def test_a_forked_child_records_nothing(ext: Any) -> None:
         undo()
 
 
+def test_drain_refuses_another_thread(ext: Any) -> None:
+    """NOTE [ The recording thread writes without a lock ]: only it may drain."""
+    import threading
+
+    errors: list[str] = []
+
+    def drain_elsewhere() -> None:
+        try:
+            ext.drain()
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    ext.start(ops=True, memory=True)
+    try:
+        thread = threading.Thread(target=drain_elsewhere)
+        thread.start()
+        thread.join()
+    finally:
+        ext.stop()
+    assert len(errors) == 1 and "must run on the thread that started" in errors[0]
+
+
 def test_clock_is_perf_counter(ext: Any) -> None:
     import time
 

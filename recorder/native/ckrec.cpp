@@ -81,6 +81,28 @@ std::atomic<int64_t> next_op{0};
 std::atomic<int32_t> next_call{0};
 std::atomic<uint64_t> generation{1};  // bumped by start(): stacks of an earlier recording go
 
+// NOTE [ The recording thread writes without a lock ]
+// Only a buffer's own thread writes to it, and drain() runs on the thread that called start()
+// (the recording thread), so that thread's buffer is never touched by two threads at once: its
+// writes take no lock. Other threads (autograd's device threads on CUDA) lock their buffers,
+// which drain() locks too. drain() and pending_rows() refuse to run on another thread.
+std::atomic<Buffers*> drainer{nullptr};
+
+struct BufferLock {  // locks a buffer unless it is the recording thread's
+  explicit BufferLock(Buffers& b)
+      : mu_(&b == drainer.load(std::memory_order_relaxed) ? nullptr : &b.mu) {
+    if (mu_) mu_->lock();
+  }
+  ~BufferLock() {
+    if (mu_) mu_->unlock();
+  }
+  BufferLock(const BufferLock&) = delete;
+  BufferLock& operator=(const BufferLock&) = delete;
+
+ private:
+  std::mutex* mu_;
+};
+
 struct ThreadState {
   std::shared_ptr<Buffers> buf;
   std::vector<Frame> ops;
@@ -105,6 +127,12 @@ ThreadState& state() {
     registry.push_back(tls.buf);
   }
   return tls;
+}
+
+void check_drainer(const char* what) {
+  Buffers* d = drainer.load(std::memory_order_relaxed);
+  TORCH_CHECK(d == nullptr || d == state().buf.get(), what,
+              " must run on the thread that started the native recorder");
 }
 
 int32_t intern_text(const char* text) {
@@ -216,7 +244,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
             graph_task, uint8_t(fn.scope()), {0, 0, 0}};
   Buffers& b = *ts.buf;
-  std::lock_guard<std::mutex> lock(b.mu);
+  BufferLock lock(b);
   ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0});
   b.ops.push_back(row);
   return nullptr;
@@ -244,7 +272,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     ts.last_node_seq = fn.seqNr();
   Buffers& b = *ts.buf;
   {
-    std::lock_guard<std::mutex> lock(b.mu);
+    BufferLock lock(b);
     int64_t i = f.local - b.drained_ops;
     if (i >= 0 && i < int64_t(b.ops.size())) {
       b.ops[size_t(i)].t1 = t;
@@ -263,7 +291,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     const c10::StorageImpl* s = out.storage().unsafeGetStorageImpl();
     OutRow row{t, f.id, addr(s->data_ptr().get()), block_of(out), int64_t(s->nbytes()), {}};
     describe(out, row.tensor);
-    std::lock_guard<std::mutex> lock(b.mu);
+    BufferLock lock(b);
     b.outs.push_back(row);
   }
 }
@@ -287,7 +315,7 @@ struct Reporter final : prof::ProfilerStateBase {
     MemRow row{t,           addr(ptr),  bytes,         block,
                cur_op(ts),  cur_top(ts), cur_node(ts), int64_t(allocated),
                int64_t(reserved), cur_call(ts), int16_t(d.type()), int16_t(d.index())};
-    std::lock_guard<std::mutex> lock(ts.buf->mu);
+    BufferLock lock(*ts.buf);
     ts.buf->mems.push_back(row);
   }
 
@@ -298,7 +326,7 @@ struct Reporter final : prof::ProfilerStateBase {
     ThreadState& ts = state();
     OomRow row{t, bytes, int64_t(allocated), int64_t(reserved), cur_op(ts), cur_top(ts),
                cur_call(ts), int16_t(d.type()), int16_t(d.index())};
-    std::lock_guard<std::mutex> lock(ts.buf->mu);
+    BufferLock lock(*ts.buf);
     ts.buf->ooms.push_back(row);
   }
 
@@ -353,6 +381,7 @@ void start(bool ops, bool memory, bool outputs) {
   TORCH_CHECK(!callback && !reporter, "the native recorder is already started; stop() it first");
   generation.fetch_add(1, std::memory_order_relaxed);
   want_outputs = outputs;
+  drainer.store(state().buf.get());  // NOTE [ The recording thread writes without a lock ]
   {
     std::lock_guard<std::mutex> lock(blocks_mu);
     live_blocks.clear();  // frees of an earlier recording's blocks are unknown now
@@ -369,6 +398,7 @@ void start(bool ops, bool memory, bool outputs) {
       reporter.reset();
       if (callback) at::removeCallback(callback);
       callback = 0;
+      drainer.store(nullptr);
       TORCH_CHECK(false, "torch's profiler slot is taken on this thread (a profiler is running)");
     }
   }
@@ -386,11 +416,13 @@ void forget_in_child() {
 }
 
 void stop() {
+  check_drainer("stop()");
   if (callback) at::removeCallback(callback);
   callback = 0;
   suspend_reporter();
   reporter.reset();
   reporter_pushed = false;
+  drainer.store(nullptr);
 }
 
 template <class T>
@@ -400,11 +432,12 @@ void take(std::vector<T>& rows, std::string& out) {
 }
 
 py::dict drain() {
+  check_drainer("drain()");
   std::string ops, mems, ooms, saved, outs, mods, ends;
   {
     std::lock_guard<std::mutex> lock(registry_mu);
     for (const auto& b : registry) {
-      std::lock_guard<std::mutex> guard(b->mu);
+      BufferLock guard(*b);
       b->drained_ops += int64_t(b->ops.size());
       take(b->ops, ops);
       take(b->mems, mems);
@@ -428,10 +461,11 @@ py::dict drain() {
 
 // Rows waiting in the buffers: a recorder may drain mid-step when they grow large.
 int64_t pending_rows() {
+  check_drainer("pending_rows()");
   int64_t n = 0;
   std::lock_guard<std::mutex> lock(registry_mu);
   for (const auto& b : registry) {
-    std::lock_guard<std::mutex> guard(b->mu);
+    BufferLock guard(*b);
     n += int64_t(b->ops.size() + b->mems.size() + b->saved.size() + b->outs.size() +
                  b->mods.size());
   }
@@ -461,7 +495,7 @@ void pre_hook(PyObject* module) {
   ModRow row{now_ns(), a, int64_t(at::sequence_number::peek()), call, cur_call(ts), m, 1,
              {0, 0, 0}};
   ts.calls.push_back(Call{call, m});
-  std::lock_guard<std::mutex> lock(ts.buf->mu);
+  BufferLock lock(*ts.buf);
   ts.buf->mods.push_back(row);
 }
 
@@ -477,7 +511,7 @@ void post_hook(PyObject* module) {
   size_t i = ts.calls.size();
   while (i > 0 && ts.calls[i - 1].module != m) --i;
   if (i == 0) return;  // its pre-hook ran before recording started
-  std::lock_guard<std::mutex> lock(ts.buf->mu);
+  BufferLock lock(*ts.buf);
   while (ts.calls.size() >= i) {
     Call c = ts.calls.back();
     ts.calls.pop_back();
@@ -497,7 +531,7 @@ void saved_row(PyObject* obj, uint8_t kind) {
                int64_t(t.numel()) * int64_t(t.element_size()), cur_op(ts), cur_top(ts),
                cur_call(ts), kind, {0, 0, 0}, {}};
   describe(t, row.tensor);
-  std::lock_guard<std::mutex> lock(ts.buf->mu);
+  BufferLock lock(*ts.buf);
   ts.buf->saved.push_back(row);
 }
 
