@@ -49,29 +49,7 @@ namespace prof = torch::profiler::impl;
 using namespace ckrec;  // NOLINT: rows, clock and block table (ckrec.h)
 
 
-// ---------------------------------------------------------------------------------------------
-// Buffers: one per thread, each with its own lock (uncontended except while drain() reads it)
-// ---------------------------------------------------------------------------------------------
-struct Buffers {
-  std::mutex mu;
-  std::vector<OpRow> ops;
-  std::vector<MemRow> mems;
-  std::vector<OomRow> ooms;
-  std::vector<SavedRow> saved;
-  std::vector<OutRow> outs;
-  std::vector<ModRow> mods;
-  std::vector<EndRow> ends;
-  int64_t drained_ops = 0;  // op rows of this thread handed out by drain() so far
-};
-
-struct Frame {  // an open op on this thread
-  int64_t id, local, top, node_seq;
-  int64_t allocations;  // blocks allocated while it was the innermost op
-};
-struct Call {  // an open module call on this thread
-  int32_t call, module;
-};
-
+std::atomic<Buffers*> drainer{nullptr};  // NOTE [ The recording thread writes without a lock ]
 std::mutex registry_mu;  // guards `registry`, names and module ids
 std::vector<std::shared_ptr<Buffers>> registry;
 std::vector<std::string> names;
@@ -80,28 +58,6 @@ std::unordered_map<int64_t, int32_t> module_ids;
 std::atomic<int64_t> next_op{0};
 std::atomic<int32_t> next_call{0};
 std::atomic<uint64_t> generation{1};  // bumped by start(): stacks of an earlier recording go
-
-// NOTE [ The recording thread writes without a lock ]
-// Only a buffer's own thread writes to it, and drain() runs on the thread that called start()
-// (the recording thread), so that thread's buffer is never touched by two threads at once: its
-// writes take no lock. Other threads (autograd's device threads on CUDA) lock their buffers,
-// which drain() locks too. drain() and pending_rows() refuse to run on another thread.
-std::atomic<Buffers*> drainer{nullptr};
-
-struct BufferLock {  // locks a buffer unless it is the recording thread's
-  explicit BufferLock(Buffers& b)
-      : mu_(&b == drainer.load(std::memory_order_relaxed) ? nullptr : &b.mu) {
-    if (mu_) mu_->lock();
-  }
-  ~BufferLock() {
-    if (mu_) mu_->unlock();
-  }
-  BufferLock(const BufferLock&) = delete;
-  BufferLock& operator=(const BufferLock&) = delete;
-
- private:
-  std::mutex* mu_;
-};
 
 struct ThreadState {
   std::shared_ptr<Buffers> buf;
@@ -244,7 +200,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
             graph_task, uint8_t(fn.scope()), {0, 0, 0}};
   Buffers& b = *ts.buf;
-  BufferLock lock(b);
+  BufferLock lock(b, drainer);
   ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0});
   b.ops.push_back(row);
   return nullptr;
@@ -272,7 +228,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     ts.last_node_seq = fn.seqNr();
   Buffers& b = *ts.buf;
   {
-    BufferLock lock(b);
+    BufferLock lock(b, drainer);
     int64_t i = f.local - b.drained_ops;
     if (i >= 0 && i < int64_t(b.ops.size())) {
       b.ops[size_t(i)].t1 = t;
@@ -291,7 +247,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     const c10::StorageImpl* s = out.storage().unsafeGetStorageImpl();
     OutRow row{t, f.id, addr(s->data_ptr().get()), block_of(out), int64_t(s->nbytes()), {}};
     describe(out, row.tensor);
-    BufferLock lock(b);
+    BufferLock lock(b, drainer);
     b.outs.push_back(row);
   }
 }
@@ -315,7 +271,7 @@ struct Reporter final : prof::ProfilerStateBase {
     MemRow row{t,           addr(ptr),  bytes,         block,
                cur_op(ts),  cur_top(ts), cur_node(ts), int64_t(allocated),
                int64_t(reserved), cur_call(ts), int16_t(d.type()), int16_t(d.index())};
-    BufferLock lock(*ts.buf);
+    BufferLock lock(*ts.buf, drainer);
     ts.buf->mems.push_back(row);
   }
 
@@ -326,7 +282,7 @@ struct Reporter final : prof::ProfilerStateBase {
     ThreadState& ts = state();
     OomRow row{t, bytes, int64_t(allocated), int64_t(reserved), cur_op(ts), cur_top(ts),
                cur_call(ts), int16_t(d.type()), int16_t(d.index())};
-    BufferLock lock(*ts.buf);
+    BufferLock lock(*ts.buf, drainer);
     ts.buf->ooms.push_back(row);
   }
 
@@ -437,7 +393,7 @@ py::dict drain() {
   {
     std::lock_guard<std::mutex> lock(registry_mu);
     for (const auto& b : registry) {
-      BufferLock guard(*b);
+      BufferLock guard(*b, drainer);
       b->drained_ops += int64_t(b->ops.size());
       take(b->ops, ops);
       take(b->mems, mems);
@@ -465,7 +421,7 @@ int64_t pending_rows() {
   int64_t n = 0;
   std::lock_guard<std::mutex> lock(registry_mu);
   for (const auto& b : registry) {
-    BufferLock guard(*b);
+    BufferLock guard(*b, drainer);
     n += int64_t(b->ops.size() + b->mems.size() + b->saved.size() + b->outs.size() +
                  b->mods.size());
   }
@@ -495,7 +451,7 @@ void pre_hook(PyObject* module) {
   ModRow row{now_ns(), a, int64_t(at::sequence_number::peek()), call, cur_call(ts), m, 1,
              {0, 0, 0}};
   ts.calls.push_back(Call{call, m});
-  BufferLock lock(*ts.buf);
+  BufferLock lock(*ts.buf, drainer);
   ts.buf->mods.push_back(row);
 }
 
@@ -511,7 +467,7 @@ void post_hook(PyObject* module) {
   size_t i = ts.calls.size();
   while (i > 0 && ts.calls[i - 1].module != m) --i;
   if (i == 0) return;  // its pre-hook ran before recording started
-  BufferLock lock(*ts.buf);
+  BufferLock lock(*ts.buf, drainer);
   while (ts.calls.size() >= i) {
     Call c = ts.calls.back();
     ts.calls.pop_back();
@@ -531,7 +487,7 @@ void saved_row(PyObject* obj, uint8_t kind) {
                int64_t(t.numel()) * int64_t(t.element_size()), cur_op(ts), cur_top(ts),
                cur_call(ts), kind, {0, 0, 0}, {}};
   describe(t, row.tensor);
-  BufferLock lock(*ts.buf);
+  BufferLock lock(*ts.buf, drainer);
   ts.buf->saved.push_back(row);
 }
 

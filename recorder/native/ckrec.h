@@ -1,9 +1,12 @@
-// Rows, clock and block table of ckview's native event sources (recorder/native/ckrec.cpp,
-// its only includer). The row structs are mirrored by numpy dtypes in recorder/native/rows.py.
+// Rows, clock, block table and per-thread buffers of ckview's native event sources
+// (recorder/native/ckrec.cpp, its only includer). The row structs are mirrored by numpy dtypes
+// in recorder/native/rows.py.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <ctime>
+#include <mutex>
 #include <vector>
 
 namespace ckrec {
@@ -124,6 +127,49 @@ class BlockTable {
   }
   std::vector<int64_t> keys_, values_;
   size_t size_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Buffers: one per thread, each with its own lock (uncontended except while drain() reads it)
+// ---------------------------------------------------------------------------------------------
+struct Buffers {
+  std::mutex mu;
+  std::vector<OpRow> ops;
+  std::vector<MemRow> mems;
+  std::vector<OomRow> ooms;
+  std::vector<SavedRow> saved;
+  std::vector<OutRow> outs;
+  std::vector<ModRow> mods;
+  std::vector<EndRow> ends;
+  int64_t drained_ops = 0;  // op rows of this thread handed out by drain() so far
+};
+
+struct Frame {  // an open op on this thread
+  int64_t id, local, top, node_seq;
+  int64_t allocations;  // blocks allocated while it was the innermost op
+};
+struct Call {  // an open module call on this thread
+  int32_t call, module;
+};
+
+// NOTE [ The recording thread writes without a lock ]
+// Only a buffer's own thread writes to it, and drain() runs on the thread that called start()
+// (the recording thread), so that thread's buffer is never touched by two threads at once: its
+// writes take no lock. Other threads (autograd's device threads on CUDA) lock their buffers,
+// which drain() locks too. drain() and pending_rows() refuse to run on another thread.
+struct BufferLock {  // locks a buffer unless it is the recording thread's (`drainer`)
+  BufferLock(Buffers& b, const std::atomic<Buffers*>& drainer)
+      : mu_(&b == drainer.load(std::memory_order_relaxed) ? nullptr : &b.mu) {
+    if (mu_) mu_->lock();
+  }
+  ~BufferLock() {
+    if (mu_) mu_->unlock();
+  }
+  BufferLock(const BufferLock&) = delete;
+  BufferLock& operator=(const BufferLock&) = delete;
+
+ private:
+  std::mutex* mu_;
 };
 
 }  // namespace ckrec
