@@ -538,6 +538,41 @@ def test_reporter_yields_to_the_scripts_profiler_and_comes_back(ext: Any) -> Non
     assert 4000 in step_blocks["nbytes"].tolist()
 
 
+def test_source_facts_of_identical_steps_agree(ext: Any) -> None:
+    """Three identical steps through NativeSource: the same blocks, bytes, modules and saved
+    blocks each time; what a step keeps (gradients, none here) is freed in a later one."""
+    step = small_op_step("sgd")
+    for _ in range(3):
+        step()
+    got: list[tuple[str, StepFacts]] = []
+    source = NativeSource(ext, lambda kind, facts: got.append((kind, facts)))
+    undo = source.install()
+    try:
+        source.begin_run()
+        for _ in range(3):
+            source.step_begins(0)
+            step()
+            source.step_ends(0)
+        source.end_run()
+    finally:
+        undo()
+        ext.stop()
+    steps = [facts for kind, facts in got if kind == "step"]
+    assert len(steps) == 3
+    summary = [
+        (
+            len(f.blocks["block"]),
+            int(f.blocks["nbytes"].sum()),
+            int((f.blocks["module"] >= 0).sum()),
+            int(f.blocks["saved"].sum()),
+        )
+        for f in steps
+    ]
+    assert summary[0] == summary[1] == summary[2], summary
+    # the momentum buffers of SGD live on; every other block of a step dies within it
+    assert all(len(f.late_frees["block"]) == 0 for f in steps)
+
+
 def test_without_yielding_torch_refuses_its_profiler(ext: Any) -> None:
     ext.start(ops=False, memory=True)
     cpu = [torch.profiler.ProfilerActivity.CPU]
