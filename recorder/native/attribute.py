@@ -158,9 +158,10 @@ class Attribution:
         """Blocks allocated in the drain, with their frees (NOTE [ Blocks by address ] in
         ckrec.cpp: every free names its block); frees of earlier drains' blocks; frees of
         blocks from before recording."""
-        alloc = mem["bytes"] > 0
-        rows = _sorted(mem[alloc], "block")
-        frees = mem[~alloc]
+        cols = _columns(mem)  # then columns are indexed: structured rows copy slowly
+        alloc = cols["bytes"] > 0
+        rows = _in_order(_select(cols, alloc), "block")
+        frees = _select(cols, ~alloc)
         here, row = _rows_of(rows["block"], frees["block"])
         n = len(rows["block"])
         free_ns = np.full(n, -1, np.int64)
@@ -173,7 +174,7 @@ class Attribution:
             "free_ns": frees["t"][late],
             "free_op": frees["op"][late],
         }
-        unknown = frees[frees["block"] < 0]
+        unknown = _select(frees, frees["block"] < 0)
         unknown_frees = {
             "ptr": unknown["ptr"],
             "nbytes": -unknown["bytes"],
@@ -335,11 +336,24 @@ def _block_ops(rows: Columns, ops: Columns) -> tuple[np.ndarray, ...]:
 
 
 def _sorted(rows: np.ndarray, key: str) -> Columns:
-    """Columns of ``rows`` in ``key`` order (rows of one thread come sorted: no sort then)."""
-    values = rows[key]
+    """Columns of ``rows`` in ``key`` order."""
+    return _in_order(_columns(rows), key)
+
+
+def _in_order(cols: Columns, key: str) -> Columns:
+    """``cols`` in ``key`` order (rows of one thread come sorted: no sort then)."""
+    values = cols[key]
     if len(values) > 1 and not (values[1:] >= values[:-1]).all():
-        rows = rows[np.argsort(values, kind="stable")]
-    return _columns(rows)
+        order = np.argsort(values, kind="stable")
+        return {name: col[order] for name, col in cols.items()}
+    return cols
+
+
+def _select(cols: Columns, mask: np.ndarray) -> Columns:
+    """The rows where ``mask`` holds (one index array, then ``take``: boolean indexing per
+    column costs several times more on the interleaved masks of allocations and frees)."""
+    index = np.flatnonzero(mask)
+    return {name: col.take(index, axis=0) for name, col in cols.items()}
 
 
 def _rows_of(keys: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -129,6 +129,9 @@ class Rows:
     def empty(cls) -> Rows:
         return cls(**{name: np.zeros(0, dtype) for name, dtype in DTYPES.items()})
 
+    def is_empty(self) -> bool:
+        return not any(len(getattr(self, name)) for name in DTYPES)
+
 
 def check_layout(ext: Any) -> str | None:
     """Why the extension's rows cannot be read with these dtypes, or None if they can."""

@@ -3,8 +3,9 @@ meta (the protocol of ``research/structure-review.md``, seam 1).
 
 Each boundary drains the rows written since the previous one and hands their ``StepFacts`` to
 ``on_facts(kind, facts)``: kind ``"step"`` for a recorded step, ``"between"`` for what ran
-between steps (data loading, logging) and ``"end"`` for the rest of the run. The sink decides
-what to keep; this class holds no rows.
+between steps (data loading, logging) and ``"end"`` for the rest of the run; a boundary with
+no rows since the previous one hands out nothing. The sink decides what to keep; this class
+holds no rows.
 
 NOTE [ Native source and the script's own hooks ]
 - Saved tensors: the extension's pack/unpack are installed as the outermost
@@ -92,8 +93,11 @@ class NativeSource:
         return list(self._ext.names(first))
 
     def _hand_out(self, kind: str) -> None:
+        """Drains and attributes; an empty drain (steps back to back) hands out nothing."""
         if self._running:
-            self._on_facts(kind, self._attribution.step(drain(self._ext)))
+            rows = drain(self._ext)
+            if not rows.is_empty():
+                self._on_facts(kind, self._attribution.step(rows))
 
     def _yield_to_profiler(self) -> Callable[[], None]:
         from torch.autograd import profiler as autograd_profiler
