@@ -1,5 +1,6 @@
 """The native extension as one recorder source: install/undo, run begin/end, step begin/end,
-meta (the protocol of ``research/structure-review.md``, seam 1).
+meta (the protocol of ``../shared/research/structure-review.md``, seam 1). Every method runs on
+the recording thread (NOTE [ The recording thread writes without a lock ] in ckrec.h).
 
 Each boundary drains the rows written since the previous one and hands their ``StepFacts`` to
 ``on_facts(kind, facts)``: kind ``"step"`` for a recorded step, ``"between"`` for what ran
