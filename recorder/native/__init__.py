@@ -1,0 +1,16 @@
+"""ckview's native event sources: ops, allocator blocks, module calls and saved tensors,
+recorded by a small C++ extension (``ckrec.cpp``) built against the running torch.
+
+>>> from recorder.native import load
+>>> ext, reason = load()          # builds once (~30 s), then imports the cached build
+>>> if ext is None:
+...     print(f"ckview: {reason}; recording with the Python recorder")
+
+``build.py`` builds and loads it (NOTE [ Native build cache ]), ``rows.py`` reads what it
+drains, ``attribute.py`` turns a step's rows into per-step facts with numpy, and ``source.py``
+wraps it as one recorder source. ``CKVIEW_RECORDER=native|python|auto`` picks the path.
+"""
+
+from recorder.native.build import Loaded, NativeRecorderError, cache_dir, load, mode
+
+__all__ = ["Loaded", "NativeRecorderError", "cache_dir", "load", "mode"]

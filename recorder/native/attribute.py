@@ -1,0 +1,376 @@
+"""From one drain's rows to per-step facts, vectorised with numpy (no Python runs per op).
+
+``Attribution`` holds what spans drains (each module call's module, the forward ops of the
+previous drain; the extension itself knows which block lives where, NOTE [ Blocks by address ]
+in ckrec.cpp) and turns each drain's ``Rows`` into a ``StepFacts``:
+
+- ``ops``: one row per RecordFunction range, with its phase, module call (in backward, the
+  forward call that made its node), module and backward node;
+- ``blocks``: one row per allocation, with its free, top-level op, module (in backward through
+  the autograd node's sequence number, NOTE [ Backward blocks and modules ]), whether autograd
+  saved it, and its dtype and shape when op outputs were recorded;
+- ``late_frees`` / ``late_op_ends`` / ``late_saved``: blocks and ops of earlier drains that
+  were freed, ended or saved in this one;
+- ``unknown_frees``: frees of blocks allocated before the reporter started (CUDA reports them;
+  the CPU allocator knows no size for them and reports nothing);
+- ``saved``: pack and unpack rows with the block they hit;
+- ``calls``: module calls begun in this drain (a call that ends in a later drain has
+  ``end_ns`` -1 here; drains happen at step boundaries, outside module calls).
+
+How these map onto the trace's run tables (``ckview/trace/schema.py``):
+
+- ``storages``: ``nbytes``, ``alloc_ns``, ``free_ns``, ``op``, ``module_call``, ``module`` come
+  from ``blocks``, with ids in the extension's numbering (op ids, call ids, module ids by
+  address in ``calls``), which the sink renumbers into its rows. ``device`` is
+  ``device_type``/``device_index``. ``dtype``/``shape`` are known only with op outputs recorded
+  (``layout_texts`` gives the strings), else -1: a block is the allocator's, and nothing else
+  says what tensor lives in it. ``category`` comes from ``categorize``: ACTIVATION for blocks
+  autograd saved, PARAMETER/GRADIENT/OPTIMIZER_STATE for the pointers the caller reads at
+  step boundaries (parameters, ``.grad``, optimizer state), TEMPORARY for blocks freed within
+  the drain, else OTHER. INPUT and the FSDP categories need sources this module does not see.
+  ``stack`` (``--stacks``) is another source's.
+  The owner rule of ``module`` (a parameter's gradient and optimizer state belong to the
+  parameter's module) also needs those pointer sets; ``blocks.module`` is the creating call's.
+- ``ops``: ``start_ns``, ``end_ns``, ``module_call`` and ``seq_nr`` (the backward node's) are
+  filled. ``name`` is RecordFunction's (``aten::mm``, a backward node's ``AddmmBackward0``),
+  not the dispatch mode's ``aten.mm.default``; ranges nest (``parent``, ``top``), where the
+  dispatch mode saw only the ops that reached it. ``phase`` is FORWARD, BACKWARD or OTHER:
+  OPTIMIZER and RECOMPUTE need the optimizer's and checkpoint's markers, passed in as ``spans``.
+- ``memory_events``: ALLOC rows from ``blocks`` (``alloc_ns``, ``op``), FREE rows from
+  ``blocks``/``late_frees`` (``free_ns``, ``free_op``); SEEN rows from ``unknown_frees``.
+- ``saved_events``: every column, from ``saved``.
+- ``module_calls``: every column but ``phase`` and ``step``, from ``calls``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ckview.trace.schema import Category, Phase
+from recorder.native.rows import DIMS, Rows
+
+_BACKWARD_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
+Columns = dict[str, np.ndarray]
+
+
+@dataclass
+class StepFacts:
+    """What one drain's rows say, as columns (see the module docstring)."""
+
+    ops: Columns
+    blocks: Columns
+    late_frees: Columns
+    late_op_ends: Columns
+    late_saved: np.ndarray
+    unknown_frees: Columns
+    saved: Columns
+    calls: Columns
+    ooms: Columns
+
+
+@dataclass
+class Attribution:
+    """Per-step attribution of native rows; one per recording (state spans drains)."""
+
+    # module of every call id seen (call ids count from 0 over the process)
+    _call_module: np.ndarray = field(default_factory=lambda: np.full(0, -1, np.int32))
+    # forward ops' sequence numbers -> module call, of the previous drain
+    _seq_call_prev: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int32))
+    )
+
+    def step(self, rows: Rows, spans: Sequence[tuple[Phase, np.ndarray]] = ()) -> StepFacts:
+        """The facts of one drain. ``spans`` are ``(phase, (n, 2) start/end ns)`` intervals
+        (the optimizer's step, a checkpoint's recompute) whose ops take that phase."""
+        calls = self._calls(rows.modules)
+        ops, late_ends = _ops(rows.ops, rows.op_ends)
+        seq_keys, seq_calls = self._seq_to_call(ops)
+        ops["phase"] = _phases(ops, spans)
+        backward_call = _lookup(seq_keys, seq_calls, ops["seq_nr"], -1)
+        backward = ops["seq_nr"] >= 0
+        ops["module_call"] = np.where(backward, backward_call, ops["call"]).astype(np.int32)
+        ops["module"] = self.module_of(ops["module_call"])
+        blocks, late_frees, unknown = self._blocks(rows.memory, ops, seq_keys, seq_calls)
+        saved = _columns(rows.saved)
+        packed = saved["block"][saved["kind"] == 0]
+        here, row = _rows_of(blocks["block"], packed)
+        blocks["saved"][row[here]] = True
+        late_saved = np.unique(packed[~here & (packed >= 0)])
+        if len(rows.outputs):
+            _layouts(rows.outputs, blocks)
+        ooms = _columns(rows.ooms)
+        return StepFacts(
+            ops, blocks, late_frees, late_ends, late_saved, unknown, saved, calls, ooms
+        )
+
+    # -- module calls ------------------------------------------------------------------------
+    def _calls(self, mods: np.ndarray) -> Columns:
+        enter = mods[mods["enter"] == 1]
+        exits = mods[mods["enter"] == 0]
+        top = int(mods["call"].max(initial=-1)) + 1
+        if top > len(self._call_module):
+            grown = np.full(max(top, 2 * len(self._call_module)), -1, np.int32)
+            grown[: len(self._call_module)] = self._call_module
+            self._call_module = grown
+        self._call_module[enter["call"]] = enter["module"]
+        calls = enter["call"].astype(np.int64)
+        exit_calls = exits["call"].astype(np.int64)
+        return {
+            "call": enter["call"].copy(),
+            "module": enter["module"].copy(),
+            "address": enter["address"].copy(),
+            "parent": enter["parent"].copy(),
+            "start_ns": enter["t"].copy(),
+            "end_ns": _lookup(exit_calls, exits["t"], calls, -1),
+            "seq_begin": enter["seq"].copy(),
+            "seq_end": _lookup(exit_calls, exits["seq"], calls, -1),
+        }
+
+    def module_of(self, call: np.ndarray) -> np.ndarray:
+        """Module id of each call id (-1 for -1 or a call never seen)."""
+        call = np.asarray(call, np.int64)
+        known = (call >= 0) & (call < len(self._call_module))
+        return _take(self._call_module, np.where(known, call, -1)).astype(np.int32)
+
+    # NOTE [ Backward blocks and modules ]
+    # A backward node's range carries the sequence number autograd gave the node when the
+    # forward op that made it ran; that forward op's range recorded the same number (its seq
+    # at start) inside the module call that ran it. So a block allocated under a backward node
+    # belongs to the call of the first forward op with the node's number. Engine work between
+    # nodes takes the number of the node that ran last (NOTE [ Engine work between nodes ] in
+    # ckrec.cpp); AccumulateGrad has no number and keeps the call open on the thread (none).
+    def _seq_to_call(self, ops: Columns) -> tuple[np.ndarray, np.ndarray]:
+        fwd = (ops["scope"] != _BACKWARD_SCOPE) & (ops["seq"] >= 0) & (ops["call"] >= 0)
+        keys = np.concatenate([ops["seq"][fwd], self._seq_call_prev[0]])
+        calls = np.concatenate([ops["call"][fwd], self._seq_call_prev[1]])
+        keys, first = np.unique(keys, return_index=True)  # this drain's first op wins
+        calls = calls[first]
+        self._seq_call_prev = (ops["seq"][fwd], ops["call"][fwd])
+        return keys, calls
+
+    # -- blocks -----------------------------------------------------------------------------
+    def _blocks(
+        self, mem: np.ndarray, ops: Columns, seq_keys: np.ndarray, seq_calls: np.ndarray
+    ) -> tuple[Columns, Columns, Columns]:
+        """Blocks allocated in the drain, with their frees (NOTE [ Blocks by address ] in
+        ckrec.cpp: every free names its block); frees of earlier drains' blocks; frees of
+        blocks from before recording."""
+        cols = _columns(mem)  # then columns are indexed: structured rows copy slowly
+        alloc = cols["bytes"] > 0
+        rows = _in_order(_select(cols, alloc), "block")
+        frees = _select(cols, ~alloc)
+        here, row = _rows_of(rows["block"], frees["block"])
+        n = len(rows["block"])
+        free_ns = np.full(n, -1, np.int64)
+        free_op = np.full(n, -1, np.int64)
+        free_ns[row[here]] = frees["t"][here]
+        free_op[row[here]] = frees["op"][here]
+        late = ~here & (frees["block"] >= 0)
+        late_frees = {
+            "block": frees["block"][late],
+            "free_ns": frees["t"][late],
+            "free_op": frees["op"][late],
+        }
+        unknown = _select(frees, frees["block"] < 0)
+        unknown_frees = {
+            "ptr": unknown["ptr"],
+            "nbytes": -unknown["bytes"],
+            "t": unknown["t"],
+            "op": unknown["op"],
+            "device_type": unknown["device_type"],
+            "device_index": unknown["device_index"],
+        }
+        op, top, node_seq, phase = _block_ops(rows, ops)
+        call = np.where(node_seq >= 0, _lookup(seq_keys, seq_calls, node_seq, -1), rows["call"])
+        blocks: Columns = {
+            "block": rows["block"],
+            "ptr": rows["ptr"],
+            "nbytes": rows["bytes"],
+            "device_type": rows["device_type"],
+            "device_index": rows["device_index"],
+            "alloc_ns": rows["t"],
+            "free_ns": free_ns,
+            "free_op": free_op,
+            "op": op,
+            "top_op": top,
+            "node_seq": node_seq,
+            "phase": phase,
+            "module_call": call.astype(np.int32),
+            "module": self.module_of(call),
+            "saved": np.zeros(n, bool),
+            "dtype": np.full(n, -1, np.int8),
+            "ndim": np.full(n, -1, np.int8),
+            "dims": np.zeros((n, DIMS), np.int64),
+        }
+        return blocks, late_frees, unknown_frees
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def categorize(
+    blocks: Columns,
+    parameters: np.ndarray = _NONE,
+    gradients: np.ndarray = _NONE,
+    optimizer_state: np.ndarray = _NONE,
+) -> np.ndarray:
+    """Category of each block (``CATEGORY_PRIORITY`` order), from the storage pointers the
+    caller read at the step boundary and what the rows say (saved, freed within the drain)."""
+    ptr = blocks["ptr"]
+    category = np.full(len(ptr), int(Category.OTHER), np.uint8)
+    category[blocks["free_ns"] >= 0] = Category.TEMPORARY
+    category[blocks["saved"]] = Category.ACTIVATION
+    # later assignments win: lowest priority first
+    for cat, ptrs in (
+        (Category.OPTIMIZER_STATE, optimizer_state),
+        (Category.GRADIENT, gradients),
+        (Category.PARAMETER, parameters),
+    ):
+        category[np.isin(ptr, ptrs)] = cat
+    return category
+
+
+def layout_texts(
+    dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray, dtype_names: dict[int, str]
+) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+    """Dtype and shape strings as the Python recorder writes them ('float32', '64x128',
+    'scalar'), formatted once per distinct value: (dtype texts, index per row, shape texts,
+    index per row); index -1 where unknown (ndim < 0)."""
+    known = ndim >= 0
+    codes, dtype_index = np.unique(dtype[known], return_inverse=True)
+    dtypes = [dtype_names.get(int(c), f"dtype{int(c)}") for c in codes]
+    key = np.concatenate([ndim[known, None].astype(np.int64), dims[known]], axis=1)
+    shapes_u, shape_index = np.unique(key, axis=0, return_inverse=True)
+    shapes = [_shape_text(int(row[0]), row[1:]) for row in shapes_u]
+    d = np.full(len(ndim), -1, np.int64)
+    s = np.full(len(ndim), -1, np.int64)
+    d[known] = dtype_index.reshape(-1)
+    s[known] = shape_index.reshape(-1)
+    return dtypes, d, shapes, s
+
+
+def _shape_text(ndim: int, dims: np.ndarray) -> str:
+    if ndim == 0:
+        return "scalar"
+    text = "x".join(str(int(v)) for v in dims[: min(ndim, DIMS)])
+    return text + "x..." if ndim > DIMS else text
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _columns(rows: np.ndarray) -> Columns:
+    """A structured array's fields as contiguous columns (padding left out)."""
+    names = rows.dtype.names or ()
+    return {name: np.ascontiguousarray(rows[name]) for name in names if "pad" not in name}
+
+
+def _take(values: np.ndarray, index: np.ndarray, missing: int = -1) -> np.ndarray:
+    """``values[index]``, and ``missing`` where index < 0."""
+    if len(values) == 0:
+        return np.full(len(index), missing, np.int64)
+    return np.where(index >= 0, values[np.maximum(index, 0)], missing)
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, missing: int) -> np.ndarray:
+    """``values[keys == q]`` for each q, or ``missing``; keys unique."""
+    if len(keys) == 0:
+        return np.full(len(query), missing, values.dtype if len(values) else np.int64)
+    order = np.argsort(keys, kind="stable")
+    k, v = keys[order], values[order]
+    i = np.minimum(np.searchsorted(k, query), len(k) - 1)
+    return np.where(k[i] == query, v[i], missing)
+
+
+def _ops(ops: np.ndarray, ends: np.ndarray) -> tuple[Columns, Columns]:
+    """This drain's op rows as columns, with the ends that arrived for them applied; ends of
+    ops of earlier drains come back as late ends (NOTE [ Op ends ] in ckrec.cpp)."""
+    cols = _sorted(ops, "id")
+    cols["t1"] = cols["t1"].copy()  # a column may be a view of the drained bytes
+    here, row = _rows_of(cols["id"], ends["id"])
+    cols["t1"][row[here]] = ends["t1"][here]
+    cols["start_ns"], cols["end_ns"] = cols["t0"], cols["t1"]
+    cols["seq_nr"] = np.where(cols["node_seq"] >= 0, cols["node_seq"], -1)
+    return cols, {"id": ends["id"][~here], "end_ns": ends["t1"][~here]}
+
+
+def _phases(ops: Columns, spans: Sequence[tuple[Phase, np.ndarray]]) -> np.ndarray:
+    backward = (ops["graph_task"] >= 0) | (ops["node_seq"] >= 0)
+    phase = np.where(
+        backward, Phase.BACKWARD, np.where(ops["call"] >= 0, Phase.FORWARD, Phase.OTHER)
+    )
+    for which, intervals in spans:
+        intervals = np.asarray(intervals, np.int64).reshape(-1, 2)
+        if len(intervals) == 0:
+            continue
+        intervals = intervals[np.argsort(intervals[:, 0])]
+        i = np.searchsorted(intervals[:, 0], ops["t0"], side="right") - 1
+        inside = (i >= 0) & (ops["t0"] <= intervals[np.maximum(i, 0), 1])
+        phase[inside] = which
+    return phase.astype(np.uint8)
+
+
+def _block_ops(rows: Columns, ops: Columns) -> tuple[np.ndarray, ...]:
+    """Op, top-level op, backward node seq and phase of each allocation. An allocation outside
+    any op (a Python scalar wrapped before dispatch) takes the next op to start."""
+    op, top, node_seq = rows["op"].copy(), rows["top"].copy(), rows["node_seq"].copy()
+    n = len(ops["id"])
+    phase = np.full(len(op), int(Phase.OTHER), np.uint8)
+    if n == 0:
+        return op, top, node_seq, phase
+    t0 = ops["t0"]
+    by_start = None if (t0[1:] >= t0[:-1]).all() else np.argsort(t0, kind="stable")
+    outside = np.flatnonzero(op < 0)
+    if by_start is None:
+        nxt = np.minimum(np.searchsorted(t0, rows["t"][outside], side="right"), n - 1)
+    else:
+        starts = t0[by_start]
+        nxt = by_start[np.minimum(np.searchsorted(starts, rows["t"][outside], side="right"), n - 1)]
+    op[outside] = ops["id"][nxt]
+    top[outside] = ops["top"][nxt]
+    node_seq[outside] = ops["node_seq"][nxt]
+    here, row = _rows_of(ops["id"], op)
+    phase[here] = ops["phase"][row[here]]
+    return op, top, node_seq, phase
+
+
+def _sorted(rows: np.ndarray, key: str) -> Columns:
+    """Columns of ``rows`` in ``key`` order."""
+    return _in_order(_columns(rows), key)
+
+
+def _in_order(cols: Columns, key: str) -> Columns:
+    """``cols`` in ``key`` order (rows of one thread come sorted: no sort then)."""
+    values = cols[key]
+    if len(values) > 1 and not (values[1:] >= values[:-1]).all():
+        order = np.argsort(values, kind="stable")
+        return {name: col[order] for name, col in cols.items()}
+    return cols
+
+
+def _select(cols: Columns, mask: np.ndarray) -> Columns:
+    """The rows where ``mask`` holds (one index array, then ``take``: boolean indexing per
+    column costs several times more on the interleaved masks of allocations and frees)."""
+    index = np.flatnonzero(mask)
+    return {name: col.take(index, axis=0) for name, col in cols.items()}
+
+
+def _rows_of(keys: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each query, whether it is in the sorted ``keys`` and at which row."""
+    if len(keys) == 0:
+        return np.zeros(len(query), bool), np.zeros(len(query), np.int64)
+    row = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+    return keys[row] == query, row
+
+
+def _layouts(outputs: np.ndarray, blocks: Columns) -> None:
+    """Dtype and shape of each new block: those of the first op output on it (NOTE [ New
+    storage = unknown output storage ] in session.py: the tensor an op returned first)."""
+    outputs = outputs[np.argsort(outputs["t"], kind="stable")]
+    first_block, first = np.unique(outputs["block"], return_index=True)
+    here, row = _rows_of(blocks["block"], first_block)
+    row, first = row[here], first[here]
+    blocks["dtype"][row] = outputs["dtype"][first]
+    blocks["ndim"][row] = outputs["ndim"][first]
+    blocks["dims"][row] = outputs["dims"][first]

@@ -1,0 +1,566 @@
+// ckview's native event sources (recorder/native): ops, allocator blocks, module calls and
+// saved tensors, written as fixed-width rows into per-thread buffers and handed to Python by
+// drain() at step boundaries. Python turns them into per-step facts with numpy
+// (recorder/native/attribute.py); nothing here runs Python per op.
+//
+// Row layouts are mirrored by numpy dtypes in recorder/native/rows.py; row_sizes() lets Python
+// check that both agree before reading a byte.
+//
+// NOTE [ Native sources ]
+// - Ops: a thread-local RecordFunction callback (FUNCTION and BACKWARD_FUNCTION scopes). The
+//   callback and the PROFILER_STATE slot travel with torch's ThreadLocalState into autograd
+//   engine threads and at::launch tasks, as torch's profiler does; threads the user starts are
+//   not seen.
+// - Allocator blocks: a ProfilerStateBase subclass pushed into the thread-local PROFILER_STATE
+//   debug-info slot with memoryProfilingEnabled() true. The CPU allocator and the CUDA caching
+//   allocator report every block there (c10::reportMemoryUsageToProfiler), on the thread that
+//   allocates or frees. It must be a ProfilerStateBase: torch static_casts what sits in that
+//   slot (profilerEnabled(), _profiler_type()). Torch's profiler refuses to start while the slot
+//   is taken, so suspend_reporter()/resume_reporter() let a script's own profiler run.
+// - At an allocation the thread's op stack is known, so a memory row carries its innermost op,
+//   its top-level op and the sequence number of the enclosing backward node: no parent walk is
+//   needed afterwards.
+// - Module calls and saved tensors: global module forward hooks and saved_tensors_hooks whose
+//   callables are these C++ functions (no Python frame runs).
+#include <torch/extension.h>
+#include <torch/version.h>
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+
+#include "ckrec.h"
+
+#include <atomic>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+namespace prof = torch::profiler::impl;
+using namespace ckrec;  // NOLINT: rows, clock and block table (ckrec.h)
+
+
+std::atomic<Buffers*> drainer{nullptr};  // NOTE [ The recording thread writes without a lock ]
+std::mutex registry_mu;  // guards `registry`, names and module ids
+std::vector<std::shared_ptr<Buffers>> registry;
+std::vector<std::string> names;
+std::unordered_map<std::string, int32_t> name_ids;
+std::unordered_map<int64_t, int32_t> module_ids;
+std::atomic<int64_t> next_op{0};
+std::atomic<int32_t> next_call{0};
+std::atomic<uint64_t> generation{1};  // bumped by start(): stacks of an earlier recording go
+
+struct ThreadState {
+  std::shared_ptr<Buffers> buf;
+  std::vector<Frame> ops;
+  std::vector<Call> calls;
+  std::unordered_map<const char*, std::pair<int32_t, std::string>> by_ptr;
+  int64_t last_node_seq = -1;  // NOTE [ Engine work between nodes ]
+  uint64_t generation = 0;
+};
+thread_local ThreadState tls;
+
+ThreadState& state() {
+  uint64_t g = generation.load(std::memory_order_relaxed);
+  if (tls.generation != g) {
+    tls.ops.clear();
+    tls.calls.clear();
+    tls.last_node_seq = -1;
+    tls.generation = g;
+  }
+  if (!tls.buf) {
+    tls.buf = std::make_shared<Buffers>();
+    std::lock_guard<std::mutex> lock(registry_mu);
+    registry.push_back(tls.buf);
+  }
+  return tls;
+}
+
+void check_drainer(const char* what) {
+  Buffers* d = drainer.load(std::memory_order_relaxed);
+  TORCH_CHECK(d == nullptr || d == state().buf.get(), what,
+              " must run on the thread that started the native recorder");
+}
+
+int32_t intern_text(const char* text) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = name_ids.find(text);
+  if (it != name_ids.end()) return it->second;
+  int32_t id = int32_t(names.size());
+  names.emplace_back(text);
+  name_ids.emplace(names.back(), id);
+  return id;
+}
+
+// NOTE [ Interning op names ]
+// FUNCTION-scope names point into the op's schema and live as long as it, so a thread caches
+// them by pointer; the cached text is compared too, because a name built at run time may free
+// its string and a later one reuse the address. Backward node names die with their range:
+// looked up by text.
+int32_t intern(ThreadState& ts, const at::RecordFunction& fn) {
+  const char* p = fn.name();
+  if (fn.scope() != at::RecordScope::FUNCTION) return intern_text(p);
+  auto it = ts.by_ptr.find(p);
+  if (it != ts.by_ptr.end() && std::strcmp(it->second.second.c_str(), p) == 0)
+    return it->second.first;
+  int32_t id = intern_text(p);
+  ts.by_ptr[p] = {id, std::string(p)};
+  return id;
+}
+
+inline int64_t cur_op(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().id; }
+inline int64_t cur_top(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().top; }
+inline int64_t cur_node(const ThreadState& ts) {
+  return ts.ops.empty() ? -1 : ts.ops.back().node_seq;
+}
+inline int32_t cur_call(const ThreadState& ts) {
+  return ts.calls.empty() ? -1 : ts.calls.back().call;
+}
+
+void describe(const at::Tensor& t, TensorInfo& info) {
+  info.dtype = int8_t(t.scalar_type());
+  int64_t nd = t.dim();
+  info.ndim = int8_t(nd);
+  std::memset(info.pad, 0, sizeof info.pad);
+  auto sizes = t.sizes();
+  for (int i = 0; i < kDims; ++i) info.dims[i] = i < nd ? sizes[i] : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocks
+// ---------------------------------------------------------------------------------------------
+// NOTE [ Blocks by address ]
+// Every allocation gets a block id (counting up over the process), and a table keyed by device
+// and address holds the id of the block that lives there now: an allocation enters it, a free
+// takes it out. So a free, a saved tensor and an op output name their block when they happen,
+// and no pairing by address and time is left for later. A free the table does not know (a block
+// allocated before start(), which CUDA reports and the CPU allocator does not) gets -1.
+// blocks_mu is never held together with a buffer's lock.
+std::mutex blocks_mu;
+BlockTable live_blocks;  // guarded by blocks_mu
+int64_t next_block = 0;  // guarded by blocks_mu
+
+// Addresses fit in 48 bits (x86-64 and aarch64 user space, CUDA's unified addresses); the
+// device goes above them. Never 0 for a real block (ptr is never null).
+inline int64_t block_key(int64_t ptr, c10::Device d) {
+  return ptr ^ (int64_t(uint8_t(d.type())) << 56) ^ (int64_t(uint8_t(d.index())) << 48);
+}
+
+int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
+  std::lock_guard<std::mutex> lock(blocks_mu);
+  int64_t key = block_key(ptr, d);
+  if (bytes > 0) {
+    live_blocks.put(key, next_block);
+    return next_block++;
+  }
+  return live_blocks.take(key);
+}
+
+int64_t block_of(const at::Tensor& t) {
+  int64_t key = block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
+  std::lock_guard<std::mutex> lock(blocks_mu);
+  return live_blocks.get(key);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------------------------
+std::atomic<bool> want_outputs{false};
+
+// NOTE [ Forked children ]
+// A DataLoader worker forked while recording inherits the forking thread's callback and
+// profiler slot, and the Python module hooks. Its rows would never be drained, so the child goes
+// inert: every hook returns at once, and the reporter leaves the child's slot (so the CPU
+// allocator stops tracking sizes there). Only thread-local state is touched: another thread may
+// have held any lock at the fork. source.py calls forget_in_child() after every fork.
+std::atomic<bool> inert{false};
+inline bool off() { return inert.load(std::memory_order_relaxed); }
+at::CallbackHandle callback = 0;
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (off()) return nullptr;
+  ThreadState& ts = state();
+  int64_t t = now_ns();
+  int64_t id = next_op.fetch_add(1, std::memory_order_relaxed);
+  bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+  int64_t parent = cur_op(ts);
+  int64_t top = parent < 0 ? id : ts.ops.back().top;
+  int32_t graph_task = int32_t(torch::autograd::get_current_graph_task_id());
+  int64_t node_seq = node ? fn.seqNr() : cur_node(ts);
+  if (parent < 0 && !node && graph_task >= 0) node_seq = ts.last_node_seq;
+  OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
+            graph_task, uint8_t(fn.scope()), {0, 0, 0}};
+  Buffers& b = *ts.buf;
+  BufferLock lock(b, drainer);
+  ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0});
+  b.ops.push_back(row);
+  return nullptr;
+}
+
+// NOTE [ Engine work between nodes ]
+// Between two backward node ranges the autograd engine runs ops of its own on the node's
+// outputs: validate_outputs reduces a broadcast gradient to its input's shape (a Linear bias's
+// `sum`), and input buffers accumulate gradients (`add`). They belong to the node that just
+// ran, so a top-level op inside a graph task takes the sequence number of the last node range
+// that ended on the thread, as the Python recorder's _last_seq_call does.
+
+// NOTE [ Op ends ]
+// A range is closed on the thread that opened it, last opened first closed, so the thread's
+// stack top is the range that ends. Its row is still in the buffer unless drain() ran while it
+// was open (a step boundary inside an op): then the end goes to an EndRow that Python applies.
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (off()) return;
+  ThreadState& ts = state();
+  if (ts.ops.empty()) return;  // opened before start() or before a restart
+  Frame f = ts.ops.back();
+  ts.ops.pop_back();
+  int64_t t = now_ns();
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && fn.seqNr() >= 0)
+    ts.last_node_seq = fn.seqNr();
+  Buffers& b = *ts.buf;
+  {
+    BufferLock lock(b, drainer);
+    int64_t i = f.local - b.drained_ops;
+    if (i >= 0 && i < int64_t(b.ops.size())) {
+      b.ops[size_t(i)].t1 = t;
+    } else {
+      b.ends.push_back(EndRow{f.id, t});
+    }
+  }
+  // NOTE [ Outputs of allocating ops ]: a block's dtype and shape are those of the first tensor
+  // returned on it, which the op that allocated it returns; ops that allocated nothing return
+  // views of blocks that already have one, and are skipped (most ops of a step).
+  if (!want_outputs.load(std::memory_order_relaxed) || f.allocations == 0) return;
+  for (const c10::IValue& v : fn.outputs()) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& out = v.toTensor();
+    if (!out.defined() || !out.has_storage()) continue;
+    const c10::StorageImpl* s = out.storage().unsafeGetStorageImpl();
+    OutRow row{t, f.id, addr(s->data_ptr().get()), block_of(out), int64_t(s->nbytes()), {}};
+    describe(out, row.tensor);
+    BufferLock lock(b, drainer);
+    b.outs.push_back(row);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allocator blocks
+// ---------------------------------------------------------------------------------------------
+struct Reporter final : prof::ProfilerStateBase {
+  Reporter()
+      : prof::ProfilerStateBase(prof::ProfilerConfig(prof::ProfilerState::Disabled,
+                                                     /*report_input_shapes=*/false,
+                                                     /*profile_memory=*/true)) {}
+
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t allocated, size_t reserved,
+                         c10::Device d) override {
+    if (off()) return;
+    int64_t t = now_ns();
+    ThreadState& ts = state();
+    int64_t block = on_block(addr(ptr), bytes, d);
+    if (bytes > 0 && !ts.ops.empty()) ++ts.ops.back().allocations;
+    MemRow row{t,           addr(ptr),  bytes,         block,
+               cur_op(ts),  cur_top(ts), cur_node(ts), int64_t(allocated),
+               int64_t(reserved), cur_call(ts), int16_t(d.type()), int16_t(d.index())};
+    BufferLock lock(*ts.buf, drainer);
+    ts.buf->mems.push_back(row);
+  }
+
+  void reportOutOfMemory(int64_t bytes, size_t allocated, size_t reserved,
+                         c10::Device d) override {
+    if (off()) return;
+    int64_t t = now_ns();
+    ThreadState& ts = state();
+    OomRow row{t, bytes, int64_t(allocated), int64_t(reserved), cur_op(ts), cur_top(ts),
+               cur_call(ts), int16_t(d.type()), int16_t(d.index())};
+    BufferLock lock(*ts.buf, drainer);
+    ts.buf->ooms.push_back(row);
+  }
+
+  bool memoryProfilingEnabled() const override { return true; }
+  prof::ActiveProfilerType profilerType() override { return prof::ActiveProfilerType::NONE; }
+};
+
+// NOTE [ Torch versions ]
+// Everything used here exists with the same spelling from torch 2.4 to 2.13, so no code is
+// guarded by TORCH_VERSION_MAJOR/MINOR today (built_for() reports them). The one known change:
+// PROFILER_STATE is an enumerator of `enum class DebugInfoKind` in older releases and a static
+// DebugInfoKind object in 2.13; `c10::DebugInfoKind::PROFILER_STATE` names both. It is read
+// where it is used, never copied at static-initialisation time. A difference found on another
+// release goes here, guarded by those macros.
+inline c10::DebugInfoKind slot() { return c10::DebugInfoKind::PROFILER_STATE; }
+
+std::shared_ptr<Reporter> reporter;  // set while recording memory
+bool reporter_pushed = false;        // on this (the recording) thread's slot now
+
+bool reporter_on_top() {
+  return reporter && c10::ThreadLocalDebugInfo::get(slot()) == reporter.get();
+}
+
+// Pops the reporter so that a script's torch.profiler can take the slot. False when it is not
+// the slot's innermost entry (someone pushed above it): then nothing is popped.
+bool suspend_reporter() {
+  if (!reporter_pushed) return false;
+  if (!reporter_on_top()) return false;
+  try {
+    c10::ThreadLocalDebugInfo::_pop(slot());
+  } catch (const c10::Error&) {
+    return false;  // another kind of debug info sits above ours
+  }
+  reporter_pushed = false;
+  return true;
+}
+
+// Pushes the reporter back. False while the slot holds something else (a profiler still on).
+bool resume_reporter() {
+  if (!reporter || reporter_pushed) return false;
+  if (c10::ThreadLocalDebugInfo::get(slot()) != nullptr) return false;
+  c10::ThreadLocalDebugInfo::_push(slot(), reporter);
+  reporter_pushed = true;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start, stop, drain
+// ---------------------------------------------------------------------------------------------
+void start(bool ops, bool memory, bool outputs) {
+  TORCH_CHECK(!off(), "the native recorder does not record in a forked child");
+  TORCH_CHECK(!callback && !reporter, "the native recorder is already started; stop() it first");
+  generation.fetch_add(1, std::memory_order_relaxed);
+  want_outputs = outputs;
+  drainer.store(state().buf.get());  // NOTE [ The recording thread writes without a lock ]
+  {
+    std::lock_guard<std::mutex> lock(blocks_mu);
+    live_blocks.clear();  // frees of an earlier recording's blocks are unknown now
+  }
+  if (ops) {
+    at::RecordFunctionCallback cb(on_start, on_end);
+    cb.needsInputs(false).needsOutputs(outputs).needsIds(false).scopes(
+        {at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+    callback = at::addThreadLocalCallback(cb);
+  }
+  if (memory) {
+    reporter = std::make_shared<Reporter>();
+    if (!resume_reporter()) {
+      reporter.reset();
+      if (callback) at::removeCallback(callback);
+      callback = 0;
+      drainer.store(nullptr);
+      TORCH_CHECK(false, "torch's profiler slot is taken on this thread (a profiler is running)");
+    }
+  }
+}
+
+void forget_in_child() {
+  inert.store(true);
+  if (reporter_pushed && reporter_on_top()) {
+    try {
+      c10::ThreadLocalDebugInfo::_pop(slot());
+    } catch (const c10::Error&) {
+    }
+  }
+  reporter_pushed = false;
+}
+
+void stop() {
+  check_drainer("stop()");
+  if (callback) at::removeCallback(callback);
+  callback = 0;
+  suspend_reporter();
+  reporter.reset();
+  reporter_pushed = false;
+  drainer.store(nullptr);
+}
+
+template <class T>
+void take(std::vector<T>& rows, std::string& out) {
+  out.append(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(T));
+  rows.clear();
+}
+
+py::dict drain() {
+  check_drainer("drain()");
+  std::string ops, mems, ooms, saved, outs, mods, ends;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    for (const auto& b : registry) {
+      BufferLock guard(*b, drainer);
+      b->drained_ops += int64_t(b->ops.size());
+      take(b->ops, ops);
+      take(b->mems, mems);
+      take(b->ooms, ooms);
+      take(b->saved, saved);
+      take(b->outs, outs);
+      take(b->mods, mods);
+      take(b->ends, ends);
+    }
+  }
+  py::dict d;
+  d["ops"] = py::bytes(ops);
+  d["memory"] = py::bytes(mems);
+  d["ooms"] = py::bytes(ooms);
+  d["saved"] = py::bytes(saved);
+  d["outputs"] = py::bytes(outs);
+  d["modules"] = py::bytes(mods);
+  d["op_ends"] = py::bytes(ends);
+  return d;
+}
+
+// Rows waiting in the buffers: a recorder may drain mid-step when they grow large.
+int64_t pending_rows() {
+  check_drainer("pending_rows()");
+  int64_t n = 0;
+  std::lock_guard<std::mutex> lock(registry_mu);
+  for (const auto& b : registry) {
+    BufferLock guard(*b, drainer);
+    n += int64_t(b->ops.size() + b->mems.size() + b->saved.size() + b->outs.size() +
+                 b->mods.size());
+  }
+  return n;
+}
+
+std::vector<std::string> names_from(size_t first) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  if (first >= names.size()) return {};
+  return std::vector<std::string>(names.begin() + int64_t(first), names.end());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Module and saved-tensor hooks (Python calls these directly)
+// ---------------------------------------------------------------------------------------------
+int32_t module_id(int64_t address) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  return module_ids.try_emplace(address, int32_t(module_ids.size())).first->second;
+}
+
+void pre_hook(PyObject* module) {
+  if (off()) return;
+  ThreadState& ts = state();
+  int64_t a = addr(module);
+  int32_t m = module_id(a);
+  int32_t call = next_call.fetch_add(1, std::memory_order_relaxed);
+  ModRow row{now_ns(), a, int64_t(at::sequence_number::peek()), call, cur_call(ts), m, 1,
+             {0, 0, 0}};
+  ts.calls.push_back(Call{call, m});
+  BufferLock lock(*ts.buf, drainer);
+  ts.buf->mods.push_back(row);
+}
+
+// Closes the innermost open call of this module (calls left open above it by an exception
+// are closed with it).
+void post_hook(PyObject* module) {
+  if (off()) return;
+  ThreadState& ts = state();
+  int64_t a = addr(module);
+  int32_t m = module_id(a);
+  int64_t t = now_ns();
+  int64_t seq = int64_t(at::sequence_number::peek());
+  size_t i = ts.calls.size();
+  while (i > 0 && ts.calls[i - 1].module != m) --i;
+  if (i == 0) return;  // its pre-hook ran before recording started
+  BufferLock lock(*ts.buf, drainer);
+  while (ts.calls.size() >= i) {
+    Call c = ts.calls.back();
+    ts.calls.pop_back();
+    int32_t parent = ts.calls.empty() ? -1 : ts.calls.back().call;
+    ts.buf->mods.push_back(ModRow{t, a, seq, c.call, parent, c.module, 0, {0, 0, 0}});
+  }
+}
+
+void saved_row(PyObject* obj, uint8_t kind) {
+  if (off()) return;
+  if (!THPVariable_Check(obj)) return;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (!t.defined() || !t.has_storage()) return;
+  ThreadState& ts = state();
+  const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  SavedRow row{now_ns(), addr(s->data_ptr().get()), block_of(t), int64_t(s->nbytes()),
+               int64_t(t.numel()) * int64_t(t.element_size()), cur_op(ts), cur_top(ts),
+               cur_call(ts), kind, {0, 0, 0}, {}};
+  describe(t, row.tensor);
+  BufferLock lock(*ts.buf, drainer);
+  ts.buf->saved.push_back(row);
+}
+
+// Python calls the hooks below on every module call and saved tensor, so they are plain
+// CPython functions: pybind11's argument handling would cost about 0.3 us a call. The pack hook
+// returns the tensor itself: autograd saves exactly what it would without hooks.
+PyObject* py_pre_hook(PyObject*, PyObject* const* args, Py_ssize_t nargs) {  // (module, args)
+  if (nargs >= 1) pre_hook(args[0]);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_post_hook(PyObject*, PyObject* const* args, Py_ssize_t nargs) {  // + result
+  if (nargs >= 1) post_hook(args[0]);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_pack(PyObject*, PyObject* obj) {
+  saved_row(obj, 0);
+  Py_INCREF(obj);
+  return obj;
+}
+
+PyObject* py_unpack(PyObject*, PyObject* obj) {
+  saved_row(obj, 1);
+  Py_INCREF(obj);
+  return obj;
+}
+
+PyMethodDef hook_defs[] = {
+    {"pre_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_pre_hook)),
+     METH_FASTCALL, "global module forward pre-hook: a module call begins"},
+    {"post_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_post_hook)),
+     METH_FASTCALL, "global module forward hook (always_call): a module call returns"},
+    {"pack", py_pack, METH_O, "saved_tensors_hooks pack: records the tensor, returns it"},
+    {"unpack", py_unpack, METH_O, "saved_tensors_hooks unpack: records the tensor, returns it"},
+};
+
+py::dict row_sizes() {
+  py::dict d;
+  d["ops"] = sizeof(OpRow);
+  d["memory"] = sizeof(MemRow);
+  d["ooms"] = sizeof(OomRow);
+  d["saved"] = sizeof(SavedRow);
+  d["outputs"] = sizeof(OutRow);
+  d["modules"] = sizeof(ModRow);
+  d["op_ends"] = sizeof(EndRow);
+  return d;
+}
+
+std::string built_for() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "ckview's native event sources (see recorder/native/__init__.py)";
+  m.def("start", &start, py::arg("ops") = true, py::arg("memory") = true,
+        py::arg("outputs") = false);
+  m.def("stop", &stop);
+  m.def("forget_in_child", &forget_in_child);
+  m.def("drain", &drain);
+  m.def("names", &names_from, py::arg("first") = 0);
+  m.def("pending_rows", &pending_rows);
+  m.def("suspend_reporter", &suspend_reporter);
+  m.def("resume_reporter", &resume_reporter);
+  m.def("reporter_active", &reporter_on_top);
+  for (PyMethodDef& def : hook_defs)
+    m.attr(def.ml_name) = py::reinterpret_steal<py::object>(PyCFunction_New(&def, nullptr));
+  m.def("row_sizes", &row_sizes);
+  m.def("built_for", &built_for);
+  m.def("now_ns", &now_ns);
+  m.def("dtype_code", [](const at::Tensor& t) { return int(t.scalar_type()); });
+  m.attr("DIMS") = kDims;
+}

@@ -1,0 +1,175 @@
+// Rows, clock, block table and per-thread buffers of ckview's native event sources
+// (recorder/native/ckrec.cpp, its only includer). The row structs are mirrored by numpy dtypes
+// in recorder/native/rows.py.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <ctime>
+#include <mutex>
+#include <vector>
+
+namespace ckrec {
+
+constexpr int kDims = 8;  // sizes kept per tensor row; ndim says how many were real
+
+// ---------------------------------------------------------------------------------------------
+// Rows (packed; rows.py holds the matching numpy dtypes)
+// ---------------------------------------------------------------------------------------------
+#pragma pack(push, 1)
+struct OpRow {  // one RecordFunction range
+  int64_t id, t0, t1, seq, parent, top, node_seq;
+  int32_t name, call, graph_task;
+  uint8_t scope, pad[3];
+};
+struct MemRow {  // one allocator event: bytes > 0 allocates, < 0 frees
+  int64_t t, ptr, bytes, block, op, top, node_seq, allocated, reserved;
+  int32_t call;
+  int16_t device_type, device_index;
+};
+struct OomRow {  // an allocation the allocator could not satisfy
+  int64_t t, bytes, allocated, reserved, op, top;
+  int32_t call;
+  int16_t device_type, device_index;
+};
+struct TensorInfo {
+  int8_t dtype, ndim;
+  uint8_t pad[6];
+  int64_t dims[kDims];
+};
+struct SavedRow {  // a saved_tensors_hooks pack (kind 0) or unpack (kind 1)
+  int64_t t, ptr, block, storage_nbytes, nbytes, op, top;
+  int32_t call;
+  uint8_t kind, pad[3];
+  TensorInfo tensor;
+};
+struct OutRow {  // one tensor an op returned (only when outputs are recorded)
+  int64_t t, op, ptr, block, storage_nbytes;
+  TensorInfo tensor;
+};
+struct ModRow {  // a module forward call begins (enter 1) or returns (enter 0)
+  int64_t t, address, seq;
+  int32_t call, parent, module;
+  uint8_t enter, pad[3];
+};
+struct EndRow {  // an op that ended after its row was drained
+  int64_t id, t1;
+};
+#pragma pack(pop)
+
+// CLOCK_MONOTONIC: the clock of Python's time.perf_counter_ns on Linux, which the recorder uses.
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+inline int64_t addr(const void* p) { return int64_t(reinterpret_cast<intptr_t>(p)); }
+
+// Open addressing with linear probing and backward-shift deletion: no allocation per event
+// (std::unordered_map allocates a node per insert). Key 0 marks an empty slot.
+class BlockTable {
+ public:
+  BlockTable() { clear(); }
+  void clear() {
+    keys_.assign(1 << 16, 0);
+    values_.assign(1 << 16, -1);
+    size_ = 0;
+  }
+  void put(int64_t key, int64_t value) {
+    if (2 * (size_ + 1) > keys_.size()) grow();
+    size_t i = find_slot(key);
+    if (keys_[i] == 0) ++size_;
+    keys_[i] = key;
+    values_[i] = value;
+  }
+  int64_t get(int64_t key) const {
+    size_t i = find_slot(key);
+    return keys_[i] == key ? values_[i] : -1;
+  }
+  int64_t take(int64_t key) {  // removes the key; its value, or -1
+    size_t i = find_slot(key);
+    if (keys_[i] != key) return -1;
+    int64_t value = values_[i];
+    size_t mask = keys_.size() - 1;
+    for (size_t j = (i + 1) & mask; keys_[j] != 0; j = (j + 1) & mask) {
+      size_t home = slot(keys_[j]);
+      // move j back into the hole at i unless its home lies cyclically in (i, j]
+      if (((j - home) & mask) >= ((j - i) & mask)) {
+        keys_[i] = keys_[j];
+        values_[i] = values_[j];
+        i = j;
+      }
+    }
+    keys_[i] = 0;
+    --size_;
+    return value;
+  }
+
+ private:
+  size_t slot(int64_t key) const {
+    uint64_t h = uint64_t(key) * 0x9E3779B97F4A7C15ull;
+    return size_t(h ^ (h >> 32)) & (keys_.size() - 1);
+  }
+  size_t find_slot(int64_t key) const {
+    size_t mask = keys_.size() - 1, i = slot(key);
+    while (keys_[i] != 0 && keys_[i] != key) i = (i + 1) & mask;
+    return i;
+  }
+  void grow() {
+    std::vector<int64_t> keys, values;
+    keys.swap(keys_);
+    values.swap(values_);
+    keys_.assign(2 * keys.size(), 0);
+    values_.assign(2 * keys.size(), -1);
+    size_ = 0;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] != 0) put(keys[i], values[i]);
+  }
+  std::vector<int64_t> keys_, values_;
+  size_t size_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Buffers: one per thread, each with its own lock (uncontended except while drain() reads it)
+// ---------------------------------------------------------------------------------------------
+struct Buffers {
+  std::mutex mu;
+  std::vector<OpRow> ops;
+  std::vector<MemRow> mems;
+  std::vector<OomRow> ooms;
+  std::vector<SavedRow> saved;
+  std::vector<OutRow> outs;
+  std::vector<ModRow> mods;
+  std::vector<EndRow> ends;
+  int64_t drained_ops = 0;  // op rows of this thread handed out by drain() so far
+};
+
+struct Frame {  // an open op on this thread
+  int64_t id, local, top, node_seq;
+  int64_t allocations;  // blocks allocated while it was the innermost op
+};
+struct Call {  // an open module call on this thread
+  int32_t call, module;
+};
+
+// NOTE [ The recording thread writes without a lock ]
+// Only a buffer's own thread writes to it, and drain() runs on the thread that called start()
+// (the recording thread), so that thread's buffer is never touched by two threads at once: its
+// writes take no lock. Other threads (autograd's device threads on CUDA) lock their buffers,
+// which drain() locks too. drain() and pending_rows() refuse to run on another thread.
+struct BufferLock {  // locks a buffer unless it is the recording thread's (`drainer`)
+  BufferLock(Buffers& b, const std::atomic<Buffers*>& drainer)
+      : mu_(&b == drainer.load(std::memory_order_relaxed) ? nullptr : &b.mu) {
+    if (mu_) mu_->lock();
+  }
+  ~BufferLock() {
+    if (mu_) mu_->unlock();
+  }
+  BufferLock(const BufferLock&) = delete;
+  BufferLock& operator=(const BufferLock&) = delete;
+
+ private:
+  std::mutex* mu_;
+};
+
+}  // namespace ckrec
