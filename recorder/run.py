@@ -94,8 +94,9 @@ def record(
     nothing is kept).
     """
     existed = output.exists()
+    start = None if output.is_absolute() else Path.cwd()  # NOTE [ Paths from where ckview started ]
     recorder = Recorder(
-        output,
+        output.absolute(),
         steps=options.steps,
         warmup=options.warmup,
         stop_after=options.stop_after,
@@ -116,7 +117,7 @@ def record(
         with (
             _stdout_to_stderr(stdout_to_stderr),
             guard(),
-            _os_exit_closes(recorder, on_exit, existed),
+            _os_exit_closes(recorder, on_exit, existed, start),
         ):
             outcome = run_script(target, args, module=module)
     except StopScript as abort:  # PlanCheck: a plan does not fit the model
@@ -128,22 +129,32 @@ def record(
     finally:
         _exit_if_child(parent, outcome.exit_code if outcome else 1)
         recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
-    return _result(recorder, outcome.exit_code, outcome.error, existed)
+    return _result(recorder, outcome.exit_code, outcome.error, existed, start)
 
 
 def _result(
-    recorder: Recorder, exit_code: int, error: str | None, existed: bool
+    recorder: Recorder, exit_code: int, error: str | None, existed: bool, start: Path | None
 ) -> RecordingResult:
     return RecordingResult(
         exit_code,
         recorder.steps_recorded,
         error,
-        recorder.written,
+        _as_given(recorder.written, start),
         recorder.warmup_done,
         existed,
         recorder.write_error,
-        recorder.journal,
+        _as_given(recorder.journal, start),
     )
+
+
+def _as_given(path: Path | None, start: Path | None) -> Path | None:
+    """NOTE [ Paths from where ckview started ]
+    A relative ``-o`` names a file in the folder ckview started in, wherever the script goes
+    (``os.chdir``): the recorder writes the trace and its journal at absolute paths, and the
+    result names them relative to that folder again, as the user gave them."""
+    if path is None or start is None or not path.is_relative_to(start):
+        return path
+    return path.relative_to(start)
 
 
 def _exit_if_child(parent: int, code: int) -> None:
@@ -160,7 +171,10 @@ _REAL_EXIT = os._exit
 
 @contextlib.contextmanager
 def _os_exit_closes(
-    recorder: Recorder, say: Callable[[RecordingResult], object], existed: bool
+    recorder: Recorder,
+    say: Callable[[RecordingResult], object],
+    existed: bool,
+    start: Path | None,
 ) -> Iterator[None]:
     """While the script runs, ``os._exit(n)`` in this process closes and reports the trace
     first (NOTE [ Bad scripts ])."""
@@ -172,7 +186,7 @@ def _os_exit_closes(
             error = f"os._exit({status}) in the script"
             with contextlib.suppress(Exception):
                 recorder.close(error=error)
-                say(_result(recorder, status, error, existed))
+                say(_result(recorder, status, error, existed, start))
             sys.stdout.flush()
             sys.stderr.flush()
         _REAL_EXIT(status)

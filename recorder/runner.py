@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import runpy
 import signal
@@ -38,6 +40,7 @@ def run_script(target: str, args: list[str], *, module: bool = False) -> Outcome
     for errors in ckview itself.
     """
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else ""
+    saved_cwd = os.getcwd()  # NOTE [ Paths from where ckview started ] in run.py
     sys.argv = [target, *args]
     try:
         if module:
@@ -61,12 +64,27 @@ def run_script(target: str, args: list[str], *, module: bool = False) -> Outcome
         return Outcome(130, "KeyboardInterrupt: interrupted")
     except BaseException as exc:
         _print_user_traceback(exc)
+        _release_the_script(exc)
         return Outcome(1, f"{type(exc).__name__}: {exc}")
     finally:
         sys.argv = saved_argv
         if sys.path:
             sys.path[0] = saved_path0
+        with contextlib.suppress(OSError):  # the script went elsewhere (os.chdir)
+            os.chdir(saved_cwd)
     return Outcome(0, None)
+
+
+def _release_the_script(exc: BaseException) -> None:
+    """NOTE [ A failed script's memory is released first ]
+    A script that failed, an out-of-memory above all, still holds its tensors through the
+    exception's traceback (every frame's locals) and through reference cycles of its module's
+    functions; writing the trace then needs memory that is not there (HDF5 failed to allocate a
+    chunk and crashed the process). So the frames are cleared and the cycles collected before
+    the trace is closed."""
+    traceback.clear_frames(exc.__traceback__)
+    exc.__traceback__ = None
+    gc.collect()
 
 
 def _exit_outcome(code: object) -> Outcome:
@@ -79,12 +97,22 @@ def _exit_outcome(code: object) -> Outcome:
 
 
 def _print_user_traceback(exc: BaseException) -> None:
-    """Print the traceback from the script's frames on, hiding ckview's and runpy's."""
-    tb = exc.__traceback__
-    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
+    """Print the traceback as Python would for the script alone: without runpy's frames and
+    ckview's (the recorder's op hook sits under every op the script calls)."""
+    printed = traceback.TracebackException.from_exception(exc)
+    frames = [f for f in printed.stack if not _is_ours(f.filename)]
+    printed.stack = traceback.StackSummary.from_list(frames or printed.stack)
+    print("".join(printed.format()), end="", file=sys.stderr)
+
+
+_OURS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name) + os.sep
+    for name in ("recorder", "ckview")
+)
 
 
 def _is_ours(filename: str) -> bool:
-    return filename.endswith(("runpy.py", os.path.join("recorder", "runner.py")))
+    """runpy's frames and ckview's own."""
+    if filename == "<frozen runpy>" or filename.endswith("runpy.py"):
+        return True
+    return not filename.startswith("<") and os.path.abspath(filename).startswith(_OURS)

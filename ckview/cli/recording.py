@@ -5,11 +5,13 @@ ended. The recording itself is ``recorder.run.record`` (imported when a verb run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
+import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -301,7 +303,8 @@ def load_plan(source: str) -> Any:
 def check_target(target: str, module: bool) -> None:
     if module:
         try:
-            spec = importlib.util.find_spec(target)
+            with _working_folder_first():  # as python -m finds modules
+                spec = importlib.util.find_spec(target)
         except (ImportError, ValueError):
             spec = None
         if spec is None:
@@ -321,9 +324,22 @@ def check_target(target: str, module: bool) -> None:
 
 def _has_main(package: str) -> bool:
     try:
-        return importlib.util.find_spec(f"{package}.__main__") is not None
+        with _working_folder_first():
+            return importlib.util.find_spec(f"{package}.__main__") is not None
     except (ImportError, ValueError):
         return False
+
+
+@contextlib.contextmanager
+def _working_folder_first() -> Iterator[None]:
+    """``sys.path`` as ``python -m`` sets it, the working folder first, while a module is
+    looked up (``ckview``'s own ``sys.path[0]`` is the folder of its entry point)."""
+    saved = sys.path[:]
+    sys.path.insert(0, os.getcwd())
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 
 MAX_STEPS = 1_000_000
