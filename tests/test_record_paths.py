@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ckview.trace import open_trace
@@ -67,6 +68,32 @@ def test_a_relative_output_is_where_ckview_started_when_the_script_changes_folde
     assert "wrote moved.h5 (2 steps)" in done.stderr
     assert (tmp_path / "moved.h5").exists() and not list((tmp_path / "elsewhere").iterdir())
     assert not list(tmp_path.glob("*.journal"))
+
+
+def test_a_second_recording_into_the_same_file_is_refused(tmp_path: Path) -> None:
+    """Two recordings into one -o both said 'wrote', one trace replacing the other."""
+    (tmp_path / "slow.py").write_text(TRAIN.replace("range(4)", "range(400)"))
+    (tmp_path / "train.py").write_text(TRAIN)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "ckview", "record", "-o", "same.h5", "--steps", "300", "slow.py"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(600):  # until the first one's journal is there (at most a minute)
+            if list(tmp_path.glob("same.recording-*.journal")) or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        second = _ckview(tmp_path, "record", "-o", "same.h5", "--steps", "2", "train.py")
+        assert first.poll() is None, "the first recording ended too soon to test"
+    finally:
+        _, first_err = first.communicate(timeout=300)
+    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+    assert "same.h5 is being recorded by another ckview" in second.stderr
+    assert first.returncode == 0 and "wrote same.h5 (300 steps)" in first_err
 
 
 def test_a_module_in_the_working_folder_is_found_as_python_m_finds_it(tmp_path: Path) -> None:

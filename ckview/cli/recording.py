@@ -203,6 +203,14 @@ def check_output(output: Path, args: argparse.Namespace) -> None:
     inputs += [p for p in getattr(args, "plan", None) or [] if Path(p).is_file()]
     refuse_inputs(output, inputs)
     refuse_non_trace(output)
+    from ckview.cli.recover import recording_now
+
+    journal = recording_now(output)
+    if journal is not None:
+        raise CLIError(
+            f"{output} is being recorded by another ckview ({journal.name}); wait for it to "
+            "end, or record into another file with -o"
+        )
 
 
 def report(output: Path, ending: RecordingResult, args: argparse.Namespace, runs: int = 1) -> int:

@@ -86,6 +86,17 @@ def stale_journals(trace: Path) -> list[Path]:
     return sorted(stale, key=lambda j: j.stat().st_mtime)
 
 
+def recording_now(trace: Path) -> Path | None:
+    """The journal of a recording of ``trace`` whose process still runs, if any: a second
+    recording into the same file would replace the first one's trace when both settle."""
+    folder = trace.parent if str(trace.parent) else Path(".")
+    try:
+        found = sorted(folder.glob(_pattern(trace)))
+    except OSError:
+        return None
+    return next((j for j in found if _alive(_pid(j))), None)
+
+
 def recover_one(journal: Path) -> tuple[str, Path]:
     """Rebuild the trace of ``journal`` and settle it; the line that says so, and where."""
     from ckview.trace.errors import TraceError
