@@ -443,9 +443,11 @@ def test_a_script_that_closes_every_file_descriptor(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "wanted"),
     [
-        (["--steps", "999999999999"], "--steps: must be at most 1,000,000"),
-        (["--warmup", "10000000"], "--warmup: must be at most 1,000,000"),
-        (["--timing-steps", "1" + "0" * 30], "--timing-steps: must be at most"),
+        (["--steps", "999999999999"], "--steps: must be from 1 to 1,000,000, got 9"),
+        (["--steps", "-1"], "--steps: must be from 1 to 1,000,000, got -1"),
+        (["--steps", "0"], "--steps: must be from 1 to 1,000,000, got 0"),  # one message
+        (["--warmup", "10000000"], "--warmup: must be from 0 to 1,000,000"),
+        (["--timing-steps", "1" + "0" * 30], "--timing-steps: must be from 0 to"),
     ],
 )
 def test_int_options_are_checked_when_parsed(

@@ -356,19 +356,20 @@ a typo (``--steps 999999999999``) into one line at once."""
 
 
 def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
+    return _whole_number(text, least=1)
 
 
 def _non_negative(text: str) -> int:
+    return _whole_number(text, least=0)
+
+
+def _whole_number(text: str, least: int) -> int:
+    """``text`` as a whole number from ``least`` to MAX_STEPS; one message for any value out
+    of that range, whichever side."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    if value > MAX_STEPS:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_STEPS:,}, got {text}")
+    if not least <= value <= MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"must be from {least} to {MAX_STEPS:,}, got {text}")
     return value
