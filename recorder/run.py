@@ -52,6 +52,16 @@ class RecordingResult:
     """The recording's journal, kept when the trace could not be rebuilt from it."""
 
 
+class ClosingInterrupted(KeyboardInterrupt):
+    """Ctrl-C while the trace was being closed: the journal keeps every completed step."""
+
+    def __init__(self, journal: Path | None, output: Path) -> None:
+        super().__init__(
+            f"while the trace was being closed; the steps recorded are kept in {journal}: "
+            f"ckview recover {output} (or any verb that reads {output}) brings them back"
+        )
+
+
 class CannotOpenTrace(Exception):
     """The trace or its journal could not be created; the message says why."""
 
@@ -128,7 +138,10 @@ def record(
         raise
     finally:
         _exit_if_child(parent, outcome.exit_code if outcome else 1)
-        recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
+        try:
+            recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
+        except KeyboardInterrupt:  # a second Ctrl-C while the trace was being closed
+            raise ClosingInterrupted(_as_given(recorder.journal, start), output) from None
     return _result(recorder, outcome.exit_code, outcome.error, existed, start)
 
 

@@ -7,6 +7,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ckview.trace import open_trace
 from tests.conftest import ROOT
@@ -94,6 +97,30 @@ def test_a_second_recording_into_the_same_file_is_refused(tmp_path: Path) -> Non
     assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
     assert "same.h5 is being recorded by another ckview" in second.stderr
     assert first.returncode == 0 and "wrote same.h5 (300 steps)" in first_err
+
+
+def test_ctrl_c_while_the_trace_is_closed_says_how_to_get_the_steps_back(
+    tmp_path: Path, run_cli: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A second Ctrl-C lands while the trace is being closed: the journal is what is left, and
+    the last line says how to bring its steps back."""
+    from recorder.session import Recorder
+
+    close = Recorder.close
+
+    def interrupted(self: Recorder, *args: Any, **kwargs: Any) -> None:
+        monkeypatch.setattr(Recorder, "close", close)  # the journal stays; later closes are real
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Recorder, "close", interrupted)
+    (tmp_path / "train.py").write_text(TRAIN)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("record", "-o", "t.h5", "--steps", "2", "train.py")
+    line = err.strip().splitlines()[-1]
+    assert code == 130 and line.startswith("ckview: interrupted while the trace was being closed")
+    assert "ckview recover t.h5" in line and ".journal" in line
+    code, _, err = run_cli("recover", "t.h5")
+    assert code == 0 and "recovered 2 steps" in err, err
 
 
 def test_a_module_in_the_working_folder_is_found_as_python_m_finds_it(tmp_path: Path) -> None:

@@ -83,8 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # by the reader ] covers what the reader hands out; this covers the rest (HDF5 names).
         print(f"ckview: error: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("ckview: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # ClosingInterrupted says what is kept and how to get it
+        detail = f" {exc}" if str(exc) else ""
+        print(f"ckview: interrupted{detail}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `ckview summary t.h5 | head`: the reader left; say nothing more (Python docs' recipe).
