@@ -82,8 +82,8 @@ def window(qtbot: Any, tmp_path: Path) -> Any:
     """A shown explorer window with its own settings file, back in the light theme after."""
     from PyQt6.QtCore import QSettings
 
+    from ckview.app.style import LIGHT
     from ckview.gui.main_window import MainWindow
-    from ckview.gui.style import LIGHT
 
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     w = MainWindow(settings=settings)

@@ -279,7 +279,7 @@ def test_plan_for_the_device_capacity(cuda_trace: Path, run_cli: Any) -> None:
 
 
 def test_timeline_lines_of_a_cuda_run(cuda_trace: Path) -> None:
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
 
     [run] = load_trace(cuda_trace).runs
     labels = [label for label, _ in run.device_lines()]
@@ -293,7 +293,7 @@ def test_timeline_draws_the_device_lines(
 ) -> None:
     import pyqtgraph as pg
 
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
     from ckview.gui.timeline import TimelineView
 
     KiB = 1024  # a device scaled to the small step, so that both lines are in view

@@ -15,10 +15,10 @@ from PyQt6.QtGui import QColor, QImage
 from PyQt6.QtWidgets import QWidget
 from pytestqt.qtbot import QtBot
 
+from ckview.app.style import DARK, LIGHT, PEAK_COLOR, PROJECTION_COLOR, THEMES, Theme
 from ckview.gui.axes import BytesAxis, byte_step, byte_ticks, tick_label
 from ckview.gui.export import export_title
 from ckview.gui.main_window import MainWindow
-from ckview.gui.style import DARK, LIGHT, PEAK_COLOR, PROJECTION_COLOR, THEMES, Theme
 from tests.conftest import ROOT
 
 SAMPLES = ROOT / "sample_traces"
@@ -302,7 +302,7 @@ def test_export_has_a_title_and_no_transient_ui(
 
 
 def test_export_title_names_every_compared_run() -> None:
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
 
     runs = load_trace(SAMPLES / "transformer_compare.h5").runs
     title = export_title(runs)

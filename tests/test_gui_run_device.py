@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from pytestqt.qtbot import QtBot
 
+from ckview.app.run import load_trace
 from ckview.gui.main_window import MainWindow
-from ckview.gui.rundata import load_trace
 from tests.conftest import ROOT
 from tests.test_devices import _copy_on_two_devices
 

@@ -112,7 +112,7 @@ NOTE [ What the projection leaves out ]
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -130,12 +130,8 @@ from ckview.analysis.timeline import (
     stretch_offsets,
 )
 from ckview.analysis.timing import plain_instance_ns, plain_times
+from ckview.analysis.types import RunTables, Table
 from ckview.trace.schema import Category, IOKind, MemoryEventKind, Phase, SavedEventKind
-
-Table = Mapping[str, np.ndarray]
-RunTables = Mapping[str, Any]
-"""A run's tables by name (``storages``, ``memory_events``, ``ops``, ``module_calls``,
-``module_io``, ``saved_events``) plus the trace's ``modules`` table and ``strings`` list."""
 
 Selection: TypeAlias = Collection[int] | np.ndarray
 """Candidate indices, or a boolean mask over the candidates."""

@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ckview.analysis.types import Table
 from ckview.trace.schema import Phase
-
-Table = Mapping[str, np.ndarray]
 
 BYPASSED, PLAN, SCRIPT = "bypassed", "plan", "script"
 _MEANING = {

@@ -34,9 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ckview.analysis.types import Table
 from ckview.trace.schema import Category, MemoryEventKind, Phase
-
-Table = Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -177,6 +176,15 @@ def live_storages(storages: Table, events: Table, after_event: int) -> np.ndarra
     live[storage[births(storages, kind, storage)]] = True
     live[storage[kind == MemoryEventKind.FREE]] = False
     return np.flatnonzero(live)
+
+
+def phase_at(ops: Table, events: Table, event: int) -> str:
+    """The phase of the op at memory event ``event`` (the peak's, an OOM's), e.g. 'backward';
+    'start' for an event before any op (or ``event`` -1)."""
+    if event < 0:
+        return "start"
+    op = int(events["op"][event])
+    return "start" if op < 0 else Phase(int(ops["phase"][op])).name.lower()
 
 
 def step_segments(steps: Table, n_events: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,9 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckview.cli.errors import no_such_run
+
+if TYPE_CHECKING:
+    from ckview.app.run import Run
 
 
 def add_parser(verbs: Any) -> None:
@@ -46,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
 def _run_one(args: argparse.Namespace) -> int:
     from ckview.analysis import summarize_run
     from ckview.analysis.stacks import reserved_peak
+    from ckview.analysis.timeline import phase_at
+    from ckview.app.run import read_run
+    from ckview.cli.device import RunDevice
     from ckview.trace import open_trace
 
     with open_trace(args.trace) as trace:
@@ -53,29 +59,23 @@ def _run_one(args: argparse.Namespace) -> int:
         missing = [n for n in names if n not in trace.run_names]
         if missing:
             raise no_such_run(args.trace, missing[0], trace.run_names)
-        strings = trace.strings
-        modules = trace.modules.read()
-        runs = {}
-        leftovers: dict[str, Any] = {}
-        reserved: dict[str, int] = {}
-        devices: dict[str, Any] = {}
-        scope: dict[str, tuple[str | None, dict[str, int]]] = {}
-        stacks = {t: trace.root_table(t).read() for t in ("frames", "stacks")}
-        for name in names:
-            tables = _on_main_device(
-                {**{t: trace.run(name).table(t).read() for t in _TABLES}, **stacks}, strings
-            )
-            reserved[name] = reserved_peak(trace.run(name).table("segments").read())
-            devices[name] = _device(trace, name, tables, modules, args.top)
-            summary = summarize_run(tables, modules, list(strings), top=args.top)
-            phases = (
-                _peak_phase(tables, summary.peak_event),
-                _peak_phase(tables, summary.activation_peak.event),
-            )
-            runs[name] = (summary, phases)
-            scope[name] = (tables.get("timeline_device"), tables.get("left_out", {}))
-            leftovers[name] = _leftover(trace.run(name), tables, list(strings))
+        read = {name: read_run(trace, name) for name in names}
         meta = trace.meta
+    runs = {}
+    leftovers: dict[str, Any] = {}
+    reserved: dict[str, int] = {}
+    devices: dict[str, Any] = {}
+    for name, r in read.items():
+        t = r.tables
+        reserved[name] = reserved_peak(t["segments"])
+        devices[name] = RunDevice.of(r, args.top)
+        summary = summarize_run(t, t["modules"], t["strings"], top=args.top)
+        phases = (
+            phase_at(t["ops"], t["memory_events"], summary.peak_event),
+            phase_at(t["ops"], t["memory_events"], summary.activation_peak.event),
+        )
+        runs[name] = (summary, phases)
+        leftovers[name] = _leftover(r)
     if args.json:
         doc = {
             "trace": str(args.trace),
@@ -87,8 +87,8 @@ def _run_one(args: argparse.Namespace) -> int:
                     "activation_peak_phase": ph[1],
                     "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
                     "reserved_peak_bytes": reserved[n],
-                    "timeline_device": scope[n][0],
-                    "left_out_storages": scope[n][1],
+                    "timeline_device": read[n].timeline_device,
+                    "left_out_storages": read[n].left_out,
                     **devices[n].to_json(),
                 }
                 for n, (s, ph) in runs.items()
@@ -109,8 +109,8 @@ def _run_one(args: argparse.Namespace) -> int:
         print()
         text = _format_run(name, summary, *phases, snapshot=meta.source == "snapshot")
         print(_with_reserved(text, reserved[name]))
-        if scope[name][0] is not None:
-            print(_scope_line(*scope[name]))
+        if read[name].timeline_device is not None:
+            print(_scope_line(read[name].timeline_device, read[name].left_out))
         if leftovers[name] is not None:
             print(f"  warning: {leftovers[name].describe(name)}")
         for line in devices[name].state_lines():
@@ -124,21 +124,6 @@ def _scope_line(device: str | None, left_out: dict[str, int]) -> str:
     return f"  memory on {device} only; left out: storages {others}"
 
 
-def _on_main_device(tables: dict[str, Any], strings: Any) -> dict[str, Any]:
-    """The run on its main device (NOTE [ One device per timeline ] in ckview/trace/devices.py)."""
-    from ckview.trace.devices import main_device, on_device
-
-    device = main_device(tables["storages"], strings)
-    return tables if device is None else on_device(tables, strings, device)
-
-
-def _device(trace: Any, name: str, tables: dict[str, Any], modules: Any, top: int) -> Any:
-    """A run's device states and OOM (``ckview.cli.device``)."""
-    from ckview.cli.device import RunDevice
-
-    return RunDevice.read(trace, name, tables, modules, top)
-
-
 _ALL_MODULES = 1_000_000  # module rows summarize_run lists for the comparison of ranks
 
 
@@ -147,6 +132,7 @@ def _run_ranks(paths: list[Path], args: argparse.Namespace) -> int:
     modules that fill the ranks' peaks, side by side."""
     from ckview.analysis import summarize_run
     from ckview.analysis.ranks import compare_ranks
+    from ckview.app.run import read_run
     from ckview.trace import open_trace
     from ckview.trace.ranks import rank_of
 
@@ -161,12 +147,8 @@ def _run_ranks(paths: list[Path], args: argparse.Namespace) -> int:
             for name in names:
                 if name not in trace.run_names:
                     raise no_such_run(path, name, trace.run_names)
-                tables = _on_main_device(
-                    {t: trace.run(name).table(t).read() for t in _TABLES}, trace.strings
-                )
-                summary = summarize_run(
-                    tables, trace.modules.read(), list(trace.strings), top=_ALL_MODULES
-                )
+                t = read_run(trace, name).tables
+                summary = summarize_run(t, t["modules"], t["strings"], top=_ALL_MODULES)
                 by_run.setdefault(name, []).append(summary)
     complete = {n: s for n, s in by_run.items() if len(s) == len(paths)}
     comparisons = {n: compare_ranks(labels, s, top=args.top) for n, s in complete.items()}
@@ -227,18 +209,9 @@ def _format_ranks(name: str, c: Any, summaries: list[Any]) -> str:
 _FSDP_CATEGORIES = ("sharded_parameter", "unsharded_parameter", "comm_buffer")
 _QUIET_CATEGORIES = (*_FSDP_CATEGORIES, "unknown")
 """Categories shown only where the run has some: FSDP's, and UNKNOWN (imported snapshots)."""
-_TABLES = (
-    "steps",
-    "module_calls",
-    "ops",
-    "memory_events",
-    "storages",
-    "recompute_regions",
-    "timing_steps",
-)
 
 
-def _leftover(run: Any, tables: dict[str, Any], strings: list[str]) -> Any:
+def _leftover(run: Run) -> Any:
     """Recompute in a run whose script checkpointing was bypassed, or None
     (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
     from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
@@ -246,23 +219,13 @@ def _leftover(run: Any, tables: dict[str, Any], strings: list[str]) -> Any:
     kind = run_checkpointing(run.name, run.checkpointing)
     if kind == SCRIPT:
         return None
-    return leftover_recompute(tables, strings, plan_run=kind == PLAN)
-
-
-def _peak_phase(tables: dict[str, dict[str, Any]], event: int) -> str:
-    """The phase of the op at (or just before) the peak event, e.g. 'backward'."""
-    from ckview.trace.schema import Phase
-
-    if event < 0:
-        return "start"
-    op = int(tables["memory_events"]["op"][event])
-    return "start" if op < 0 else Phase(int(tables["ops"]["phase"][op])).name.lower()
+    return leftover_recompute(run.tables, run.tables["strings"], plan_run=kind == PLAN)
 
 
 def _jsonable(meta: Any) -> dict[str, Any]:
     import dataclasses
 
-    return {k: v for k, v in dataclasses.asdict(meta).items()}
+    return dataclasses.asdict(meta)
 
 
 def _header(path: Path, meta: Any, n_runs: int) -> str:

@@ -42,13 +42,13 @@ from ckview.analysis.diff import (
     live_bytes_of,
     storage_mask,
 )
+from ckview.app.envelope import Envelope
+from ckview.app.run import Axis, Run
+from ckview.app.style import LIGHT, RUN_COLORS, Theme
 from ckview.gui.axes import BytesAxis
 from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
-from ckview.gui.envelope import Envelope
 from ckview.gui.fit import ElidedComboBox, EntriesLabel
 from ckview.gui.legend import LegendEntry, SideLegend
-from ckview.gui.rundata import Axis, RunData
-from ckview.gui.style import LIGHT, RUN_COLORS, Theme
 
 TOP = 50
 """Modules and kinds of tensor listed (the largest changes)."""
@@ -68,7 +68,7 @@ class Selection:
     held: str | None = None
     """A class of NOTE [ What kept a checkpointed peak up ]: its storages at each run's peak."""
 
-    def mask(self, run: RunData) -> np.ndarray:
+    def mask(self, run: Run) -> np.ndarray:
         if self.held is not None:
             return held_mask(run.tables, self.held)
         return storage_mask(run.tables, module=self.module, category=self.category, kind=self.kind)
@@ -158,7 +158,7 @@ class DiffView(QWidget):
     def __init__(self, parent: QWidget | None = None, theme: Theme = LIGHT) -> None:
         super().__init__(parent)
         self.theme = theme
-        self.runs: list[RunData] = []
+        self.runs: list[Run] = []
         self.axis = Axis.TIME
         self.diff: RunDiff | None = None
         self.selection: Selection | None = None
@@ -244,7 +244,7 @@ class DiffView(QWidget):
 
     # -- inputs
 
-    def set_runs(self, runs: list[RunData], axis: Axis | None = None) -> None:
+    def set_runs(self, runs: list[Run], axis: Axis | None = None) -> None:
         """Offer ``runs``; keep the picked pair if still open, else A = the first run and
         B = the second (the baseline and checkpointed runs of a ``--compare`` trace, or the
         first runs of two traces)."""
@@ -287,7 +287,7 @@ class DiffView(QWidget):
         self.axis = axis
         self._draw()
 
-    def pair(self) -> tuple[RunData, RunData] | None:
+    def pair(self) -> tuple[Run, Run] | None:
         """The runs compared (A, B), or None when fewer than two runs are open."""
         a, b = self.box_a.currentIndex(), self.box_b.currentIndex()
         if len(self.runs) < 2 or not (0 <= a < len(self.runs) and 0 <= b < len(self.runs)):

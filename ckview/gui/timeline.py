@@ -1,7 +1,7 @@
 """The memory timeline: live bytes stacked by category, phases, recomputes, the peak, the
 projected curve of the plan being built, and an overview strip to pan and zoom with.
 
-Draws what ``RunData`` and ``PlanOutcome`` hold; computes nothing but screen geometry.
+Draws what ``Run`` and ``PlanOutcome`` hold; computes nothing but screen geometry.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from PyQt6.QtGui import QBrush, QFont
 from PyQt6.QtWidgets import QGridLayout, QLabel, QStackedLayout, QWidget
 
 from ckview.analysis import format_bytes
-from ckview.gui.axes import BytesAxis
-from ckview.gui.curves import EnvelopeCurves, color, over, visible_pixels
-from ckview.gui.envelope import Envelope
-from ckview.gui.legend import LegendEntry, SideLegend
-from ckview.gui.planning import PlanOutcome
-from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData, Span
-from ckview.gui.style import (
+from ckview.app.envelope import Envelope
+from ckview.app.planning import PlanOutcome
+from ckview.app.run import CATEGORY_LABELS, STACK_ORDER, Axis, Run, Span
+from ckview.app.style import (
     CATEGORY_COLORS,
     LIGHT,
     PEAK_COLOR,
@@ -34,6 +31,9 @@ from ckview.gui.style import (
     PROJECTION_PEN_WIDTH,
     Theme,
 )
+from ckview.gui.axes import BytesAxis
+from ckview.gui.curves import EnvelopeCurves, color, over, visible_pixels
+from ckview.gui.legend import LegendEntry, SideLegend
 from ckview.trace.schema import Category
 
 MAX_MARK_LABELS = 24
@@ -89,7 +89,7 @@ NO_TRACE_HTML = (
 """What the timeline shows with no trace open."""
 
 
-def no_step_html(run: RunData) -> str:
+def no_step_html(run: Run) -> str:
     """What the timeline shows for a run without a single memory event. The label may wrap
     after each ``_ - . /`` of its file name (a zero-width space there): a long one, a word of
     the message's least width, made the window as wide (NOTE [ Long names never widen the
@@ -174,7 +174,7 @@ class TimelineView(QWidget):
     def __init__(self, parent: QWidget | None = None, theme: Theme = LIGHT) -> None:
         super().__init__(parent)
         self.theme = theme
-        self.run: RunData | None = None
+        self.run: Run | None = None
         self.axis = Axis.TIME
         self.outcome: PlanOutcome | None = None
         self.selected_point: int | None = None
@@ -253,7 +253,7 @@ class TimelineView(QWidget):
 
     # -- public
 
-    def set_run(self, run: RunData, axis: Axis | None = None) -> None:
+    def set_run(self, run: Run, axis: Axis | None = None) -> None:
         """Show ``run`` (its stacked categories, phases and peak), zoomed out."""
         self.run = run
         self.axis = axis or self.axis
@@ -300,7 +300,7 @@ class TimelineView(QWidget):
                 item.setVisible(visible)
 
     def set_axis(self, axis: Axis) -> None:
-        """Place points by time or by op index (NOTE [ Two x axes ] in ``rundata``)."""
+        """Place points by time or by op index (NOTE [ Two x axes ] in ``ckview.app.run``)."""
         if axis is self.axis:
             return
         point_range = self._visible_points()
@@ -469,7 +469,7 @@ class TimelineView(QWidget):
             self.main.removeItem(item)
         self._plan_decor = []
 
-    def _draw_bands(self, run: RunData) -> None:
+    def _draw_bands(self, run: Run) -> None:
         for span in run.phases:
             x0, x1 = span.x_range(self.axis)
             band = pg.LinearRegionItem(
@@ -608,7 +608,7 @@ class TimelineView(QWidget):
                 shown.append((band.item, box))
         return shown
 
-    def _draw_peak(self, run: RunData) -> None:
+    def _draw_peak(self, run: Run) -> None:
         x = float(run.x(self.axis)[run.peak.point])
         dot = pg.ScatterPlotItem(
             [x], [run.peak.bytes], size=11, brush=pg.mkBrush(PEAK_COLOR), pen=pg.mkPen("w")
@@ -627,7 +627,7 @@ class TimelineView(QWidget):
         self._peak_label = label
         self._add_decor(dot, label)
 
-    def _draw_device(self, run: RunData) -> None:
+    def _draw_device(self, run: Run) -> None:
         """The OOM marker, and horizontal lines at the device's capacity and the most the CUDA
         allocator reserved (the capacity is drawn only when it is within the y range)."""
         top = self._y_top()
@@ -716,7 +716,7 @@ class TimelineView(QWidget):
         label.setPos(x, outcome.peak_bytes)
         self._draw_recompute_marks(run, outcome)
 
-    def _draw_recompute_marks(self, run: RunData, outcome: PlanOutcome) -> None:
+    def _draw_recompute_marks(self, run: Run, outcome: PlanOutcome) -> None:
         """A dotted line per recompute. A toggle changes the marks of one region, so the lines
         of marks already drawn stay: making and adding a line costs ~1 ms."""
         labelled = len(outcome.recomputes) <= MAX_MARK_LABELS
@@ -842,7 +842,7 @@ class TimelineView(QWidget):
         self.hover_line.setVisible(True)
         self.hovered.emit(text.splitlines()[0] + " · " + text.splitlines()[2])
 
-    def _projected_line(self, run: RunData, point: int) -> str:
+    def _projected_line(self, run: Run, point: int) -> str:
         outcome = self.outcome
         assert outcome is not None
         at = int(np.searchsorted(outcome.point, point, side="right")) - 1
