@@ -2,7 +2,7 @@
 
 Synthetic steps are written op by op by ``StepBuilder``, the way the recorder writes a real one;
 ``training_step`` turns a list of ``Block`` specs into a whole step (forward, loss, backward in
-reverse, optimizer). NOTE names in docstrings refer to ckview/analysis/projection.py and
+reverse, optimizer). NOTE names in docstrings refer to ckview/analysis/projection/__init__.py and
 regions.py.
 """
 

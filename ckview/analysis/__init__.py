@@ -63,7 +63,7 @@ __all__ = [
     "summarize_run",
 ]
 
-# Projection of checkpoint plans (projection.py, regions.py).
+# Projection of checkpoint plans (projection/, regions.py).
 __all__ += [
     "InstanceEffects",
     "LiveStorages",

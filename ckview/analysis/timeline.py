@@ -250,7 +250,7 @@ PERSISTENT = (
 #     training state than the baseline: optimizer state that grows for a while (L-BFGS keeps up
 #     to ``history_size`` pairs of vectors, one pair more per inner iteration) is larger in
 #     every later run. No plan changes parameters, gradients or optimizer state (NOTE [ Fixed
-#     categories ] in projection.py), so the plan run's timeline is the projection over the
+#     categories ] in projection/), so the plan run's timeline is the projection over the
 #     baseline with the baseline's persistent bytes exchanged for the plan run's own.
 #     A difference taken once, at the start, is not enough: the state changes during the step
 #     in a way that depends on the state. Once L-BFGS's history is full, every inner iteration
