@@ -1,4 +1,4 @@
-"""The timeline's labels never overlap (NOTE [ Labels never overlap ] in ckview/gui/timeline.py):
+"""The timeline's labels never overlap (NOTE [ Labels never overlap ] in ckview/gui/labels.py):
 the peak labels always show, a recompute label that would cover one starts below it, a phase
 name that would cover one hides, and recompute labels and phase names never cover each other;
 checked on the real explorer from the boxes Qt draws the labels in. Also the Compare tab's header
