@@ -1,7 +1,12 @@
-"""Shared test helpers: loading examples, reading a run's tables."""
+"""Shared test helpers: loading examples, reading a run's tables, the explorer window; which
+test files need torch or Qt (NOTE [ Test markers ]).
+
+Imports neither torch nor Qt at module level: the torch-free tests run where neither is
+installed."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import importlib.util
@@ -20,6 +25,60 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+# NOTE [ Test markers ]
+# A test file that needs torch (it records, checkpoints, or runs a script that does) or Qt
+# (widgets, the report figure) says so in one line after its imports: ``pytestmark =
+# pytest.mark.torch``, ``pytest.mark.gui``, or a list of both. That line is the one place that
+# decides: pytest marks the file's tests with it, so ``pytest -m "not torch and not gui"`` runs
+# the trace, analysis, application-model and CLI-reading tests alone; and where the package a
+# marker needs is not installed, the file is not collected at all (``pytest_ignore_collect``
+# reads the line from the file's source, as its module-level imports would fail), which the
+# session header reports. A test in a file that needs neither may carry the marker itself
+# (``@pytest.mark.gui``) when only it needs the package, inside its body or a subprocess.
+# tests/test_markers.py checks that every file importing torch, the recorder, Qt or the GUI
+# carries its marker.
+
+MARKER_PACKAGES = {"torch": ("torch",), "gui": ("PyQt6", "pyqtgraph", "pytestqt")}
+"""The packages each marker stands for (NOTE [ Test markers ])."""
+
+
+def file_markers(path: Path) -> set[str]:
+    """The markers of ``MARKER_PACKAGES`` that a test file's module-level ``pytestmark`` names
+    (NOTE [ Test markers ])."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            names = (n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute))
+            return {name for name in names if name in MARKER_PACKAGES}
+    return set()
+
+
+@functools.cache
+def missing_packages(marker: str) -> tuple[str, ...]:
+    """The packages ``marker`` needs that are not installed here."""
+    return tuple(p for p in MARKER_PACKAGES[marker] if importlib.util.find_spec(p) is None)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave out a test file whose marker needs a package not installed here."""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if any(missing_packages(m) for m in file_markers(collection_path)):
+        return True
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    missing = sorted({p for m in MARKER_PACKAGES for p in missing_packages(m)})
+    if not missing:
+        return None
+    return (
+        f"not installed: {', '.join(missing)}; the test files that need them are not "
+        "collected (NOTE [ Test markers ] in tests/conftest.py)"
+    )
 
 
 def load_example(name: str) -> ModuleType:

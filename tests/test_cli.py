@@ -17,6 +17,8 @@ import pytest
 from ckview.analysis import format_bytes
 from tests.conftest import EXAMPLES, ROOT
 
+pytestmark = pytest.mark.torch
+
 CKVIEW = [sys.executable, "-m", "ckview"]
 
 

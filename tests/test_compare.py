@@ -14,6 +14,8 @@ from ckview.trace.schema import Phase
 from tests.conftest import read_run
 from tests.test_cli import ckview
 
+pytestmark = pytest.mark.torch
+
 
 def _peak(tables: dict) -> int:
     return summarize_run(tables, tables["modules"], tables["strings"]).peak_bytes

@@ -22,6 +22,8 @@ from recorder import Recorder, session
 from recorder.device import DeviceSampler, Nvml, recorded_peak_time
 from tests.fake_cuda import FakeCuda, FakePynvml, GiB, MiB
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 DATA = Path(__file__).parent / "data"
 
 

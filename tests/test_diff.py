@@ -18,6 +18,8 @@ from ckview.cli.record import load_plans, plan_runs
 from ckview.trace import open_trace
 from recorder import Recorder
 
+pytestmark = pytest.mark.torch
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPARE = ROOT / "sample_traces" / "transformer_compare.h5"
 EXTRA = (256, 1024)  # float32: exactly 1 MiB

@@ -28,6 +28,8 @@ from ckview.trace.ranks import (
 from ckview.trace.schema import Category
 from tests.conftest import EXAMPLES, ROOT
 
+pytestmark = pytest.mark.torch
+
 SCRIPT = str(EXAMPLES / "distributed.py")
 LAUNCH = ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -16,6 +16,8 @@ import pytest
 from ckview.trace import open_trace
 from tests.conftest import ROOT, read_run
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 LOOP = """\
 import sys
 import torch

@@ -24,6 +24,8 @@ from ckview.app.style import CATEGORY_COLORS, DARK, RUN_COLORS
 from ckview.trace.schema import Category
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.gui
+
 SAMPLES = ROOT / "sample_traces"
 COMPARE = SAMPLES / "transformer_compare.h5"
 L0_PLAN = {

@@ -28,6 +28,8 @@ from ckview.app.style import DARK, LIGHT
 from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT, open_trace_in
 
+pytestmark = pytest.mark.gui
+
 SAMPLES = ROOT / "sample_traces"
 
 

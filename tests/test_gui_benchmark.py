@@ -16,6 +16,8 @@ from ckview.cli.main import main as ckview_main
 from ckview.gui.export import title_height
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.gui
+
 EVENTS, BLOCKS = 20_000, 12
 
 

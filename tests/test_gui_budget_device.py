@@ -19,6 +19,8 @@ from tests.conftest import ROOT, ask_budget, open_trace_in
 from tests.fake_cuda import FakeCuda, FakePynvml, GiB
 from tests.test_device import fake_devices, record_small
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 CPU_TRACE = ROOT / "sample_traces" / "mlp.h5"
 TINY = 64
 """A device capacity (bytes) below any plan's peak: the budget is not met."""

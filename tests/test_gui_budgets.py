@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from pytestqt.qtbot import QtBot
 from torch import nn
@@ -15,6 +16,8 @@ from ckview.analysis import Budget, Planner, already_checkpointed, budget_answer
 from ckview.gui.main_window import MainWindow
 from recorder import Recorder
 from tests.conftest import ROOT, ask_budget, open_trace_in, read_run
+
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 SAMPLES = ROOT / "sample_traces"
 TRANSFORMER = SAMPLES / "transformer.h5"

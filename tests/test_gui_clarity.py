@@ -21,6 +21,8 @@ from ckview.gui.export import export_title
 from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.gui
+
 SAMPLES = ROOT / "sample_traces"
 
 

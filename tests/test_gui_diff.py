@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
@@ -16,6 +17,8 @@ from ckview.app.style import DARK
 from ckview.gui.diff_view import PROMPT, DiffTable, table_texts
 from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.gui
 
 SAMPLES = ROOT / "sample_traces"
 COMPARE = SAMPLES / "transformer_compare.h5"

@@ -23,6 +23,8 @@ from ckview.gui.main_window import MainWindow
 from ckview.gui.timeline import TimelineView
 from tests.conftest import ROOT, open_trace_in
 
+pytestmark = pytest.mark.gui
+
 SAMPLES = ROOT / "sample_traces"
 
 

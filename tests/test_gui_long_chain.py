@@ -16,6 +16,8 @@ from pytestqt.qtbot import QtBot
 from ckview.gui.main_window import MainWindow
 from tests.test_gui_clarity import open_trace, window_rect
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 CHAIN = 80
 
 

@@ -17,6 +17,8 @@ from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT
 from tests.test_gui_labels import _cut
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 SAMPLES = ROOT / "sample_traces"
 LONG = (
     "lr3e-4_bs64_seq2048_warmup1000_cosine_fsdp_gradckpt_activation_offload_experiment_"

@@ -8,12 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from pytestqt.qtbot import QtBot
 
 from ckview.app.run import load_trace
 from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT
 from tests.test_devices import _copy_on_two_devices
+
+pytestmark = pytest.mark.gui
 
 SAMPLE = ROOT / "sample_traces" / "mlp.h5"
 

@@ -18,6 +18,8 @@ from ckview.gui.inspector import Inspector
 from recorder import Recorder
 from tests.conftest import ROOT
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 
 class Net(nn.Module):
     def __init__(self) -> None:

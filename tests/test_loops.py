@@ -58,6 +58,8 @@ from ckview.cli.record import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import Category, MemoryEventKind, Phase
 
+pytestmark = pytest.mark.torch
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_PERCENT = 2.0
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

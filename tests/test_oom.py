@@ -20,6 +20,8 @@ from recorder.oom import is_allocation_failure, requested_bytes
 from tests.conftest import ROOT
 from tests.test_cli import CKVIEW, DETERMINISTIC
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 HUGE = 2**62  # more than any machine has: the CPU allocator refuses it at once
 
 SCRIPT = textwrap.dedent(

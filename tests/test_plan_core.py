@@ -28,6 +28,8 @@ from ckview.analysis import plan_from_regions, regions_from_plan
 from recorder import Recorder
 from tests.conftest import ROOT, read_run
 
+pytestmark = pytest.mark.torch
+
 WIDTH = 8
 
 # ----------------------------------------------------------------------------- importing

@@ -29,6 +29,8 @@ from ckview.analysis import (
 from recorder import Recorder
 from tests.conftest import read_run
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 WIDTH = 16
 
 

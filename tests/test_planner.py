@@ -41,6 +41,8 @@ from ckview.trace.schema import ContainerKind
 from tests.conftest import ROOT, load_example, read_run
 from tests.test_projection import Block, Layer, training_step
 
+pytestmark = pytest.mark.torch
+
 SAMPLES = ROOT / "sample_traces"
 Tables = dict[str, Any]
 

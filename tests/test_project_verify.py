@@ -15,6 +15,8 @@ import pytest
 from ckview.analysis import find_peak, memory_timeline
 from tests.conftest import EXAMPLES, ROOT, read_run
 
+pytestmark = pytest.mark.torch
+
 COMPARE = ROOT / "sample_traces" / "transformer_compare.h5"
 
 

@@ -26,6 +26,8 @@ from ckview.cli.verify import Check, _verify, format_table
 from ckview.trace import open_trace
 from recorder import Recorder
 
+pytestmark = pytest.mark.torch
+
 PLANS = ("none", "sqrt", "all")
 TOLERANCE = 0.001  # the target: 0.1% of the measured peak
 

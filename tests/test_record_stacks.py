@@ -16,6 +16,8 @@ from ckview.trace import open_trace
 from recorder import Recorder
 from tests.conftest import read_run
 
+pytestmark = pytest.mark.torch
+
 
 class Net(nn.Module):
     def __init__(self) -> None:

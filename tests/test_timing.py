@@ -26,6 +26,8 @@ from ckview.trace import open_trace
 from recorder import Recorder
 from recorder.timing import TimingStep, timing_schedule
 
+pytestmark = pytest.mark.torch
+
 
 def test_runs_are_timed_in_turn_each_turn_warmed_up() -> None:
     """Round-robin: a slow moment of the machine falls on every run alike."""
