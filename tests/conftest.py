@@ -11,6 +11,7 @@ import copy
 import functools
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +26,27 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+CKVIEW = [sys.executable, "-m", "ckview"]
+"""The ``ckview`` command, run by this interpreter."""
+
+# One intra-op thread: float sums then do not depend on how many threads MKL's dynamic
+# threading hands out on a loaded machine, so two recordings of a script print equal losses.
+DETERMINISTIC = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONPATH": str(ROOT),
+}
+"""The environment of a ``ckview`` subprocess (this checkout's ckview, from any folder)."""
+
+
+def ckview(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``ckview ARGS`` in a subprocess (``DETERMINISTIC``); its exit code and output."""
+    return subprocess.run(
+        [*CKVIEW, *args], capture_output=True, text=True, cwd=cwd, timeout=600, env=DETERMINISTIC
+    )
+
 
 # NOTE [ Test markers ]
 # A test file that needs torch (it records, checkpoints, or runs a script that does) or Qt
@@ -122,6 +144,30 @@ def _read_run(path: Path, run: str) -> dict[str, Any]:
     return tables
 
 
+def copy_on_two_devices(source: Path, out: Path) -> Any:
+    """``source``'s run with its INPUT storages left on the CPU and all others on cuda:0, as a
+    CUDA recording would hold them; returns the mask of storages on cuda:0."""
+    from ckview.trace import TraceWriter, open_trace
+    from ckview.trace.schema import RUN_TABLES, Category
+
+    with open_trace(source) as trace:
+        tables = trace.read_run("main", all_devices=True)
+        meta = {"device": "cuda", "steps_recorded": trace.meta.steps_recorded}
+    writer = TraceWriter(out, meta=meta)
+    for text in tables["strings"]:
+        writer.intern(text)
+    cuda = writer.intern("cuda:0")
+    on_cuda = tables["storages"]["category"] != Category.INPUT
+    tables["storages"]["device"][on_cuda] = cuda
+    writer.append_modules(tables["modules"])
+    run = writer.run("main")
+    for table in RUN_TABLES:
+        run.append(table, tables[table])
+    run.close()
+    writer.close()
+    return on_cuda
+
+
 @pytest.fixture
 def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
     """Call ``ckview`` in-process; returns (exit code, stdout, stderr)."""
@@ -153,12 +199,16 @@ def window(qtbot: Any, tmp_path: Path) -> Any:
     w.set_theme(LIGHT)
 
 
-def open_trace_in(qtbot: Any, w: Any, path: Path, preset: str | None = None) -> None:
-    """Open ``path`` in explorer window ``w``, wait until its plan panel is ready, and apply
-    plan ``preset`` if one is given."""
+def open_trace_in(
+    qtbot: Any, w: Any, path: Path, preset: str | None = None, ready: bool = True
+) -> None:
+    """Open ``path`` in explorer window ``w``, wait until its plan panel is ready (unless not
+    ``ready``: a run without a plan model never is), and apply plan ``preset`` if one is
+    given."""
     with qtbot.waitSignal(w.loaded, timeout=20000):
         w.open_paths([str(path)])
-    qtbot.waitUntil(w.plan.is_ready, timeout=20000)
+    if ready:
+        qtbot.waitUntil(w.plan.is_ready, timeout=20000)
     if preset is not None:
         w.plan.apply_preset(preset)
 

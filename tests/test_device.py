@@ -3,7 +3,6 @@ tested with fakes of torch.cuda's memory API and pynvml: there is no GPU here.""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -13,13 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from ckview.analysis.device import device_states
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import RUN_TABLES, SampleReason
-from recorder import Recorder, session
 from recorder.device import DeviceSampler, Nvml, recorded_peak_time
+from tests.factory import fake_devices, record_small
 from tests.fake_cuda import FakeCuda, FakePynvml, GiB, MiB
 
 pytestmark = [pytest.mark.torch, pytest.mark.gui]
@@ -193,24 +191,6 @@ def test_device_states_of_a_cpu_run_are_none() -> None:
 
 
 # --- a recording with the fakes -------------------------------------------------------------
-
-
-def fake_devices(monkeypatch: pytest.MonkeyPatch, cuda: FakeCuda, nvml: FakePynvml) -> None:
-    monkeypatch.setattr(
-        session,
-        "DeviceSampler",
-        functools.partial(DeviceSampler, cuda=cuda, nvml=lambda: Nvml(nvml, os.getpid())),
-    )
-
-
-def record_small(path: Path, steps: int = 2) -> None:
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Recorder(path, steps=steps, warmup=1, progress=False):
-        for _ in range(steps + 1):
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-            opt.zero_grad()
 
 
 @pytest.fixture

@@ -4,48 +4,22 @@ groups the live tensors by that line with their bytes summed."""
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
-import torch
 from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
-from torch import nn
 
 from ckview.app.run import BEFORE_RECORDING, NO_SITE, Run, group_by_site, load_trace
 from ckview.gui.inspector import Inspector
-from recorder import Recorder
 from tests.conftest import ROOT
+from tests.factory import TANH_SITE, record_stack_net
 
 pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(16, 64)
-        self.b = nn.Linear(64, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = torch.tanh(self.a(x))  # the activation Tanh saves is made here
-        return self.b(hidden)
-
-
-TANH_SITE = f"{__file__}:{inspect.getsourcelines(Net.forward)[1] + 1} (Net.forward)"
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    path = tmp_path_factory.mktemp("stacks") / "t.h5"
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Recorder(path, steps=1, warmup=1, progress=False, stacks=True):
-        for _ in range(3):
-            model(torch.randn(8, 16)).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
+    path = record_stack_net(tmp_path_factory.mktemp("stacks") / "t.h5")
     (main,) = load_trace(path).runs
     return main
 

@@ -15,7 +15,7 @@ from tests.conftest import file_markers
 TESTS = Path(__file__).resolve().parent
 NEEDS = {
     "torch": ("torch", "recorder", "ckpt_runtime", "tests.factory", "tests.fake_cuda"),
-    "gui": ("PyQt6", "pyqtgraph", "pytestqt", "ckview.gui"),
+    "gui": ("PyQt6", "pyqtgraph", "pytestqt", "ckview.gui", "tests.gui_helpers"),
 }
 """What a file that imports it needs (NOTE [ Test markers ])."""
 WITHOUT = ("ckpt_runtime.plan", "ckpt_runtime.resolve", "ckview.gui.display")
@@ -63,6 +63,15 @@ def test_needed_sees_imports_anywhere_and_qt_fixtures(tmp_path: Path) -> None:
     text = "from ckpt_runtime.plan import load_plan\nimport ckview.gui.display\n"
     path.write_text(text, encoding="utf-8")
     assert needed(path) == set()
+
+
+def test_no_test_file_imports_another() -> None:
+    """Shared test code lives in conftest.py or a helper module (factory, synthetic,
+    gui_helpers, fake_cuda, snapshot_helpers), never in a test module."""
+    for path in TESTS.glob("test_*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = [n for n in _imports(ast.walk(tree)) if n.startswith("tests.test_")]
+        assert not imported, f"{path.name} imports {imported[0]}"
 
 
 def test_conftest_imports_neither_torch_nor_qt_at_module_level() -> None:

@@ -17,8 +17,7 @@ from torch import nn
 from ckview.trace import open_trace, validate_trace
 from recorder import Recorder
 from recorder.oom import is_allocation_failure, requested_bytes
-from tests.conftest import ROOT
-from tests.test_cli import CKVIEW, DETERMINISTIC
+from tests.conftest import CKVIEW, DETERMINISTIC, ROOT
 
 pytestmark = [pytest.mark.torch, pytest.mark.gui]
 

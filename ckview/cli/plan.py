@@ -187,8 +187,10 @@ class _Context:
         return [self.region(r) for r in regions]
 
     def share(self, extra_ns: int) -> float:
-        step = self.planner.step_ns
-        return extra_ns / step if step else 0.0
+        """Extra compute as a share of the step time (``ckview.analysis.cost``)."""
+        from ckview.analysis.cost import share
+
+        return share(extra_ns, self.planner.step_ns)
 
     def change(self, peak: int) -> float:
         base = self.planner.baseline_peak
