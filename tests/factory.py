@@ -28,23 +28,30 @@ def mean_square(out: torch.Tensor) -> torch.Tensor:
 def record_model(
     path: Path,
     model: nn.Module,
-    input_shape: tuple[int, ...],
+    input_shape: tuple[int, ...] = (),
     *,
     steps: int = 1,
     warmup: int = 1,
     iterations: int | None = None,
     loss: Callable[[torch.Tensor], torch.Tensor] = mean_square,
+    step: Callable[[nn.Module], torch.Tensor] | None = None,
     lr: float = 0.1,
     **options: Any,
 ) -> Path:
-    """Record ``model`` trained by SGD (``lr``) on random inputs of ``input_shape``, the loss
-    ``loss(output)``: ``iterations`` turns of the loop (default ``warmup + steps``), of which
-    the recorder keeps ``steps`` after ``warmup``; ``options`` go to ``Recorder`` (``stacks``,
-    ``timing_steps``, ``runs``). Returns ``path``."""
+    """Record ``model`` trained by SGD (``lr``): each turn of the loop backpropagates
+    ``step(model)``, by default ``loss(model(x))`` of a random ``x`` of ``input_shape``. The
+    loop turns ``iterations`` times (default ``warmup + steps``), of which the recorder keeps
+    ``steps`` after ``warmup``; ``options`` go to ``Recorder`` (``stacks``, ``timing_steps``,
+    ``runs``). Returns ``path``."""
+
+    def on_random_input(m: nn.Module) -> torch.Tensor:
+        return loss(m(torch.randn(*input_shape)))
+
+    turn = step or on_random_input
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     with Recorder(path, steps=steps, warmup=warmup, progress=False, **options):
         for _ in range(warmup + steps if iterations is None else iterations):
-            loss(model(torch.randn(*input_shape))).backward()
+            turn(model).backward()
             opt.step()
             opt.zero_grad()
     return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,12 +47,70 @@ def run(args: argparse.Namespace) -> int:
     return _run_one(args)
 
 
+@dataclass(frozen=True)
+class _RunFigures:
+    """What the summary says of one run, beside the run itself."""
+
+    run: Run
+    summary: Any
+    """``ckview.analysis.RunSummary``."""
+    peak_phase: str
+    activation_peak_phase: str
+    reserved: int
+    """The most the CUDA caching allocator reserved (0 on the CPU)."""
+    device: Any
+    """``ckview.cli.device.RunDevice``: device states and OOM."""
+    leftover: Any
+    """Recompute left in a run whose checkpointing was bypassed, or None (``_leftover``)."""
+
+    @classmethod
+    def of(cls, run: Run, top: int) -> _RunFigures:
+        from ckview.analysis import summarize_run
+        from ckview.analysis.stacks import reserved_peak
+        from ckview.analysis.timeline import phase_at
+        from ckview.cli.device import RunDevice
+
+        t = run.tables
+        summary = summarize_run(t, t["modules"], t["strings"], top=top)
+        return cls(
+            run=run,
+            summary=summary,
+            peak_phase=phase_at(t["ops"], t["memory_events"], summary.peak_event),
+            activation_peak_phase=phase_at(
+                t["ops"], t["memory_events"], summary.activation_peak.event
+            ),
+            reserved=reserved_peak(t["segments"]),
+            device=RunDevice.of(run, top),
+            leftover=_leftover(run),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.summary.to_json(),
+            "peak_phase": self.peak_phase,
+            "activation_peak_phase": self.activation_peak_phase,
+            "leftover_recompute": self.leftover and self.leftover.to_json(),
+            "reserved_peak_bytes": self.reserved,
+            "timeline_device": self.run.timeline_device,
+            "left_out_storages": self.run.left_out,
+            **self.device.to_json(),
+        }
+
+    def lines(self, snapshot: bool) -> list[str]:
+        """The run's block of the text summary."""
+        name = self.run.name
+        phases = (self.peak_phase, self.activation_peak_phase)
+        text = _format_run(name, self.summary, *phases, snapshot=snapshot)
+        lines = [_with_reserved(text, self.reserved)]
+        if self.run.timeline_device is not None:
+            lines.append(_scope_line(self.run.timeline_device, self.run.left_out))
+        if self.leftover is not None:
+            lines.append(f"  warning: {self.leftover.describe(name)}")
+        return lines + self.device.state_lines()
+
+
 def _run_one(args: argparse.Namespace) -> int:
-    from ckview.analysis import summarize_run
-    from ckview.analysis.stacks import reserved_peak
-    from ckview.analysis.timeline import phase_at
     from ckview.app.run import read_run
-    from ckview.cli.device import RunDevice
     from ckview.trace import open_trace
 
     with open_trace(args.trace) as trace:
@@ -59,62 +118,28 @@ def _run_one(args: argparse.Namespace) -> int:
         missing = [n for n in names if n not in trace.run_names]
         if missing:
             raise no_such_run(args.trace, missing[0], trace.run_names)
-        read = {name: read_run(trace, name) for name in names}
+        runs = {name: _RunFigures.of(read_run(trace, name), args.top) for name in names}
         meta = trace.meta
-    runs = {}
-    leftovers: dict[str, Any] = {}
-    reserved: dict[str, int] = {}
-    devices: dict[str, Any] = {}
-    for name, r in read.items():
-        t = r.tables
-        reserved[name] = reserved_peak(t["segments"])
-        devices[name] = RunDevice.of(r, args.top)
-        summary = summarize_run(t, t["modules"], t["strings"], top=args.top)
-        phases = (
-            phase_at(t["ops"], t["memory_events"], summary.peak_event),
-            phase_at(t["ops"], t["memory_events"], summary.activation_peak.event),
-        )
-        runs[name] = (summary, phases)
-        leftovers[name] = _leftover(r)
     if args.json:
         doc = {
             "trace": str(args.trace),
             "meta": _jsonable(meta),
-            "runs": {
-                n: {
-                    **s.to_json(),
-                    "peak_phase": ph[0],
-                    "activation_peak_phase": ph[1],
-                    "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
-                    "reserved_peak_bytes": reserved[n],
-                    "timeline_device": read[n].timeline_device,
-                    "left_out_storages": read[n].left_out,
-                    **devices[n].to_json(),
-                }
-                for n, (s, ph) in runs.items()
-            },
+            "runs": {name: figures.to_json() for name, figures in runs.items()},
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
-    for name, device in devices.items():
-        if device.oom is not None:
-            print(device.oom_lines(name, args.trace, runs[name][0]))
+    for name, figures in runs.items():
+        if figures.device.oom is not None:
+            print(figures.device.oom_lines(name, args.trace, figures.summary))
             print()
     print(_header(args.trace, meta, len(runs)))
     if len(runs) > 1:
         print()
-        print(_comparison({name: summary for name, (summary, _) in runs.items()}))
-    for name, (summary, phases) in runs.items():
+        print(_comparison({name: figures.summary for name, figures in runs.items()}))
+    for figures in runs.values():
         print()
-        text = _format_run(name, summary, *phases, snapshot=meta.source == "snapshot")
-        print(_with_reserved(text, reserved[name]))
-        if read[name].timeline_device is not None:
-            print(_scope_line(read[name].timeline_device, read[name].left_out))
-        if leftovers[name] is not None:
-            print(f"  warning: {leftovers[name].describe(name)}")
-        for line in devices[name].state_lines():
-            print(line)
+        print("\n".join(figures.lines(snapshot=meta.source == "snapshot")))
     return 0
 
 
