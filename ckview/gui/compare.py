@@ -14,6 +14,7 @@ from PyQt6.QtGui import QBrush, QFont, QFontMetricsF, QResizeEvent
 from PyQt6.QtWidgets import QVBoxLayout, QWidget
 
 from ckview.analysis import format_bytes
+from ckview.analysis.units import MINUS, format_change
 from ckview.app.envelope import Envelope
 from ckview.app.planning import PlanOutcome
 from ckview.app.run import STACK_ORDER, Axis, Run
@@ -42,12 +43,8 @@ def _difference_parts(run: Run, reference: Run) -> tuple[str, str] | None:
     for the reference itself."""
     if run is reference or reference.peak.bytes == 0:
         return None
-    return _percent(run.peak.bytes / reference.peak.bytes - 1), _short_label(reference, run)
-
-
-def _percent(change: float) -> str:
-    """``−58.8%`` with a real minus sign."""
-    return f"{change:+.1%}".replace("-", "−")
+    change = format_change(run.peak.bytes / reference.peak.bytes - 1, MINUS)
+    return change, _short_label(reference, run)
 
 
 def _short_label(reference: Run, other: Run) -> str:
@@ -151,7 +148,7 @@ class CompareView(QWidget):
             rows.append(
                 f"<span style='color:{PROJECTION_COLOR}'>┅</span> plan over {over.label}: "
                 f"<b>{format_bytes(plan.peak_bytes)}</b> "
-                f"{_percent(change)} vs {_short_label(ref, over)}"
+                f"{format_change(change, MINUS)} vs {_short_label(ref, over)}"
             )
         return rows + _rank_imbalance(self.runs)
 

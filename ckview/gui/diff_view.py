@@ -42,6 +42,7 @@ from ckview.analysis.diff import (
     live_bytes_of,
     storage_mask,
 )
+from ckview.analysis.units import MINUS, format_change, format_signed_bytes
 from ckview.app.envelope import Envelope
 from ckview.app.run import Axis, Run
 from ckview.app.style import LIGHT, RUN_COLORS, Theme
@@ -82,10 +83,6 @@ class _Item(QTableWidgetItem):
         if isinstance(mine, int | float) and isinstance(theirs, int | float):
             return mine < theirs
         return super().__lt__(other)
-
-
-def _signed(n: int) -> str:
-    return ("+" if n > 0 else "") + format_bytes(n).replace("-", "−")
 
 
 class DiffTable(QTableWidget):
@@ -369,7 +366,7 @@ class DiffView(QWidget):
         """Run A's peak and when, run B's, and their difference: a line each."""
         pair = self.pair()
         assert pair is not None
-        share = f" ({diff.delta / diff.a.bytes:+.1%})".replace("-", "−") if diff.a.bytes else ""
+        share = f" ({format_change(diff.delta / diff.a.bytes, MINUS)})" if diff.a.bytes else ""
         lines = []
         for side, run, peak, tone in (
             ("A", pair[0], diff.a, RUN_COLORS[0]),
@@ -379,7 +376,7 @@ class DiffView(QWidget):
                 f"<span style='color:{tone}'>■</span> <b>{side}</b> {html.escape(run.label)}: "
                 f"peak <b>{format_bytes(peak.bytes)}</b> {html.escape(describe_moment(peak))}"
             )
-        lines.append(f"<b>B − A: {_signed(diff.delta)}{share}</b> at the peaks")
+        lines.append(f"<b>B − A: {format_signed_bytes(diff.delta, MINUS)}{share}</b> at the peaks")
         return lines
 
     # -- the curves
@@ -478,7 +475,7 @@ class DiffView(QWidget):
 def _bytes_text(value: str | int, signed: bool) -> str:
     if isinstance(value, str):
         return value
-    return _signed(value) if signed else format_bytes(value)
+    return format_signed_bytes(value, MINUS) if signed else format_bytes(value)
 
 
 def _or_dash(value: int | None) -> str | int:

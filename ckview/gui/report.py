@@ -31,6 +31,8 @@ import pyqtgraph as pg
 from pyqtgraph.Qt import QtCore, QtGui, QtWidgets
 
 from ckview.analysis import format_bytes
+from ckview.analysis.cost import share
+from ckview.analysis.units import MINUS, format_change
 from ckview.app.envelope import Envelope
 from ckview.app.report import PlanCurve, default_title, plan_notes, plan_x, short_names
 from ckview.app.run import CATEGORY_LABELS, STACK_ORDER, Axis, Run, Span
@@ -254,8 +256,7 @@ def _x_range(runs: Sequence[Run], plans: Sequence[PlanCurve], axis: Axis) -> tup
 
 def _change(value: int, ref: int) -> str:
     """``−58.8%`` with a real minus sign (it reads better in a figure)."""
-    share = (value - ref) / ref if ref else 0.0
-    return f"{share:+.1%}".replace("-", "−")
+    return format_change(share(value - ref, ref), MINUS)
 
 
 def _comparison_curves(runs: Sequence[Run], plans: Sequence[PlanCurve], axis: Axis) -> list[_Curve]:
