@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 from ckview.cli.errors import no_such_run
 
 if TYPE_CHECKING:
+    from ckview.analysis import RunSummary
+    from ckview.analysis.recompute import LeftoverRecompute
     from ckview.app.run import Run
+    from ckview.cli.device import RunDevice
 
 
 def add_parser(verbs: Any) -> None:
@@ -52,16 +55,15 @@ class _RunFigures:
     """What the summary says of one run, beside the run itself."""
 
     run: Run
-    summary: Any
-    """``ckview.analysis.RunSummary``."""
+    summary: RunSummary
     peak_phase: str
     activation_peak_phase: str
     reserved: int
     """The most the CUDA caching allocator reserved (0 on the CPU)."""
-    device: Any
-    """``ckview.cli.device.RunDevice``: device states and OOM."""
-    leftover: Any
-    """Recompute left in a run whose checkpointing was bypassed, or None (``_leftover``)."""
+    device: RunDevice
+    """Device states and OOM."""
+    leftover: LeftoverRecompute | None
+    """Recompute left in a run whose checkpointing was bypassed (``_leftover``)."""
 
     @classmethod
     def of(cls, run: Run, top: int) -> _RunFigures:
@@ -236,7 +238,7 @@ _QUIET_CATEGORIES = (*_FSDP_CATEGORIES, "unknown")
 """Categories shown only where the run has some: FSDP's, and UNKNOWN (imported snapshots)."""
 
 
-def _leftover(run: Run) -> Any:
+def _leftover(run: Run) -> LeftoverRecompute | None:
     """Recompute in a run whose script checkpointing was bypassed, or None
     (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
     from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
