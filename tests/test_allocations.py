@@ -17,7 +17,7 @@ from recorder.allocations import (
     clock_offset,
 )
 
-pytestmark = [pytest.mark.torch, pytest.mark.gui]
+pytestmark = pytest.mark.torch
 
 ALLOC, FREE, SEEN = 0, 1, 2
 

@@ -44,8 +44,12 @@ def needed(path: Path) -> set[str]:
     imported = {n for n in _imports(ast.walk(tree)) if not _under(n, WITHOUT)}
     imported.discard("ckpt_runtime")  # its face is lazy: what is taken from it counts
     out = {marker for marker, roots in NEEDS.items() if any(_under(n, roots) for n in imported)}
-    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
-    if {a.arg for f in functions for a in f.args.args} & QT_FIXTURES:
+    tests = [  # tests and fixtures: where an argument is a fixture
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef) and (n.name.startswith("test_") or n.decorator_list)
+    ]
+    if {a.arg for f in tests for a in f.args.args} & QT_FIXTURES:
         out.add("gui")
     return out
 
@@ -58,8 +62,10 @@ def test_a_file_that_needs_torch_or_qt_is_marked(path: Path) -> None:
 
 def test_needed_sees_imports_anywhere_and_qt_fixtures(tmp_path: Path) -> None:
     path = tmp_path / "test_x.py"
-    path.write_text("def test(qtbot):\n    from recorder import Recorder\n", encoding="utf-8")
+    path.write_text("def test_a(qtbot):\n    from recorder import Recorder\n", encoding="utf-8")
     assert needed(path) == {"torch", "gui"}
+    path.write_text("def window(start, stop):\n    return start\n", encoding="utf-8")
+    assert needed(path) == set()  # a helper's argument is no fixture
     text = "from ckpt_runtime.plan import load_plan\nimport ckview.gui.display\n"
     path.write_text(text, encoding="utf-8")
     assert needed(path) == set()
