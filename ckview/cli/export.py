@@ -205,10 +205,9 @@ def _select_runs(traces: list[TraceData], wanted: str | None) -> list[Run]:
         return [run for trace in traces for run in trace.runs]
     runs = []
     for trace in traces:
-        match = [r for r in trace.runs if r.name == wanted]
-        if not match:
-            raise no_such_run(trace.path, wanted, [r.name for r in trace.runs])
-        runs += match
+        if wanted not in trace.names:
+            raise no_such_run(trace.path, wanted, trace.names)
+        runs.append(trace.run(wanted))
     return runs
 
 
@@ -219,14 +218,14 @@ def _project(trace: TraceData, sources: list[str]) -> list[PlanCurve]:
     from ckview.analysis import plan_name, regions_from_plan
     from ckview.app.planning import PlanSession
 
-    names = [r.name for r in trace.runs]
+    names = trace.names
     wanted = "baseline" if "baseline" in names else "main"  # as ``ckview project`` picks
     if wanted not in names:
         raise CLIError(
             f"{trace.path} has no 'baseline' or 'main' run to project the plans over; "
             f"runs: {', '.join(names) or 'none'}"
         )
-    base = trace.runs[names.index(wanted)]
+    base = trace.run(wanted)
     session = PlanSession(base)
     session.prepare()
     t = base.tables
