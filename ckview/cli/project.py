@@ -6,8 +6,8 @@ the live model (``ckview.analysis.plans``), and projected over one run
 (``ckview.analysis.project``). A region that cannot take effect in the recorded step (its
 module, or its Sequential's forward, never ran) is stated with the reason and what to do.
 Imports no torch.
-``ckview verify`` reuses ``project_plan`` and ``run_peak`` below to compare projections with
-measurements; the verbs share their helpers through ``ckview.cli.common``.
+``ckview verify`` reuses ``read_tables``, ``project_plan`` and ``run_peak`` below to compare
+projections with measurements; the verbs share their helpers through ``ckview.cli.common``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 
 Tables = dict[str, Any]
 """A run's tables by name, plus the trace's ``modules`` table and ``strings`` list."""
-
-__all__ = ["read_plan", "times_line"]  # kept here for ``ckview verify``, which imports them
 
 
 def add_parser(verbs: Any) -> None:
