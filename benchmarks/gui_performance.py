@@ -54,8 +54,8 @@ import numpy as np
 if TYPE_CHECKING:
     from PyQt6.QtWidgets import QApplication
 
+    from ckview.app.run import Run
     from ckview.gui.main_window import MainWindow
-    from ckview.gui.rundata import RunData
     from ckview.gui.timeline import TimelineView
 
 FIRST_PAINT_S = 1.0
@@ -199,11 +199,11 @@ def write_synthetic_trace(
     return len(tables["memory_events"]["kind"])
 
 
-def synthetic_run_data(points: int, blocks: int = 200, seed: int = 0) -> RunData:
-    """A ``RunData`` of about ``points`` memory events (timeline points), without a file."""
-    from ckview.gui.rundata import run_data
+def synthetic_run_data(points: int, blocks: int = 200, seed: int = 0) -> Run:
+    """A ``Run`` of about ``points`` memory events (timeline points), without a file."""
+    from ckview.app.run import build_run
 
-    return run_data("synthetic.h5", "main", synthetic_tables(points, blocks, seed))
+    return build_run("synthetic.h5", "main", synthetic_tables(points, blocks, seed))
 
 
 # ----------------------------------------------------------------------------- Qt helpers
@@ -486,9 +486,7 @@ class Redraws:
     set_run_s: float
 
 
-def measure_redraws(
-    run: RunData, passes: int = 1, size: tuple[int, int] = TIMELINE_SIZE
-) -> Redraws:
+def measure_redraws(run: Run, passes: int = 1, size: tuple[int, int] = TIMELINE_SIZE) -> Redraws:
     """Show ``run`` on a ``TimelineView`` of ``size``, zoomed out, and time ``passes`` passes
     of ``pan_zoom_ranges``: each ``setXRange`` followed by a synchronous repaint."""
     from ckview.gui.timeline import TimelineView

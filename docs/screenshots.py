@@ -60,8 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     app = QApplication(sys.argv[:1])
+    from ckview.app.style import DARK
     from ckview.gui.main_window import MainWindow
-    from ckview.gui.style import DARK
 
     opened: list[MainWindow] = []
     """Every window stays referenced: a shown window dropped into a reference cycle can be
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 def _diff_and_budget_shots(window: Any, save: Any, settle: Any) -> None:
     """The Diff view (a module's row clicked: its bytes shaded under both curves) and the
     planner's answers to a budget no plan meets, in the light and dark themes."""
-    from ckview.gui.style import DARK
+    from ckview.app.style import DARK
 
     for theme, name in ((None, "explorer-diff.png"), (DARK, "explorer-diff-dark.png")):
         w = window("transformer_compare.h5")

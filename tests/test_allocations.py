@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from recorder.allocations import (
@@ -15,6 +16,8 @@ from recorder.allocations import (
     Block,
     clock_offset,
 )
+
+pytestmark = pytest.mark.torch
 
 ALLOC, FREE, SEEN = 0, 1, 2
 

@@ -27,6 +27,8 @@ from ckview.analysis import step_allocated_peaks
 from recorder import Recorder
 from tests.conftest import EXAMPLES, load_example, read_run
 
+pytestmark = pytest.mark.torch
+
 TOLERANCE = 0.005
 
 

@@ -479,3 +479,13 @@ def test_parse_budget() -> None:
     ):
         with pytest.raises(ValueError, match=re.escape(why)):
             parse_budget(bad)
+
+
+def test_compare_ranks_lists_the_same_module_in_each() -> None:
+    from ckview.analysis.ranks import compare_ranks
+
+    modules = modules_table([0, 2, 3], [1, 4, 4], [-1, 0, 0])
+    one = summarize_run(two_step_run(), modules, STRINGS, top=10)
+    c = compare_ranks(["rank 0", "rank 1"], [one, one], top=10)
+    assert c.imbalance == 1.0 and c.highest == c.lowest == 0
+    assert [values for _, values in c.modules] == [[b, b] for _, b in one.top_modules]

@@ -25,6 +25,8 @@ from ckpt_runtime.plan import (
     match_paths,
 )
 
+pytestmark = pytest.mark.torch
+
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "sample_traces" / "mlp.h5"
 LIMIT_S = 60

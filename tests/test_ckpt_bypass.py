@@ -15,6 +15,8 @@ from torch import nn
 
 from ckpt_runtime import bypass, checkpoint, checkpoint_sequential, is_bypassed
 
+pytestmark = pytest.mark.torch
+
 bypass_module = sys.modules["ckpt_runtime.bypass"]
 
 # torch's functions captured the way libraries capture them (HF stores a partial at enable time)

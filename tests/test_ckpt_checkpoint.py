@@ -34,6 +34,8 @@ from ckpt_runtime import (
 )
 from ckpt_runtime.checkpoint import _warned
 
+pytestmark = pytest.mark.torch
+
 REENTRANT = pytest.mark.parametrize(
     "use_reentrant", [False, True], ids=["nonreentrant", "reentrant"]
 )

@@ -39,6 +39,8 @@ from ckpt_runtime.plan import (
 from ckpt_runtime.presets import find_block_chain, resolve_preset
 from tests.conftest import ROOT, load_example
 
+pytestmark = pytest.mark.torch
+
 # ----------------------------------------------------------------------------- models
 
 

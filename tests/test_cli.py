@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -15,25 +14,9 @@ import h5py
 import pytest
 
 from ckview.analysis import format_bytes
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES, ROOT, ckview
 
-CKVIEW = [sys.executable, "-m", "ckview"]
-
-
-# One intra-op thread: float sums then do not depend on how many threads MKL's dynamic
-# threading hands out on a loaded machine, so two recordings of a script print equal losses.
-DETERMINISTIC = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def ckview(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CKVIEW, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd or ROOT,
-        timeout=600,
-        env=DETERMINISTIC,
-    )
+pytestmark = pytest.mark.torch
 
 
 def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:

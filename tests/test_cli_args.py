@@ -14,6 +14,8 @@ import pytest
 from ckview.cli.command import split_command
 from ckview.cli.main import main
 
+pytestmark = pytest.mark.torch
+
 # A real training loop (six iterations of a tiny model) that prints what it was given.
 ARGV_SCRIPT = """\
 import json, sys

@@ -11,8 +11,9 @@ import pytest
 from ckview.analysis import summarize_run
 from ckview.trace import open_trace
 from ckview.trace.schema import Phase
-from tests.conftest import read_run
-from tests.test_cli import ckview
+from tests.conftest import ckview, read_run
+
+pytestmark = pytest.mark.torch
 
 
 def _peak(tables: dict) -> int:

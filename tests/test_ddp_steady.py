@@ -17,6 +17,8 @@ from torch import nn
 from recorder.steady import iterations_to_settle, warmup_needed
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.torch
+
 SCRIPT = """\
 import torch, torch.distributed as dist
 from torch import nn

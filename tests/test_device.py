@@ -3,7 +3,6 @@ tested with fakes of torch.cuda's memory API and pynvml: there is no GPU here.""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -13,15 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from ckview.analysis.device import device_states
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import RUN_TABLES, SampleReason
-from recorder import Recorder
 from recorder.device import DeviceSampler, Nvml, recorded_peak_time
-from recorder.sources import device as device_source
+from tests.factory import fake_devices, record_small
 from tests.fake_cuda import FakeCuda, FakePynvml, GiB, MiB
+
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 DATA = Path(__file__).parent / "data"
 
@@ -194,24 +193,6 @@ def test_device_states_of_a_cpu_run_are_none() -> None:
 # --- a recording with the fakes -------------------------------------------------------------
 
 
-def fake_devices(monkeypatch: pytest.MonkeyPatch, cuda: FakeCuda, nvml: FakePynvml) -> None:
-    monkeypatch.setattr(
-        device_source,
-        "DeviceSampler",
-        functools.partial(DeviceSampler, cuda=cuda, nvml=lambda: Nvml(nvml, os.getpid())),
-    )
-
-
-def record_small(path: Path, steps: int = 2) -> None:
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Recorder(path, steps=steps, warmup=1, progress=False):
-        for _ in range(steps + 1):
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-
-
 @pytest.fixture
 def cuda_trace(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     fake_devices(monkeypatch, FakeCuda(), FakePynvml())
@@ -280,7 +261,7 @@ def test_plan_for_the_device_capacity(cuda_trace: Path, run_cli: Any) -> None:
 
 
 def test_timeline_lines_of_a_cuda_run(cuda_trace: Path) -> None:
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
 
     [run] = load_trace(cuda_trace).runs
     labels = [label for label, _ in run.device_lines()]
@@ -294,7 +275,7 @@ def test_timeline_draws_the_device_lines(
 ) -> None:
     import pyqtgraph as pg
 
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
     from ckview.gui.timeline import TimelineView
 
     KiB = 1024  # a device scaled to the small step, so that both lines are in view

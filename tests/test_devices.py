@@ -12,9 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ckview.analysis import memory_timeline, summarize_run
-from ckview.trace import TraceWriter, open_trace
+from ckview.trace import open_trace
 from ckview.trace.devices import main_device, on_device
 from ckview.trace.schema import RUN_TABLES, Category, MemoryEventKind
+from tests.conftest import copy_on_two_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_traces" / "mlp.h5"
@@ -89,30 +90,9 @@ def test_the_accelerator_wins_over_more_cpu_bytes() -> None:
     assert main_device(storages, STRINGS) is None
 
 
-def _copy_on_two_devices(source: Path, out: Path) -> np.ndarray:
-    """``source``'s run with its INPUT storages left on the CPU and all others on cuda:0, as a
-    CUDA recording would hold them; returns the mask of storages on cuda:0."""
-    with open_trace(source) as trace:
-        tables = trace.read_run("main", all_devices=True)
-        meta = {"device": "cuda", "steps_recorded": trace.meta.steps_recorded}
-    writer = TraceWriter(out, meta=meta)
-    for text in tables["strings"]:
-        writer.intern(text)
-    cuda = writer.intern("cuda:0")
-    on_cuda = tables["storages"]["category"] != Category.INPUT
-    tables["storages"]["device"][on_cuda] = cuda
-    writer.append_modules(tables["modules"])
-    run = writer.run("main")
-    for table in RUN_TABLES:
-        run.append(table, tables[table])
-    run.close()
-    writer.close()
-    return on_cuda
-
-
 def test_summary_counts_the_gpu_only(tmp_path: Path, run_cli: Any) -> None:
     path = tmp_path / "two.h5"
-    on_cuda = _copy_on_two_devices(SAMPLE, path)
+    on_cuda = copy_on_two_devices(SAMPLE, path)
     assert 0 < np.count_nonzero(~on_cuda) < len(on_cuda)
     with open_trace(path) as trace:
         whole = trace.read_run("main", all_devices=True)

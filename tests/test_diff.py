@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from ckview.analysis.diff import diff_runs
 from ckview.cli.main import main
 from ckview.cli.recording import load_plans
 from ckview.trace import open_trace
-from recorder import Recorder
 from recorder.plans import plan_runs
+from tests.factory import record_model
+
+pytestmark = pytest.mark.torch
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPARE = ROOT / "sample_traces" / "transformer_compare.h5"
@@ -56,19 +59,10 @@ class Net(nn.Module):
         return self.extra(self.blocks(x))
 
 
-def _train(model: nn.Module, steps: int) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        model(torch.randn(512, 256)).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-
-
-def _record(path: Path, model: nn.Module, plans: list[str] = ()) -> Path:  # type: ignore[assignment]
+def _record(path: Path, model: nn.Module, plans: Sequence[str] = ()) -> Path:
+    """``model`` recorded for one step after a warm-up, then once with each plan."""
     runs = plan_runs(load_plans(list(plans)), False, False) if plans else ()
-    with Recorder(path, steps=1, warmup=1, progress=False, runs=runs):
-        _train(model, 2 + len(runs))
-    return path
+    return record_model(path, model, (512, 256), iterations=2 + len(runs), lr=0.01, runs=runs)
 
 
 def _read(path: Path, run: str) -> dict[str, Any]:
@@ -146,9 +140,7 @@ class Caching(nn.Module):
 def test_a_tensor_kept_inside_a_checkpointed_region_is_named(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(Caching(), Caching())
-    path = tmp_path / "c.h5"
-    with Recorder(path, steps=1, warmup=1, progress=False):
-        _train(model, 2)
+    path = _record(tmp_path / "c.h5", model)
     run = _read(path, "main")
     diff = diff_runs(run, run)
     assert diff.delta == 0 and diff.tensors == []

@@ -6,7 +6,6 @@ NOTE [ One file per rank ] (ckview/trace/ranks.py), NOTE [ Recording every rank 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckview.analysis.ranks import compare_ranks, peak_imbalance
+from ckview.analysis.ranks import peak_imbalance
 from ckview.trace import open_trace
 from ckview.trace.ranks import (
     common_stem,
@@ -26,22 +25,12 @@ from ckview.trace.ranks import (
     rank_path,
 )
 from ckview.trace.schema import Category
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import DETERMINISTIC, EXAMPLES, ckview
+
+pytestmark = pytest.mark.torch
 
 SCRIPT = str(EXAMPLES / "distributed.py")
 LAUNCH = ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-
-
-def ckview(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ckview", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-        env=ENV,
-    )
 
 
 # ----------------------------------------------------------------------------- names
@@ -154,17 +143,6 @@ def test_summary_shows_the_ranks_together(ddp: tuple[Path, subprocess.CompletedP
     assert all(len(b) == 2 for b in module_rows.values())  # each module, in both ranks
 
 
-def test_compare_ranks_lists_the_same_module_in_each() -> None:
-    from ckview.analysis import summarize_run
-    from tests.test_analysis import STRINGS, modules_table, two_step_run
-
-    modules = modules_table([0, 2, 3], [1, 4, 4], [-1, 0, 0])
-    one = summarize_run(two_step_run(), modules, STRINGS, top=10)
-    c = compare_ranks(["rank 0", "rank 1"], [one, one], top=10)
-    assert c.imbalance == 1.0 and c.highest == c.lowest == 0
-    assert [values for _, values in c.modules] == [[b, b] for _, b in one.top_modules]
-
-
 @pytest.fixture(scope="module")
 def fsdp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """FSDP2 (fully_shard per block and on the root), by torchrun with ckview record inside."""
@@ -172,7 +150,7 @@ def fsdp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = subprocess.run(
         [sys.executable, *LAUNCH, "-m", "ckview", "record", "--steps", "2", "--no-progress",
          SCRIPT, "--fsdp"],
-        capture_output=True, text=True, cwd=folder, timeout=300, env=ENV,
+        capture_output=True, text=True, cwd=folder, timeout=300, env=DETERMINISTIC,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return folder

@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 
 from ckview.analysis import regions_from_plan
-from ckview.gui.planning import PlanSession
-from ckview.gui.report import CSV_COLUMNS, plan_label
-from ckview.gui.rundata import RunData, load_trace
-from ckview.gui.style import CATEGORY_COLORS, DARK, RUN_COLORS
+from ckview.app.planning import PlanSession
+from ckview.app.report import CSV_COLUMNS, plan_label
+from ckview.app.run import Run, load_trace
+from ckview.app.style import CATEGORY_COLORS, DARK, RUN_COLORS
 from ckview.trace.schema import Category
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.gui
 
 SAMPLES = ROOT / "sample_traces"
 COMPARE = SAMPLES / "transformer_compare.h5"
@@ -70,7 +72,7 @@ def share_near(rgb: np.ndarray, color: str, tolerance: int = 24) -> float:
     return float(near.mean())
 
 
-def plan_peak(run: RunData, plan: str | dict[str, Any]) -> int:
+def plan_peak(run: Run, plan: str | dict[str, Any]) -> int:
     session = PlanSession(run)
     t = run.tables
     session.set_selection(regions_from_plan(plan, t["modules"], t["strings"]))
@@ -226,6 +228,18 @@ def test_csv_only(tmp_path: Path) -> None:
     assert len(rows) == run.n_events + 1
     assert stdout.strip() == f"wrote {out} ({run.n_events + 1} rows)"
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_csv_option_alone_writes_only_the_csv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--csv`` without ``-o`` asks for the curves only: no report.png beside them."""
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = export(str(SAMPLES / "cnn.h5"), "--csv", "c.csv")
+    assert code == 0, stderr
+    rows = load_trace(SAMPLES / "cnn.h5").runs[0].n_events + 1
+    assert stdout.strip() == f"wrote c.csv ({rows} rows)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv"]
 
 
 def _nothing_plan(tmp_path: Path) -> str:

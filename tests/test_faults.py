@@ -24,6 +24,8 @@ from ckview.trace import Trace, open_trace
 from ckview.trace.schema import RUN_TABLES
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.torch
+
 SCRIPT = """\
 import os, signal, sys, weakref
 import torch

@@ -23,10 +23,12 @@ from ckview.analysis import (
     project,
     regions_from_plan,
 )
+from ckview.app.run import Axis
+from ckview.app.style import DARK, LIGHT
 from ckview.gui.main_window import MainWindow
-from ckview.gui.rundata import Axis
-from ckview.gui.style import DARK, LIGHT
 from tests.conftest import ROOT, open_trace_in
+
+pytestmark = pytest.mark.gui
 
 SAMPLES = ROOT / "sample_traces"
 

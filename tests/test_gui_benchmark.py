@@ -11,10 +11,12 @@ from types import ModuleType
 import pytest
 from pytestqt.qtbot import QtBot
 
+from ckview.app.run import load_trace
 from ckview.cli.main import main as ckview_main
 from ckview.gui.export import title_height
-from ckview.gui.rundata import load_trace
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.gui
 
 EVENTS, BLOCKS = 20_000, 12
 

@@ -16,8 +16,10 @@ from ckview.analysis import Budget, Planner, budget_answer, parse_budget
 from ckview.analysis.units import NO_DEVICE_CAPACITY
 from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT, ask_budget, open_trace_in
+from tests.factory import fake_devices, record_small
 from tests.fake_cuda import FakeCuda, FakePynvml, GiB
-from tests.test_device import fake_devices, record_small
+
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 CPU_TRACE = ROOT / "sample_traces" / "mlp.h5"
 TINY = 64

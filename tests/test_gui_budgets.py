@@ -7,14 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from pytestqt.qtbot import QtBot
 from torch import nn
 
 from ckview.analysis import Budget, Planner, already_checkpointed, budget_answer, format_bytes
 from ckview.gui.main_window import MainWindow
-from recorder import Recorder
 from tests.conftest import ROOT, ask_budget, open_trace_in, read_run
+from tests.factory import record_model
+
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 SAMPLES = ROOT / "sample_traces"
 TRANSFORMER = SAMPLES / "transformer.h5"
@@ -93,20 +96,9 @@ class TwoLayers(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def _record_two_layers(path: Path) -> Path:
-    torch.manual_seed(0)
-    model = TwoLayers()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Recorder(path, steps=1, warmup=1, progress=False):
-        for _ in range(3):
-            model(torch.randn(4, 8)).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-    return path
-
-
 def test_run_without_chain_says_why(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    path = _record_two_layers(tmp_path / "two.h5")
+    torch.manual_seed(0)
+    path = record_model(tmp_path / "two.h5", TwoLayers(), (4, 8), iterations=3)
     open_trace_in(qtbot, window, path)
     note = ask_budget(qtbot, window, "50%")
     assert note.startswith("<span") and "No plan for budget" in note

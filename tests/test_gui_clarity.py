@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pyqtgraph as pg
 import pytest
-from PyQt6.QtCore import QPoint, QRectF, Qt
+from PyQt6.QtCore import QRectF, Qt
 from PyQt6.QtGui import QColor, QImage
-from PyQt6.QtWidgets import QWidget
 from pytestqt.qtbot import QtBot
 
+from ckview.app.style import DARK, LIGHT, PEAK_COLOR, PROJECTION_COLOR, THEMES, Theme
 from ckview.gui.axes import BytesAxis, byte_step, byte_ticks, tick_label
 from ckview.gui.export import export_title
 from ckview.gui.main_window import MainWindow
-from ckview.gui.style import DARK, LIGHT, PEAK_COLOR, PROJECTION_COLOR, THEMES, Theme
-from tests.conftest import ROOT
+from tests.conftest import ROOT, open_trace_in
+from tests.gui_helpers import window_rect
+
+pytestmark = pytest.mark.gui
 
 SAMPLES = ROOT / "sample_traces"
 
@@ -27,19 +29,6 @@ SAMPLES = ROOT / "sample_traces"
 @pytest.fixture(params=[LIGHT, DARK], ids=["light", "dark"])
 def theme(request: pytest.FixtureRequest) -> Theme:
     return request.param  # type: ignore[no-any-return]
-
-
-def open_trace(qtbot: QtBot, w: MainWindow, path: Path, plan: bool = True) -> None:
-    with qtbot.waitSignal(w.loaded, timeout=20000):
-        w.open_paths([str(path)])
-    if plan:
-        qtbot.waitUntil(w.plan.is_ready, timeout=20000)
-
-
-def window_rect(widget: QWidget, top: QWidget) -> QRectF:
-    """``widget``'s rectangle in ``top``'s coordinates."""
-    corner = widget.mapTo(top, QPoint(0, 0))
-    return QRectF(corner.x(), corner.y(), widget.width(), widget.height())
 
 
 def scene_rect(view: pg.GraphicsView, item: pg.GraphicsObject) -> QRectF:
@@ -90,7 +79,7 @@ def test_every_panel_and_the_report_use_the_binary_axis(
 ) -> None:
     from ckview.gui.report import _plot
 
-    open_trace(qtbot, window, SAMPLES / "mlp.h5")
+    open_trace_in(qtbot, window, SAMPLES / "mlp.h5")
     window.show_compare(side_by_side=True)
     qtbot.waitUntil(lambda: bool(window.compare._curves))
     plots = [
@@ -112,7 +101,7 @@ def test_every_panel_and_the_report_use_the_binary_axis(
 
 
 def test_legend_sits_beside_the_plot_area(qtbot: QtBot, window: MainWindow) -> None:
-    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5")
     window.plan.apply_preset("all")
     window.timeline.jump_to_peak()
     legend = window.timeline.legend
@@ -135,7 +124,7 @@ def test_projected_curve_has_a_halo_in_the_theme_background(
     """NOTE [ Projected curve halo ]: a wider solid line under the dashes, in the background
     colour, so that the curve reads on the orange activation fill."""
     window.set_theme(theme)
-    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5")
     window.plan.apply_preset("sqrt")
     projected = window.timeline._projected
     assert projected is not None and len(projected.halos) == 1
@@ -158,7 +147,7 @@ def test_value_label_colours_read_on_their_background(name: str) -> None:
 
 
 def test_recompute_labels_are_whole_and_inside_the_plot(qtbot: QtBot, window: MainWindow) -> None:
-    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5")
     window.plan.apply_preset("all")
     vb = window.timeline.main.getPlotItem().getViewBox()
     marks = list(window.timeline._marks.values())
@@ -172,7 +161,7 @@ def test_recompute_labels_are_whole_and_inside_the_plot(qtbot: QtBot, window: Ma
 
 
 def test_phase_names_never_overprint(qtbot: QtBot, window: MainWindow) -> None:
-    open_trace(qtbot, window, SAMPLES / "transformer_checkpointed.h5", plan=False)
+    open_trace_in(qtbot, window, SAMPLES / "transformer_checkpointed.h5", ready=False)
     timeline = window.timeline
     qtbot.wait(50)
 
@@ -190,7 +179,7 @@ def test_phase_names_never_overprint(qtbot: QtBot, window: MainWindow) -> None:
 
 
 def test_peak_label_stays_inside_the_view_or_hides(qtbot: QtBot, window: MainWindow) -> None:
-    open_trace(qtbot, window, SAMPLES / "mlp.h5", plan=False)
+    open_trace_in(qtbot, window, SAMPLES / "mlp.h5", ready=False)
     timeline = window.timeline
     label = timeline._peak_label
     assert label is not None
@@ -209,7 +198,7 @@ def test_peak_label_stays_inside_the_view_or_hides(qtbot: QtBot, window: MainWin
 
 
 def test_shadowed_rows_are_marked_and_unmarked(qtbot: QtBot, window: MainWindow) -> None:
-    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5")
     panel = window.plan
     session = panel.session
     assert session is not None
@@ -225,7 +214,7 @@ def test_shadowed_rows_are_marked_and_unmarked(qtbot: QtBot, window: MainWindow)
 
 
 def test_module_names_are_not_truncated(qtbot: QtBot, window: MainWindow) -> None:
-    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5")
     tree = window.plan.tree
     header = tree.header()
     assert header is not None
@@ -241,7 +230,7 @@ def test_side_by_side_peak_labels_are_boxed_inside_their_plots(
 ) -> None:
     window.set_theme(theme)
     window.resize(1200, 700)  # short panels, where labels above the dot were cut
-    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5")
     window.plan.apply_preset("sqrt")
     window.show_compare(side_by_side=True)
     qtbot.waitUntil(lambda: len(window.compare._curves) == 3)
@@ -276,7 +265,7 @@ def test_side_by_side_peak_labels_are_boxed_inside_their_plots(
 def test_export_has_a_title_and_no_transient_ui(
     qtbot: QtBot, window: MainWindow, tmp_path: Path
 ) -> None:
-    open_trace(qtbot, window, SAMPLES / "transformer_compare.h5")
+    open_trace_in(qtbot, window, SAMPLES / "transformer_compare.h5")
     window.plan.apply_preset("all")
     timeline = window.timeline
     vb = timeline.main.getPlotItem().getViewBox()
@@ -302,7 +291,7 @@ def test_export_has_a_title_and_no_transient_ui(
 
 
 def test_export_title_names_every_compared_run() -> None:
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
 
     runs = load_trace(SAMPLES / "transformer_compare.h5").runs
     title = export_title(runs)
@@ -319,7 +308,7 @@ def test_no_trace_says_how_to_open_or_record_one(qtbot: QtBot, window: MainWindo
     assert timeline.showing_message() and not timeline.plots.isVisible()
     text = timeline.message.text()
     assert "ckview record -o trace.h5 train.py" in text and "File → Open" in text
-    open_trace(qtbot, window, SAMPLES / "mlp.h5", plan=False)
+    open_trace_in(qtbot, window, SAMPLES / "mlp.h5", ready=False)
     assert not timeline.showing_message() and timeline.plots.isVisible()
     window.close_all()
     assert timeline.showing_message()

@@ -6,16 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from ckview.analysis import format_bytes, memory_timeline
 from ckview.analysis.diff import HELD_CLASSES, diff_runs, held_mask, live_bytes_of, storage_mask
+from ckview.app.run import Axis, load_trace
+from ckview.app.style import DARK
 from ckview.gui.diff_view import PROMPT, DiffTable, table_texts
 from ckview.gui.main_window import MainWindow
-from ckview.gui.rundata import Axis, load_trace
-from ckview.gui.style import DARK
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.gui
 
 SAMPLES = ROOT / "sample_traces"
 COMPARE = SAMPLES / "transformer_compare.h5"

@@ -1,4 +1,4 @@
-"""The timeline's labels never overlap (NOTE [ Labels never overlap ] in ckview/gui/timeline.py):
+"""The timeline's labels never overlap (NOTE [ Labels never overlap ] in ckview/gui/labels.py):
 the peak labels always show, a recompute label that would cover one starts below it, a phase
 name that would cover one hides, and recompute labels and phase names never cover each other;
 checked on the real explorer from the boxes Qt draws the labels in. Also the Compare tab's header
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pyqtgraph as pg
 import pytest
-from PyQt6.QtCore import QPoint, QPointF, QRectF
-from PyQt6.QtGui import QTextDocument, QTextOption
+from PyQt6.QtCore import QPointF, QRectF
+from PyQt6.QtGui import QTextDocument
 from PyQt6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from pytestqt.qtbot import QtBot
 
@@ -22,6 +22,9 @@ from ckview.gui.compare import EntriesLabel
 from ckview.gui.main_window import MainWindow
 from ckview.gui.timeline import TimelineView
 from tests.conftest import ROOT, open_trace_in
+from tests.gui_helpers import cut_lines
+
+pytestmark = pytest.mark.gui
 
 SAMPLES = ROOT / "sample_traces"
 
@@ -205,30 +208,6 @@ def test_arithmetic_boxes_are_the_drawn_ones(qtbot: QtBot, window: MainWindow) -
 # ----------------------------------------------------------------------------- compare header
 
 
-def _cut(label: QLabel) -> list[str]:
-    """What of ``label``'s text would be cut as it is drawn: a line wider than the label, lines
-    below its bottom, or the label itself past the window's edge."""
-    window = label.window()
-    corner = label.mapTo(window, QPoint(label.width(), label.height()))
-    if corner.x() > window.width() or label.visibleRegion().boundingRect() != label.rect():
-        return [f"the label ends at {corner.x()} px in a window {window.width()} px wide"]
-    area = label.contentsRect()
-    doc = QTextDocument()
-    doc.setDefaultFont(label.font())
-    doc.setDocumentMargin(0)
-    option = doc.defaultTextOption()
-    option.setWrapMode(QTextOption.WrapMode.WordWrap)  # as a QLabel wraps: never in a word
-    doc.setDefaultTextOption(option)
-    doc.setHtml(label.text())
-    doc.setTextWidth(area.width())
-    cut = []
-    if doc.idealWidth() > area.width():
-        cut.append(f"a line {doc.idealWidth():.0f} px wide in {area.width()} px")
-    if doc.size().height() > area.height() + 1:
-        cut.append(f"{doc.size().height():.0f} px of lines in {area.height()} px")
-    return cut
-
-
 def _lines(label: QLabel) -> list[str]:
     doc = QTextDocument()
     doc.setHtml(label.text().replace("<br>", "\n<br>"))
@@ -244,7 +223,7 @@ def _ranks(tmp_path: Path, stem: str) -> list[Path]:
 
 
 @pytest.mark.parametrize("width", [1400, 1000, 760])
-def test_compare_header_wraps_between_entries_and_is_never_cut(
+def test_compare_header_wraps_between_entries_and_is_nevercut_lines(
     qtbot: QtBot, window: MainWindow, tmp_path: Path, width: int
 ) -> None:
     """The header that names runs and ranks (``... baseline: ranks balanced``) goes onto as
@@ -259,7 +238,7 @@ def test_compare_header_wraps_between_entries_and_is_never_cut(
     qtbot.waitUntil(lambda: header.entries[-1].startswith("checkpointed: ranks"), timeout=5000)
     qtbot.wait(20)
     assert len(header.entries) == 7  # four runs, the plan, the ranks of two run names
-    assert _cut(header) == []
+    assert cut_lines(header) == []
     assert header.geometry().right() < window.compare.width()
     assert header.toolTip() == ""  # nothing elided
     lines = _lines(header)
@@ -284,7 +263,7 @@ def test_compare_header_elides_what_cannot_wrap_with_the_whole_in_a_tooltip(
     qtbot.waitUntil(lambda: len(header.entries) == 6, timeout=5000)
     assert window.compare.minimumSizeHint().width() < 200  # it asks for no width of its own
     qtbot.wait(20)
-    assert _cut(header) == []
+    assert cut_lines(header) == []
     alone = QWidget()
     qtbot.addWidget(alone)
     layout = QVBoxLayout(alone)
@@ -295,7 +274,7 @@ def test_compare_header_elides_what_cannot_wrap_with_the_whole_in_a_tooltip(
     alone.resize(600, 300)
     alone.show()
     qtbot.waitUntil(lambda: "…" in narrow.text())
-    assert alone.width() == 600 and _cut(narrow) == []
+    assert alone.width() == 600 and cut_lines(narrow) == []
     assert _lines(narrow)[-1] == "baseline: ranks balanced  ·  checkpointed: ranks balanced"
     doc = QTextDocument()
     doc.setHtml(narrow.toolTip())

@@ -14,7 +14,10 @@ from PyQt6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
 from ckview.gui.main_window import MainWindow
-from tests.test_gui_clarity import open_trace, window_rect
+from tests.conftest import open_trace_in
+from tests.gui_helpers import window_rect
+
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 CHAIN = 80
 
@@ -46,7 +49,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_close_recompute_labels_do_not_cover_each_other(
     qtbot: QtBot, window: MainWindow, recorded: dict[str, Path]
 ) -> None:
-    open_trace(qtbot, window, recorded["chain"])
+    open_trace_in(qtbot, window, recorded["chain"])
     window.plan.apply_preset("sqrt")  # 9 recomputes
     timeline = window.timeline
     marks = sorted(timeline._marks.values(), key=lambda m: m.value())
@@ -92,7 +95,7 @@ def test_close_recompute_labels_do_not_cover_each_other(
 def test_an_80_block_chain_can_be_clicked_block_by_block(
     qtbot: QtBot, window: MainWindow, recorded: dict[str, Path]
 ) -> None:
-    open_trace(qtbot, window, recorded["chain"])
+    open_trace_in(qtbot, window, recorded["chain"])
     view, strip = window.plan.chain_view, window.plan.strip
     session = window.plan.session
     assert session is not None and session.chain is not None
@@ -132,7 +135,7 @@ def test_an_80_block_chain_can_be_clicked_block_by_block(
 def test_a_trace_without_a_step_says_so(
     qtbot: QtBot, window: MainWindow, recorded: dict[str, Path]
 ) -> None:
-    open_trace(qtbot, window, recorded["empty"], plan=False)
+    open_trace_in(qtbot, window, recorded["empty"], ready=False)
     run = window.current_run()
     assert run is not None and run.n_events == 0
     timeline = window.timeline

@@ -15,7 +15,9 @@ from pytestqt.qtbot import QtBot
 
 from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT
-from tests.test_gui_labels import _cut
+from tests.gui_helpers import cut_lines
+
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 SAMPLES = ROOT / "sample_traces"
 LONG = (
@@ -98,7 +100,7 @@ def test_what_a_long_name_elides_keeps_it_whole_in_a_tooltip(
     header = window.compare.summary
     qtbot.waitUntil(lambda: "…" in header.text())
     qtbot.wait(50)
-    assert _cut(header) == []
+    assert cut_lines(header) == []
     assert all(name in _plain(header.toolTip()) for name in names)
     assert "270 MiB" in _plain(header.text())  # the peaks stay: only the name is elided
     panels = [i for i in window.compare.plots.ci.items if isinstance(i, pg.PlotItem)]
@@ -121,7 +123,7 @@ def test_what_a_long_name_elides_keeps_it_whole_in_a_tooltip(
     diff = window.diff
     qtbot.waitUntil(lambda: "…" in diff.header.text())
     qtbot.wait(50)
-    assert _cut(diff.header) == []
+    assert cut_lines(diff.header) == []
     assert all(name in _plain(diff.header.toolTip()) for name in names)
     for box, name in ((diff.box_a, names[0]), (diff.box_b, names[1])):
         assert "…" in box.shown_text() and name in box.toolTip()

@@ -17,9 +17,9 @@ from ckview.analysis import (
     project,
     regions_from_plan,
 )
-from ckview.gui.envelope import FACTOR, Envelope
-from ckview.gui.planning import PlanSession
-from ckview.gui.rundata import STACK_ORDER, Axis, load_trace
+from ckview.app.envelope import FACTOR, Envelope
+from ckview.app.planning import PlanSession
+from ckview.app.run import STACK_ORDER, Axis, load_trace
 from tests.conftest import ROOT
 
 SAMPLES = ROOT / "sample_traces"
@@ -224,14 +224,14 @@ def test_loading_reports_progress() -> None:
 def test_a_run_without_ops_shows_and_projects(cnn: PlanSession) -> None:
     """A recording stopped before the first op: only pre-existing storages. The explorer still
     shows it and every plan projects to its (flat) baseline."""
-    from ckview.gui.rundata import run_data
+    from ckview.app.run import build_run
 
     t = dict(cnn.run.tables)
     for name in ("memory_events", "ops", "module_calls", "module_io", "saved_events", "steps"):
         t[name] = {k: v[:0] for k, v in t[name].items()}
     old = np.asarray(t["storages"]["op"]) < 0
     t["storages"] = {k: v[old] for k, v in t["storages"].items()}
-    run = run_data("empty.h5", "main", t)
+    run = build_run("empty.h5", "main", t)
     assert run.n_events == 0 and run.phases == []
     session = PlanSession(run)
     session.apply_preset("all")

@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from pytestqt.qtbot import QtBot
 
+from ckview.app.run import load_trace
 from ckview.gui.main_window import MainWindow
-from ckview.gui.rundata import load_trace
-from tests.conftest import ROOT
-from tests.test_devices import _copy_on_two_devices
+from tests.conftest import ROOT, copy_on_two_devices
+
+pytestmark = pytest.mark.gui
 
 SAMPLE = ROOT / "sample_traces" / "mlp.h5"
 
@@ -26,7 +28,7 @@ def _open(qtbot: QtBot, w: MainWindow, *paths: Path) -> None:
 
 def test_scope_of_a_run_on_two_devices(tmp_path: Path, run_cli: Any) -> None:
     path = tmp_path / "two.h5"
-    on_cuda = _copy_on_two_devices(SAMPLE, path)
+    on_cuda = copy_on_two_devices(SAMPLE, path)
     left = int(np.count_nonzero(~on_cuda))
     assert left > 1
     [run] = load_trace(path).runs
@@ -48,7 +50,7 @@ def test_the_window_shows_the_scope_beside_the_run(
     qtbot: QtBot, window: MainWindow, tmp_path: Path
 ) -> None:
     path = tmp_path / "two.h5"
-    _copy_on_two_devices(SAMPLE, path)
+    copy_on_two_devices(SAMPLE, path)
     _open(qtbot, window, SAMPLE, path)
     assert [r.scope == "" for r in window.runs()] == [True, False]
     shown = window.run_scope_action  # the toolbar shows and hides the label as it lays out

@@ -4,51 +4,27 @@ groups the live tensors by that line with their bytes summed."""
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
-import torch
 from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
-from torch import nn
 
+from ckview.app.run import BEFORE_RECORDING, NO_SITE, Run, group_by_site, load_trace
 from ckview.gui.inspector import Inspector
-from ckview.gui.rundata import BEFORE_RECORDING, NO_SITE, RunData, group_by_site, load_trace
-from recorder import Recorder
 from tests.conftest import ROOT
+from tests.factory import TANH_SITE, record_stack_net
 
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(16, 64)
-        self.b = nn.Linear(64, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = torch.tanh(self.a(x))  # the activation Tanh saves is made here
-        return self.b(hidden)
-
-
-TANH_SITE = f"{__file__}:{inspect.getsourcelines(Net.forward)[1] + 1} (Net.forward)"
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> RunData:
-    path = tmp_path_factory.mktemp("stacks") / "t.h5"
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Recorder(path, steps=1, warmup=1, progress=False, stacks=True):
-        for _ in range(3):
-            model(torch.randn(8, 16)).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    path = record_stack_net(tmp_path_factory.mktemp("stacks") / "t.h5")
     (main,) = load_trace(path).runs
     return main
 
 
-def _tanh_point(run: RunData) -> int:
+def _tanh_point(run: Run) -> int:
     """The timeline point of the allocation of Tanh's output."""
     ops = run.tables["ops"]
     names = np.array([run.tables["strings"][n] for n in ops["name"]])
@@ -57,14 +33,14 @@ def _tanh_point(run: RunData) -> int:
     return int(np.flatnonzero(run.tables["memory_events"]["storage"] == row)[0]) + 1
 
 
-def test_hover_names_the_source_line(run: RunData) -> None:
+def test_hover_names_the_source_line(run: Run) -> None:
     point = _tanh_point(run)
     assert run.source_line(point) == TANH_SITE
     assert run.describe_point(point).splitlines()[-1] == f"made at {TANH_SITE}"
     assert run.source_line(0) == ""
 
 
-def test_live_tensors_grouped_by_source_line(run: RunData) -> None:
+def test_live_tensors_grouped_by_source_line(run: Run) -> None:
     point = _tanh_point(run)
     rows = run.live_tensors(point)
     tanh = next(r for r in rows if r.op == "aten.tanh.default")
@@ -80,7 +56,7 @@ def test_live_tensors_grouped_by_source_line(run: RunData) -> None:
     assert any(g.site == BEFORE_RECORDING and "parameters" in g.categories for g in groups)
 
 
-def test_inspector_groups_by_source_line(qtbot: QtBot, run: RunData) -> None:
+def test_inspector_groups_by_source_line(qtbot: QtBot, run: Run) -> None:
     inspector = Inspector()
     qtbot.addWidget(inspector)
     point = _tanh_point(run)
@@ -113,7 +89,7 @@ def test_a_trace_without_stacks_says_so() -> None:
     assert [g.site for g in group_by_site(main.live_tensors(point), main.no_site)] == [NO_SITE]
 
 
-def test_sites_are_named_in_the_trace(run: RunData) -> None:
+def test_sites_are_named_in_the_trace(run: Run) -> None:
     """The grouping reads what the recorder wrote: every allocated storage has a line."""
     storages = run.tables["storages"]
     allocated = np.flatnonzero(np.asarray(storages["alloc_ns"]) >= 0)

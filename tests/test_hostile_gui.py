@@ -6,11 +6,14 @@ import shutil
 from pathlib import Path
 
 import h5py
+import pytest
 from PyQt6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.gui
 
 SAMPLE = ROOT / "sample_traces" / "mlp.h5"
 

@@ -58,6 +58,8 @@ from ckview.cli.recording import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import Category, MemoryEventKind, Phase
 
+pytestmark = pytest.mark.torch
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_PERCENT = 2.0
 TIGHT_PERCENT = {"lightning_residual": 0.5}

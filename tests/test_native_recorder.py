@@ -29,6 +29,8 @@ from recorder.native.attribute import Attribution, StepFacts, categorize, layout
 from recorder.native.rows import Rows, drain
 from recorder.native.source import NativeSource
 
+pytestmark = pytest.mark.torch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # -- the build, once per session --------------------------------------------------------------

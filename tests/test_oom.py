@@ -17,8 +17,9 @@ from torch import nn
 from ckview.trace import open_trace, validate_trace
 from recorder import Recorder
 from recorder.oom import is_allocation_failure, requested_bytes
-from tests.conftest import ROOT
-from tests.test_cli import CKVIEW, DETERMINISTIC
+from tests.conftest import CKVIEW, DETERMINISTIC, ROOT
+
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
 
 HUGE = 2**62  # more than any machine has: the CPU allocator refuses it at once
 
@@ -186,7 +187,7 @@ def test_plan_for_the_device_on_a_cpu_trace_is_a_clear_error(recorded: tuple[Pat
 
 def test_the_explorer_opens_on_the_oom(recorded: tuple[Path, Any]) -> None:
     from ckview.analysis.device import oom_event
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
 
     trace, _ = recorded
     [run] = load_trace(trace).runs
@@ -202,7 +203,7 @@ def test_the_explorer_opens_on_the_oom(recorded: tuple[Path, Any]) -> None:
 def test_the_timeline_centres_on_the_oom(qtbot: Any, recorded: tuple[Path, Any]) -> None:
     import pyqtgraph as pg
 
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
     from ckview.gui.timeline import TimelineView
 
     trace, _ = recorded

@@ -25,8 +25,10 @@ from torch import nn
 import ckpt_runtime
 from ckpt_runtime.plan import PlanError
 from ckview.analysis import plan_from_regions, regions_from_plan
-from recorder import Recorder
 from tests.conftest import ROOT, read_run
+from tests.factory import record_model
+
+pytestmark = pytest.mark.torch
 
 WIDTH = 8
 
@@ -164,23 +166,18 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-def record(model: nn.Module, path: Path, step: Callable[[nn.Module], None] | None = None) -> Path:
+def record(
+    model: nn.Module, path: Path, step: Callable[[nn.Module], torch.Tensor] | None = None
+) -> Path:
     """One recorded training step of ``model`` (after one warmup step), with a loss module
-    that the recorder sees as a second root."""
+    that the recorder sees as a second root, or the loss ``step(model)``."""
     loss_fn = nn.MSELoss()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def mse(m: nn.Module) -> torch.Tensor:
+        return loss_fn(m(torch.randn(2, WIDTH)), torch.zeros(2, WIDTH))
+
     torch.manual_seed(0)
-    with Recorder(path, steps=1, warmup=1, progress=False):
-        for _ in range(2):
-            x = torch.randn(2, WIDTH)
-            if step is None:
-                loss = loss_fn(model(x), torch.zeros(2, WIDTH))
-                loss.backward()
-            else:
-                step(model)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return path
+    return record_model(path, model, step=step or mse, lr=0.01)
 
 
 @pytest.fixture(scope="module")
@@ -356,9 +353,9 @@ def test_hf_llama_resolves_the_same_over_the_model_and_its_trace(tmp_path: Path)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
 
-    def step(m: nn.Module) -> None:
+    def step(m: nn.Module) -> torch.Tensor:
         ids = torch.randint(0, 64, (2, 8))
-        m(input_ids=ids, labels=ids).loss.backward()
+        return m(input_ids=ids, labels=ids).loss
 
     tables = read_run(record(model, tmp_path / "t.h5", step))
     docs: list[Any] = [

@@ -29,6 +29,8 @@ from ckview.analysis import (
 from recorder import Recorder
 from tests.conftest import read_run
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 WIDTH = 16
 
 
@@ -225,8 +227,8 @@ def test_plan_never_says_no_plan_fits_and_the_baseline_fits(
 
 
 def _session(path: Path) -> Any:
-    from ckview.gui.planning import PlanSession
-    from ckview.gui.rundata import load_trace
+    from ckview.app.planning import PlanSession
+    from ckview.app.run import load_trace
 
     return PlanSession(load_trace(path).runs[0])
 
@@ -256,8 +258,9 @@ def test_export_says_why(traces: dict[str, Path], run_cli: Any, tmp_path: Path) 
     notes = [line for line in out.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and notes[0].startswith("note: plan sqrt: none of its 2 region(s)")
     assert "looped over" in notes[0]
-    from ckview.gui.report import _comparison_curves, plan_notes
-    from ckview.gui.rundata import Axis, load_trace
+    from ckview.app.report import plan_notes
+    from ckview.app.run import Axis, load_trace
+    from ckview.gui.report import _comparison_curves
 
     run = load_trace(traces["looped"]).runs[0]
     session = _session(traces["looped"])

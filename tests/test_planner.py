@@ -39,7 +39,9 @@ from ckview.analysis import (
 )
 from ckview.trace.schema import ContainerKind
 from tests.conftest import ROOT, load_example, read_run
-from tests.test_projection import Block, Layer, training_step
+from tests.synthetic import Block, Layer, training_step
+
+pytestmark = pytest.mark.torch
 
 SAMPLES = ROOT / "sample_traces"
 Tables = dict[str, Any]

@@ -4,7 +4,6 @@ measured, end to end), with their bad inputs."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,21 +12,11 @@ from typing import Any
 import pytest
 
 from ckview.analysis import find_peak, memory_timeline
-from tests.conftest import EXAMPLES, ROOT, read_run
+from tests.conftest import EXAMPLES, ROOT, ckview, read_run
+
+pytestmark = pytest.mark.torch
 
 COMPARE = ROOT / "sample_traces" / "transformer_compare.h5"
-
-
-def ckview(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "ckview", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=300,
-    )
 
 
 def one_line_error(code: int, err: str) -> str:

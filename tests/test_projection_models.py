@@ -27,6 +27,8 @@ from ckview.trace import open_trace
 from recorder import Recorder
 from recorder.plans import plan_runs
 
+pytestmark = pytest.mark.torch
+
 PLANS = ("none", "sqrt", "all")
 TOLERANCE = 0.001  # the target: 0.1% of the measured peak
 

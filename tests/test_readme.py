@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -26,6 +28,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert _readme_commands()[1] in ci
 
 
+@pytest.mark.gui  # the script imports Qt before it parses its options
 def test_screenshots_help_prints_its_options_and_writes_nothing() -> None:
     """``docs/screenshots.py --help`` exits 0 with its usage; it once took every screenshot."""
     images = ROOT / "docs" / "images"

@@ -14,6 +14,8 @@ import pytest
 from ckview.trace import open_trace
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.torch
+
 TRAIN = """\
 import os, sys, torch
 if len(sys.argv) > 1:

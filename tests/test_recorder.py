@@ -16,6 +16,8 @@ from ckview.trace.schema import Category, MemoryEventKind, Phase, SavedEventKind
 from recorder import Recorder, StopScript
 from tests.conftest import load_example, read_run
 
+pytestmark = pytest.mark.torch
+
 
 def _train(model: nn.Module, steps: int, batch: int = 16, optimizer: bool = True) -> list[float]:
     torch.manual_seed(0)

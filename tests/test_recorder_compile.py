@@ -18,6 +18,8 @@ from ckview.trace.schema import Phase
 from recorder import Recorder
 from tests.conftest import ROOT, read_run
 
+pytestmark = pytest.mark.torch
+
 
 class CountingBackend:
     """A dynamo backend that counts graphs compiled and compiled graphs run."""

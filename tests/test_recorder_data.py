@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -15,6 +16,8 @@ from ckview.analysis import summarize_run
 from ckview.trace.schema import Category, MemoryEventKind
 from recorder import Recorder
 from tests.conftest import read_run
+
+pytestmark = pytest.mark.torch
 
 BATCH = 16
 BATCH_BYTES = BATCH * 64 * 4 + BATCH * 32 * 4  # x and y, float32

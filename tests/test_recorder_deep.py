@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ckview.analysis import summarize_run
 from ckview.trace import validate_trace
 from ckview.trace.schema import Phase
 from tests.conftest import ROOT, read_run
+
+pytestmark = pytest.mark.torch
 
 NODES = 120_000
 

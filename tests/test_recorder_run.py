@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.utils.checkpoint
 
@@ -14,6 +15,7 @@ from recorder import RecordingResult, RecordOptions, StopScript, record
 from recorder import _torch as patches
 from recorder.runs import RunSpec
 
+pytestmark = pytest.mark.torch
 SCRIPT = """
 import sys
 import torch

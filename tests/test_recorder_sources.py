@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -16,6 +17,7 @@ from recorder import Recorder
 from recorder.sources.base import RunPart, Source
 from recorder.tables import RunTables
 
+pytestmark = pytest.mark.torch
 TOTAL = 12_345_678
 
 

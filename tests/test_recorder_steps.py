@@ -18,6 +18,8 @@ from recorder import Recorder
 from recorder.steps import StepRule, StepRuleError
 from tests.conftest import read_run
 
+pytestmark = pytest.mark.torch
+
 
 def _mlp(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)

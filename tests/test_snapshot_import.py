@@ -32,6 +32,8 @@ from ckview.snapshot.layout import ALLOC, FREES
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import Category, MemoryEventKind
 
+pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
 FIXTURE = fixture_path()
 needs_fixture = pytest.mark.skipif(
     FIXTURE is None,

@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from ckview.analysis.steadiness import STEADY_TOLERANCE, step_peaks, unlike_steps
 from recorder import Recorder
 from tests.conftest import read_run
+
+pytestmark = pytest.mark.torch
 
 
 class WarmingCache(nn.Module):

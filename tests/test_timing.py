@@ -25,6 +25,9 @@ from ckview.trace import open_trace
 from recorder import Recorder
 from recorder.plans import plan_runs
 from recorder.timing import TimingStep, timing_schedule
+from tests.factory import record_model
+
+pytestmark = pytest.mark.torch
 
 
 def test_runs_are_timed_in_turn_each_turn_warmed_up() -> None:
@@ -101,16 +104,12 @@ class Block(nn.Module):
         return torch.tanh(self.fc(x))
 
 
-def _record(path: Path, timing_steps: int, script_steps: int) -> nn.Sequential:
+def _record(path: Path, timing_steps: int, script_steps: int) -> None:
+    """Six blocks, 2 recorded steps after a warm-up step, in a script of ``script_steps``."""
     torch.manual_seed(0)
     model = nn.Sequential(*[Block(64) for _ in range(6)])
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with Recorder(path, steps=2, warmup=1, progress=False, timing_steps=timing_steps):
-        for _ in range(script_steps):
-            model(torch.randn(32, 64)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-    return model
+    options = {"steps": 2, "iterations": script_steps, "timing_steps": timing_steps}
+    record_model(path, model, (32, 64), loss=torch.sum, lr=0.01, **options)
 
 
 @pytest.fixture(scope="module")

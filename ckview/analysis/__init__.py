@@ -1,9 +1,33 @@
 """Pure functions over trace tables (numpy arrays in, numbers and arrays out).
 
 No files, no widgets, no torch: the CLI, the GUI and the tests all drive these the same way.
+The face below gathers timelines, peaks, breakdowns and summaries (timeline, breakdown,
+summary), the projection of checkpoint plans (projection/, regions), plans against a trace's
+module tree (plans, over the plan core ckpt_runtime.resolve) and the planner (planner).
 """
 
 from ckview.analysis.breakdown import bytes_by_category, bytes_by_module, module_paths
+from ckview.analysis.planner import (
+    ParetoPoint,
+    Planner,
+    PlannerResult,
+    PresetPoint,
+    already_checkpointed,
+    budget_answer,
+    chain_candidates,
+    pareto,
+    plan_for_budget,
+)
+from ckview.analysis.plans import (
+    PlanRegions,
+    chain_of_blocks,
+    module_rows_matching,
+    plan_from_regions,
+    plan_name,
+    plan_on_trace,
+    regions_from_plan,
+    resolve_on_trace,
+)
 from ckview.analysis.projection import (
     InstanceEffects,
     LiveStorages,
@@ -45,29 +69,16 @@ __all__ = [
     "NO_MODULE",
     "ActivationPeak",
     "Budget",
-    "MemoryTimeline",
-    "Peak",
-    "RunSummary",
-    "activation_peak",
-    "bytes_by_category",
-    "bytes_by_module",
-    "find_peak",
-    "format_bytes",
-    "live_storages",
-    "memory_timeline",
-    "module_paths",
-    "parse_budget",
-    "parse_bytes",
-    "phase_time_ns",
-    "step_allocated_peaks",
-    "summarize_run",
-]
-
-# Projection of checkpoint plans (projection.py, regions.py).
-__all__ += [
     "InstanceEffects",
     "LiveStorages",
+    "MemoryTimeline",
     "ModuleRegion",
+    "ParetoPoint",
+    "Peak",
+    "PlanRegions",
+    "Planner",
+    "PlannerResult",
+    "PresetPoint",
     "ProjectedCurve",
     "ProjectedEvents",
     "ProjectedPeak",
@@ -76,57 +87,34 @@ __all__ += [
     "Recompute",
     "Region",
     "RegionInstances",
+    "RunSummary",
     "SegmentRegion",
+    "activation_peak",
+    "already_checkpointed",
+    "budget_answer",
+    "bytes_by_category",
+    "bytes_by_module",
+    "chain_candidates",
     "chain_of_blocks",
+    "find_peak",
+    "format_bytes",
+    "live_storages",
+    "memory_timeline",
+    "module_paths",
     "module_rows_matching",
-    "project",
-    "region_instances",
-    "sequential_children",
-]
-
-# Checkpoint plans against a trace's module tree (plans.py, over the plan core
-# ckpt_runtime.resolve).
-from ckview.analysis.plans import (  # noqa: E402
-    PlanRegions,
-    chain_of_blocks,
-    module_rows_matching,
-    plan_from_regions,
-    plan_name,
-    plan_on_trace,
-    regions_from_plan,
-    resolve_on_trace,
-)
-
-__all__ += [
-    "PlanRegions",
+    "pareto",
+    "parse_budget",
+    "parse_bytes",
+    "phase_time_ns",
+    "plan_for_budget",
     "plan_from_regions",
     "plan_name",
     "plan_on_trace",
+    "project",
+    "region_instances",
     "regions_from_plan",
     "resolve_on_trace",
-]
-
-# The planner: the cheapest plan for a memory budget, and the peak / compute front (planner.py).
-from ckview.analysis.planner import (  # noqa: E402
-    ParetoPoint,
-    Planner,
-    PlannerResult,
-    PresetPoint,
-    already_checkpointed,
-    budget_answer,
-    chain_candidates,
-    pareto,
-    plan_for_budget,
-)
-
-__all__ += [
-    "ParetoPoint",
-    "Planner",
-    "PlannerResult",
-    "PresetPoint",
-    "already_checkpointed",
-    "budget_answer",
-    "chain_candidates",
-    "pareto",
-    "plan_for_budget",
+    "sequential_children",
+    "step_allocated_peaks",
+    "summarize_run",
 ]

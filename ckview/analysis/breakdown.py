@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from ckview.analysis.types import Table
 from ckview.trace.schema import NO_INDEX, Category
-
-Table = Mapping[str, np.ndarray]
 
 
 def bytes_by_category(storages: Table, rows: np.ndarray) -> dict[Category, int]:

@@ -16,8 +16,7 @@ import numpy as np
 from ckview.analysis.breakdown import bytes_by_category, bytes_by_module, module_paths
 from ckview.analysis.summary import NO_MODULE, top_storages
 from ckview.analysis.timeline import live_storages
-
-Table = Mapping[str, np.ndarray]
+from ckview.analysis.types import Table
 
 UNKNOWN = -1
 

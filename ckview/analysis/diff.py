@@ -41,9 +41,9 @@ from ckview.analysis.timeline import (
     live_storages,
     memory_timeline,
 )
+from ckview.analysis.types import Table
 from ckview.trace.schema import NO_INDEX, Category, IOKind, Phase
 
-Table = Mapping[str, np.ndarray]
 Run = Mapping[str, Any]
 """What ``Trace.read_run`` returns: the run's tables, ``modules`` and ``strings``."""
 

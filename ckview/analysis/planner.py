@@ -78,6 +78,7 @@ from ckview.analysis.plans import TraceTree
 from ckview.analysis.projection import ProjectionModel
 from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, sequential_children
 from ckview.analysis.timing import step_time_ns
+from ckview.analysis.types import RunTables
 from ckview.analysis.units import format_bytes
 
 __all__ = [
@@ -102,7 +103,6 @@ NEAR = 4
 PRESET_NAMES = ("none", "all", "sqrt")
 """The presets a result lists beside the plan."""
 
-RunTables = Mapping[str, Any]
 
 # ----------------------------------------------------------------------------- results
 

@@ -38,6 +38,7 @@ from ckpt_runtime.resolve import (
     resolve_regions,
 )
 from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, all_children
+from ckview.analysis.types import Table
 from ckview.trace.schema import NO_INDEX, Phase
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "resolve_on_trace",
 ]
 
-Table = Mapping[str, np.ndarray]
 PlanLike = Plan | Mapping[str, Any] | str
 """A plan, a plan document (dict or JSON text), or a preset string (``every:2@blocks``)."""
 

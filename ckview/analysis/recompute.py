@@ -15,7 +15,7 @@ NOTE [ Recompute in a bypassed run ]
     When a plan run holds the same recompute as its baseline (``LeftoverRecompute.same_as``),
     projection and measurement still describe the same step: the plan's regions on top of the
     script's recompute, which both runs hold (the projection keeps what such a Function holds
-    outside autograd: NOTE [ Held from outside ] in projection.py). That plan is compared like
+    outside autograd: NOTE [ Held from outside ] in projection/). That plan is compared like
     for like; what the output must still say is that the baseline is not un-checkpointed.
 """
 
@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ckview.analysis.types import Table
 from ckview.trace.schema import Phase
-
-Table = Mapping[str, np.ndarray]
 
 BYPASSED, PLAN, SCRIPT = "bypassed", "plan", "script"
 _MEANING = {

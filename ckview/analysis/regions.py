@@ -20,14 +20,13 @@ NOTE [ Call rows of an instance ]
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ckview.analysis.types import Table
 from ckview.trace.schema import NO_INDEX, Phase
-
-Table = Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,12 @@ NOTE [ The frame that names an allocation ]
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from ckview.analysis.types import Table
 from ckview.trace.schema import NO_INDEX
-
-Table = Mapping[str, np.ndarray]
 
 NO_PYTHON_FRAME = "(C++ frames only)"
 

@@ -15,15 +15,13 @@ NOTE [ Steps that are not alike ]
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from .timeline import memory_timeline, step_segments
+from .types import Table
 from .units import format_bytes
-
-Table = Mapping[str, np.ndarray]
 
 STEADY_TOLERANCE = 0.005
 """Relative difference of two recorded steps' peaks beyond which they are not alike."""

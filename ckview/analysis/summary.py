@@ -26,9 +26,8 @@ from ckview.analysis.timeline import (
     step_segments,
 )
 from ckview.analysis.timing import Spread
+from ckview.analysis.types import Table
 from ckview.trace.schema import NO_INDEX, Category, Phase
-
-Table = Mapping[str, np.ndarray]
 
 NO_MODULE = "(no module)"
 """Label of storages created outside any module call."""

@@ -34,9 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ckview.analysis.types import Table
 from ckview.trace.schema import Category, MemoryEventKind, Phase
-
-Table = Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -179,6 +178,15 @@ def live_storages(storages: Table, events: Table, after_event: int) -> np.ndarra
     return np.flatnonzero(live)
 
 
+def phase_at(ops: Table, events: Table, event: int) -> str:
+    """The phase of the op at memory event ``event`` (the peak's, an OOM's), e.g. 'backward';
+    'start' for an event before any op (or ``event`` -1)."""
+    if event < 0:
+        return "start"
+    op = int(events["op"][event])
+    return "start" if op < 0 else Phase(int(ops["phase"][op])).name.lower()
+
+
 def step_segments(steps: Table, n_events: int) -> tuple[np.ndarray, np.ndarray]:
     """``(start, stop)`` event rows of each step: from its first event to the next step's first.
 
@@ -242,7 +250,7 @@ PERSISTENT = (
 #     training state than the baseline: optimizer state that grows for a while (L-BFGS keeps up
 #     to ``history_size`` pairs of vectors, one pair more per inner iteration) is larger in
 #     every later run. No plan changes parameters, gradients or optimizer state (NOTE [ Fixed
-#     categories ] in projection.py), so the plan run's timeline is the projection over the
+#     categories ] in projection/), so the plan run's timeline is the projection over the
 #     baseline with the baseline's persistent bytes exchanged for the plan run's own.
 #     A difference taken once, at the start, is not enough: the state changes during the step
 #     in a way that depends on the state. Once L-BFGS's history is full, every inner iteration

@@ -13,7 +13,7 @@ NOTE [ Extra compute from plain times ]
     the plain time of its top-level calls (median over the timing steps of the same call: same
     module, same index among that module's forward calls in the step), times the share of its
     recorded forward op time that its recompute replays (NOTE [ Early stop ] in
-    projection.py), plus the median cost per call. Without them (older traces, a script that
+    projection/), plus the median cost per call. Without them (older traces, a script that
     ended before its timing steps, ``--timing-steps 0``) it is the recorded op time of what the
     recompute replays (plus the cost per call where it was measured), and every surface says
     so. Step times, the base of every extra-compute share, come from the same source

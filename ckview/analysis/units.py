@@ -41,6 +41,21 @@ def format_bytes(n: int) -> str:
     return f"{sign}{value:.{digits}f} {_BINARY_UNITS[power]}"
 
 
+MINUS = "\u2212"
+"""The real minus sign, which reads better than a hyphen in a window or a figure."""
+
+
+def format_signed_bytes(n: int, minus: str = "-") -> str:
+    """A difference of ``n`` bytes with its sign: '+1.50 MiB', '-512 B' (``minus`` for the
+    sign of a negative one: ``MINUS`` in the GUI), '0 B'."""
+    return ("+" if n > 0 else "") + format_bytes(n).replace("-", minus)
+
+
+def format_change(share: float, minus: str = "-") -> str:
+    """A signed percentage with one decimal: '+12.5%', '-58.8%' (``minus`` as above)."""
+    return f"{share:+.1%}".replace("-", minus)
+
+
 def parse_bytes(text: str) -> int:
     """Parse a size such as '3GiB', '1.5 GiB', '512MB', '2G' or '4096' into bytes.
 

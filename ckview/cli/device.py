@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckview.analysis import format_bytes as fb
+
+if TYPE_CHECKING:
+    from ckview.app.run import Run
 
 
 @dataclass(frozen=True)
@@ -24,20 +27,16 @@ class RunDevice:
     """Phase of the last op before the OOM ('forward', ...), '' without an OOM."""
 
     @classmethod
-    def read(
-        cls, trace: Any, name: str, tables: dict[str, Any], modules: Any, top: int
-    ) -> RunDevice:
-        from ckview.analysis.device import Oom, device_states, oom_moment
-        from ckview.cli.summary import _peak_phase
+    def of(cls, run: Run, top: int) -> RunDevice:
+        """``run``'s device states and OOM, with the ``top`` modules and tensors live at it."""
+        from ckview.analysis.device import oom_moment
+        from ckview.analysis.timeline import phase_at
 
-        run = trace.run(name)
-        strings = list(trace.strings)
-        samples = run.table("device_samples").read()
-        total = trace.meta.device_total_bytes
-        oom = Oom.of_run(run)
-        moment = None if oom is None else oom_moment(tables, modules, strings, oom, top)
-        phase = "" if moment is None else _peak_phase(tables, moment.event)
-        return cls(device_states(samples, strings, total), oom, moment, total, phase)
+        t = run.tables
+        oom = run.oom
+        moment = None if oom is None else oom_moment(t, t["modules"], t["strings"], oom, top)
+        phase = "" if moment is None else phase_at(t["ops"], t["memory_events"], moment.event)
+        return cls(list(run.devices), oom, moment, run.device_total_bytes, phase)
 
     def to_json(self) -> dict[str, Any]:
         """``devices`` and ``oom`` (with what was live then) for the JSON summary."""

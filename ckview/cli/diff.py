@@ -82,6 +82,7 @@ def _run_name(trace: Any, side: int, wanted: list[str] | None, same: bool) -> st
 def _text(diff: Any, label_a: str, label_b: str, top: int) -> list[str]:
     from ckview.analysis import format_bytes as fb
     from ckview.analysis.diff import describe_kind, describe_moment, held_lines
+    from ckview.analysis.units import format_signed_bytes as signed
 
     share = f" ({100 * diff.delta / diff.a.bytes:+.1f}%)" if diff.a.bytes else ""
     lines = [
@@ -89,29 +90,23 @@ def _text(diff: Any, label_a: str, label_b: str, top: int) -> list[str]:
         f"B: {label_b}",
         f"peak  A {fb(diff.a.bytes):>10}  {describe_moment(diff.a)}",
         f"      B {fb(diff.b.bytes):>10}  {describe_moment(diff.b)}",
-        f"      B - A {_signed(diff.delta)}{share}",
+        f"      B - A {signed(diff.delta)}{share}",
         "at the peaks, by category:              A           B       B - A",
     ]
     for name, a, b in diff.by_category:
         if a or b:
-            lines.append(f"  {name:<24} {fb(a):>11} {fb(b):>11} {_signed(b - a):>11}")
+            lines.append(f"  {name:<24} {fb(a):>11} {fb(b):>11} {signed(b - a):>11}")
     if diff.by_module:
         lines.append("by module (largest changes):")
         for path, a, b in diff.by_module:
-            lines.append(f"  {_signed(b - a):>11}  {path}  ({fb(a)} -> {fb(b)})")
+            lines.append(f"  {signed(b - a):>11}  {path}  ({fb(a)} -> {fb(b)})")
     if diff.tensors:
         lines.append("by kind of tensor (largest changes; module, op, category, dtype, shape):")
         for t in diff.tensors:
             counts = f"{t.a_count} -> {t.b_count}"
-            lines.append(f"  {_signed(t.delta):>11}  {describe_kind(t)}  ({counts})")
+            lines.append(f"  {signed(t.delta):>11}  {describe_kind(t)}  ({counts})")
     for side, held in (("A", diff.held_a), ("B", diff.held_b)):
         if held is not None:
             lines.append(f"what {side} holds at its peak (it has checkpointed regions):")
             lines.extend(held_lines(held, fb, top))
     return lines
-
-
-def _signed(n: int) -> str:
-    from ckview.analysis import format_bytes
-
-    return ("+" if n > 0 else "") + format_bytes(n)

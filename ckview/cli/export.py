@@ -2,9 +2,10 @@
 memory curves as CSV, or a run as a PyTorch memory snapshot pickle (``--snapshot``), without a
 display and without torch.
 
-The figure is drawn by ``ckview.gui.report`` on Qt's offscreen platform; plans are resolved
-like ``ckview project`` does (``read_plan``) and projected over the first trace's baseline run
-with the explorer's ``PlanSession``, so the report shows the numbers the GUI shows.
+The figure is drawn by ``ckview.gui.report`` on Qt's offscreen platform; the runs are read as
+``ckview.app.run.Run``, plans are resolved like ``ckview project`` does (``read_plan``) and
+projected over the first trace's baseline run with the explorer's ``PlanSession``, so the report
+shows the numbers the GUI shows. The CSV needs no Qt: ``--csv`` alone imports none.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ckview.cli.common import one_line, read_plan
 from ckview.cli.errors import CLIError, no_such_run
-from ckview.cli.project import read_plan
 
 if TYPE_CHECKING:
-    from ckview.gui.report import PlanCurve
-    from ckview.gui.rundata import Axis, RunData, TraceData
+    from ckview.app.report import PlanCurve
+    from ckview.app.run import Axis, Run, TraceData
+    from ckview.trace import TraceMeta
 
 OUTPUTS = (".png", ".svg", ".csv")
 MIN_WIDTH, MAX_WIDTH = 400, 10000
@@ -51,7 +53,7 @@ def add_parser(verbs: Any) -> None:
         "-o",
         "--output",
         help="the figure: .png or .svg (or .csv for the curves only); default report.png, "
-        "none with --snapshot",
+        "none with --snapshot or --csv",
     )
     p.add_argument(
         "--snapshot",
@@ -60,7 +62,11 @@ def add_parser(verbs: Any) -> None:
         help="write the run (--run, or the trace's only run) as a PyTorch memory snapshot that "
         "pytorch.org/memory_viz opens (docs/snapshots.md)",
     )
-    p.add_argument("--csv", type=Path, help="also write the curves to this CSV file")
+    p.add_argument(
+        "--csv",
+        type=Path,
+        help="write the curves to this CSV file (and no figure, unless -o names one)",
+    )
     p.add_argument("--width", type=int, default=1600, help="figure width in pixels (default 1600)")
     p.add_argument(
         "--theme", choices=("light", "dark"), default="light", help="colours (default light)"
@@ -77,14 +83,15 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ckview.gui.rundata import Axis
+    from ckview.app.run import Axis
 
     if args.snapshot is not None:
         done = [_write_snapshot(args)]
         if args.output is None and args.csv is None:
             print("wrote " + done[0])
             return 0
-    figure, csv_paths = _outputs(args.output or "report.png", args.csv)
+    default = "report.png" if args.csv is None else None  # --csv alone: only the CSV
+    figure, csv_paths = _outputs(args.output or default, args.csv)
     from ckview.cli.outputs import refuse_inputs
 
     for path in [figure, *csv_paths]:
@@ -103,16 +110,16 @@ def run(args: argparse.Namespace) -> int:
             f"{figure} ({size[0]}x{size[1]}, {_count(runs, 'run')}, {_count(plans, 'plan')})"
         )
     for path in csv_paths:
-        from ckview.gui.report import write_csv
+        from ckview.app.report import write_csv
 
         try:
             rows = write_csv(runs, plans, path)
         except OSError as exc:
-            raise CLIError(f"cannot write {path}: {_one_line(exc)}") from None
+            raise CLIError(f"cannot write {path}: {one_line(exc)}") from None
         done.append(f"{path} ({rows} rows)")
     print("wrote " + ", ".join(done))
     if plans:
-        from ckview.gui.report import plan_notes
+        from ckview.app.report import plan_notes
 
         for note in plan_notes(plans):  # also drawn in the figure
             print(f"note: {note}")
@@ -151,7 +158,7 @@ def _write_snapshot(args: argparse.Namespace) -> str:
             pickle.dump(snapshot, f, protocol=4)  # torch's own _dump_snapshot protocol
         os.replace(staging, path)
     except OSError as exc:
-        raise CLIError(f"cannot write {path}: {_one_line(exc)}") from None
+        raise CLIError(f"cannot write {path}: {one_line(exc)}") from None
     finally:
         if staging.exists():
             staging.unlink()
@@ -159,18 +166,21 @@ def _write_snapshot(args: argparse.Namespace) -> str:
     return f"{path} (run {name}, {events} snapshot events; open it at pytorch.org/memory_viz)"
 
 
-def _outputs(output: str, csv_path: Path | None) -> tuple[str | None, list[str]]:
-    """The figure to draw (None for a CSV-only export) and the CSV files to write."""
-    ext = os.path.splitext(output)[1].lower()
-    if ext not in OUTPUTS:
-        raise CLIError(
-            f"cannot tell the format of {output!r} from its extension; "
-            f"use one of {', '.join(OUTPUTS)}"
-        )
-    csvs = [output] if ext == ".csv" else []
-    if csv_path is not None:
-        csvs.append(str(csv_path))
-    figure = None if ext == ".csv" else output
+def _outputs(output: str | None, csv_path: Path | None) -> tuple[str | None, list[str]]:
+    """The figure to draw (None for a CSV-only export: ``output`` None or a .csv) and the CSV
+    files to write."""
+    figure, csvs = None, [str(csv_path)] if csv_path is not None else []
+    if output is not None:
+        ext = os.path.splitext(output)[1].lower()
+        if ext not in OUTPUTS:
+            raise CLIError(
+                f"cannot tell the format of {output!r} from its extension; "
+                f"use one of {', '.join(OUTPUTS)}"
+            )
+        if ext == ".csv":
+            csvs.insert(0, output)
+        else:
+            figure = output
     for path in [figure, *csvs]:
         folder = os.path.dirname(path or "") or "."
         if not os.path.isdir(folder):
@@ -184,21 +194,20 @@ def _count(items: list[Any], what: str) -> str:
 
 def _load(paths: list[Path]) -> list[TraceData]:
     """Every trace, fully read (a bad file raises TraceError: one line, exit 2)."""
-    from ckview.gui.rundata import load_trace
+    from ckview.app.run import load_trace
 
     return [load_trace(path) for path in paths]
 
 
-def _select_runs(traces: list[TraceData], wanted: str | None) -> list[RunData]:
+def _select_runs(traces: list[TraceData], wanted: str | None) -> list[Run]:
     """Every run of every trace, or only the runs named ``wanted``."""
     if wanted is None:
         return [run for trace in traces for run in trace.runs]
     runs = []
     for trace in traces:
-        match = [r for r in trace.runs if r.name == wanted]
-        if not match:
-            raise no_such_run(trace.path, wanted, [r.name for r in trace.runs])
-        runs += match
+        if wanted not in trace.names:
+            raise no_such_run(trace.path, wanted, trace.names)
+        runs.append(trace.run(wanted))
     return runs
 
 
@@ -207,16 +216,16 @@ def _project(trace: TraceData, sources: list[str]) -> list[PlanCurve]:
     if not sources:
         return []
     from ckview.analysis import plan_name, regions_from_plan
-    from ckview.gui.planning import PlanSession
+    from ckview.app.planning import PlanSession
 
-    names = [r.name for r in trace.runs]
+    names = trace.names
     wanted = "baseline" if "baseline" in names else "main"  # as ``ckview project`` picks
     if wanted not in names:
         raise CLIError(
             f"{trace.path} has no 'baseline' or 'main' run to project the plans over; "
             f"runs: {', '.join(names) or 'none'}"
         )
-    base = trace.runs[names.index(wanted)]
+    base = trace.run(wanted)
     session = PlanSession(base)
     session.prepare()
     t = base.tables
@@ -227,14 +236,14 @@ def _project(trace: TraceData, sources: list[str]) -> list[PlanCurve]:
             session.set_selection(regions_from_plan(plan, t["modules"], t["strings"]))
             name = plan_name(plan)
         except ValueError as exc:
-            raise CLIError(f"plan {source}: {_one_line(exc)}") from None
+            raise CLIError(f"plan {source}: {one_line(exc)}") from None
         curves.append((name, session.outcome(), base))
     return curves
 
 
 def _render(
     path: str,
-    runs: list[RunData],
+    runs: list[Run],
     plans: list[PlanCurve],
     traces: list[TraceData],
     args: argparse.Namespace,
@@ -246,8 +255,8 @@ def _render(
     os.environ["QT_QPA_PLATFORM"] = "offscreen"
     from pyqtgraph.Qt import QtWidgets
 
+    from ckview.app.style import THEMES
     from ckview.gui.report import render_report
-    from ckview.gui.style import THEMES
 
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(["ckview"])
     assert app is not None  # and referenced until the figure is saved
@@ -263,11 +272,7 @@ def _render(
             subtitle=_subtitle(traces),
         )
     except OSError as exc:
-        raise CLIError(f"cannot write {path}: {_one_line(exc)}") from None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+        raise CLIError(f"cannot write {path}: {one_line(exc)}") from None
 
 
 def _subtitle(traces: list[TraceData]) -> str:
@@ -280,12 +285,12 @@ def _subtitle(traces: list[TraceData]) -> str:
     )
 
 
-def _recorded(meta: dict[str, Any]) -> str:
-    start = str(meta.get("start_time", "")).replace("T", " ")[:16]
-    if meta.get("source") == "snapshot":
-        return f"{meta.get('device', '?')}, imported from a PyTorch memory snapshot {start}"
-    torch = meta.get("torch_version") or "?"
-    text = f"{meta.get('device', '?')}, torch {torch}, recorded {start}"
-    if not meta.get("complete", True):
+def _recorded(meta: TraceMeta) -> str:
+    start = str(meta.start_time).replace("T", " ")[:16]
+    if meta.source == "snapshot":
+        return f"{meta.device}, imported from a PyTorch memory snapshot {start}"
+    torch = meta.torch_version or "?"
+    text = f"{meta.device}, torch {torch}, recorded {start}"
+    if not meta.complete:
         text += " (INCOMPLETE recording)"
     return text

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.errors import CLIError, pick_run
-from ckview.cli.project import times_line
+from ckview.cli.common import read_run, times_line
+from ckview.cli.errors import CLIError
 
 if TYPE_CHECKING:
     from ckview.analysis import Budget
+    from ckview.app.run import Run
 
 EXIT_UNREACHABLE = 1
 """Exit code when no plan reaches the budget."""
@@ -67,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
         refuse_inputs(args.output, [args.trace])
     wanted = _parse_budget(args.budget) if args.budget is not None else None
-    name, tables = _read_run(args.trace, args.run)
+    base = _read_run(args.trace, args.run)
+    name, tables = base.name, base.tables
     if wanted is not None:
-        wanted = _on_device(wanted, args.trace)
+        wanted = _on_device(wanted, args.trace, base.device_total_bytes)
     from ckview.analysis import Planner
 
     try:
@@ -134,35 +136,27 @@ def _parse_budget(text: str) -> Budget:
         raise CLIError(str(exc)) from None
 
 
-def _on_device(wanted: Budget, path: Path) -> Budget:
+def _on_device(wanted: Budget, path: Path, total_bytes: int) -> Budget:
     """``wanted`` for the trace at ``path``: ``--budget device`` becomes the capacity of the
-    device it was recorded on (CLIError if it has none)."""
+    device it was recorded on, ``total_bytes`` (CLIError if it has none)."""
     if not wanted.device:
         return wanted
-    from ckview.trace import open_trace
-
-    with open_trace(path) as trace:
-        total = trace.meta.device_total_bytes
     try:
-        return wanted.on_device(total)
+        return wanted.on_device(total_bytes)
     except ValueError as exc:
         raise CLIError(f"{path}: {exc}") from None
 
 
-def _read_run(path: Path, wanted: str | None) -> tuple[str, dict[str, Any]]:
-    """The run to plan over (``wanted``, else 'baseline', else 'main') and its tables."""
-    from ckview.trace import open_trace
-
-    with open_trace(path) as trace:
-        wanted = pick_run(path, trace.run_names, wanted)
-        tables: dict[str, Any] = trace.read_run(wanted)
-    if not len(tables["modules"]["path"]):
+def _read_run(path: Path, wanted: str | None) -> Run:
+    """The run to plan over (``wanted``, else 'baseline', else 'main')."""
+    run = read_run(path, wanted)
+    if not len(run.tables["modules"]["path"]):
         raise CLIError(
-            f"{path}, run {wanted}: no module ran in it (a trace imported from a memory "
+            f"{path}, run {run.name}: no module ran in it (a trace imported from a memory "
             "snapshot has none), so there is nothing to checkpoint; record the script with "
             "'ckview record' to plan"
         )
-    return wanted, tables
+    return run
 
 
 # ----------------------------------------------------------------------------- output
@@ -178,7 +172,7 @@ class _Context:
         self.modules, self.strings = modules, strings
         self.json = False
         self.times = ""
-        """Where step time and extra compute come from (``project.times_line``)."""
+        """Where step time and extra compute come from (``common.times_line``)."""
         self.budget: str | None = None
         """The budget as shown (``Budget.describe``): a share says what it is a share of."""
 
@@ -193,8 +187,10 @@ class _Context:
         return [self.region(r) for r in regions]
 
     def share(self, extra_ns: int) -> float:
-        step = self.planner.step_ns
-        return extra_ns / step if step else 0.0
+        """Extra compute as a share of the step time (``ckview.analysis.cost``)."""
+        from ckview.analysis.cost import share
+
+        return share(extra_ns, self.planner.step_ns)
 
     def change(self, peak: int) -> float:
         base = self.planner.baseline_peak

@@ -6,7 +6,8 @@ the live model (``ckview.analysis.plans``), and projected over one run
 (``ckview.analysis.project``). A region that cannot take effect in the recorded step (its
 module, or its Sequential's forward, never ran) is stated with the reason and what to do.
 Imports no torch.
-``ckview verify`` reuses the helpers below to compare projections with measurements.
+``ckview verify`` reuses ``read_tables``, ``project_plan`` and ``run_peak`` below to compare
+projections with measurements; the verbs share their helpers through ``ckview.cli.common``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.errors import CLIError, pick_run
+from ckview.cli.common import one_line, read_plan, read_run, times_line
+from ckview.cli.errors import CLIError
 
 if TYPE_CHECKING:
-    from ckpt_runtime.plan import Plan
     from ckview.analysis import PlanRegions
+    from ckview.analysis.cost import PlanCost
+    from ckview.analysis.types import RunTables
+    from ckview.app.run import Run
 
 Tables = dict[str, Any]
 """A run's tables by name, plus the trace's ``modules`` table and ``strings`` list."""
@@ -80,7 +84,7 @@ class PlanProjection:
     run_peak_bytes: int
     extra_compute_ns: int
     step_ns: int
-    """Summed time of the run's recorded steps (``step_time_ns``)."""
+    """Summed time of the run's recorded steps (``Run.step_ns``)."""
     plain_times: bool
     """Extra compute and step time come from plain timing steps (NOTE [ Extra compute from
     plain times ] in ckview/analysis/timing.py), else from recorded op times."""
@@ -89,16 +93,23 @@ class PlanProjection:
     """The plan's regions, each saying whether it takes effect in the run's step."""
 
     @property
+    def cost(self) -> PlanCost:
+        """The projection's saving and extra compute, and their shares."""
+        from ckview.analysis.cost import PlanCost
+
+        return PlanCost(self.peak_bytes, self.run_peak_bytes, self.extra_compute_ns, self.step_ns)
+
+    @property
     def saving_bytes(self) -> int:
-        return self.run_peak_bytes - self.peak_bytes
+        return self.cost.saving_bytes
 
     @property
     def saving_share(self) -> float:
-        return self.saving_bytes / self.run_peak_bytes if self.run_peak_bytes else 0.0
+        return self.cost.saving_share
 
     @property
     def extra_share(self) -> float:
-        return self.extra_compute_ns / self.step_ns if self.step_ns else 0.0
+        return self.cost.extra_share
 
     def to_json(self) -> dict[str, Any]:
         """The projection as a JSON-ready dict (shares in percent)."""
@@ -125,29 +136,24 @@ class PlanProjection:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ckview.analysis.timing import step_time_ns
-    from ckview.trace import open_trace
-
-    with open_trace(args.trace) as trace:
-        name = pick_run(args.trace, trace.run_names, args.run)
-        tables = read_tables(trace, name)
+    base = read_run(args.trace, args.run)
     plans = [read_plan(source) for source in args.plans]
     results = [
-        project_plan(tables, plan, source) for plan, source in zip(plans, args.plans, strict=True)
+        project_over(base, plan, source) for plan, source in zip(plans, args.plans, strict=True)
     ]
     if args.json:
         doc = {
             "trace": str(args.trace),
-            "run": name,
-            "run_peak_bytes": run_peak(tables),
-            "step_ns": step_ns(tables),
-            "times": "plain" if step_time_ns(tables)[1] else "recorded",
+            "run": base.name,
+            "run_peak_bytes": base.peak.bytes,
+            "step_ns": base.step_ns,
+            "times": "plain" if base.plain_times else "recorded",
             "plans": [r.to_json() for r in results],
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
-    print(_header(args.trace, name, tables))
+    print(_header(args.trace, base))
     for result in results:
         print()
         print(format_projection(result))
@@ -162,19 +168,7 @@ def read_tables(trace: Any, name: str) -> Tables:
 # ----------------------------------------------------------------------------- plans
 
 
-def read_plan(source: str) -> Plan:
-    """The plan ``source`` names: a preset, or a plan file (``ckpt_runtime.load_plan``, which
-    imports no torch: a string that starts like a preset is one, anything else a file, ``./sqrt``
-    for a file named ``sqrt``; a file without a ``name`` is named after its stem)."""
-    from ckpt_runtime.plan import PlanError, load_plan
-
-    try:
-        return load_plan(source)
-    except PlanError as exc:
-        raise CLIError(str(exc)) from None
-
-
-def resolve_plan(plan: Any, tables: Tables, source: str) -> PlanRegions:
+def resolve_plan(plan: Any, tables: RunTables, source: str) -> PlanRegions:
     """``plan`` resolved over the trace's model, each region saying whether it takes effect in
     the run's step; CLIError if the plan does not fit the model."""
     from ckview.analysis import resolve_on_trace
@@ -182,24 +176,30 @@ def resolve_plan(plan: Any, tables: Tables, source: str) -> PlanRegions:
     try:
         return resolve_on_trace(plan, tables["modules"], tables["strings"], tables["module_calls"])
     except ValueError as exc:
-        raise CLIError(f"plan {source}: {_one_line(exc)}") from None
+        raise CLIError(f"plan {source}: {one_line(exc)}") from None
 
 
 def project_plan(tables: Tables, plan: Any, source: str) -> PlanProjection:
     """Project ``plan`` (a ``Plan``, a plan document or a preset) over the run ``tables``."""
-    from ckview.analysis import project
-    from ckview.analysis.timing import step_time_ns
+    from ckview.app.run import build_run
 
-    resolved = resolve_plan(plan, tables, source)
-    projection = project(tables, list(resolved.regions))
+    return project_over(build_run("", "", tables), plan, source)
+
+
+def project_over(run: Run, plan: Any, source: str) -> PlanProjection:
+    """Project ``plan`` (a ``Plan``, a plan document or a preset) over ``run``."""
+    from ckview.analysis import project
+
+    resolved = resolve_plan(plan, run.tables, source)
+    projection = project(run.tables, list(resolved.regions))
     return PlanProjection(
         plan=resolved.name,
         source=source,
         peak_bytes=int(projection.peak.bytes),
-        run_peak_bytes=run_peak(tables),
+        run_peak_bytes=run.peak.bytes,
         extra_compute_ns=int(projection.extra_compute_ns),
-        step_ns=step_ns(tables),
-        plain_times=projection.plain_times and step_time_ns(tables)[1],
+        step_ns=run.step_ns,
+        plain_times=projection.plain_times and run.plain_times,
         recomputes=_recompute_rows(projection, resolved.labels),
         regions=resolved,
     )
@@ -215,10 +215,6 @@ def _recompute_rows(projection: Any, labels: Sequence[str]) -> tuple[RecomputeRo
     return tuple(RecomputeRow(labels[i], counts[i], int(times[i])) for i in sorted(counts))
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 # ----------------------------------------------------------------------------- run numbers
 
 
@@ -229,45 +225,16 @@ def run_peak(tables: Tables) -> int:
     return int(find_peak(memory_timeline(tables["storages"], tables["memory_events"])).bytes)
 
 
-def step_ns(tables: Tables) -> int:
-    """Summed time of the run's recorded steps: plain if it has timing steps (NOTE [ Extra
-    compute from plain times ] in ckview/analysis/timing.py)."""
-    from ckview.analysis.timing import step_time_ns
-
-    return step_time_ns(tables)[0]
-
-
 # ----------------------------------------------------------------------------- text
 
 
-def _header(path: Path, name: str, tables: Tables) -> str:
+def _header(path: Path, run: Run) -> str:
     from ckview.analysis import format_bytes as fb
 
     return (
-        f"{path}, run {name!r}: peak {fb(run_peak(tables))}, "
-        f"step time {step_ns(tables) / 1e6:.1f} ms\n{times_line(tables)}"
+        f"{path}, run {run.name!r}: peak {fb(run.peak.bytes)}, "
+        f"step time {run.step_ns / 1e6:.1f} ms\n{times_line(run.tables)}"
     )
-
-
-def times_line(tables: Tables) -> str:
-    """Where the step time and extra compute come from (NOTE [ Extra compute from plain
-    times ] in ckview/analysis/timing.py)."""
-    from ckview.analysis.timing import plain_times
-
-    times = plain_times(tables)
-    if times is None:
-        return (
-            "times: recorded op times, with the recorder's per-op cost (record with "
-            "--timing-steps 3 for plain times)"
-        )
-    s, cost = times.step, times.call_cost
-    line = (
-        f"times: plain, median of {s.count} unrecorded steps: {s.median_ns / 1e6:.1f} ms a step "
-        f"({s.low_ns / 1e6:.1f}..{s.high_ns / 1e6:.1f})"
-    )
-    if cost is not None:
-        line += f"; checkpoint's cost {cost.median_ns / 1e3:.0f} us a call included"
-    return line
 
 
 def format_projection(p: PlanProjection) -> str:

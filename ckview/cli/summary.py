@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckview.cli.errors import no_such_run
+
+if TYPE_CHECKING:
+    from ckview.analysis import RunSummary
+    from ckview.analysis.recompute import LeftoverRecompute
+    from ckview.app.run import Run
+    from ckview.cli.device import RunDevice
 
 
 def add_parser(verbs: Any) -> None:
@@ -43,9 +50,69 @@ def run(args: argparse.Namespace) -> int:
     return _run_one(args)
 
 
+@dataclass(frozen=True)
+class _RunFigures:
+    """What the summary says of one run, beside the run itself."""
+
+    run: Run
+    summary: RunSummary
+    peak_phase: str
+    activation_peak_phase: str
+    reserved: int
+    """The most the CUDA caching allocator reserved (0 on the CPU)."""
+    device: RunDevice
+    """Device states and OOM."""
+    leftover: LeftoverRecompute | None
+    """Recompute left in a run whose checkpointing was bypassed (``_leftover``)."""
+
+    @classmethod
+    def of(cls, run: Run, top: int) -> _RunFigures:
+        from ckview.analysis import summarize_run
+        from ckview.analysis.stacks import reserved_peak
+        from ckview.analysis.timeline import phase_at
+        from ckview.cli.device import RunDevice
+
+        t = run.tables
+        summary = summarize_run(t, t["modules"], t["strings"], top=top)
+        return cls(
+            run=run,
+            summary=summary,
+            peak_phase=phase_at(t["ops"], t["memory_events"], summary.peak_event),
+            activation_peak_phase=phase_at(
+                t["ops"], t["memory_events"], summary.activation_peak.event
+            ),
+            reserved=reserved_peak(t["segments"]),
+            device=RunDevice.of(run, top),
+            leftover=_leftover(run),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.summary.to_json(),
+            "peak_phase": self.peak_phase,
+            "activation_peak_phase": self.activation_peak_phase,
+            "leftover_recompute": self.leftover and self.leftover.to_json(),
+            "reserved_peak_bytes": self.reserved,
+            "timeline_device": self.run.timeline_device,
+            "left_out_storages": self.run.left_out,
+            **self.device.to_json(),
+        }
+
+    def lines(self, snapshot: bool) -> list[str]:
+        """The run's block of the text summary."""
+        name = self.run.name
+        phases = (self.peak_phase, self.activation_peak_phase)
+        text = _format_run(name, self.summary, *phases, snapshot=snapshot)
+        lines = [_with_reserved(text, self.reserved)]
+        if self.run.timeline_device is not None:
+            lines.append(_scope_line(self.run.timeline_device, self.run.left_out))
+        if self.leftover is not None:
+            lines.append(f"  warning: {self.leftover.describe(name)}")
+        return lines + self.device.state_lines()
+
+
 def _run_one(args: argparse.Namespace) -> int:
-    from ckview.analysis import summarize_run
-    from ckview.analysis.stacks import reserved_peak
+    from ckview.app.run import read_run
     from ckview.trace import open_trace
 
     with open_trace(args.trace) as trace:
@@ -53,68 +120,28 @@ def _run_one(args: argparse.Namespace) -> int:
         missing = [n for n in names if n not in trace.run_names]
         if missing:
             raise no_such_run(args.trace, missing[0], trace.run_names)
-        strings = trace.strings
-        modules = trace.modules.read()
-        runs = {}
-        leftovers: dict[str, Any] = {}
-        reserved: dict[str, int] = {}
-        devices: dict[str, Any] = {}
-        scope: dict[str, tuple[str | None, dict[str, int]]] = {}
-        stacks = {t: trace.root_table(t).read() for t in ("frames", "stacks")}
-        for name in names:
-            tables = _on_main_device(
-                {**{t: trace.run(name).table(t).read() for t in _TABLES}, **stacks}, strings
-            )
-            reserved[name] = reserved_peak(trace.run(name).table("segments").read())
-            devices[name] = _device(trace, name, tables, modules, args.top)
-            summary = summarize_run(tables, modules, list(strings), top=args.top)
-            phases = (
-                _peak_phase(tables, summary.peak_event),
-                _peak_phase(tables, summary.activation_peak.event),
-            )
-            runs[name] = (summary, phases)
-            scope[name] = (tables.get("timeline_device"), tables.get("left_out", {}))
-            leftovers[name] = _leftover(trace.run(name), tables, list(strings))
+        runs = {name: _RunFigures.of(read_run(trace, name), args.top) for name in names}
         meta = trace.meta
     if args.json:
         doc = {
             "trace": str(args.trace),
             "meta": _jsonable(meta),
-            "runs": {
-                n: {
-                    **s.to_json(),
-                    "peak_phase": ph[0],
-                    "activation_peak_phase": ph[1],
-                    "leftover_recompute": leftovers[n] and leftovers[n].to_json(),
-                    "reserved_peak_bytes": reserved[n],
-                    "timeline_device": scope[n][0],
-                    "left_out_storages": scope[n][1],
-                    **devices[n].to_json(),
-                }
-                for n, (s, ph) in runs.items()
-            },
+            "runs": {name: figures.to_json() for name, figures in runs.items()},
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
-    for name, device in devices.items():
-        if device.oom is not None:
-            print(device.oom_lines(name, args.trace, runs[name][0]))
+    for name, figures in runs.items():
+        if figures.device.oom is not None:
+            print(figures.device.oom_lines(name, args.trace, figures.summary))
             print()
     print(_header(args.trace, meta, len(runs)))
     if len(runs) > 1:
         print()
-        print(_comparison({name: summary for name, (summary, _) in runs.items()}))
-    for name, (summary, phases) in runs.items():
+        print(_comparison({name: figures.summary for name, figures in runs.items()}))
+    for figures in runs.values():
         print()
-        text = _format_run(name, summary, *phases, snapshot=meta.source == "snapshot")
-        print(_with_reserved(text, reserved[name]))
-        if scope[name][0] is not None:
-            print(_scope_line(*scope[name]))
-        if leftovers[name] is not None:
-            print(f"  warning: {leftovers[name].describe(name)}")
-        for line in devices[name].state_lines():
-            print(line)
+        print("\n".join(figures.lines(snapshot=meta.source == "snapshot")))
     return 0
 
 
@@ -122,21 +149,6 @@ def _scope_line(device: str | None, left_out: dict[str, int]) -> str:
     """What the figures count, for a run on several devices."""
     others = ", ".join(f"{n:,} on {d}" for d, n in left_out.items())
     return f"  memory on {device} only; left out: storages {others}"
-
-
-def _on_main_device(tables: dict[str, Any], strings: Any) -> dict[str, Any]:
-    """The run on its main device (NOTE [ One device per timeline ] in ckview/trace/devices.py)."""
-    from ckview.trace.devices import main_device, on_device
-
-    device = main_device(tables["storages"], strings)
-    return tables if device is None else on_device(tables, strings, device)
-
-
-def _device(trace: Any, name: str, tables: dict[str, Any], modules: Any, top: int) -> Any:
-    """A run's device states and OOM (``ckview.cli.device``)."""
-    from ckview.cli.device import RunDevice
-
-    return RunDevice.read(trace, name, tables, modules, top)
 
 
 _ALL_MODULES = 1_000_000  # module rows summarize_run lists for the comparison of ranks
@@ -147,6 +159,7 @@ def _run_ranks(paths: list[Path], args: argparse.Namespace) -> int:
     modules that fill the ranks' peaks, side by side."""
     from ckview.analysis import summarize_run
     from ckview.analysis.ranks import compare_ranks
+    from ckview.app.run import read_run
     from ckview.trace import open_trace
     from ckview.trace.ranks import rank_of
 
@@ -161,12 +174,8 @@ def _run_ranks(paths: list[Path], args: argparse.Namespace) -> int:
             for name in names:
                 if name not in trace.run_names:
                     raise no_such_run(path, name, trace.run_names)
-                tables = _on_main_device(
-                    {t: trace.run(name).table(t).read() for t in _TABLES}, trace.strings
-                )
-                summary = summarize_run(
-                    tables, trace.modules.read(), list(trace.strings), top=_ALL_MODULES
-                )
+                t = read_run(trace, name).tables
+                summary = summarize_run(t, t["modules"], t["strings"], top=_ALL_MODULES)
                 by_run.setdefault(name, []).append(summary)
     complete = {n: s for n, s in by_run.items() if len(s) == len(paths)}
     comparisons = {n: compare_ranks(labels, s, top=args.top) for n, s in complete.items()}
@@ -227,18 +236,9 @@ def _format_ranks(name: str, c: Any, summaries: list[Any]) -> str:
 _FSDP_CATEGORIES = ("sharded_parameter", "unsharded_parameter", "comm_buffer")
 _QUIET_CATEGORIES = (*_FSDP_CATEGORIES, "unknown")
 """Categories shown only where the run has some: FSDP's, and UNKNOWN (imported snapshots)."""
-_TABLES = (
-    "steps",
-    "module_calls",
-    "ops",
-    "memory_events",
-    "storages",
-    "recompute_regions",
-    "timing_steps",
-)
 
 
-def _leftover(run: Any, tables: dict[str, Any], strings: list[str]) -> Any:
+def _leftover(run: Run) -> LeftoverRecompute | None:
     """Recompute in a run whose script checkpointing was bypassed, or None
     (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py)."""
     from ckview.analysis.recompute import PLAN, SCRIPT, leftover_recompute, run_checkpointing
@@ -246,23 +246,13 @@ def _leftover(run: Any, tables: dict[str, Any], strings: list[str]) -> Any:
     kind = run_checkpointing(run.name, run.checkpointing)
     if kind == SCRIPT:
         return None
-    return leftover_recompute(tables, strings, plan_run=kind == PLAN)
-
-
-def _peak_phase(tables: dict[str, dict[str, Any]], event: int) -> str:
-    """The phase of the op at (or just before) the peak event, e.g. 'backward'."""
-    from ckview.trace.schema import Phase
-
-    if event < 0:
-        return "start"
-    op = int(tables["memory_events"]["op"][event])
-    return "start" if op < 0 else Phase(int(tables["ops"]["phase"][op])).name.lower()
+    return leftover_recompute(run.tables, run.tables["strings"], plan_run=kind == PLAN)
 
 
 def _jsonable(meta: Any) -> dict[str, Any]:
     import dataclasses
 
-    return {k: v for k, v in dataclasses.asdict(meta).items()}
+    return dataclasses.asdict(meta)
 
 
 def _header(path: Path, meta: Any, n_runs: int) -> str:

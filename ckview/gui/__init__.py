@@ -1,6 +1,7 @@
-"""The desktop explorer (PyQt6 + pyqtgraph) and the exported report.
+"""The desktop explorer (PyQt6 + pyqtgraph) and the exported report figure.
 
-``rundata``, ``planning``, ``envelope``, ``style`` and ``display`` import no Qt: they compute
-what the widgets (``timeline``, ``plan_panel``, ``inspector``, ``compare``, ``main_window``) and
-``report`` draw. Nothing here imports torch.
+The widgets (``timeline``, ``plan_panel``, ``inspector``, ``compare``, ``main_window``) and
+``report`` draw what the Qt-free application model in ``ckview.app`` computes. ``display``
+(stdlib only) checks whether a window can open before Qt is imported. Nothing here imports
+torch.
 """

@@ -22,9 +22,9 @@ def run(
     import pyqtgraph as pg
     from PyQt6.QtWidgets import QApplication
 
+    from ckview.app.run import Axis
+    from ckview.app.style import LIGHT, THEMES
     from ckview.gui.main_window import MainWindow
-    from ckview.gui.rundata import Axis
-    from ckview.gui.style import LIGHT, THEMES
 
     pg.setConfigOptions(antialias=False, useNumba=False)
     app = QApplication.instance() or QApplication(sys.argv[:1])

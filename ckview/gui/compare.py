@@ -14,13 +14,11 @@ from PyQt6.QtGui import QBrush, QFont, QFontMetricsF, QResizeEvent
 from PyQt6.QtWidgets import QVBoxLayout, QWidget
 
 from ckview.analysis import format_bytes
-from ckview.gui.axes import BytesAxis
-from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
-from ckview.gui.envelope import Envelope
-from ckview.gui.fit import EntriesLabel
-from ckview.gui.planning import PlanOutcome
-from ckview.gui.rundata import STACK_ORDER, Axis, RunData
-from ckview.gui.style import (
+from ckview.analysis.units import MINUS, format_change
+from ckview.app.envelope import Envelope
+from ckview.app.planning import PlanOutcome
+from ckview.app.run import STACK_ORDER, Axis, Run
+from ckview.app.style import (
     CATEGORY_COLORS,
     LIGHT,
     PROJECTION_COLOR,
@@ -29,33 +27,32 @@ from ckview.gui.style import (
     RUN_COLORS,
     Theme,
 )
+from ckview.gui.axes import BytesAxis
+from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
+from ckview.gui.fit import EntriesLabel
 
 
-def peak_difference(run: RunData, reference: RunData) -> str:
+def peak_difference(run: Run, reference: Run) -> str:
     """``-58.8% vs baseline`` (empty for the reference itself)."""
     parts = _difference_parts(run, reference)
     return f"{parts[0]} vs {parts[1]}" if parts else ""
 
 
-def _difference_parts(run: RunData, reference: RunData) -> tuple[str, str] | None:
+def _difference_parts(run: Run, reference: Run) -> tuple[str, str] | None:
     """The change of ``run``'s peak from ``reference``'s, and the reference's short label; None
     for the reference itself."""
     if run is reference or reference.peak.bytes == 0:
         return None
-    return _percent(run.peak.bytes / reference.peak.bytes - 1), _short_label(reference, run)
+    change = format_change(run.peak.bytes / reference.peak.bytes - 1, MINUS)
+    return change, _short_label(reference, run)
 
 
-def _percent(change: float) -> str:
-    """``−58.8%`` with a real minus sign."""
-    return f"{change:+.1%}".replace("-", "−")
-
-
-def _short_label(reference: RunData, other: RunData) -> str:
+def _short_label(reference: Run, other: Run) -> str:
     """The reference's run name, with its file when the two come from different traces."""
     return reference.name if reference.source == other.source else reference.label
 
 
-def _rank_imbalance(runs: list[RunData]) -> list[str]:
+def _rank_imbalance(runs: list[Run]) -> list[str]:
     """Per run name held by two or more rank traces (``run.rank{R}.h5``): the imbalance of
     their peaks, e.g. ``main: ranks 1.05× (rank 1 highest)``."""
     from ckview.analysis.ranks import peak_imbalance
@@ -90,8 +87,8 @@ class CompareView(QWidget):
     def __init__(self, parent: QWidget | None = None, theme: Theme = LIGHT) -> None:
         super().__init__(parent)
         self.theme = theme
-        self.runs: list[RunData] = []
-        self.outcome: tuple[PlanOutcome, RunData] | None = None
+        self.runs: list[Run] = []
+        self.outcome: tuple[PlanOutcome, Run] | None = None
         self.axis = Axis.TIME
         self.side_by_side = False
         self.summary = EntriesLabel()
@@ -105,8 +102,8 @@ class CompareView(QWidget):
 
     def set_runs(
         self,
-        runs: list[RunData],
-        outcome: tuple[PlanOutcome, RunData] | None = None,
+        runs: list[Run],
+        outcome: tuple[PlanOutcome, Run] | None = None,
         axis: Axis | None = None,
         side_by_side: bool | None = None,
     ) -> None:
@@ -151,7 +148,7 @@ class CompareView(QWidget):
             rows.append(
                 f"<span style='color:{PROJECTION_COLOR}'>┅</span> plan over {over.label}: "
                 f"<b>{format_bytes(plan.peak_bytes)}</b> "
-                f"{_percent(change)} vs {_short_label(ref, over)}"
+                f"{format_change(change, MINUS)} vs {_short_label(ref, over)}"
             )
         return rows + _rank_imbalance(self.runs)
 
@@ -194,7 +191,7 @@ class CompareView(QWidget):
         time_axis = self.axis is Axis.TIME
         xs = over.x_of_time_ns(plan.time_ns) if time_axis else over.x_op[plan.point]
         pen = pg.mkPen(PROJECTION_COLOR, width=PROJECTION_PEN_WIDTH, style=Qt.PenStyle.DashLine)
-        # NOTE [ Projected curve halo ] in ckview/gui/style.py
+        # NOTE [ Projected curve halo ] in ckview/app/style.py
         halo = pg.mkPen(self.theme.background, width=PROJECTION_HALO_WIDTH)
         envelope = Envelope(xs, plan.total)
         curves = EnvelopeCurves(plot, envelope, [pen], z=30, halos=[halo])

@@ -1,7 +1,7 @@
 """Step curves drawn from an ``Envelope``: only the visible slice, about two bins per pixel.
 
 ``EnvelopeCurves`` owns one ``PlotCurveItem`` per curve of an envelope and redraws them when the
-view's x range or size changes (NOTE [ Max envelope ] in ``ckview.gui.envelope``).
+view's x range or size changes (NOTE [ Max envelope ] in ``ckview.app.envelope``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pyqtgraph as pg
 from PyQt6.QtGui import QBrush, QColor, QPen
 
-from ckview.gui.envelope import Envelope
+from ckview.app.envelope import Envelope
 
 
 def color(hex_color: str, alpha: int | None = None) -> QColor:

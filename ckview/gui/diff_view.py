@@ -42,13 +42,14 @@ from ckview.analysis.diff import (
     live_bytes_of,
     storage_mask,
 )
+from ckview.analysis.units import MINUS, format_change, format_signed_bytes
+from ckview.app.envelope import Envelope
+from ckview.app.run import Axis, Run
+from ckview.app.style import LIGHT, RUN_COLORS, Theme
 from ckview.gui.axes import BytesAxis
 from ckview.gui.curves import EnvelopeCurves, color, visible_pixels
-from ckview.gui.envelope import Envelope
 from ckview.gui.fit import ElidedComboBox, EntriesLabel
 from ckview.gui.legend import LegendEntry, SideLegend
-from ckview.gui.rundata import Axis, RunData
-from ckview.gui.style import LIGHT, RUN_COLORS, Theme
 
 TOP = 50
 """Modules and kinds of tensor listed (the largest changes)."""
@@ -68,7 +69,7 @@ class Selection:
     held: str | None = None
     """A class of NOTE [ What kept a checkpointed peak up ]: its storages at each run's peak."""
 
-    def mask(self, run: RunData) -> np.ndarray:
+    def mask(self, run: Run) -> np.ndarray:
         if self.held is not None:
             return held_mask(run.tables, self.held)
         return storage_mask(run.tables, module=self.module, category=self.category, kind=self.kind)
@@ -82,10 +83,6 @@ class _Item(QTableWidgetItem):
         if isinstance(mine, int | float) and isinstance(theirs, int | float):
             return mine < theirs
         return super().__lt__(other)
-
-
-def _signed(n: int) -> str:
-    return ("+" if n > 0 else "") + format_bytes(n).replace("-", "−")
 
 
 class DiffTable(QTableWidget):
@@ -158,7 +155,7 @@ class DiffView(QWidget):
     def __init__(self, parent: QWidget | None = None, theme: Theme = LIGHT) -> None:
         super().__init__(parent)
         self.theme = theme
-        self.runs: list[RunData] = []
+        self.runs: list[Run] = []
         self.axis = Axis.TIME
         self.diff: RunDiff | None = None
         self.selection: Selection | None = None
@@ -244,7 +241,7 @@ class DiffView(QWidget):
 
     # -- inputs
 
-    def set_runs(self, runs: list[RunData], axis: Axis | None = None) -> None:
+    def set_runs(self, runs: list[Run], axis: Axis | None = None) -> None:
         """Offer ``runs``; keep the picked pair if still open, else A = the first run and
         B = the second (the baseline and checkpointed runs of a ``--compare`` trace, or the
         first runs of two traces)."""
@@ -287,7 +284,7 @@ class DiffView(QWidget):
         self.axis = axis
         self._draw()
 
-    def pair(self) -> tuple[RunData, RunData] | None:
+    def pair(self) -> tuple[Run, Run] | None:
         """The runs compared (A, B), or None when fewer than two runs are open."""
         a, b = self.box_a.currentIndex(), self.box_b.currentIndex()
         if len(self.runs) < 2 or not (0 <= a < len(self.runs) and 0 <= b < len(self.runs)):
@@ -369,7 +366,7 @@ class DiffView(QWidget):
         """Run A's peak and when, run B's, and their difference: a line each."""
         pair = self.pair()
         assert pair is not None
-        share = f" ({diff.delta / diff.a.bytes:+.1%})".replace("-", "−") if diff.a.bytes else ""
+        share = f" ({format_change(diff.delta / diff.a.bytes, MINUS)})" if diff.a.bytes else ""
         lines = []
         for side, run, peak, tone in (
             ("A", pair[0], diff.a, RUN_COLORS[0]),
@@ -379,7 +376,7 @@ class DiffView(QWidget):
                 f"<span style='color:{tone}'>■</span> <b>{side}</b> {html.escape(run.label)}: "
                 f"peak <b>{format_bytes(peak.bytes)}</b> {html.escape(describe_moment(peak))}"
             )
-        lines.append(f"<b>B − A: {_signed(diff.delta)}{share}</b> at the peaks")
+        lines.append(f"<b>B − A: {format_signed_bytes(diff.delta, MINUS)}{share}</b> at the peaks")
         return lines
 
     # -- the curves
@@ -478,7 +475,7 @@ class DiffView(QWidget):
 def _bytes_text(value: str | int, signed: bool) -> str:
     if isinstance(value, str):
         return value
-    return _signed(value) if signed else format_bytes(value)
+    return format_signed_bytes(value, MINUS) if signed else format_bytes(value)
 
 
 def _or_dash(value: int | None) -> str | int:

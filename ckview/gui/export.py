@@ -12,16 +12,16 @@ from PyQt6.QtGui import QColor, QFont, QFontMetricsF, QImage, QPainter
 from PyQt6.QtWidgets import QWidget
 
 from ckview.analysis import format_bytes
-from ckview.gui.planning import PlanOutcome
-from ckview.gui.rundata import RunData
-from ckview.gui.style import Theme
+from ckview.app.planning import PlanOutcome
+from ckview.app.run import Run
+from ckview.app.style import Theme
 
 MAX_TITLE_REGIONS = 4
 """Regions named in a title; more are counted (``… +5 more``)."""
 
 
 def export_title(
-    shown: Sequence[RunData], outcome: PlanOutcome | None = None, regions: Sequence[str] = ()
+    shown: Sequence[Run], outcome: PlanOutcome | None = None, regions: Sequence[str] = ()
 ) -> str:
     """``gpt2.h5 · baseline (peak 53.4 MiB) · plan → projected 36.0 MiB: h.0, h.1``: the runs
     shown (one on the timeline, all on the comparison) and the plan over them, if any; regions

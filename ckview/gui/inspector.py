@@ -18,7 +18,7 @@ from PyQt6.QtWidgets import (
 )
 
 from ckview.analysis import format_bytes
-from ckview.gui.rundata import LiveTensor, RunData, SiteGroup, group_by_site
+from ckview.app.run import LiveTensor, Run, SiteGroup, group_by_site
 
 PROMPT = "Click the timeline to list the tensors live at that moment."
 COLUMNS = ("bytes", "category", "shape", "dtype", "device", "storage", "op", "module")
@@ -114,7 +114,7 @@ class Inspector(QWidget):
         self.grouping.currentIndexChanged.connect(self._regroup)
         self.model = LiveTensorModel()
         self.sites = SiteGroupModel()
-        self._shown: tuple[RunData, int] | None = None
+        self._shown: tuple[Run, int] | None = None
         self.proxy = QSortFilterProxyModel()
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(Qt.ItemDataRole.UserRole)
@@ -154,7 +154,7 @@ class Inspector(QWidget):
         if self._shown is not None:
             self.show_point(*self._shown)
 
-    def show_point(self, run: RunData, point: int) -> None:
+    def show_point(self, run: Run, point: int) -> None:
         """List what is live at timeline ``point`` of ``run``."""
         self._shown = (run, point)
         rows = run.live_tensors(point)

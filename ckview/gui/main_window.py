@@ -35,15 +35,15 @@ from PyQt6.QtWidgets import (
 
 from ckview import __version__
 from ckview.analysis import format_bytes
+from ckview.app.planning import PlanOutcome, PlanSession
+from ckview.app.run import Axis, Run, TraceData, load_trace
+from ckview.app.style import DARK, LIGHT, THEMES, Theme
 from ckview.gui.background import in_background
 from ckview.gui.compare import CompareView
 from ckview.gui.diff_view import DiffView
 from ckview.gui.fit import ElidedComboBox, ElidedLabel
 from ckview.gui.inspector import Inspector
 from ckview.gui.plan_panel import PlanPanel
-from ckview.gui.planning import PlanOutcome, PlanSession
-from ckview.gui.rundata import Axis, RunData, TraceData, load_trace
-from ckview.gui.style import DARK, LIGHT, THEMES, Theme
 from ckview.gui.themes import apply_qt_theme
 
 MAX_RECENT = 10
@@ -80,6 +80,8 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings("ckview", "ckview")
         self.theme = theme
         self.traces: list[TraceData] = []
+        self._run: Run | None = None
+        """The current run (``current_run``); the run box only picks it among ``runs()``."""
         self.axis = Axis.TIME
         self.outcome: PlanOutcome | None = None
         self.last_error: str | None = None
@@ -115,7 +117,7 @@ class MainWindow(QMainWindow):
         self.run_scope = QLabel()
         self.run_scope.setContentsMargins(8, 0, 8, 0)
         """Beside the run box, for a run on several devices: which one the figures are on and
-        what was left out (``RunData.scope``); hidden otherwise."""
+        what was left out (``Run.scope``); hidden otherwise."""
         self.run_scope.setToolTip(
             "A run with storages on several devices is shown on its main device (the GPU "
             "holding the most): the timeline, peak and plans count that device's memory only, "
@@ -351,29 +353,38 @@ class MainWindow(QMainWindow):
         self._fill_run_box()
         self.diff.set_runs([])
 
-    def runs(self) -> list[RunData]:
+    def runs(self) -> list[Run]:
         """Every run of every open trace, in opening order."""
         return [run for trace in self.traces for run in trace.runs]
 
-    def current_run(self) -> RunData | None:
-        index = self.run_box.currentIndex()
-        runs = self.runs()
-        return runs[index] if 0 <= index < len(runs) else None
+    def current_run(self) -> Run | None:
+        """The run shown on the timeline and planned over (None before a trace is open)."""
+        return self._run
 
     def _fill_run_box(self, select: int | None = None) -> None:
+        """List the open runs; then show run ``select`` (an index into ``runs()``), else the
+        run shown before if it is still open, else the one at its place."""
+        runs = self.runs()
         keep = self.run_box.currentIndex()
+        if self._run is not None and any(r is self._run for r in runs):
+            keep = next(i for i, r in enumerate(runs) if r is self._run)
         self.run_box.blockSignals(True)
         self.run_box.clear()
-        for run in self.runs():
+        for run in runs:
             self.run_box.addItem(f"{run.label}  ({_peak_text(run).removeprefix('peak ')})")
+        index = max(0, min(select if select is not None else keep, len(runs) - 1))
+        self.run_box.setCurrentIndex(index if runs else -1)
         self.run_box.blockSignals(False)
-        index = select if select is not None else keep
-        if self.runs():
-            self.run_box.setCurrentIndex(max(0, min(index, len(self.runs()) - 1)))
-        self._on_run_chosen()
+        self._show_run(runs[index] if runs else None)
 
-    def _on_run_chosen(self) -> None:
-        run = self.current_run()
+    def _on_run_chosen(self, index: int) -> None:
+        """The user picked run ``index`` of ``runs()`` in the run box."""
+        runs = self.runs()
+        self._show_run(runs[index] if 0 <= index < len(runs) else None)
+
+    def _show_run(self, run: Run | None) -> None:
+        """Make ``run`` the current run: the timeline, plan panel and status show it."""
+        self._run = run
         self.outcome = None
         self._update_enabled()
         self.inspector.clear()
@@ -543,7 +554,7 @@ class MainWindow(QMainWindow):
 
     def export_csv(self, path: str) -> None:
         """The shown runs' curves (and the projected plan's) as CSV."""
-        from ckview.gui.report import write_csv
+        from ckview.app.report import write_csv
 
         run = self.current_run()
         runs = self.runs() if self.tabs.currentWidget() is self.compare else [run]
@@ -611,7 +622,7 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
-def _peak_text(run: RunData) -> str:
+def _peak_text(run: Run) -> str:
     """``peak 88.8 MiB``, or ``no step`` for a run without a memory event (not "peak 0 B")."""
     return f"peak {format_bytes(run.peak.bytes)}" if run.n_events else "no step"
 

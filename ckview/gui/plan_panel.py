@@ -43,9 +43,9 @@ from ckview.analysis import (
     format_bytes,
     parse_budget,
 )
+from ckview.app.planning import PlanOutcome, PlanSession
+from ckview.app.style import PEAK_COLOR, PROJECTION_COLOR
 from ckview.gui.background import in_background
-from ckview.gui.planning import PlanOutcome, PlanSession
-from ckview.gui.style import PEAK_COLOR, PROJECTION_COLOR
 
 TREE_COLUMNS = ("module", "type", "activations", "forward", "recompute")
 
@@ -63,9 +63,9 @@ def _cost(session: PlanSession, row: int) -> str:
 
 class ChainStrip(QWidget):
     """The chain of blocks: click a block to checkpoint its segment, a gap to cut or join
-    segments (NOTE [ Chain strip ] in ``planning``). A long chain keeps blocks wide enough to
-    click and to number (``MIN_CELL``): the strip then grows wider than the panel and scrolls
-    inside ``ChainView``."""
+    segments (NOTE [ Chain strip ] in ``ckview.app.planning``). A long chain keeps blocks wide
+    enough to click and to number (``MIN_CELL``): the strip then grows wider than the panel and
+    scrolls inside ``ChainView``."""
 
     blockClicked = pyqtSignal(int)
     gapClicked = pyqtSignal(int)

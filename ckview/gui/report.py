@@ -3,7 +3,7 @@ plans, and the same curves as CSV.
 
 The figure is a pyqtgraph scene rendered offscreen, so it needs a ``QApplication`` but no
 display (the CLI sets ``QT_QPA_PLATFORM=offscreen`` before creating one). Every number comes
-from ``RunData`` and ``PlanOutcome``; this module only lays them out, top to bottom:
+from ``Run`` and ``PlanOutcome``; this module only lays them out, top to bottom:
 
     title, subtitle
     legend of the comparison: each curve's peak and its change against the first run
@@ -18,7 +18,6 @@ text rows take the height their (possibly wrapped) text needs.
 
 from __future__ import annotations
 
-import csv
 import html
 import math
 import os
@@ -32,15 +31,14 @@ import pyqtgraph as pg
 from pyqtgraph.Qt import QtCore, QtGui, QtWidgets
 
 from ckview.analysis import format_bytes
+from ckview.analysis.cost import share
+from ckview.analysis.units import MINUS, format_change
+from ckview.app.envelope import Envelope
+from ckview.app.report import PlanCurve, default_title, plan_notes, plan_x, short_names
+from ckview.app.run import CATEGORY_LABELS, STACK_ORDER, Axis, Run, Span
+from ckview.app.style import CATEGORY_COLORS, LIGHT, PEAK_COLOR, RUN_COLORS, Theme
 from ckview.gui.axes import BytesAxis, byte_ticks
-from ckview.gui.envelope import Envelope
-from ckview.gui.planning import PlanOutcome
-from ckview.gui.rundata import CATEGORY_LABELS, STACK_ORDER, Axis, RunData, Span
-from ckview.gui.style import CATEGORY_COLORS, LIGHT, PEAK_COLOR, RUN_COLORS, Theme
-from ckview.trace.schema import Category, Phase
-
-PlanCurve = tuple[str, PlanOutcome, RunData]
-"""A projected plan: its name, its outcome and the baseline run it was projected over."""
+from ckview.trace.schema import Phase
 
 IMAGE_FORMATS = (".png", ".svg")
 
@@ -75,7 +73,7 @@ class _Curve:
 
 
 def render_report(
-    runs: Sequence[RunData],
+    runs: Sequence[Run],
     plans: Sequence[PlanCurve],
     path: str,
     *,
@@ -106,115 +104,11 @@ def render_report(
     return width, height
 
 
-def default_title(runs: Sequence[RunData]) -> str:
-    """``Memory of a training step: a.h5, b.h5`` (the trace files, in order)."""
-    names = dict.fromkeys(os.path.basename(r.source) for r in runs)
-    return "Memory of a training step: " + ", ".join(names)
-
-
-def short_names(runs: Sequence[RunData]) -> list[str]:
-    """Names that tell ``runs`` apart: the run name if all come from one file, the file name
-    for a 'main' run, else ``file · run``."""
-    one_file = len(runs) > 1 and len({r.source for r in runs}) == 1
-    names = []
-    for r in runs:
-        if one_file:
-            names.append(r.name)
-        elif r.name == "main":
-            names.append(os.path.basename(r.source))
-        else:
-            names.append(r.label)
-    return names
-
-
-def plan_x(outcome: PlanOutcome, run: RunData, axis: Axis) -> np.ndarray:
-    """x of each state of a projected curve, on the axis of the run it was projected over."""
-    if axis is Axis.TIME:
-        return run.x_of_time_ns(outcome.time_ns)
-    return run.x_op[np.asarray(outcome.point, dtype=np.int64)]
-
-
-def plan_notes(plans: Sequence[PlanCurve]) -> list[str]:
-    """One line per plan with regions that cannot take effect, saying why (NOTE [ Regions that
-    cannot take effect ] in ckpt_runtime/resolve.py)."""
-    return [
-        f"plan {name}: {summary}"
-        for name, outcome, _ in plans
-        if (summary := outcome.idle_summary()) is not None
-    ]
-
-
-def plan_label(name: str, run: RunData) -> str:
-    """How a projected plan is named in the CSV: ``plan:<name> over <run label>``."""
-    return f"plan:{name} over {run.label}"
-
-
-def category_column(category: Category) -> str:
-    """CSV column of a category: 'optimizer state' -> ``optimizer_state_bytes``."""
-    return CATEGORY_LABELS[category].replace(" ", "_") + "_bytes"
-
-
-CSV_COLUMNS = (
-    "run",
-    "point",
-    "time_ms",
-    "op_index",
-    "total_bytes",
-    *(category_column(c) for c in STACK_ORDER),
-)
-
-
-def write_csv(runs: Sequence[RunData], plans: Sequence[PlanCurve], path: str) -> int:
-    """Write every run's timeline (all n+1 points) and every plan's projected curve to ``path``
-    as long-format CSV (``CSV_COLUMNS``; a plan's category cells are empty); returns the number
-    of data rows."""
-    rows = 0
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for run in runs:
-            rows += _write_run_rows(writer, run)
-        for name, outcome, run in plans:
-            rows += _write_plan_rows(writer, plan_label(name, run), outcome, run)
-    return rows
-
-
-# ----------------------------------------------------------------------------- CSV
-
-
-def _write_run_rows(writer: Any, run: RunData) -> int:
-    n = run.n_events + 1
-    columns: list[Any] = [
-        [run.label] * n,
-        range(n),
-        [f"{v:.6f}" for v in run.x_time.tolist()],
-        run.x_op.astype(np.int64).tolist(),
-        run.timeline.total.astype(np.int64).tolist(),
-    ]
-    columns += [run.timeline.by_category[c].astype(np.int64).tolist() for c in STACK_ORDER]
-    writer.writerows(zip(*columns, strict=True))
-    return n
-
-
-def _write_plan_rows(writer: Any, label: str, outcome: PlanOutcome, run: RunData) -> int:
-    point = np.asarray(outcome.point, dtype=np.int64)
-    empty = [""] * len(STACK_ORDER)
-    rows = zip(
-        point.tolist(),
-        plan_x(outcome, run, Axis.TIME).tolist(),
-        run.x_op[point].astype(np.int64).tolist(),
-        np.asarray(outcome.total, dtype=np.int64).tolist(),
-        strict=True,
-    )
-    writer.writerows([label, p, f"{t:.6f}", op, total, *empty] for p, t, op, total in rows)
-    return len(point)
-
-
 # ----------------------------------------------------------------------------- layout
 
 
 def _build(
-    runs: Sequence[RunData],
+    runs: Sequence[Run],
     plans: Sequence[PlanCurve],
     width: int,
     theme: Theme,
@@ -350,9 +244,7 @@ def _plot_pixels(width: int) -> int:
     return max(width - LEFT_AXIS_W - MARGINS[0] - MARGINS[2], 100)
 
 
-def _x_range(
-    runs: Sequence[RunData], plans: Sequence[PlanCurve], axis: Axis
-) -> tuple[float, float]:
+def _x_range(runs: Sequence[Run], plans: Sequence[PlanCurve], axis: Axis) -> tuple[float, float]:
     """The x range of every panel: from 0 (each run's start) to the end of the longest curve."""
     ends = [float(r.x(axis)[-1]) for r in runs]
     ends += [float(plan_x(o, r, axis)[-1]) for _, o, r in plans if len(o.total)]
@@ -364,13 +256,10 @@ def _x_range(
 
 def _change(value: int, ref: int) -> str:
     """``−58.8%`` with a real minus sign (it reads better in a figure)."""
-    share = (value - ref) / ref if ref else 0.0
-    return f"{share:+.1%}".replace("-", "−")
+    return format_change(share(value - ref, ref), MINUS)
 
 
-def _comparison_curves(
-    runs: Sequence[RunData], plans: Sequence[PlanCurve], axis: Axis
-) -> list[_Curve]:
+def _comparison_curves(runs: Sequence[Run], plans: Sequence[PlanCurve], axis: Axis) -> list[_Curve]:
     """Every run's total (solid), then every plan's projection (dashed), with legend labels
     that give the peak and its change against the first run."""
     names = short_names(runs)
@@ -383,7 +272,7 @@ def _comparison_curves(
         color = RUN_COLORS[i % len(RUN_COLORS)]
         curves.append(_Curve(label, color, False, run.x(axis), run.timeline.total))
     for j, (name, outcome, run) in enumerate(plans):
-        # Identity, not ==: RunData holds arrays.
+        # Identity, not ==: Run holds arrays.
         base = next((n for r, n in zip(runs, names, strict=True) if r is run), None)
         base = base or short_names([run])[0]
         label = (
@@ -498,7 +387,7 @@ def _free_spot(
 
 def _fill_run(
     plot: pg.PlotItem,
-    run: RunData,
+    run: Run,
     name: str,
     x_range: tuple[float, float],
     y_max: float,
@@ -555,7 +444,7 @@ def _tint(theme: Theme, kind: Phase) -> str:
     return theme.phase_tints.get(kind, theme.recompute_tint)
 
 
-def _bands(run: RunData) -> list[Span]:
+def _bands(run: Run) -> list[Span]:
     """The run's phases, plus recorded recompute regions no recompute phase already covers."""
     covered = [p for p in run.phases if p.kind is Phase.RECOMPUTE]
     extra = [

@@ -1,11 +1,11 @@
-"""Light and dark Qt palettes (Fusion style) matching ``ckview.gui.style`` themes."""
+"""Light and dark Qt palettes (Fusion style) matching ``ckview.app.style`` themes."""
 
 from __future__ import annotations
 
 from PyQt6.QtGui import QColor, QPalette
 from PyQt6.QtWidgets import QApplication
 
-from ckview.gui.style import Theme
+from ckview.app.style import Theme
 
 _DARK_ROLES = {
     QPalette.ColorRole.Window: "#2B2D30",

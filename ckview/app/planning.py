@@ -41,10 +41,11 @@ from ckview.analysis import (
     project,
     sequential_children,
 )
+from ckview.analysis.cost import PlanCost
 from ckview.analysis.plans import TraceTree
 from ckview.analysis.regions import subtree_sums
-from ckview.analysis.timing import forward_ns_by_module, step_time_ns
-from ckview.gui.rundata import RunData
+from ckview.analysis.timing import forward_ns_by_module
+from ckview.app.run import Run
 from ckview.trace.schema import Category, Phase
 
 
@@ -108,13 +109,10 @@ class RecomputeMark:
 
 
 @dataclass(frozen=True)
-class PlanOutcome:
-    """The projection of the current selection: what the readout and the curve show."""
+class PlanOutcome(PlanCost):
+    """The projection of the current selection: what the readout and the curve show (its
+    shares: ``PlanCost``)."""
 
-    peak_bytes: int
-    baseline_peak_bytes: int
-    extra_compute_ns: int
-    step_ns: int
     time_ns: np.ndarray
     """Projected curve (NOTE [ Projected curve ] in ``ckview.analysis.projection``)."""
     point: np.ndarray
@@ -133,18 +131,6 @@ class PlanOutcome:
     plain_times: bool = False
     """Extra compute and step time come from plain timing steps, not recorded op times."""
 
-    @property
-    def saving_bytes(self) -> int:
-        return self.baseline_peak_bytes - self.peak_bytes
-
-    @property
-    def saving_share(self) -> float:
-        return self.saving_bytes / self.baseline_peak_bytes if self.baseline_peak_bytes else 0.0
-
-    @property
-    def extra_share(self) -> float:
-        return self.extra_compute_ns / self.step_ns if self.step_ns else 0.0
-
     def idle_summary(self) -> str | None:
         """One line on the regions that cannot take effect, None if all can (or none)."""
         if not self.idle_regions:
@@ -159,7 +145,7 @@ class PlanOutcome:
 class PlanSession:
     """The plan being built over one baseline run."""
 
-    def __init__(self, run: RunData) -> None:
+    def __init__(self, run: Run) -> None:
         self.run = run
         t = run.tables
         self.modules = _module_infos(run)
@@ -176,9 +162,7 @@ class PlanSession:
         )
         self.index = {r: i for i, r in enumerate(self.candidates)}
         self.model: ProjectionModel | None = None
-        self.step_ns, self.plain_times = step_time_ns(t)
-        """Summed time of the recorded steps; from plain timing steps (NOTE [ Extra compute
-        from plain times ] in ckview/analysis/timing.py), else recorded."""
+        self.step_ns, self.plain_times = run.step_ns, run.plain_times
 
     # -- preparing (slow on big runs: the GUI does it off the UI thread)
 
@@ -441,7 +425,7 @@ def _region_key(region: Region) -> tuple[int, int, int]:
     return region.module, -1, -1
 
 
-def _chain(run: RunData, tt: TraceTree) -> Chain | None:
+def _chain(run: Run, tt: TraceTree) -> Chain | None:
     """The chain of blocks; segments only where they take effect (a Sequential running its own
     forward, which ran in the step)."""
     chain = tt.chain()
@@ -471,7 +455,7 @@ def _chain(run: RunData, tt: TraceTree) -> Chain | None:
     )
 
 
-def _module_infos(run: RunData) -> list[ModuleInfo]:
+def _module_infos(run: Run) -> list[ModuleInfo]:
     t = run.tables
     modules, strings = t["modules"], t["strings"]
     parent = np.asarray(modules["parent"], dtype=np.int64)

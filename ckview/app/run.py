@@ -1,7 +1,10 @@
-"""What the explorer shows of one recorded run, computed once when a trace is opened.
+"""One recorded run, typed: read once from a trace, with the numbers every consumer needs.
 
-Qt-free: numpy arrays from ``ckview.analysis``, so tests and ``ckview export`` use it headless.
-Every number shown in the GUI is derived here or in ``planning``; widgets only draw them.
+``load_trace`` is the one reader: it reads each run's tables (``Trace.read_run``) and derives,
+once, what the explorer, ``ckview export``, ``ckview summary``, ``project`` and ``plan`` show:
+timeline, peak, step time, device scope, OOM, device figures. Qt-free and torch-free (numpy
+arrays from ``ckview.analysis``), so tests and the CLI use it headless. Every number shown in
+the GUI is derived here or in ``planning``; widgets only draw them.
 
 NOTE [ Two x axes ]
     A timeline point is placed either by time (milliseconds since the run's first memory event)
@@ -12,12 +15,12 @@ NOTE [ Two x axes ]
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,7 +35,12 @@ from ckview.analysis import (
 )
 from ckview.analysis.device import DeviceState, Oom, device_states, oom_event
 from ckview.analysis.stacks import allocation_site
+from ckview.analysis.timing import step_time_ns
+from ckview.analysis.types import RunTables
 from ckview.trace.schema import CATEGORY_PRIORITY, RUN_TABLES, Category, Phase
+
+if TYPE_CHECKING:
+    from ckview.trace import Trace, TraceMeta
 
 Progress = Callable[[float, str], None]
 """``progress(fraction, what)``: called while a trace loads (fraction in [0, 1])."""
@@ -139,16 +147,18 @@ def group_by_site(rows: Sequence[LiveTensor], unknown: str = NO_SITE) -> list[Si
     return out
 
 
-@dataclass
-class RunData:
-    """One run of a trace: its tables, timeline, peak and the geometry the timeline draws."""
+@dataclass(frozen=True)
+class Run:
+    """One run of a trace: its tables, and what is derived from them once (timeline, peak,
+    step time, device scope, OOM, device figures, the geometry the timeline draws)."""
 
     source: str
     """Path of the trace file."""
     name: str
     """Run name inside the trace ('main', 'baseline', 'checkpointed', 'plan:...')."""
-    tables: dict[str, Any]
-    """All run tables plus the trace's ``modules`` and ``strings`` (``ckview.analysis`` input)."""
+    tables: RunTables
+    """All run tables plus the trace's root tables and ``strings`` (``Trace.read_run``: the
+    ``ckview.analysis`` input), on the run's main device."""
     timeline: MemoryTimeline
     peak: Peak
     x_time: np.ndarray
@@ -159,14 +169,39 @@ class RunData:
     recomputes: list[Span]
     paths: list[str]
     """Display path of every module row."""
+    step_ns: int
+    """Summed time of the recorded steps: plain where the run has timing steps (NOTE [ Extra
+    compute from plain times ] in ckview/analysis/timing.py), else recorded."""
+    plain_times: bool
+    """``step_ns`` (and extra compute projected over this run) come from plain timing steps."""
     oom: Oom | None = None
     """The allocation failure the run ended in, None if it did not."""
-    device: DeviceState | None = None
-    """The run's main CUDA device (allocator and NVML figures), None on a CPU run."""
+    devices: tuple[DeviceState, ...] = ()
+    """Allocator and NVML figures of each CUDA device the run used, main device first; none
+    on a CPU run."""
     device_total_bytes: int = -1
     """The trace's meta ``device_total_bytes``: the capacity of the device it was recorded on,
     -1 if unknown (the budget ``'device'`` plans for it, as ``ckview plan --budget device``)."""
-    _stacked: np.ndarray | None = field(default=None, repr=False)
+    checkpointing: str = ""
+    """How the script's checkpointing ran: 'script', 'bypassed', 'plan', '' if unknown."""
+
+    @property
+    def device(self) -> DeviceState | None:
+        """The run's main CUDA device (allocator and NVML figures), None on a CPU run."""
+        return self.devices[0] if self.devices else None
+
+    @property
+    def timeline_device(self) -> str | None:
+        """The device the figures count, when the run held storages on several (NOTE [ One
+        device per timeline ] in ckview/trace/devices.py); None when it held them on one."""
+        device: str | None = self.tables.get("timeline_device")
+        return device
+
+    @property
+    def left_out(self) -> dict[str, int]:
+        """Storages left out of the figures (on other devices than ``timeline_device``)."""
+        left_out: dict[str, int] = self.tables.get("left_out") or {}
+        return left_out
 
     @property
     def oom_point(self) -> int | None:
@@ -196,13 +231,13 @@ class RunData:
         """What the figures count when the run held storages on several devices: ``'on cuda:0;
         left out: 12 storages on cpu'`` (NOTE [ One device per timeline ] in
         ckview/trace/devices.py; ``ckview summary`` says it too); '' when nothing was left out."""
-        left_out: dict[str, int] = self.tables.get("left_out") or {}
-        if not left_out:
+        if not self.left_out:
             return ""
         others = ", ".join(
-            f"{n:,} storage{'' if n == 1 else 's'} on {device}" for device, n in left_out.items()
+            f"{n:,} storage{'' if n == 1 else 's'} on {device}"
+            for device, n in self.left_out.items()
         )
-        return f"on {self.tables['timeline_device']}; left out: {others}"
+        return f"on {self.timeline_device}; left out: {others}"
 
     @property
     def label(self) -> str:
@@ -224,13 +259,11 @@ class RunData:
     def t0_ns(self) -> int:
         return int(self.timeline.time_ns[0])
 
-    @property
+    @cached_property
     def stacked(self) -> np.ndarray:
         """(len(STACK_ORDER), n+1) float64: cumulative live bytes, bottom layer first."""
-        if self._stacked is None:
-            layers = self.timeline.by_category[list(STACK_ORDER)].astype(np.float64)
-            self._stacked = np.cumsum(layers, axis=0)
-        return self._stacked
+        layers = self.timeline.by_category[list(STACK_ORDER)].astype(np.float64)
+        return np.cumsum(layers, axis=0)
 
     def point_at(self, axis: Axis, x: float) -> int:
         """The last timeline point at or before ``x`` (point 0 before the first)."""
@@ -338,18 +371,30 @@ class RunData:
         return strings[sid] if 0 <= sid < len(strings) else "?"
 
 
-@dataclass
+@dataclass(frozen=True)
 class TraceData:
     """A trace file opened for viewing: its metadata and every run, read into memory."""
 
     path: str
-    meta: dict[str, Any]
-    runs: list[RunData]
+    meta: TraceMeta
+    runs: list[Run]
+
+    @property
+    def names(self) -> list[str]:
+        """The run names, in the trace's order."""
+        return [run.name for run in self.runs]
+
+    def run(self, name: str) -> Run:
+        """The run called ``name`` (``KeyError`` if there is none: check ``names`` first)."""
+        for run in self.runs:
+            if run.name == name:
+                return run
+        raise KeyError(name)
 
 
 def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -> TraceData:
-    """Read every run of the trace at ``path``. Raises ``ckview.trace.TraceError`` (one-line
-    message) for a file that is not a readable trace."""
+    """Read every run of the trace at ``path`` (``read_run``). Raises
+    ``ckview.trace.TraceError`` (one-line message) for a file that is not a readable trace."""
     from ckview.trace import open_trace
 
     report = progress or (lambda fraction, what: None)
@@ -357,7 +402,6 @@ def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -
     report(0.0, f"opening {os.path.basename(path)}")
     with open_trace(path) as trace:
         names = trace.run_names
-        meta = dataclasses.asdict(trace.meta)
         runs = []
         per_run = len(RUN_TABLES) + 1
         steps = max(len(names), 1) * per_run
@@ -367,32 +411,58 @@ def load_trace(path: str | os.PathLike[str], progress: Progress | None = None) -
             def on_table(table: str, i: int = i, name: str = name, read: Any = read) -> None:
                 report((i * per_run + next(read)) / steps, f"run {name!r}: {table}")
 
-            tables = trace.read_run(name, on_table)
-            report((i + 1) * per_run / steps - 0.5 / steps, f"run {name!r}: curves")
-            states = device_states(
-                tables["device_samples"], tables["strings"], trace.meta.device_total_bytes
-            )
-            device = states[0] if states else None
-            oom = Oom.of_run(trace.run(name))
-            runs.append(run_data(path, name, tables, oom, device, trace.meta.device_total_bytes))
+            def on_curves(i: int = i, name: str = name) -> None:
+                report((i + 1) * per_run / steps - 0.5 / steps, f"run {name!r}: curves")
+
+            runs.append(read_run(trace, name, on_table, on_curves))
+        meta = trace.meta
     report(1.0, "done")
     return TraceData(path=path, meta=meta, runs=runs)
 
 
-def run_data(
+def read_run(
+    trace: Trace,
+    name: str,
+    on_table: Callable[[str], None] | None = None,
+    on_curves: Callable[[], None] | None = None,
+) -> Run:
+    """Run ``name`` of an open trace, the one way every reader reads a run: its tables
+    (``Trace.read_run``, on its main device) and what the trace says of it beside them (OOM,
+    checkpointing, the device's figures and capacity). ``on_table(table)`` is called before
+    each table is read, ``on_curves()`` before the timeline is built (for progress)."""
+    tables = trace.read_run(name, on_table)
+    if on_curves is not None:
+        on_curves()
+    total = trace.meta.device_total_bytes
+    run = trace.run(name)
+    return build_run(
+        trace.path,
+        name,
+        tables,
+        oom=Oom.of_run(run),
+        devices=tuple(device_states(tables["device_samples"], tables["strings"], total)),
+        device_total_bytes=total,
+        checkpointing=run.checkpointing,
+    )
+
+
+def build_run(
     source: str,
     name: str,
-    tables: dict[str, Any],
+    tables: RunTables,
     oom: Oom | None = None,
-    device: DeviceState | None = None,
+    devices: tuple[DeviceState, ...] = (),
     device_total_bytes: int = -1,
-) -> RunData:
-    """A ``RunData`` from a run's tables (what ``load_trace`` reads for each run), with its
-    OOM and main CUDA device if it has them, and its trace's device capacity if known."""
+    checkpointing: str = "",
+) -> Run:
+    """A ``Run`` from a run's tables (what ``load_trace`` reads for each run), with its OOM
+    and CUDA devices if it has them, its trace's device capacity if known, and how the
+    script's checkpointing ran."""
     timeline = memory_timeline(tables["storages"], tables["memory_events"])
     ops = tables["ops"]
     t0 = int(timeline.time_ns[0])
-    return RunData(
+    step_ns, plain = step_time_ns(tables)
+    return Run(
         source=source,
         name=name,
         tables=tables,
@@ -403,9 +473,12 @@ def run_data(
         phases=_phase_spans(ops, t0),
         recomputes=_recompute_spans(tables, t0),
         paths=module_paths(tables["modules"], tables["strings"]),
+        step_ns=step_ns,
+        plain_times=plain,
         oom=oom,
-        device=device,
+        devices=devices,
         device_total_bytes=device_total_bytes,
+        checkpointing=checkpointing,
     )
 
 
@@ -418,7 +491,7 @@ def _op_index(event_op: np.ndarray) -> np.ndarray:
     return filled.astype(np.float64)
 
 
-def _phase_spans(ops: dict[str, np.ndarray], t0: int) -> list[Span]:
+def _phase_spans(ops: Mapping[str, np.ndarray], t0: int) -> list[Span]:
     """Runs of consecutive ops of one shown phase and step, as bands."""
     phase = np.asarray(ops["phase"], dtype=np.int64)
     step = np.asarray(ops["step"], dtype=np.int64)
@@ -445,7 +518,7 @@ def _phase_spans(ops: dict[str, np.ndarray], t0: int) -> list[Span]:
     return spans
 
 
-def _recompute_spans(tables: dict[str, Any], t0: int) -> list[Span]:
+def _recompute_spans(tables: RunTables, t0: int) -> list[Span]:
     """The recorded recompute regions (runs recorded with checkpointing)."""
     rr = tables["recompute_regions"]
     strings = tables["strings"]

@@ -1,0 +1,524 @@
+"""The baseline and what each region instance changes in it, computed once per set of
+candidates: the moments its frees move to, its recompute, its extra compute (NOTE [ Event
+keys ] and the other NOTEs in ``ckview.analysis.projection``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ckview.analysis.regions import RegionInstances
+from ckview.analysis.timing import plain_instance_ns, plain_times
+from ckview.analysis.types import RunTables, Table
+from ckview.trace.schema import Category, IOKind, MemoryEventKind, Phase, SavedEventKind
+
+NEVER = np.iinfo(np.int64).max
+FIXED = np.asarray(  # what no checkpoint plan changes (FSDP gathers and reshards as before)
+    [
+        Category.PARAMETER,
+        Category.GRADIENT,
+        Category.OPTIMIZER_STATE,
+        Category.SHARDED_PARAMETER,
+        Category.UNSHARDED_PARAMETER,
+        Category.COMM_BUFFER,
+    ]
+)
+ALLOC, FREE = int(MemoryEventKind.ALLOC), int(MemoryEventKind.FREE)
+
+# ----------------------------------------------------------------------------- baseline
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The baseline columns the projection reads, with each storage's event rows."""
+
+    storages: Table
+    events: Table
+    times: np.ndarray
+    nbytes: np.ndarray
+    alloc_row: np.ndarray
+    """Row of each storage's ALLOC (or SEEN) event, -1 if none."""
+    free_row: np.ndarray
+    """Row of each storage's FREE event, -1 if never freed."""
+    width: int
+    """Keys per baseline event (NOTE [ Event keys ])."""
+
+    @property
+    def n(self) -> int:
+        return len(self.times)
+
+    def event_key(self, rows: np.ndarray) -> np.ndarray:
+        """Keys of baseline event ``rows`` (-1 rows, never freed, give ``NEVER``)."""
+        return np.where(rows >= 0, rows * self.width + self.width - 1, NEVER)
+
+    def point_of_key(self, keys: np.ndarray) -> np.ndarray:
+        """Baseline point each key stands at: after baseline event e -> e + 1, inserted before
+        baseline event p -> p."""
+        return keys // self.width + (keys % self.width == self.width - 1)
+
+
+def baseline_of(tables: RunTables) -> Baseline:
+    """The baseline columns; ``width`` is set by ``instance_effects`` once the moments are known."""
+    storages, events = tables["storages"], tables["memory_events"]
+    kind = np.asarray(events["kind"])
+    storage = np.asarray(events["storage"], dtype=np.int64)
+    rows = np.arange(len(kind), dtype=np.int64)
+    n_storages = len(storages["nbytes"])
+    alloc_row = np.full(n_storages, -1, dtype=np.int64)
+    free_row = np.full(n_storages, -1, dtype=np.int64)
+    first = kind != FREE
+    alloc_row[storage[first]] = rows[first]
+    free_row[storage[~first]] = rows[~first]
+    return Baseline(
+        storages=storages,
+        events=events,
+        times=np.asarray(events["time_ns"], dtype=np.int64),
+        nbytes=np.asarray(storages["nbytes"], dtype=np.int64),
+        alloc_row=alloc_row,
+        free_row=free_row,
+        width=2,
+    )
+
+
+# ----------------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True)
+class InstanceEffects:
+    """What checkpointing each instance changes in the baseline, computed once per instance.
+
+    Pairs ``(*_instance, *_storage)`` list storages per instance. Keys follow
+    NOTE [ Event keys ]; -1 where the instance has no such moment.
+    """
+
+    instances: RegionInstances
+    end_key: np.ndarray
+    """(k,) key of the frees at the instance's end (NOTE [ Checkpointed forward ])."""
+    replay_key: np.ndarray
+    """(k,) key of the recompute, -1 if backward never reaches the instance."""
+    keep_key: np.ndarray
+    """(k,) key by which kept inputs are freed, -1 without backward (NOTE [ Kept inputs ])."""
+    end_ns: np.ndarray
+    trigger_ns: np.ndarray
+    backward_end_ns: np.ndarray
+    compute_ns: np.ndarray
+    """(k,) extra compute of the instance's recompute (NOTE [ Extra compute from plain times ]
+    in timing.py)."""
+    plain_times: bool
+    """``compute_ns`` comes from plain timing steps."""
+    drop_instance: np.ndarray
+    drop_storage: np.ndarray
+    """Storages whose free moves earlier: created inside, no output, alive at the instance's
+    end (NOTE [ Checkpointed forward ]), then the released outputs (NOTE [ Released outputs ])."""
+    drop_key: np.ndarray
+    drop_ns: np.ndarray
+    """Per drop pair: key and time of the earlier free."""
+    copy_instance: np.ndarray
+    copy_storage: np.ndarray
+    """Storages created inside, recomputed as copies (by instance, then allocation order)."""
+    copy_saved: np.ndarray
+    """Per copy pair: saved for backward inside the instance (lives to its baseline free)."""
+    copy_free: np.ndarray
+    """Per copy pair: baseline FREE row replayed inside the recompute, -1 if none."""
+    keep_instance: np.ndarray
+    keep_storage: np.ndarray
+    """Input storages the checkpoint keeps."""
+
+
+def instance_effects(tables: RunTables, inst: RegionInstances) -> tuple[Baseline, InstanceEffects]:
+    """The baseline (with its key width) and every instance's effects on it."""
+    base = baseline_of(tables)
+    end_point = np.searchsorted(base.times, inst.end_ns, side="right")
+    c_inst, c_storage = _created_inside(tables, inst)
+    out_inst, out_storage = _io_pairs(tables["module_io"], inst, IOKind.OUTPUT)
+    saved_inst, saved_storage = _saved_pairs(tables["saved_events"], inst)
+    saved = _pair_in(c_inst, c_storage, saved_inst, saved_storage)
+    released = _released_outputs(
+        base, tables, inst, _unique_pairs(out_inst, out_storage), (saved_inst, saved_storage)
+    )
+    free = base.free_row[c_storage]
+    alive_at_end = (free >= end_point[c_inst]) | (free < 0)
+    unsaved = ~np.isin(c_storage, _packed(tables["saved_events"]))  # NOTE [ Held from outside ]
+    drop = ~_pair_in(c_inst, c_storage, out_inst, out_storage) & alive_at_end & ~unsaved
+    local_point = _local_ends(base, tables, c_storage)
+    early = drop & (local_point < end_point[c_inst])  # NOTE [ Locals die with their frame ]
+    drop &= ~early
+    rel_inst, rel_storage, rel_point = released  # freed at a point of their own, like these
+    released = (
+        np.concatenate([rel_inst, c_inst[early]]),
+        np.concatenate([rel_storage, c_storage[early]]),
+        np.concatenate([rel_point, local_point[early]]),
+    )
+    base = replace(base, width=3 * len(inst) + len(released[0]) + 2)
+    last_op, stop = _recompute_stop(base, tables, inst)
+    moments = _moments(base, tables, inst, end_point, released)
+    order = np.lexsort((base.alloc_row[c_storage], c_inst))
+    replayed = order[base.alloc_row[c_storage[order]] < stop[c_inst[order]]]
+    keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
+    release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
+    compute_ns, plain = _compute_ns(tables, inst, last_op)
+    return base, InstanceEffects(
+        instances=inst,
+        **moments,
+        compute_ns=compute_ns,
+        plain_times=plain,
+        drop_instance=np.concatenate([c_inst[drop], released[0]]),
+        drop_storage=np.concatenate([c_storage[drop], released[1]]),
+        drop_key=np.concatenate([moments["end_key"][c_inst[drop]], release_key]),
+        drop_ns=np.concatenate([inst.end_ns[c_inst[drop]], release_ns]),
+        copy_instance=c_inst[replayed],
+        copy_storage=c_storage[replayed],
+        copy_saved=saved[replayed],
+        copy_free=np.where(~saved & ~alive_at_end & (free < stop[c_inst]), free, -1)[replayed],
+        keep_instance=keep_inst,
+        keep_storage=keep_storage,
+    )
+
+
+def _moments(
+    base: Baseline,
+    tables: RunTables,
+    inst: RegionInstances,
+    end_point: np.ndarray,
+    released: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """Keys and times of each instance's end, recompute and end of backward, and of each
+    released output's free (NOTE [ Released outputs ])."""
+    trigger_ns = _trigger_ns(tables, inst)
+    backward_end = _op_times(tables["ops"], inst, Phase.BACKWARD, "end_ns", np.maximum)
+    has_trigger = trigger_ns != NEVER
+    trigger_ns = np.where(has_trigger, trigger_ns, -1)
+    rel_inst, rel_storage, rel_point = released
+    release_ns = base.times[rel_point - 1]  # the time of the event it follows
+    every = np.ones(len(inst), dtype=bool)
+    first = inst.first_call
+    end_key, replay_key, keep_key, release_key = _moment_keys(
+        base,
+        (end_point, inst.end_ns, every, first, np.zeros_like(first)),
+        (
+            np.searchsorted(base.times, trigger_ns, side="left"),
+            trigger_ns,
+            has_trigger,
+            first,
+            np.zeros_like(first),
+        ),
+        (
+            np.searchsorted(base.times, backward_end, side="right"),
+            backward_end,
+            backward_end >= 0,
+            first,
+            np.zeros_like(first),
+        ),
+        (rel_point, release_ns, np.ones(len(rel_point), dtype=bool), first[rel_inst], rel_storage),
+    )
+    return {
+        "end_key": end_key,
+        "replay_key": replay_key,
+        "keep_key": keep_key,
+        "end_ns": inst.end_ns,
+        "trigger_ns": trigger_ns,
+        "backward_end_ns": backward_end,
+        "release_key": release_key,
+        "release_ns": release_ns,
+    }
+
+
+def _released_outputs(
+    base: Baseline,
+    tables: RunTables,
+    inst: RegionInstances,
+    outputs: tuple[np.ndarray, np.ndarray],
+    saved: tuple[np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(instance, storage, point)``: the outputs each instance releases, and the baseline
+    point their free moves to (inserted before that row); NOTE [ Released outputs ]."""
+    ops = tables["ops"]
+    o_inst, o_storage = outputs
+    pick = _pair_in(o_inst, o_storage, *saved) & (base.free_row[o_storage] >= 0)
+    ci, cs = o_inst[pick], o_storage[pick]
+    free_op = np.asarray(base.events["op"], dtype=np.int64)[base.free_row[cs]]
+    at = np.maximum(free_op, 0)
+    call = np.asarray(ops["module_call"], dtype=np.int64)[at]
+    in_backward = (free_op >= 0) & (np.asarray(ops["phase"])[at] == Phase.BACKWARD)
+    pick = in_backward & (call >= inst.first_call[ci]) & (call < inst.call_stop[ci])
+    ci, cs = ci[pick], cs[pick]
+    bound, known = _forward_life(tables, inst.last_call[ci], cs)
+    point = np.searchsorted(base.times, bound, side="right")
+    held, known_holders = _holder_points(base, tables, inst, ci, cs)
+    point = np.maximum(point, held)
+    ok = known & known_holders & (point <= base.free_row[cs])
+    return ci[ok], cs[ok], point[ok]
+
+
+def _forward_life(
+    tables: RunTables, last_call: np.ndarray, storage: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(end_ns, known)`` per output: when its forward life ends (NOTE [ Released outputs ]);
+    not known for the output of a top-level call or of a call that never returned."""
+    calls, io = tables["module_calls"], tables["module_io"]
+    parent = np.asarray(calls["parent"], dtype=np.int64)
+    end = np.asarray(calls["end_ns"], dtype=np.int64)
+    io_call = np.asarray(io["call"], dtype=np.int64)
+    io_storage = np.asarray(io["storage"], dtype=np.int64)
+    kind = np.asarray(io["kind"])
+    scale = int(max(io_storage.max(initial=0), storage.max(initial=0))) + 1
+    out_codes = np.unique((io_call * scale + io_storage)[kind == IOKind.OUTPUT])
+    call = last_call.copy()
+    while True:  # up through the callers that return it too (depth of the module tree)
+        up = parent[call]
+        returned = (up >= 0) & np.isin(np.maximum(up, 0) * scale + storage, out_codes)
+        if not returned.any():
+            break
+        call = np.where(returned, up, call)
+    life = end[call]
+    known = (parent[call] >= 0) & (life >= 0)
+    inputs = (kind == IOKind.INPUT) & (np.asarray(calls["phase"])[io_call] == Phase.FORWARD)
+    used_until = np.full(scale, -1, dtype=np.int64)
+    np.maximum.at(used_until, io_storage[inputs], end[io_call[inputs]])
+    return np.maximum(life, used_until[storage]), known
+
+
+def _local_ends(base: Baseline, tables: RunTables, storage: np.ndarray) -> np.ndarray:
+    """Per storage made in forward: the baseline point after which no Python reference holds it
+    (NOTE [ Locals die with their frame ]); ``base.n + 1`` where that is not known."""
+    calls, io = tables["module_calls"], tables["module_io"]
+    parent = np.asarray(calls["parent"], dtype=np.int64)
+    end = np.asarray(calls["end_ns"], dtype=np.int64)
+    io_call = np.asarray(io["call"], dtype=np.int64)
+    io_storage = np.asarray(io["storage"], dtype=np.int64)
+    kind = np.asarray(io["kind"])
+    scale = int(max(io_storage.max(initial=0), storage.max(initial=0))) + 1
+    out_codes = np.unique((io_call * scale + io_storage)[kind == IOKind.OUTPUT])
+    call = np.asarray(tables["storages"]["module_call"], dtype=np.int64)[storage]
+    returned = (call >= 0) & np.isin(np.maximum(call, 0) * scale + storage, out_codes)
+    while True:  # up through the callers that return it too (depth of the module tree)
+        up = parent[np.maximum(call, 0)]
+        more = returned & (up >= 0) & np.isin(np.maximum(up, 0) * scale + storage, out_codes)
+        if not more.any():
+            break
+        call = np.where(more, up, call)
+    holder = np.where(returned, parent[np.maximum(call, 0)], call)
+    inputs = (kind == IOKind.INPUT) & (np.asarray(calls["phase"])[io_call] == Phase.FORWARD)
+    used_until = np.full(scale, -1, dtype=np.int64)
+    np.maximum.at(used_until, io_storage[inputs], end[io_call[inputs]])
+    used = used_until[storage]
+    module = np.asarray(calls["module"], dtype=np.int64)[np.maximum(holder, 0)]
+    loop = np.asarray(tables["modules"]["sequential_forward"])[module] != 0
+    rebound = returned & loop & (used >= 0)  # the next child took it and returned
+    life = np.where(rebound, used, np.maximum(end[np.maximum(holder, 0)], used))
+    known = (holder >= 0) & (life >= 0)
+    point = np.searchsorted(base.times, life, side="right")
+    return np.where(known, point, base.n + 1)
+
+
+def _holder_points(
+    base: Baseline, tables: RunTables, inst: RegionInstances, ci: np.ndarray, cs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(point, known)`` per output: the baseline point after the last BACKWARD op of every
+    call outside the instance that saved it (0 if none); not known if a save has no such op."""
+    saved, ops = tables["saved_events"], tables["ops"]
+    pack = np.flatnonzero(np.asarray(saved["kind"]) == SavedEventKind.PACK)
+    p_storage = np.asarray(saved["storage"], dtype=np.int64)
+    owner, rows = _members(p_storage, pack, cs, cs + 1)
+    p_call = np.asarray(saved["module_call"], dtype=np.int64)[rows]
+    outside = (p_call < inst.first_call[ci[owner]]) | (p_call >= inst.call_stop[ci[owner]])
+    owner, p_call = owner[outside], p_call[outside]
+    op_call = np.asarray(ops["module_call"], dtype=np.int64)
+    backward = np.flatnonzero((np.asarray(ops["phase"]) == Phase.BACKWARD) & (op_call >= 0))
+    last_op = np.full(len(tables["module_calls"]["module"]), -1, dtype=np.int64)
+    np.maximum.at(last_op, op_call[backward], backward)
+    last = np.where(p_call >= 0, last_op[np.maximum(p_call, 0)], -1)
+    known = np.ones(len(ci), dtype=bool)
+    known[owner[last < 0]] = False
+    event_op = np.maximum.accumulate(np.asarray(base.events["op"], dtype=np.int64))
+    point = np.zeros(len(ci), dtype=np.int64)
+    np.maximum.at(point, owner, np.searchsorted(event_op, last, side="right"))
+    return point, known
+
+
+def _kept_inputs(
+    tables: RunTables, inst: RegionInstances, c_inst: np.ndarray, c_storage: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(instance, storage)``: INPUTs of the top-level calls not created inside the instance,
+    except the fixed categories (NOTE [ Kept inputs ], NOTE [ Fixed categories ])."""
+    in_inst, in_storage = _io_pairs(tables["module_io"], inst, IOKind.INPUT)
+    category = np.asarray(tables["storages"]["category"])[in_storage]
+    keep = ~_pair_in(in_inst, in_storage, c_inst, c_storage) & ~np.isin(category, FIXED)
+    return _unique_pairs(in_inst[keep], in_storage[keep])
+
+
+def _moment_keys(base: Baseline, *moments: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+    """Keys of each kind of moment ``(baseline point, time, exists, first call, storage)``; -1
+    where it does not exist. At one point, moments are ordered by time, then kind, then first
+    call, then storage (NOTE [ Event keys ]), an order that does not depend on which instances
+    are selected."""
+    point, time, exists, lo, storage = (
+        np.concatenate(column).astype(np.int64) for column in zip(*moments, strict=True)
+    )
+    sizes = [len(m[0]) for m in moments]
+    kind = np.repeat(np.arange(len(moments)), sizes)
+    rows = np.flatnonzero(exists)
+    rows = rows[np.lexsort((rows, storage[rows], lo[rows], kind[rows], time[rows], point[rows]))]
+    starts = np.flatnonzero(run_starts(point[rows])) if rows.size else rows
+    first = np.repeat(starts, np.diff(np.append(starts, len(rows))))
+    keys = np.full(len(point), -1, dtype=np.int64)
+    keys[rows] = point[rows] * base.width + np.arange(len(rows)) - first
+    return np.split(keys, np.cumsum(sizes)[:-1])
+
+
+def _members(
+    keys: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(owner, row)`` pairs: for each range ``i``, the ``rows`` whose key is in [lo[i], hi[i])."""
+    rows = rows[np.argsort(keys[rows], kind="stable")]
+    sorted_keys = keys[rows]
+    first = np.searchsorted(sorted_keys, lo, side="left")
+    counts = np.searchsorted(sorted_keys, hi, side="left") - first
+    owner = np.repeat(np.arange(len(lo), dtype=np.int64), counts)
+    offset = np.repeat(first - (np.cumsum(counts) - counts), counts)
+    return owner, rows[np.arange(owner.size) + offset]
+
+
+def _calls_in(
+    column: np.ndarray, mask: np.ndarray, inst: RegionInstances
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(instance, row)`` for the rows in ``mask`` attributed to a call inside each instance."""
+    keys = np.asarray(column, dtype=np.int64)
+    return _members(keys, np.flatnonzero(mask & (keys >= 0)), inst.first_call, inst.call_stop)
+
+
+def _created_inside(tables: RunTables, inst: RegionInstances) -> tuple[np.ndarray, np.ndarray]:
+    """``(instance, storage)``: storages a FORWARD op inside the instance allocated, except the
+    fixed categories (NOTE [ Fixed categories ])."""
+    storages, ops = tables["storages"], tables["ops"]
+    op = np.asarray(storages["op"], dtype=np.int64)
+    forward = np.zeros(op.shape, dtype=bool)
+    made = np.flatnonzero(op >= 0)  # a run without ops has no storage made by one
+    forward[made] = np.asarray(ops["phase"])[op[made]] == Phase.FORWARD
+    movable = forward & ~np.isin(np.asarray(storages["category"]), FIXED)
+    return _calls_in(storages["module_call"], movable, inst)
+
+
+def _io_pairs(io: Table, inst: RegionInstances, kind: IOKind) -> tuple[np.ndarray, np.ndarray]:
+    """``(instance, storage)``: INPUTs of the instance's top-level calls, or OUTPUTs of its last
+    call (a segment's inner results are created inside it)."""
+    calls = np.asarray(io["call"], dtype=np.int64)
+    rows = np.flatnonzero(np.asarray(io["kind"]) == kind)
+    if kind == IOKind.OUTPUT:
+        owner, rows = _members(calls, rows, inst.last_call, inst.last_call + 1)
+    else:
+        top, rows = _members(calls, rows, inst.top_call, inst.top_call + 1)
+        owner = inst.top_instance[top]
+    return owner, np.asarray(io["storage"], dtype=np.int64)[rows]
+
+
+def _packed(saved: Table) -> np.ndarray:
+    """Storages autograd saved anywhere in the run (a PACK); NOTE [ Held from outside ]."""
+    return np.asarray(saved["storage"], dtype=np.int64)[
+        np.asarray(saved["kind"]) == SavedEventKind.PACK
+    ]
+
+
+def _saved_pairs(saved: Table, inst: RegionInstances) -> tuple[np.ndarray, np.ndarray]:
+    """``(instance, storage)``: storages PACKed by a call inside the instance."""
+    pack = np.asarray(saved["kind"]) == SavedEventKind.PACK
+    owner, rows = _calls_in(saved["module_call"], pack, inst)
+    return owner, np.asarray(saved["storage"], dtype=np.int64)[rows]
+
+
+def _trigger_ns(tables: RunTables, inst: RegionInstances) -> np.ndarray:
+    """When backward first needs each instance (NOTE [ Recompute in backward ]); NEVER if not."""
+    saved = tables["saved_events"]
+    unpack = np.asarray(saved["kind"]) == SavedEventKind.UNPACK
+    owner, rows = _calls_in(saved["module_call"], unpack, inst)
+    first = np.full(len(inst), NEVER, dtype=np.int64)
+    np.minimum.at(first, owner, np.asarray(saved["time_ns"], dtype=np.int64)[rows])
+    first_op = _op_times(tables["ops"], inst, Phase.BACKWARD, "start_ns", np.minimum)
+    return np.where(first == NEVER, first_op, first)
+
+
+def _op_times(
+    ops: Table, inst: RegionInstances, phase: Phase, column: str, reduce: np.ufunc
+) -> np.ndarray:
+    """Per instance, ``reduce`` (np.minimum or np.maximum) of ``column`` over its ``phase`` ops;
+    NEVER (minimum) or -1 (maximum) where it has none."""
+    owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == phase, inst)
+    out = np.full(len(inst), NEVER if reduce is np.minimum else -1, dtype=np.int64)
+    reduce.at(out, owner, np.asarray(ops[column], dtype=np.int64)[rows])
+    return out
+
+
+def _recompute_stop(
+    base: Baseline, tables: RunTables, inst: RegionInstances
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(last_op, stop)`` per instance: the last op its recompute runs (the op stamped on its
+    last PACK; without one, its last forward op) and the baseline event row the replay stops
+    before (NOTE [ Early stop ])."""
+    saved = tables["saved_events"]
+    owner, rows = _calls_in(
+        saved["module_call"], np.asarray(saved["kind"]) == SavedEventKind.PACK, inst
+    )
+    last_op = np.full(len(inst), -1, dtype=np.int64)
+    np.maximum.at(last_op, owner, np.asarray(saved["op"], dtype=np.int64)[rows])
+    ops = tables["ops"]
+    owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == Phase.FORWARD, inst)
+    last_forward = np.full(len(inst), -1, dtype=np.int64)
+    np.maximum.at(last_forward, owner, rows)
+    last_op = np.where(last_op >= 0, last_op, last_forward)
+    event_op = np.maximum.accumulate(np.asarray(base.events["op"], dtype=np.int64))
+    stop = np.searchsorted(event_op, last_op, side="right")
+    return last_op, np.where(last_op >= 0, stop, 0)
+
+
+def _compute_ns(
+    tables: RunTables, inst: RegionInstances, last_op: np.ndarray
+) -> tuple[np.ndarray, bool]:
+    """Each instance's extra compute, and whether it comes from plain times (NOTE [ Extra
+    compute from plain times ] in timing.py)."""
+    replayed = _forward_ns(tables["ops"], inst, last_op)
+    times = plain_times(tables)
+    cost = times.call_cost.median_ns if times and times.call_cost else 0
+    plain = None
+    if times is not None:
+        plain = plain_instance_ns(tables, times, inst.top_instance, inst.top_call, len(inst))
+    if plain is None:
+        return replayed + cost, False
+    whole = _forward_ns(tables["ops"], inst, np.full(len(inst), np.iinfo(np.int64).max))
+    share = np.divide(replayed, whole, out=np.ones(len(inst)), where=whole > 0)
+    return np.round(plain * share).astype(np.int64) + cost, True
+
+
+def _forward_ns(ops: Table, inst: RegionInstances, last_op: np.ndarray) -> np.ndarray:
+    """Summed duration of the forward ops of each instance that its recompute runs."""
+    owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == Phase.FORWARD, inst)
+    replayed = rows <= last_op[owner]
+    owner, rows = owner[replayed], rows[replayed]
+    duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
+    out = np.zeros(len(inst), dtype=np.int64)
+    np.add.at(out, owner, duration[rows])
+    return out
+
+
+def _pair_in(
+    a_inst: np.ndarray, a_st: np.ndarray, b_inst: np.ndarray, b_st: np.ndarray
+) -> np.ndarray:
+    """For each pair of ``a``: is it among the pairs of ``b``?"""
+    scale = int(max(a_st.max(initial=0), b_st.max(initial=0))) + 1
+    return np.isin(a_inst * scale + a_st, b_inst * scale + b_st)
+
+
+def _unique_pairs(inst: np.ndarray, storage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    scale = int(storage.max(initial=0)) + 1
+    codes = np.unique(inst * scale + storage)
+    return codes // scale, codes % scale
+
+
+def run_starts(*columns: np.ndarray) -> np.ndarray:
+    """Boolean mask of the rows where any of the (sorted) ``columns`` changes value."""
+    n = len(columns[0])
+    new = np.zeros(n, dtype=bool)
+    new[:1] = True
+    for column in columns:
+        new[1:] |= column[1:] != column[:-1]
+    return new
