@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,3 +64,38 @@ def test_steps_of_a_steady_loop_are_alike(tmp_path: Path) -> None:
     peaks = step_peaks(run["storages"], run["memory_events"], run["steps"])
     assert np.all(peaks == peaks[-1])
     assert unlike_steps(run["storages"], run["memory_events"], run["steps"]) is None
+
+
+LAZY = """\
+import torch
+from torch import nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer, self.calls, self.cache = nn.Linear(64, 64), 0, None
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 2:  # lazily created state, from a 4 MiB scratch buffer
+            scratch = torch.ones(1 << 20)
+            self.cache = scratch[:16].clone()
+        return self.layer(x)
+model = Model()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_record_and_summary_say_the_steps_are_not_alike(tmp_path: Path, run_cli: Any) -> None:
+    (tmp_path / "lazy.py").write_text(LAZY)
+    trace = str(tmp_path / "lazy.h5")
+    code, _, err = run_cli("record", "-o", trace, "--steps", "3", str(tmp_path / "lazy.py"))
+    assert code == 0, err
+    assert "ckview: warning: run 'main': recorded steps are not alike: step 0" in err
+    code, out, _ = run_cli("summary", trace)
+    assert code == 0 and "  warning: recorded steps are not alike" in out
+    code, out, _ = run_cli("summary", "--json", trace)
+    unlike = json.loads(out)["runs"]["main"]["unlike_steps"]
+    assert (unlike["step"], unlike["last"]) == (0, 2) and unlike["relative"] > 1

@@ -43,6 +43,15 @@ class UnlikeSteps:
         """``step_peak`` over ``last_peak``, less one."""
         return self.step_peak / self.last_peak - 1.0 if self.last_peak else float("inf")
 
+    def to_json(self) -> dict[str, int | float]:
+        return {
+            "step": self.step,
+            "last": self.last,
+            "step_peak_bytes": self.step_peak,
+            "last_peak_bytes": self.last_peak,
+            "relative": round(self.relative, 6),
+        }
+
     def describe(self) -> str:
         """One line: which steps differ, by how much, and what to do."""
         step, last = format_bytes(self.step_peak), format_bytes(self.last_peak)

@@ -20,6 +20,7 @@ from ckview.cli.recording import (
     load_plans,
     record_script,
     report,
+    unlike_step_warnings,
 )
 from ckview.trace.ranks import this_rank_path
 
@@ -49,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     ending = record_script(args, output, runs)
     exit_code = report(output, ending, args, len(runs))
     hint_misplaced(args, ending.exit_code)
+    if ending.steps and ending.written == output:
+        for line in unlike_step_warnings(output):
+            print(f"ckview: warning: {line}", file=sys.stderr)
     if ending.steps and ending.written == output and len(runs) > 1:
         for line in leftover_warnings(output):
             print(f"ckview: warning: {line}", file=sys.stderr)

@@ -373,3 +373,22 @@ def _whole_number(text: str, least: int) -> int:
     if not least <= value <= MAX_STEPS:
         raise argparse.ArgumentTypeError(f"must be from {least} to {MAX_STEPS:,}, got {text}")
     return value
+
+
+def unlike_step_warnings(output: Path) -> list[str]:
+    """A warning for each run of the trace at ``output`` whose recorded steps are not alike
+    (NOTE [ Steps that are not alike ] in ckview/analysis/steadiness.py)."""
+    from ckview.analysis.steadiness import unlike_steps
+    from ckview.trace import open_trace
+
+    found = []
+    with open_trace(output) as trace:
+        for name in trace.run_names:
+            run = trace.run(name)
+            if run.steps_recorded < 2:
+                continue
+            tables = {t: run.table(t).read() for t in ("storages", "memory_events", "steps")}
+            unlike = unlike_steps(tables["storages"], tables["memory_events"], tables["steps"])
+            if unlike is not None:
+                found.append(f"run {name!r}: {unlike.describe()}")
+    return found

@@ -14,6 +14,7 @@ from ckview.cli.errors import no_such_run
 if TYPE_CHECKING:
     from ckview.analysis import RunSummary
     from ckview.analysis.recompute import LeftoverRecompute
+    from ckview.analysis.steadiness import UnlikeSteps
     from ckview.app.run import Run
     from ckview.cli.device import RunDevice
 
@@ -64,11 +65,14 @@ class _RunFigures:
     """Device states and OOM."""
     leftover: LeftoverRecompute | None
     """Recompute left in a run whose checkpointing was bypassed (``_leftover``)."""
+    unlike: UnlikeSteps | None
+    """Recorded steps whose peaks differ (NOTE [ Steps that are not alike ])."""
 
     @classmethod
     def of(cls, run: Run, top: int) -> _RunFigures:
         from ckview.analysis import summarize_run
         from ckview.analysis.stacks import reserved_peak
+        from ckview.analysis.steadiness import unlike_steps
         from ckview.analysis.timeline import phase_at
         from ckview.cli.device import RunDevice
 
@@ -84,6 +88,7 @@ class _RunFigures:
             reserved=reserved_peak(t["segments"]),
             device=RunDevice.of(run, top),
             leftover=_leftover(run),
+            unlike=unlike_steps(t["storages"], t["memory_events"], t["steps"]),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +97,7 @@ class _RunFigures:
             "peak_phase": self.peak_phase,
             "activation_peak_phase": self.activation_peak_phase,
             "leftover_recompute": self.leftover and self.leftover.to_json(),
+            "unlike_steps": self.unlike and self.unlike.to_json(),
             "reserved_peak_bytes": self.reserved,
             "timeline_device": self.run.timeline_device,
             "left_out_storages": self.run.left_out,
@@ -108,6 +114,8 @@ class _RunFigures:
             lines.append(_scope_line(self.run.timeline_device, self.run.left_out))
         if self.leftover is not None:
             lines.append(f"  warning: {self.leftover.describe(name)}")
+        if self.unlike is not None:
+            lines.append(f"  warning: {self.unlike.describe()}")
         return lines + self.device.state_lines()
 
 

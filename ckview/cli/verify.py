@@ -36,6 +36,7 @@ from ckview.cli.recording import (
     load_plans,
     record_script,
     report,
+    unlike_step_warnings,
 )
 from ckview.trace.ranks import this_rank_path
 
@@ -184,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         return exit_code
     checks, missing, baseline = _verify(output, plans)
     _print(output, checks, missing, baseline, args.json)
+    for line in unlike_step_warnings(output):
+        print(f"ckview: warning: {line}", file=sys.stderr)
     if missing:
         print(_missing_note(missing, args), file=sys.stderr)
         return exit_code or 1
