@@ -25,6 +25,15 @@ NOTE [ Plain timing steps ]
     dispatch stack (another mode above it), it stays and runs its fast path; the timings then
     still carry one Python call per op.
 
+NOTE [ Times on an accelerator ]
+    On CUDA an op returns once its kernel is queued, so host clocks around a step or a module
+    call measure launches, not work. Where the script uses CUDA, a timing step synchronises
+    the device at its start and end (its host time is then the device's), and each forward
+    call is timed by a pair of CUDA events recorded on the current stream, read once the step
+    has ended and the device is synchronised (``CudaClock``); a CPU run keeps host clocks
+    (``HostClock``). Synchronising costs a timing step nothing it would not wait for anyway at
+    its end; recorded steps are never synchronised, so their op times stay launch times.
+
 NOTE [ Fixed cost of a checkpoint call ]
     A checkpointed call costs more than its recomputed ops: in forward, checkpoint saves the
     RNG state, pushes saved-tensor hooks and packs holders; in backward, it sets up the
@@ -105,11 +114,56 @@ class RunTimes:
         return columns
 
 
+class HostClock:
+    """Host time for steps and calls (NOTE [ Times on an accelerator ])."""
+
+    def step_time(self) -> int:
+        return perf_counter_ns()
+
+    def mark(self) -> Any:
+        return perf_counter_ns()
+
+    def durations(self, pairs: list[tuple[Any, Any]]) -> list[int]:
+        """Nanoseconds between each (start, end) pair of marks."""
+        return [end - start for start, end in pairs]
+
+
+class CudaClock:
+    """Device time for steps and calls: a synchronised step, CUDA events around each call
+    (NOTE [ Times on an accelerator ]); ``cuda`` is ``torch.cuda`` (tests pass a fake)."""
+
+    def __init__(self, cuda: Any) -> None:
+        self.cuda = cuda
+
+    def step_time(self) -> int:
+        self.cuda.synchronize()
+        return perf_counter_ns()
+
+    def mark(self) -> Any:
+        event = self.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def durations(self, pairs: list[tuple[Any, Any]]) -> list[int]:
+        self.cuda.synchronize()  # every event recorded so far has completed
+        return [round(start.elapsed_time(end) * 1e6) for start, end in pairs]
+
+
+def clock_for(cuda: Any = None) -> HostClock | CudaClock:
+    """The clock a run's timing steps take: CUDA's where the script has used CUDA."""
+    cuda = torch.cuda if cuda is None else cuda
+    if cuda.is_available() and cuda.is_initialized():
+        return CudaClock(cuda)
+    return HostClock()
+
+
 class StepTimer:
     """Times plain steps and module calls, run by run (NOTE [ Plain timing steps ])."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, clock: HostClock | CudaClock | None = None) -> None:
         self.steps = steps
+        self.clock = clock
+        """How steps and calls are timed; chosen when timing begins if not given."""
         """Kept timing steps per run (rounds of the schedule)."""
         self.runs: dict[str, RunTimes] = {}
         self._run: RunTimes | None = None
@@ -118,8 +172,8 @@ class StepTimer:
         self._keep = False
         self._round = 0
         self._start = 0
-        self._calls: dict[int, list[int]] = {}
-        self._open: list[tuple[int, int]] = []  # (module row, start) of open calls
+        self._calls: dict[int, list[tuple[Any, Any]]] = {}  # (start, end) marks per module row
+        self._open: list[tuple[int, Any]] = []  # (module row, start mark) of open calls
         self._observer: Any = None
         self.forwards = 0
         """Top-level forwards begun in the current timing step."""
@@ -133,6 +187,8 @@ class StepTimer:
         if observer is not None and dispatch_mode() is observer:
             self._observer = observer
             self._observer.__exit__(None, None, None)
+        if self.clock is None:
+            self.clock = clock_for()
 
     def start_step(self, run: str, keep: bool, round: int) -> None:
         """A timing step of ``run`` begins now (kept, or a warm-up)."""
@@ -141,16 +197,23 @@ class StepTimer:
         self._calls = {}
         self._open.clear()
         self.forwards = 0
-        self._start = perf_counter_ns()
+        self._start = self._clock.step_time()
 
     def end_step(self) -> None:
         """The timing step ended: keep its duration and calls if it is a kept step."""
-        now = perf_counter_ns()
+        now = self._clock.step_time()
         if self._run is not None and self._keep:
             self._run.rounds.append(self._round)
             self._run.steps_ns.append(now - self._start)
-            self._run.calls_ns.append(self._calls)
+            durations = self._clock.durations
+            self._run.calls_ns.append({row: durations(p) for row, p in self._calls.items()})
         self.current, self._run = self._run, None
+
+    @property
+    def _clock(self) -> HostClock | CudaClock:
+        if self.clock is None:
+            self.clock = clock_for()
+        return self.clock
 
     def stop(self) -> None:
         """Leave timing (also when the script ends mid-way): put the op hook back."""
@@ -161,13 +224,13 @@ class StepTimer:
             observer.__enter__()
 
     def call_begin(self, row: int) -> None:
-        self._open.append((row, perf_counter_ns()))
+        self._open.append((row, self._clock.mark()))
 
     def call_end(self, row: int) -> None:
         if not self._open or self._open[-1][0] != row or self._run is None:
             return
         _, start = self._open.pop()
-        self._calls.setdefault(row, []).append(perf_counter_ns() - start)
+        self._calls.setdefault(row, []).append((start, self._clock.mark()))
 
 
 @dataclass(frozen=True)
