@@ -8,7 +8,11 @@
    allocator's peak the trace's ``device_samples`` hold.
 2. Forces an OOM under ``torch.cuda.set_per_process_memory_fraction`` and checks the trace:
    the run is marked as ended in an OOM, with the op, the module and the bytes asked for.
-3. Times plain and recorded steps in interleaved rounds (medians, CUDA synchronised).
+3. Plain timing steps (``timing_steps``) against synchronised steps timed here: device time,
+   not launch time.
+4. The native recorder's memory reporter: the allocator total it saw against
+   ``torch.cuda.max_memory_allocated()`` over one step.
+5. Times plain and recorded steps in interleaved rounds (medians, CUDA synchronised).
 
 Prints one table. On a machine without a GPU it prints one line, "no GPU: ...", and exits 0.
 """
@@ -155,6 +159,64 @@ def check_oom(args: argparse.Namespace, tmp: Path) -> list[str]:
     ]
 
 
+def check_timing(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """Plain timing steps on CUDA measure device time (NOTE [ Times on an accelerator ] in
+    recorder/timing.py): the trace's plain step time against synchronised steps timed here."""
+    from ckview.analysis.timing import plain_times
+
+    step = make_step(args.layers, args.batch, checkpointed=False)
+    for _ in range(3):
+        step()
+    path = tmp / "timing.h5"
+    with Recorder(path, steps=1, warmup=1, timing_steps=5, progress=False):
+        for _ in range(1 + 1 + 2 * 5 + 2):
+            step()
+    with open_trace(path) as trace:
+        times = plain_times(trace.read_run("main"))
+    here = statistics.median(timed(step) for _ in range(9)) * 1e9
+    if times is None:
+        return ["timing: the trace has no plain timing steps: FAILED"]
+    ratio = times.step.median_ns / here
+    verdict = "ok" if 0.8 <= ratio <= 1.25 else "FAILED"
+    return [
+        f"timing: plain step in the trace {times.step.median_ns / 1e6:.2f} ms, synchronised here "
+        f"{here / 1e6:.2f} ms ({ratio:.2f}x): {verdict}"
+    ]
+
+
+def check_native(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The native recorder's memory reporter sees the caching allocator's blocks: its running
+    total against torch.cuda.max_memory_allocated over one step (recorder/native)."""
+    from recorder.native.build import load
+    from recorder.native.rows import drain
+
+    loaded = load()
+    if loaded.ext is None:
+        return [f"native reporter: not built ({loaded.reason}): FAILED"]
+    ext = loaded.ext
+    step = make_step(args.layers, args.batch, checkpointed=False)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    ext.start(ops=True, memory=True, outputs=False)
+    try:
+        drain(ext)
+        step()
+        torch.cuda.synchronize()
+        rows = drain(ext)
+    finally:
+        ext.stop()
+    cuda_rows = rows.memory[rows.memory["device_type"] == 1]
+    seen = int(cuda_rows["allocated"].max()) if len(cuda_rows) else -1
+    peak = torch.cuda.max_memory_allocated()
+    verdict = "ok" if seen == peak else "FAILED"
+    return [
+        f"native reporter: {len(cuda_rows)} CUDA block events, highest allocated {fb(seen)}, "
+        f"max_memory_allocated {fb(peak)}: {verdict}"
+    ]
+
+
 def check_overhead(args: argparse.Namespace, tmp: Path) -> list[str]:
     step = make_step(args.layers, args.batch, checkpointed=False)
     for _ in range(3):
@@ -186,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         f"batch {args.batch}, d={D_MODEL}, seq {SEQ}"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        for check in (check_peaks, check_oom, check_overhead):
+        for check in (check_peaks, check_oom, check_timing, check_native, check_overhead):
             for line in check(args, Path(tmp)):
                 print(line)
     return 0
