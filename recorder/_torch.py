@@ -304,3 +304,35 @@ def observe_saved_tensor_hooks(saw: Callable[[torch.Tensor, SavedEventKind], Non
         hooks_cls.__init__ = orig_init  # type: ignore[method-assign]
 
     return undo
+
+
+OomListener = Callable[[int, int, int, int], None]
+"""``(device, bytes asked for, device capacity or allowed fraction, bytes free)`` at a CUDA
+allocation failure (c10's ``OutOfMemoryObserver``; the bytes asked for as the allocator rounded
+them, which its message prints to two decimals)."""
+_oom_listener: list[OomListener] = []
+_oom_attached = [False]
+
+
+def hear_cuda_oom(listener: OomListener) -> Undo | None:
+    """Call ``listener`` when the CUDA caching allocator fails an allocation, with the exact
+    bytes asked for (``torch._C._cuda_attach_out_of_memory_observer``); the undo, or None while
+    the script has not initialised CUDA (attaching then would initialise it: ask again later).
+    An observer cannot be detached, so one per process forwards to the current listener."""
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    if not _oom_attached[0]:
+        attach(_forward_oom)
+        _oom_attached[0] = True
+    _oom_listener[:] = [listener]
+
+    def undo() -> None:
+        _oom_listener.clear()
+
+    return undo
+
+
+def _forward_oom(device: int, asked: int, total: int, free: int) -> None:
+    for listener in _oom_listener:
+        listener(device, asked, total, free)

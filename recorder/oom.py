@@ -1,6 +1,8 @@
 """Out-of-memory capture: which op failed to allocate, in which module, asking for how much.
 
 NOTE [ OOM capture ]
+On CUDA the allocator's out-of-memory observer (``hear_cuda_oom`` in _torch.py) gives the exact
+bytes asked for before the exception is raised; the message rounds them to two decimals of MiB.
 An allocation that fails inside a recorded step raises out of the op that asked for it, and
 that op runs inside the recorder's dispatch mode. ``_OpObserver.__torch_dispatch__`` catches
 the exception there, has the recorder note it (:meth:`OomWatch.failed`: the op, the module call
@@ -74,6 +76,11 @@ class OomWatch:
 
     def __init__(self) -> None:
         self.last: OomNote | None = None
+        self._asked = -1  # bytes the CUDA allocator last failed to allocate
+
+    def observed(self, device: int, asked: int, total: int, free: int) -> None:
+        """The CUDA allocator's own word of a failure, heard before its exception is raised."""
+        self._asked = asked
 
     def failed(self, exc: BaseException, op: str, module: Callable[[], str], now: int) -> bool:
         """Note ``exc`` if it is an allocation failure of ``op``, begun at ``now``, in the
@@ -82,7 +89,10 @@ class OomWatch:
             return False
         message = str(exc)
         error = f"{type(exc).__name__}: {message}"
-        self.last = OomNote(error, op, module(), requested_bytes(message), now)
+        asked = self._asked if isinstance(exc, torch.OutOfMemoryError) else -1
+        self._asked = -1
+        nbytes = asked if asked >= 0 else requested_bytes(message)
+        self.last = OomNote(error, op, module(), nbytes, now)
         return True
 
     def attrs(self, error: str, t0: int) -> dict[str, Any]:

@@ -383,3 +383,35 @@ def test_validation_of_the_oom_attributes(
         set_run_attr(path, name, value)
     report = validate_trace(path)
     assert any(problem in p for p in report.problems), report.problems
+
+
+def test_cuda_oom_bytes_come_from_the_allocators_observer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ OOM capture ]: on CUDA the observer's exact bytes, not the message's two decimals;
+    attached only once the script has initialised CUDA (tested with fakes of torch's API)."""
+    from recorder import _torch
+    from recorder.oom import OomWatch
+    from recorder.sources.oom import OomSource
+
+    observers: list = []
+    monkeypatch.setattr(_torch.torch.cuda, "is_available", lambda: True)
+    initialised = [False]
+    monkeypatch.setattr(_torch.torch.cuda, "is_initialized", lambda: initialised[0])
+    monkeypatch.setattr(
+        _torch.torch._C, "_cuda_attach_out_of_memory_observer", observers.append, raising=False
+    )
+    monkeypatch.setattr(_torch, "_oom_attached", [False])
+    source = OomSource()
+    undo = source.install()
+    assert observers == []  # a CPU script so far: CUDA is not initialised by ckview
+    initialised[0] = True
+    source.step_begins(0)
+    assert len(observers) == 1
+    observers[0](0, 12_345_678, 80 << 30, 1 << 20)  # the allocator fails 12,345,678 bytes
+    watch: OomWatch = source._watch
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 11.77 MiB. GPU 0 ...")
+    assert watch.failed(error, "aten::mm", lambda: "model.fc", 5)
+    assert watch.last is not None and watch.last.nbytes == 12_345_678
+    undo()
+    observers[0](0, 1, 2, 3)  # after the recording: heard by nobody
+    assert watch.failed(error, "aten::mm", lambda: "model.fc", 6)
+    assert watch.last.nbytes == round(11.77 * (1 << 20))  # from the message again

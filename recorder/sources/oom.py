@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from recorder._torch import hear_cuda_oom
 from recorder.oom import OomWatch
-from recorder.sources.base import RunPart, nothing_to_undo
+from recorder.sources.base import RunPart
 from recorder.tables import RunTables
 
 
@@ -16,15 +17,27 @@ class OomSource:
 
     def __init__(self) -> None:
         self._watch = OomWatch()
+        self._unhear: Callable[[], None] | None = None
 
     def install(self) -> Callable[[], None]:
-        return nothing_to_undo
+        def undo() -> None:
+            if self._unhear is not None:
+                self._unhear()
+                self._unhear = None
+
+        self._hear()
+        return undo
 
     def begin_run(self, run: RunTables) -> None:
         self._watch.clear()
 
     def step_begins(self, now: int) -> None:
-        pass
+        if self._unhear is None:  # the script may have initialised CUDA since
+            self._hear()
+
+    def _hear(self) -> None:
+        """Take CUDA's exact bytes of a failed allocation (NOTE [ OOM capture ])."""
+        self._unhear = hear_cuda_oom(self._watch.observed)
 
     def step_ends(self, now: int) -> None:
         pass
