@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -101,28 +100,43 @@ def test_a_second_recording_into_the_same_file_is_refused(tmp_path: Path) -> Non
     assert first.returncode == 0 and "wrote same.h5 (300 steps)" in first_err
 
 
+INTERRUPTED_CLOSE = """\
+import sys
+from recorder.session import Recorder
+from ckview.cli.main import main
+
+def interrupted(self, *args, **kwargs):  # the second Ctrl-C, as the trace is being closed
+    raise KeyboardInterrupt
+
+Recorder.close = interrupted
+sys.argv = ["ckview", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
 def test_ctrl_c_while_the_trace_is_closed_says_how_to_get_the_steps_back(
-    tmp_path: Path, run_cli: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
+    tmp_path: Path,
 ) -> None:
     """A second Ctrl-C lands while the trace is being closed: the journal is what is left, and
-    the last line says how to bring its steps back."""
-    from recorder.session import Recorder
-
-    close = Recorder.close
-
-    def interrupted(self: Recorder, *args: Any, **kwargs: Any) -> None:
-        monkeypatch.setattr(Recorder, "close", close)  # the journal stays; later closes are real
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Recorder, "close", interrupted)
+    the last line says how to bring its steps back. (In a process of its own: the recorder is
+    left installed, as it is when a real process ends there.)"""
     (tmp_path / "train.py").write_text(TRAIN)
-    monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli("record", "-o", "t.h5", "--steps", "2", "train.py")
-    line = err.strip().splitlines()[-1]
-    assert code == 130 and line.startswith("ckview: interrupted while the trace was being closed")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    record = ["record", "-o", "t.h5", "--steps", "2", "train.py"]
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_CLOSE, *record],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 130, done.stderr
+    assert line.startswith("ckview: interrupted while the trace was being closed")
     assert "ckview recover t.h5" in line and ".journal" in line
-    code, _, err = run_cli("recover", "t.h5")
-    assert code == 0 and "recovered 2 steps" in err, err
+    recovered = _ckview(tmp_path, "recover", "t.h5")
+    assert recovered.returncode == 0 and "recovered 2 steps" in recovered.stderr
 
 
 def test_a_module_in_the_working_folder_is_found_as_python_m_finds_it(tmp_path: Path) -> None:

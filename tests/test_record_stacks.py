@@ -35,10 +35,14 @@ def test_a_storage_names_the_users_line_that_made_it(with_stacks: dict) -> None:
     stack = int(tables["storages"]["stack"][row])
     site = allocation_site(tables["frames"], tables["stacks"], tables["strings"], stack)
     assert site == TANH_SITE
-    # The callers follow, innermost first: the training loop in record_model.
+    # The callers follow, innermost first: the factory's step, then its training loop.
     frames = stack_frames(tables["stacks"], stack)
     names = [tables["strings"][tables["frames"]["name"][f]] for f in frames]
-    assert names[:2] == ["StackNet.forward", "record_model"]
+    assert names[:3] == [
+        "StackNet.forward",
+        "record_model.<locals>.on_random_input",
+        "record_model",
+    ]
     assert not any("torch" in tables["strings"][tables["frames"]["file"][f]] for f in frames)
 
 

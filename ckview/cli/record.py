@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     ending = record_script(args, output, runs)
     exit_code = report(output, ending, args, len(runs))
     hint_misplaced(args, ending.exit_code)
-    if ending.steps and ending.written == output:
+    if ending.steps and ending.written == output and not ending.error:
         for line in unlike_step_warnings(output):
             print(f"ckview: warning: {line}", file=sys.stderr)
     if ending.steps and ending.written == output and len(runs) > 1:
