@@ -156,7 +156,7 @@ def loop_cases(names: Sequence[str], quick: bool) -> list[Case]:
 
 def baseline_tables(example: str, folder: Path) -> dict[str, Any]:
     """Record one plain step of ``example`` and read its run 'main'."""
-    from ckview.cli.project import read_tables
+    from ckview.cli.common import read_tables
     from ckview.trace import open_trace
 
     trace = folder / f"{example}-base.h5"
@@ -190,7 +190,7 @@ def planner_plan(tables: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The planner's plan for 60% of the baseline peak, and a note on it."""
     from ckview.analysis import format_bytes
     from ckview.analysis.planner import plan_for_budget
-    from ckview.cli.project import run_peak
+    from ckview.cli.common import run_peak
 
     budget = int(BUDGET_SHARE * run_peak(tables))
     result = plan_for_budget(tables, budget)

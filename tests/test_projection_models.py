@@ -198,7 +198,7 @@ def assert_incremental_is_exact(path: Path) -> None:
     projection's."""
     from ckview.analysis import ProjectionModel
     from ckview.analysis.plans import regions_from_plan
-    from ckview.cli.project import read_tables
+    from ckview.cli.common import read_tables
     from ckview.trace import open_trace
 
     with open_trace(path) as trace:

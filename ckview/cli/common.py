@@ -1,17 +1,26 @@
-"""What several verbs share: reading the run and the plans they work on, and wording that
-several verbs print. Verbs import this module, never one another."""
+"""What several verbs share: reading the run and the plans they work on, projecting a plan
+over a run (``project`` and ``verify``), and wording that several verbs print. Verbs import this
+module, never one another."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ckview.cli.errors import CLIError, pick_run
 
 if TYPE_CHECKING:
     from ckpt_runtime.plan import Plan
+    from ckview.analysis import PlanRegions
+    from ckview.analysis.cost import PlanCost
     from ckview.analysis.types import RunTables
     from ckview.app.run import Run
+
+Tables = dict[str, Any]
+"""A run's tables by name, plus the trace's ``modules`` table and ``strings`` list."""
 
 
 def read_run(path: Path, wanted: str | None) -> Run:
@@ -60,3 +69,143 @@ def times_line(tables: RunTables) -> str:
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (for a ``CLIError`` that quotes it)."""
     return " ".join(str(exc).split())
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class RecomputeRow:
+    """One checkpointed region that the projected backward recomputes."""
+
+    region: str
+    """The region as a plan names it: a module path, or ``path[start:stop]`` for a segment."""
+    count: int
+    """Instances of the region recomputed (one per call)."""
+    compute_ns: int
+    """Their summed forward time: the extra compute."""
+
+
+@dataclass(frozen=True)
+class PlanProjection:
+    """A plan projected over one run, with the run's own numbers to compare against."""
+
+    plan: str
+    """The plan's name (a run recorded with it is ``plan:<name>``)."""
+    source: str
+    """The plan as given on the command line."""
+    peak_bytes: int
+    run_peak_bytes: int
+    extra_compute_ns: int
+    step_ns: int
+    """Summed time of the run's recorded steps (``Run.step_ns``)."""
+    plain_times: bool
+    """Extra compute and step time come from plain timing steps (NOTE [ Extra compute from
+    plain times ] in ckview/analysis/timing.py), else from recorded op times."""
+    recomputes: tuple[RecomputeRow, ...]
+    regions: PlanRegions
+    """The plan's regions, each saying whether it takes effect in the run's step."""
+
+    @property
+    def cost(self) -> PlanCost:
+        """The projection's saving and extra compute, and their shares."""
+        from ckview.analysis.cost import PlanCost
+
+        return PlanCost(self.peak_bytes, self.run_peak_bytes, self.extra_compute_ns, self.step_ns)
+
+    @property
+    def saving_bytes(self) -> int:
+        return self.cost.saving_bytes
+
+    @property
+    def saving_share(self) -> float:
+        return self.cost.saving_share
+
+    @property
+    def extra_share(self) -> float:
+        return self.cost.extra_share
+
+    def to_json(self) -> dict[str, Any]:
+        """The projection as a JSON-ready dict (shares in percent)."""
+        return {
+            "plan": self.plan,
+            "source": self.source,
+            "projected_peak_bytes": self.peak_bytes,
+            "saving_bytes": self.saving_bytes,
+            "saving_percent": round(100 * self.saving_share, 3),
+            "extra_compute_ns": self.extra_compute_ns,
+            "extra_compute_percent": round(100 * self.extra_share, 3),
+            "times": "plain" if self.plain_times else "recorded",
+            "recomputes": [
+                {"region": r.region, "count": r.count, "compute_ns": r.compute_ns}
+                for r in self.recomputes
+            ],
+            "regions": self.regions.to_json(),
+            "idle_regions": len(self.regions.idle),
+            "notes": self.regions.notes(),
+        }
+
+
+def read_tables(trace: Any, name: str) -> Tables:
+    """All tables of run ``name``, plus the trace's ``modules`` and ``strings`` (``read_run``)."""
+    return trace.read_run(name)
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def resolve_plan(plan: Any, tables: RunTables, source: str) -> PlanRegions:
+    """``plan`` resolved over the trace's model, each region saying whether it takes effect in
+    the run's step; CLIError if the plan does not fit the model."""
+    from ckview.analysis import resolve_on_trace
+
+    try:
+        return resolve_on_trace(plan, tables["modules"], tables["strings"], tables["module_calls"])
+    except ValueError as exc:
+        raise CLIError(f"plan {source}: {one_line(exc)}") from None
+
+
+def project_plan(tables: Tables, plan: Any, source: str) -> PlanProjection:
+    """Project ``plan`` (a ``Plan``, a plan document or a preset) over the run ``tables``."""
+    from ckview.app.run import build_run
+
+    return project_over(build_run("", "", tables), plan, source)
+
+
+def project_over(run: Run, plan: Any, source: str) -> PlanProjection:
+    """Project ``plan`` (a ``Plan``, a plan document or a preset) over ``run``."""
+    from ckview.analysis import project
+
+    resolved = resolve_plan(plan, run.tables, source)
+    projection = project(run.tables, list(resolved.regions))
+    return PlanProjection(
+        plan=resolved.name,
+        source=source,
+        peak_bytes=int(projection.peak.bytes),
+        run_peak_bytes=run.peak.bytes,
+        extra_compute_ns=int(projection.extra_compute_ns),
+        step_ns=run.step_ns,
+        plain_times=projection.plain_times and run.plain_times,
+        recomputes=_recompute_rows(projection, resolved.labels),
+        regions=resolved,
+    )
+
+
+def _recompute_rows(projection: Any, labels: Sequence[str]) -> tuple[RecomputeRow, ...]:
+    """The recomputed regions, in plan order, with their count and summed forward time."""
+    counts: Counter[int] = Counter()
+    times: Counter[int] = Counter()
+    for r in projection.recomputes:
+        counts[r.region] += 1
+        times[r.region] += r.compute_ns
+    return tuple(RecomputeRow(labels[i], counts[i], int(times[i])) for i in sorted(counts))
+
+
+# ----------------------------------------------------------------------------- run numbers
+
+
+def run_peak(tables: Tables) -> int:
+    """The run's measured peak (first maximum of its memory timeline)."""
+    from ckview.analysis import find_peak, memory_timeline
+
+    return int(find_peak(memory_timeline(tables["storages"], tables["memory_events"])).bytes)

@@ -203,7 +203,7 @@ def check_output(output: Path, args: argparse.Namespace) -> None:
     inputs += [p for p in getattr(args, "plan", None) or [] if Path(p).is_file()]
     refuse_inputs(output, inputs)
     refuse_non_trace(output)
-    from ckview.cli.recover import recording_now
+    from ckview.cli.journals import recording_now
 
     journal = recording_now(output)
     if journal is not None:

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from ckview.cli.errors import CLIError
-
-_JOURNAL = re.compile(r"^(?P<stem>.*)\.recording-(?P<pid>\d+)\.journal$")
+from ckview.cli.journals import JOURNAL, alive, pattern, stale_journals
 
 
 def add_parser(verbs: Any) -> None:
@@ -47,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"{path} not found; give the .journal file a killed recording left")
         if not journals:
             raise CLIError(
-                f"no killed recording of {path} to recover (no {_pattern(path)} beside it)"
+                f"no killed recording of {path} to recover (no {pattern(path)} beside it)"
             )
         for journal in journals:
             print(recover_one(journal)[0], file=sys.stderr)
@@ -71,43 +69,17 @@ def recover_stale(trace: Path) -> Path:
     return read
 
 
-def stale_journals(trace: Path) -> list[Path]:
-    """Journals of recordings of ``trace`` whose process is gone, oldest first."""
-    if trace.suffix == ".journal" or ".recording-" in trace.name:
-        match = _JOURNAL.match(trace.with_suffix(".journal").name)
-        found = [trace.with_suffix(".journal")] if match else []
-    else:
-        folder = trace.parent if str(trace.parent) else Path(".")
-        try:
-            found = list(folder.glob(_pattern(trace)))
-        except OSError:
-            return []
-    stale = [j for j in found if j.exists() and not _alive(_pid(j))]
-    return sorted(stale, key=lambda j: j.stat().st_mtime)
-
-
-def recording_now(trace: Path) -> Path | None:
-    """The journal of a recording of ``trace`` whose process still runs, if any: a second
-    recording into the same file would replace the first one's trace when both settle."""
-    folder = trace.parent if str(trace.parent) else Path(".")
-    try:
-        found = sorted(folder.glob(_pattern(trace)))
-    except OSError:
-        return None
-    return next((j for j in found if _alive(_pid(j))), None)
-
-
 def recover_one(journal: Path) -> tuple[str, Path]:
     """Rebuild the trace of ``journal`` and settle it; the line that says so, and where."""
     from ckview.trace.errors import TraceError
     from ckview.trace.journal import recover_journal, room_for
     from ckview.trace.staging import settle
 
-    match = _JOURNAL.match(journal.name)
+    match = JOURNAL.match(journal.name)
     if match is None:
         raise CLIError(f"{journal} is not named like a recording's journal (NAME.recording-PID)")
     pid = int(match["pid"])
-    if _alive(pid):
+    if alive(pid):
         raise CLIError(f"the recording of {journal} is still running (process {pid}); wait for it")
     if not room_for(journal):
         raise CLIError(
@@ -138,30 +110,3 @@ def _staging(journal: Path) -> Path:
     """The staging trace beside ``journal`` (suffix .h5 unless one with another is there)."""
     others = [p for p in journal.parent.glob(journal.stem + ".*") if p.suffix != ".journal"]
     return others[0] if others else journal.with_suffix(".h5")
-
-
-def _pattern(trace: Path) -> str:
-    stem = trace.stem if trace.suffix else trace.name
-    return f"{glob_escape(stem)}.recording-*.journal"
-
-
-def glob_escape(text: str) -> str:
-    """``text`` with glob's special characters taken literally."""
-    return re.sub(r"([*?\[])", r"[\1]", text)
-
-
-def _pid(journal: Path) -> int:
-    match = _JOURNAL.match(journal.name)
-    return int(match["pid"]) if match else -1
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()

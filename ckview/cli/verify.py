@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckview.cli import project as proj
+from ckview.cli import common
 from ckview.cli.distributed import is_launcher, run_launcher
 from ckview.cli.errors import CLIError
 from ckview.cli.recording import (
@@ -87,7 +87,7 @@ def _set_help(parser: argparse.ArgumentParser, dest: str, text: str) -> None:
 class Check:
     """One plan: projected over the baseline run, and measured in its own run."""
 
-    projection: proj.PlanProjection
+    projection: common.PlanProjection
     measured_peak_bytes: int
     measured_extra_ns: int
     """The plan run's RECOMPUTE op time."""
@@ -230,7 +230,7 @@ def _verify(
     with open_trace(output) as trace:
         if not _has_steps(trace, BASELINE):
             return [], [f"plan:{plan.name}" for _, plan in plans], None
-        base = proj.read_tables(trace, BASELINE)
+        base = common.read_tables(trace, BASELINE)
         strings = base["strings"]
         baseline = Baseline(
             checkpointing=_checkpointing(trace, BASELINE),
@@ -242,7 +242,7 @@ def _verify(
                 missing.append(name)
                 continue
             run = trace.read_run(name)
-            projection = proj.project_plan(base, plan.to_json(), source)
+            projection = common.project_plan(base, plan.to_json(), source)
             offsets = stretch_offsets(base, run)
             state_peak = None  # NOTE [ Runs that begin from another state ]
             if offsets.any():
@@ -252,7 +252,7 @@ def _verify(
             checks.append(
                 Check(
                     projection=projection,
-                    measured_peak_bytes=proj.run_peak(run),
+                    measured_peak_bytes=common.run_peak(run),
                     measured_extra_ns=phase_time_ns(run["ops"], Phase.RECOMPUTE),
                     checkpointing=run_checkpointing(name, _checkpointing(trace, name)),
                     leftover=leftover,
@@ -265,7 +265,7 @@ def _verify(
     return checks, missing, baseline
 
 
-def _extra_time(base: proj.Tables, run: proj.Tables, projection: proj.PlanProjection) -> Any:
+def _extra_time(base: common.Tables, run: common.Tables, projection: common.PlanProjection) -> Any:
     """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them and
     the projection's times are plain, else from the recorded steps and op times."""
     from ckview.analysis import project
