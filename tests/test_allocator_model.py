@@ -4,13 +4,15 @@ rule on a hand-made stream, and reserved >= allocated on random streams."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from snapshot_helpers import fixture_path
+from snapshot_helpers import fixture_path, today, torch_2_1
 
 from ckview.analysis.allocator import (
     EVENT_DTYPE,
@@ -23,8 +25,10 @@ from ckview.analysis.allocator import (
     replay,
     reserved_curve,
     round_size,
+    settings_from_meta,
 )
-from ckview.snapshot import load_snapshot
+from ckview.snapshot import SnapshotError, load_snapshot, snapshot_to_trace
+from ckview.trace import open_trace
 from ckview.trace.schema import MemoryEventKind
 
 MIB = 1 << 20
@@ -208,9 +212,52 @@ def test_parse_alloc_conf() -> None:
     assert conf == AllocatorSettings(128 * MIB, 4, True, 80 * MIB)
     assert parse_alloc_conf("max_split_size_mb:1").max_split_size == 20 * MIB  # torch's floor
     assert parse_alloc_conf("") == AllocatorSettings()
-    for bad in ("max_split_size_mb", "max_split_size_mb:x", "roundup_power2_divisions:[256:1]"):
+    for bad in ("max_split_size_mb", "max_split_size_mb:x", "roundup_power2_divisions:[256:1,>:4]"):
         with pytest.raises(ValueError):
             parse_alloc_conf(bad)
+
+
+# torch's allocator_settings of a snapshot (torch/csrc/cuda/Module.cpp), 16 intervals.
+TORCH_SETTINGS = {
+    "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,roundup_power2_divisions:[2:4,>:8]",
+    "max_split_size": 64 * MIB,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": False,
+    "pinned_num_register_threads": 1,
+    "release_lock_on_malloc": False,
+    "pinned_use_host_register": False,
+    "roundup_power2_divisions": {str(1 << i): 4 if i < 2 else 8 for i in range(16)},
+}
+
+
+def test_settings_from_meta() -> None:
+    conf = settings_from_meta(json.dumps(TORCH_SETTINGS), capacity=80 * MIB)
+    assert conf == AllocatorSettings(64 * MIB, (4, 4) + (8,) * 14, False, 80 * MIB)
+    # Below 4 MiB in quarters, above in eighths: 3 MiB + 1 -> 3.5 MiB; 5 MiB + 1 -> 5.5 MiB.
+    assert round_size(3 * MIB + 1, conf) == 7 * MIB // 2
+    assert round_size(5 * MIB + 1, conf) == 11 * MIB // 2
+    unlimited = json.dumps({**TORCH_SETTINGS, "max_split_size": 2**64 - 1})
+    assert settings_from_meta(unlimited).max_split_size is None
+    # A recording's meta may hold the environment string alone.
+    only_env = json.dumps({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert settings_from_meta(only_env).expandable_segments
+    assert settings_from_meta("") == AllocatorSettings()
+
+
+def test_snapshot_import_keeps_allocator_settings(tmp_path: Path) -> None:
+    snap = today(1)
+    snap["allocator_settings"] = TORCH_SETTINGS
+    snapshot_to_trace(snap, tmp_path / "new.h5")
+    snapshot_to_trace(torch_2_1(), tmp_path / "old.h5")
+    with open_trace(tmp_path / "new.h5") as trace:
+        assert json.loads(trace.meta.allocator_settings) == TORCH_SETTINGS
+        assert settings_from_meta(trace.meta.allocator_settings).max_split_size == 64 * MIB
+    with open_trace(tmp_path / "old.h5") as trace:
+        assert trace.meta.allocator_settings == ""  # torch 2.1 wrote none
+    snap["allocator_settings"] = ["max_split_size_mb:64"]
+    with pytest.raises(SnapshotError, match="allocator_settings is a list, not a dict"):
+        snapshot_to_trace(snap, tmp_path / "bad.h5")
+    assert not (tmp_path / "bad.h5").exists()
 
 
 def test_events_from_run() -> None:

@@ -5,6 +5,8 @@ through the allocator's rules (torch's ``c10/cuda/CUDACachingAllocator.cpp``, wr
 in Python, torch-free) and gives the reserved bytes after every event and each segment the model
 reserves or releases. ``AllocatorReplay`` is the replay itself, for callers that need the
 allocated bytes, the fragmentation or an initial state (segments already reserved).
+``parse_alloc_conf`` reads a ``PYTORCH_CUDA_ALLOC_CONF`` string and ``settings_from_meta`` a
+trace's meta ``allocator_settings``; ``events_from_run`` turns a run's tables into events.
 
 NOTE [ The caching allocator's rules ]
   1. A request is rounded up to a multiple of 512 B (``round_size``; or to a fraction of its power
@@ -39,6 +41,7 @@ NOTE [ Expandable segments (approximate) ]
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +55,8 @@ SMALL_BUFFER = 2 << 20
 LARGE_BUFFER = 20 << 20
 MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20
+#: torch reports an unlimited max_split_size as SIZE_MAX; anything this large is unlimited.
+UNLIMITED = 1 << 62
 
 #: One allocation event: positive ``delta`` allocates ``delta`` bytes as ``block``, negative
 #: frees ``block`` (its magnitude is not used: the block knows its size).
@@ -76,12 +81,14 @@ SEGMENT_EVENT_DTYPE = np.dtype(
 class AllocatorSettings:
     """The allocator settings the model follows (``PYTORCH_CUDA_ALLOC_CONF``) and the device size.
 
-    ``max_split_size`` is in bytes (None: unlimited, torch's default); ``capacity`` is the device
+    ``max_split_size`` is in bytes (None: unlimited, torch's default);
+    ``roundup_power2_divisions`` is one value for all sizes or one per power-of-two interval from
+    1 MiB (torch's 16: below 2 MiB, 2-4 MiB, ..., 32 GiB and over); ``capacity`` is the device
     memory in bytes the segments may take (None: unlimited).
     """
 
     max_split_size: int | None = None
-    roundup_power2_divisions: int = 0
+    roundup_power2_divisions: int | tuple[int, ...] = 0
     expandable_segments: bool = False
     capacity: int | None = None
 
@@ -90,8 +97,13 @@ def parse_alloc_conf(conf: str, capacity: int | None = None) -> AllocatorSetting
     """Settings from a ``PYTORCH_CUDA_ALLOC_CONF`` string, e.g. ``"max_split_size_mb:128"``.
 
     Keys the model does not follow (``garbage_collection_threshold``, ``backend`` and others) are
-    ignored; a malformed entry or a per-size ``roundup_power2_divisions`` list is a ValueError.
+    ignored; a malformed entry or a per-size ``roundup_power2_divisions`` list is a ValueError
+    (a snapshot's ``allocator_settings`` give those lists resolved: ``settings_from_meta``).
     """
+    if "[" in conf:
+        raise ValueError(
+            "per-size lists in PYTORCH_CUDA_ALLOC_CONF are not supported; give one value"
+        )
     max_split: int | None = None
     divisions = 0
     expandable = False
@@ -112,6 +124,29 @@ def parse_alloc_conf(conf: str, capacity: int | None = None) -> AllocatorSetting
     return AllocatorSettings(max_split, divisions, expandable, capacity)
 
 
+def settings_from_meta(settings_json: str, capacity: int | None = None) -> AllocatorSettings:
+    """Settings from a trace's meta ``allocator_settings`` (a JSON object, '' if unknown): torch's
+    own fields (a snapshot's ``allocator_settings``) where present, else its
+    ``PYTORCH_CUDA_ALLOC_CONF`` string; ValueError if it is neither."""
+    if not settings_json:
+        return AllocatorSettings(capacity=capacity)
+    fields = json.loads(settings_json)
+    if not isinstance(fields, dict):
+        raise ValueError("allocator_settings is not a JSON object")
+    if "max_split_size" not in fields:
+        return parse_alloc_conf(str(fields.get("PYTORCH_CUDA_ALLOC_CONF", "")), capacity)
+    max_split = int(fields["max_split_size"])
+    divisions = fields.get("roundup_power2_divisions", 0)
+    if isinstance(divisions, dict):  # {"1": d, "2": d, "4": d, ...}: interval start in MiB
+        divisions = tuple(int(divisions[k]) for k in sorted(divisions, key=int))
+    return AllocatorSettings(
+        None if max_split >= UNLIMITED else max_split,
+        divisions if isinstance(divisions, tuple) else int(divisions),
+        bool(fields.get("expandable_segments", False)),
+        capacity,
+    )
+
+
 def _integer(key: str, value: str) -> int:
     if not value.isdigit():
         raise ValueError(f"{key} must be a non-negative integer, not {value!r} (lists unsupported)")
@@ -122,10 +157,18 @@ def round_size(size: int, settings: AllocatorSettings = AllocatorSettings()) -> 
     """The block size a request of ``size`` bytes takes (rule 1)."""
     if size < MIN_BLOCK:
         return MIN_BLOCK
-    divisions = settings.roundup_power2_divisions
+    divisions = _divisions(size, settings.roundup_power2_divisions)
     if divisions > 1 and size > MIN_BLOCK * divisions:
         return _next_division(size, divisions)
     return -(-size // MIN_BLOCK) * MIN_BLOCK
+
+
+def _divisions(size: int, divisions: int | tuple[int, ...]) -> int:
+    """The divisions that apply to ``size``: its power-of-two interval's, counted from 1 MiB."""
+    if isinstance(divisions, int):
+        return divisions
+    index = max(size.bit_length() - 1 - 20, 0)
+    return divisions[min(index, len(divisions) - 1)] if divisions else 0
 
 
 def _next_division(size: int, divisions: int) -> int:
