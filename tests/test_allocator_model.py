@@ -45,13 +45,16 @@ def deltas(events: list[tuple[int, int, int, int, int]], **conf: Any) -> list[in
     return replay(events, AllocatorSettings(**conf)).segment_events["delta"].tolist()
 
 
-def fixture_replay() -> tuple[list[tuple[int, int]], Any]:
+def fixture_replay(
+    model: AllocatorReplay | None = None,
+) -> tuple[list[tuple[int, int]], Any]:
     """The fixture's history through the model, from the state it began with.
 
     The initial state: segments of the final state that the history never reserved, holding the
     blocks live in the final state that the history never allocated (the fixture frees no block
-    it did not allocate). Returns the recorded ``(event, bytes)`` of each ``segment_alloc`` (the
-    event being the allocation it served) and the replay.
+    it did not allocate), given to ``model`` (a fresh one by default). Returns the recorded
+    ``(event, bytes)`` of each ``segment_alloc`` (the event being the allocation it served) and
+    the replay.
     """
     assert FIXTURE is not None
     snap = load_snapshot(FIXTURE)
@@ -64,7 +67,7 @@ def fixture_replay() -> tuple[list[tuple[int, int]], Any]:
         elif e["action"] == "free_completed":
             assert e["addr"] in open_blocks, "the fixture frees a block live before its history"
             open_blocks.discard(e["addr"])
-    model = AllocatorReplay()
+    model = model if model is not None else AllocatorReplay()
     for seg in snap["segments"]:
         if seg["address"] not in reserved_in_history:
             live = [
@@ -101,6 +104,30 @@ def test_fixture_reserved_curve_is_replayed_exactly() -> None:
     snap = load_snapshot(FIXTURE) if FIXTURE else {}
     assert curve.reserved[-1] == sum(s["total_size"] for s in snap["segments"])
     assert (curve.reserved >= curve.allocated).all()
+
+
+@pytest.mark.skipif(FIXTURE is None, reason="the CUDA snapshot fixture is absent")
+def test_fixture_final_blocks_are_replayed_exactly() -> None:
+    """Splitting and merging (rules 3, 5, 6): every block of every final segment, at the same
+    offset in its segment, of the same size and state. The model's own segments are matched to
+    the recorded ones by the order they were reserved in."""
+    snap = load_snapshot(FIXTURE) if FIXTURE else {}
+    history = snap["device_traces"][0]
+    model = AllocatorReplay()
+    assert fixture_replay(model)[1].oom_index is None
+    recorded_order = [e["addr"] for e in history if e["action"] == "segment_alloc"]
+    initial = [s["address"] for s in snap["segments"] if s["address"] not in recorded_order]
+    final = {
+        s["address"]: [
+            (b["address"] - s["address"], b["size"], b["state"] == "active_allocated")
+            for b in s["blocks"]
+        ]
+        for s in snap["segments"]
+    }
+    layout = model.layout(0)
+    assert len(layout) == len(final) == 10
+    for real, (start, _, blocks) in zip(initial + recorded_order, layout, strict=True):
+        assert [(a - start, size, live) for a, size, live in blocks] == final[real]
 
 
 def test_rule_1_rounding() -> None:

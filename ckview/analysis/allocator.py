@@ -268,6 +268,7 @@ class AllocatorReplay:
         self.changes: list[SegmentChange] = []
         self._devices: dict[int, _Device] = {}
         self._blocks: dict[int, _Block] = {}
+        self._segments: list[_Segment] = []  # reserved now, in the order reserved
         self._next_address = 1 << 40
 
     @property
@@ -287,6 +288,23 @@ class AllocatorReplay:
         pools = self._device(device).pools.values()
         return max((pool[-1][0] for pool in pools if pool), default=0)
 
+    def layout(self, device: int) -> list[tuple[int, int, list[tuple[int, int, bool]]]]:
+        """``(address, size, blocks)`` of each segment reserved on ``device``, in the order
+        reserved, its blocks ``(address, size, allocated)`` in address order. Addresses of
+        segments the model reserved are its own, not the device's."""
+        blocks: dict[int, list[_Block]] = {}
+        for block in self._blocks_of(device):
+            blocks.setdefault(id(block.segment), []).append(block)
+        return [
+            (
+                seg.address,
+                seg.size,
+                [(b.address, b.size, b.allocated) for b in sorted(blocks[id(seg)], key=_address)],
+            )
+            for seg in self._segments
+            if seg.device == device and seg.size
+        ]
+
     def add_segment(
         self,
         device: int,
@@ -299,6 +317,7 @@ class AllocatorReplay:
         """An initial state: a segment already reserved, with its live ``(block id, address,
         size)`` blocks; the gaps between them are free blocks. Not a segment change."""
         seg = _Segment(device, stream, small, address, size)
+        self._segments.append(seg)
         self._device(device).reserved += size
         cursor, last = address, None
         for block_id, start, length in sorted(blocks, key=lambda b: b[1]):
@@ -414,6 +433,8 @@ class AllocatorReplay:
         return capacity is None or self._device(device).reserved + nbytes <= capacity
 
     def _reserve(self, seg: _Segment, nbytes: int) -> None:
+        if seg.size == nbytes:  # a new segment, not an expandable one growing
+            self._segments.append(seg)
         self._device(seg.device).reserved += nbytes
         self.changes.append(SegmentChange(seg.device, seg.stream, nbytes, seg.address))
 
@@ -424,6 +445,7 @@ class AllocatorReplay:
             self._unmap_tail(block)
         elif block.whole:
             self._remove_free(block)
+            self._segments.remove(seg)
             self._device(seg.device).reserved -= seg.size
             self.changes.append(SegmentChange(seg.device, seg.stream, -seg.size, seg.address))
 
@@ -511,6 +533,8 @@ class AllocatorReplay:
             self._insert_free(block)
         elif block.prev is not None:
             block.prev.next = None
+        if seg.size == 0:
+            self._segments.remove(seg)
 
     def _oom_message(self, device: int, size: int, nbytes: int) -> str:
         dev = self._device(device)
@@ -519,6 +543,10 @@ class AllocatorReplay:
             f"({dev.reserved} reserved, {dev.allocated} allocated, capacity "
             f"{self.settings.capacity})"
         )
+
+
+def _address(block: _Block) -> int:
+    return block.address
 
 
 def _key(entry: tuple[int, int] | tuple[int, int, _Block]) -> tuple[int, int]:
@@ -557,7 +585,9 @@ def replay(
 ) -> ReservedCurve:
     """Replay ``events`` (EVENT_DTYPE rows or 5-tuples, in order) through ``model`` (a fresh
     one by default, or one given an initial state with ``add_segment``)."""
-    rows = np.asarray(events, dtype=EVENT_DTYPE) if not isinstance(events, np.ndarray) else events
+    rows = events if isinstance(events, np.ndarray) else np.array(events, dtype=EVENT_DTYPE)
+    if rows.dtype != EVENT_DTYPE:
+        raise TypeError(f"events must have EVENT_DTYPE, not {rows.dtype}")
     model = model if model is not None else AllocatorReplay(settings)
     n = len(rows)
     reserved, allocated, largest = (np.zeros(n, np.int64) for _ in range(3))
