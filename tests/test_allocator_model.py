@@ -222,6 +222,19 @@ def test_rule_7_releases_oversize_blocks_first() -> None:
     assert curve.reserved[-1] == 42 * MIB
 
 
+def test_rule_7_oversize_blocks_not_enough_then_all_cached() -> None:
+    conf = AllocatorSettings(max_split_size=40 * MIB, capacity=120 * MIB)
+    frees = [(3 + i, -1, i, 0, 0) for i in range(3)]
+    curve = replay([*allocs(50 * MIB, 46 * MIB, 12 * MIB), *frees, (6, 100 * MIB, 3, 0, 0)], conf)
+    # 50 + 46 MiB of oversize blocks do not cover 100 MiB: every cached segment goes, then 100.
+    assert curve.segment_events["delta"].tolist()[3:] == [
+        -50 * MIB,
+        -46 * MIB,
+        -12 * MIB,
+        100 * MIB,
+    ]
+
+
 def test_expandable_segments_grow_by_pages() -> None:
     conf = AllocatorSettings(expandable_segments=True)
     curve = replay(allocs(5 * MIB, 5 * MIB, 30 * MIB), conf)

@@ -415,9 +415,9 @@ class AllocatorReplay:
         if self.settings.expandable_segments:
             return self._grow(device, stream, small, size)
         nbytes = allocation_size(size)
-        if not self._room(device, nbytes):
-            self._release_oversize(device, stream, size)
-        if not self._room(device, nbytes):
+        if not self._room(device, nbytes) and not (
+            self._release_oversize(device, stream, small, size) and self._room(device, nbytes)
+        ):
             self.release_cached(device)
         if self._room(device, nbytes):
             seg = _Segment(device, stream, small, self._next_address, nbytes)
@@ -449,26 +449,27 @@ class AllocatorReplay:
             self._device(seg.device).reserved -= seg.size
             self.changes.append(SegmentChange(seg.device, seg.stream, -seg.size, seg.address))
 
-    def _release_oversize(self, device: int, stream: int, size: int) -> None:
-        """Free cached large blocks of at least max_split_size: the smallest that covers the
-        request, else the largest ones until their total does (torch's
-        ``release_available_cached_blocks``)."""
+    def _release_oversize(self, device: int, stream: int, small: bool, size: int) -> bool:
+        """Free cached blocks of the request's pool of at least max_split_size: the smallest
+        that covers the request, else the largest ones until their total does; False if
+        they cannot (what was freed stays freed), as torch's ``release_available_cached_blocks``.
+        """
         limit = self.settings.max_split_size
         if limit is None:
-            return
-        pool = self._device(device).pools.get((stream, False), [])
+            return False
+        pool = self._device(device).pools.get((stream, small), [])
         want = max(size, limit)
         i = bisect.bisect_left(pool, (want, -1), key=_key)
         if i < len(pool):
             self._release(pool[i][2])
-            return
-        candidates = [b for _, _, b in reversed(pool) if b.size >= limit and b.whole]
+            return True
         total = 0
-        for block in candidates:
+        for block in [b for _, _, b in reversed(pool) if b.size >= limit and b.whole]:
             if total >= want:
                 break
             total += block.size
             self._release(block)
+        return total >= want
 
     def _grow(self, device: int, stream: int, small: bool, size: int) -> _Block:
         """Expandable segments: map pages at the end of the pool's one segment
