@@ -14,21 +14,25 @@ NOTE [ The caching allocator's rules ]
   2. Rounded sizes up to 1 MiB come from the small pool, larger ones from the large pool. Pools
      are per device and per stream: a block freed on one stream is never reused on another.
   3. A request takes the smallest free block of its pool and stream that fits (best fit; equal
-     sizes: the lowest address). With ``max_split_size``, a request below it never takes a block
+     sizes: the lowest address; the model's own segments get increasing addresses, where
+     cudaMalloc's may not be). With ``max_split_size``, a request below it never takes a block
      of at least ``max_split_size``, and a request of at least ``max_split_size`` never takes a
      block 20 MiB or more larger than itself.
   4. With no block, a segment is reserved (``cudaMalloc``) of ``allocation_size``: 2 MiB for the
-     small pool, 20 MiB for requests up to 10 MiB, else the request rounded up to 2 MiB.
+     small pool, 20 MiB for large requests under 10 MiB, else the request rounded up to 2 MiB.
   5. The block is split when what remains is worth keeping (``should_split``): 512 B or more in
      the small pool, more than 1 MiB in the large pool and only for requests below
      ``max_split_size``. Otherwise the request gets the whole block.
   6. A freed block merges with its free neighbours of the same segment. Segments are not
      released on free: reserved memory only changes when a segment is reserved or released.
-  7. When the device has no room for a segment: first (with ``max_split_size``) free cached
-     blocks of at least ``max_split_size``, then every cached segment wholly free, retrying after
-     each; if it still fails, the request is an out-of-memory (``OutOfMemory``).
+  7. When the device has no room for a segment (``capacity``): first (with ``max_split_size``)
+     free cached blocks of the request's pool of at least ``max_split_size``, the smallest that
+     covers the request or else the largest ones; if that fails or leaves no room, every cached
+     segment wholly free; if there is still no room, the request is an out-of-memory
+     (``OutOfMemory``).
   Only a block that is a whole segment is ever released, so reserved >= allocated always.
-  Tests: tests/test_allocator_model.py cites each rule by number.
+  Tests: tests/test_allocator_model.py cites each rule by number; the real snapshot fixture
+  replayed through all of them gives the recorded segments and final blocks exactly.
 
 NOTE [ Expandable segments (approximate) ]
   With ``expandable_segments``, torch keeps one segment per pool and stream and maps pages into it
