@@ -50,6 +50,7 @@ from .layout import (
     devices,
     integer,
     segments,
+    settings_json,
 )
 from .reading import IMPORT_HINT
 
@@ -612,6 +613,10 @@ class SnapshotConverter:
         """Write a new trace at ``path`` (none is created if the snapshot is refused); return
         the run names. ``source`` names the file the snapshot came from."""
         found = self.devices(snapshot)
+        try:
+            settings = settings_json(snapshot)
+        except SnapshotError as exc:
+            raise _invalid(self.label, exc) from None
         meta = {
             "ckview_version": __version__,
             "device": f"cuda:{found[0]}",
@@ -620,6 +625,7 @@ class SnapshotConverter:
             "steps_recorded": 1,
             "step_rule": "the whole allocator history of the snapshot",
             "source": "snapshot",
+            "allocator_settings": settings,
         }
         with TraceWriter(path, meta) as writer:
             return self.write(writer, snapshot)

@@ -2,7 +2,8 @@
 
 NOTE [ Snapshot layouts ]
     ``torch.cuda.memory._snapshot()`` returns ``{"segments": [...], "device_traces": [...]}``
-    (plus ``allocator_settings`` in newer versions, ignored here). ``segments`` is the state when
+    (plus ``allocator_settings`` in newer versions, kept as JSON in the trace's meta by
+    ``settings_json``). ``segments`` is the state when
     the snapshot was taken: each segment (one ``cudaMalloc``, or an expandable segment) has
     ``device``, ``address``, ``total_size``, ``stream`` and ``blocks``; each block has ``size``,
     ``state`` (``active_allocated``, ``active_awaiting_free`` or ``inactive``; older:
@@ -19,6 +20,7 @@ NOTE [ Snapshot layouts ]
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,3 +113,16 @@ def block_frames(block: dict[str, Any]) -> list[Any]:
         if isinstance(history, list) and history and isinstance(history[-1], dict):
             frames = history[-1].get("frames")
     return frames if isinstance(frames, list) else []
+
+
+def settings_json(snapshot: dict[str, Any]) -> str:
+    """The snapshot's ``allocator_settings`` as a JSON object, '' if it has none (torch 2.0)."""
+    settings = snapshot.get("allocator_settings")
+    if settings is None:
+        return ""
+    if not isinstance(settings, dict):
+        raise SnapshotError(f"allocator_settings is a {type(settings).__name__}, not a dict")
+    try:
+        return json.dumps(settings, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise SnapshotError(f"allocator_settings is not plain data ({exc})") from None

@@ -70,6 +70,7 @@ class TraceMeta:
     device_total_bytes: int
     allocator_events: str
     source: str
+    allocator_settings: str
     complete: bool
     error: str
 

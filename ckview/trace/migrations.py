@@ -107,7 +107,12 @@ MIGRATIONS: dict[int, Migration] = {
     3: Migration(
         source=3,
         columns={"storages": {"stack": _constant(-1)}},
-        meta={"allocator_events": "", "source": "record", "device_total_bytes": -1},
+        meta={
+            "allocator_events": "",
+            "source": "record",
+            "device_total_bytes": -1,
+            "allocator_settings": "",
+        },
         run_attrs={
             "oom_op": "",
             "oom_module": "",

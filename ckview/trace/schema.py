@@ -335,6 +335,9 @@ META_FIELDS: dict[str, str] = {
     "from some window, '' if unknown (since v4)",
     "source": "where the trace comes from: 'record' (the recorder) or 'snapshot' (imported from "
     "a PyTorch memory snapshot by 'ckview import') (since v4)",
+    "allocator_settings": "JSON object: the CUDA caching allocator's settings as torch reports "
+    "them (a snapshot's 'allocator_settings': 'PYTORCH_CUDA_ALLOC_CONF', 'max_split_size', "
+    "'expandable_segments', 'roundup_power2_divisions', ...), '' if unknown (since v4)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
