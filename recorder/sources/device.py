@@ -3,6 +3,8 @@ each step's peak and at an OOM (NOTE [ Device samples ] in recorder/device.py)."
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -42,8 +44,19 @@ class DeviceSource:
         return RunPart(tables={"device_samples": self._sampler.columns(peak_time)})
 
     def meta(self) -> dict[str, Any]:
-        return {"device_total_bytes": self._sampler.total_bytes}
+        return {
+            "device_total_bytes": self._sampler.total_bytes,
+            "allocator_settings": allocator_settings(),
+        }
 
     def oom(self, now: int) -> None:
         """An allocation failed (NOTE [ OOM capture ] in recorder/oom.py): sample the devices."""
         self._sampler.oom(now)
+
+
+def allocator_settings() -> str:
+    """The trace's meta ``allocator_settings``: the ``PYTORCH_CUDA_ALLOC_CONF`` the script ran
+    with, as a JSON object, so that the allocator model replays with the same rules
+    (``ckview.analysis.allocator.settings_from_meta``); '' where it is not set."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return json.dumps({"PYTORCH_CUDA_ALLOC_CONF": conf}) if conf else ""
