@@ -50,10 +50,20 @@ from types import FrameType, MethodType
 from typing import Any, TypeAlias
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ckpt_runtime.bypass import plan_region
 from ckpt_runtime.checkpoint import checkpoint, register_module_names
+from ckpt_runtime.oplevel import (
+    Offloader,
+    SavePolicy,
+    check_op_names,
+    check_selective_support,
+    module_paths,
+    outside_addresses,
+    track_modules,
+)
 from ckpt_runtime.plan import (
     ModuleRegion,
     Plan,
@@ -63,6 +73,7 @@ from ckpt_runtime.plan import (
     escape_path,
     load_plan,
     one_line,
+    op_auto_name,
 )
 from ckpt_runtime.presets import check_model, module_tree
 from ckpt_runtime.resolve import join, resolve
@@ -128,11 +139,27 @@ def _call_flat(module: nn.Module, names: tuple[str, ...], *flat: Any) -> Any:
     return type(module)._call_impl(module, *flat[:n], **dict(zip(names, flat[n:], strict=True)))
 
 
+def _tracked_call(module: nn.Module, path: str, names: tuple[str, ...], *flat: Any) -> Any:
+    """``_call_flat`` with module calls tracked (op auto-names, ckpt_runtime/oplevel.py)."""
+    with track_modules(module_paths(module, path)):
+        return _call_flat(module, names, *flat)
+
+
 class _RegionCall:
     """Set as ``module._call_impl``: NOTE [ A module region is the whole module call ]."""
 
-    def __init__(self, module: nn.Module, path: str, options: PlanOptions, plan: str) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        path: str,
+        options: PlanOptions,
+        plan: str,
+        region: ModuleRegion | None = None,
+    ) -> None:
         self.module, self.path, self.options, self.plan = module, path, options, plan
+        self.region = region if region is not None and region.op_level else None
+        self.offloader = Offloader(path or "<model>")
+        self.matched: set[str] = set()
         self.calls = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -140,6 +167,8 @@ class _RegionCall:
         if not torch.is_grad_enabled():
             return type(module)._call_impl(module, *args, **kwargs)
         self.calls += 1
+        if self.region is not None:
+            return self._op_level(self.region, args, kwargs)
         # A bound method of the module (in a partial), so that the recompute markers report
         # the module as the region's target (ckpt_runtime.markers.region_target).
         fn = partial(MethodType(_call_flat, module), tuple(kwargs))
@@ -151,6 +180,35 @@ class _RegionCall:
                 use_reentrant=self.options.use_reentrant,
                 preserve_rng_state=self.options.preserve_rng_state,
             )
+
+    def _op_level(self, region: ModuleRegion, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An op-level region's call: offloaded, or under a selective checkpoint policy."""
+        module = self.module
+        if region.offload:
+            with self.offloader.hooks():
+                return type(module)._call_impl(module, *args, **kwargs)
+        assert region.save is not None
+        flat = (*args, *kwargs.values())
+        policy = SavePolicy(
+            self.path or "<model>", region.save, outside_addresses(module, flat), self.matched
+        )
+        fn = partial(MethodType(_tracked_call, module), self.path, tuple(kwargs))
+        with plan_region(module):
+            out = torch.utils.checkpoint.checkpoint(
+                fn,
+                *flat,
+                use_reentrant=False,
+                preserve_rng_state=self.options.preserve_rng_state,
+                context_fn=policy.contexts,
+            )
+        unmatched = [e for e in region.save if e not in self.matched]
+        if self.calls == 1 and unmatched:
+            raise _fail(
+                f"op-level region {self.path or '<model>'!r}: 'save' entry {unmatched[0]!r} "
+                "matches no op the module ran; list ops as aten.mm, aten.mm* or auto-names "
+                f"like {op_auto_name(self.path, 'aten.mm', 0)}"
+            )
+        return out
 
 
 def _run_segment(seq: nn.Sequential, start: int, stop: int, input: Any) -> Any:
@@ -360,6 +418,20 @@ class AppliedPlan:
         self.remove()
 
 
+def _check_op_level(plan: Plan, regions: list[ModuleRegion]) -> None:
+    """PlanError for op-level regions this torch or these options cannot run."""
+    for region in regions:
+        if region.save is None or region.saves_all:
+            continue
+        check_selective_support(str(region))
+        check_op_names(str(region), region.save)
+        if plan.options.use_reentrant:
+            raise _fail(
+                f"op-level region {str(region)!r} needs non-reentrant checkpoint; set the "
+                "option use_reentrant to false"
+            )
+
+
 def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> AppliedPlan:
     """Checkpoint the regions of ``plan`` in ``model``, in place; returns what was applied.
 
@@ -387,10 +459,11 @@ def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> 
             f"{type(model).__name__} already has plan {', '.join(map(repr, names))} applied; "
             "call remove_plan(model) first, or apply_plan(model, plan, replace=True)"
         )
-    module_paths = [r.pattern for r in concrete.regions if isinstance(r, ModuleRegion)]
+    module_regions = [r for r in concrete.regions if isinstance(r, ModuleRegion)]
     # Patterns in the concrete plan are escaped exact paths; map them back to real paths.
     real = {escape_path(p): p for p in by_path}
-    targets = [(real[p], by_path[real[p]]) for p in module_paths]
+    targets = [(real[r.pattern], by_path[real[r.pattern]]) for r in module_regions]
+    _check_op_level(concrete, module_regions)
     segments = [r for r in concrete.regions if isinstance(r, SegmentRegion)]
     for path, module in targets + [(s.sequential, by_path[s.sequential]) for s in segments]:
         if getattr(module, "_compiled_call_impl", None) is not None:
@@ -410,8 +483,8 @@ def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> 
     register_module_names(model)  # lets checkpoint's messages name regions by path
 
     installed: list[tuple[nn.Module, str, _Patch]] = []
-    for path, module in targets:
-        region_patch = _RegionCall(module, path, concrete.options, concrete.name)
+    for (path, module), region in zip(targets, module_regions, strict=True):
+        region_patch = _RegionCall(module, path, concrete.options, concrete.name, region)
         vars(module)["_call_impl"] = region_patch
         installed.append((module, "_call_impl", region_patch))
     by_seq: dict[str, list[SegmentRegion]] = {}
