@@ -60,6 +60,7 @@ from ckpt_runtime.oplevel import (
     SavePolicy,
     check_op_names,
     check_selective_support,
+    kept_statistics,
     module_paths,
     outside_addresses,
     track_modules,
@@ -139,9 +140,14 @@ def _call_flat(module: nn.Module, names: tuple[str, ...], *flat: Any) -> Any:
     return type(module)._call_impl(module, *flat[:n], **dict(zip(names, flat[n:], strict=True)))
 
 
-def _tracked_call(module: nn.Module, path: str, names: tuple[str, ...], *flat: Any) -> Any:
-    """``_call_flat`` with module calls tracked (op auto-names, ckpt_runtime/oplevel.py)."""
-    with track_modules(module_paths(module, path)):
+def _tracked_call(
+    module: nn.Module, path: str, runs: list[int], names: tuple[str, ...], *flat: Any
+) -> Any:
+    """``_call_flat`` with module calls tracked (op auto-names, ckpt_runtime/oplevel.py). The
+    first run is forward; later runs are recomputes, which keep forward's running statistics
+    (NOTE [ Running statistics ] in checkpoint.py)."""
+    runs[0] += 1
+    with track_modules(module_paths(module, path)), kept_statistics(module, runs[0] > 1):
         return _call_flat(module, names, *flat)
 
 
@@ -192,7 +198,7 @@ class _RegionCall:
         policy = SavePolicy(
             self.path or "<model>", region.save, outside_addresses(module, flat), self.matched
         )
-        fn = partial(MethodType(_tracked_call, module), self.path, tuple(kwargs))
+        fn = partial(MethodType(_tracked_call, module), self.path, [0], tuple(kwargs))
         with plan_region(module):
             out = torch.utils.checkpoint.checkpoint(
                 fn,

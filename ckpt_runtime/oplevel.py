@@ -16,23 +16,24 @@ The step's loss and gradients stay bitwise those of the un-checkpointed step:
 - RNG ops (dropout) are recomputed with the RNG state restored (``preserve_rng_state``, the
   default; a plan with ``preserve_rng_state: false`` recomputes different masks, and the
   gradient gate, ``compare_gradients``, catches it).
-- An op that writes one of its inputs (``op._schema.is_mutable``: ``add_``, ``bernoulli_``,
-  ``native_batch_norm`` writing running statistics) is never saved by name. If it writes a
-  tensor the region created in this call, recomputing it repeats exactly what forward did
-  (PREFER_RECOMPUTE). If it writes a tensor the region did not create (a region input, a
-  parameter, a buffer, or a view of one: ``num_batches_tracked.add_(1)``), recomputing it would
-  write twice, so it is saved (MUST_SAVE): the recompute takes its outputs from the cache and
-  writes nothing, and every op after it reads the written value, as in forward. That is exact
-  only if no op of the region read that tensor before the write (the recompute starts from the
-  written value), so a write after a read is refused with one line, and so is any write to a
-  region input (checkpoint keeps the inputs for the recompute, and autograd would fail later).
+- Modules with running statistics (BatchNorm) update them in forward and again in the
+  recompute; the recompute's update is undone right after it, as ckpt_runtime's own checkpoint
+  does (NOTE [ Running statistics ] in checkpoint.py), so those buffers count as the region's own.
+- Another op that writes one of its inputs (``op._schema.is_mutable``: ``add_``,
+  ``bernoulli_``) is never saved by name. If it writes a tensor the region created in this call,
+  recomputing it repeats exactly what forward did (PREFER_RECOMPUTE). If it writes a tensor the
+  region did not create (a region input, a parameter, another buffer, or a view of one), the
+  recompute would write it again, and saving the op instead does not help (autograd bumps the
+  tensor's version in the recompute before the cache is read, and torch refuses the changed
+  cache entry; nor could the ops before the write read the unwritten value), so the plan is
+  refused with one line. "Did not create" is decided by storage address
+  (``outside_addresses``): those tensors are alive during the whole call, so no tensor made in
+  the call shares their storage unless it is a view of them. (Tensors without storage count as
+  created.)
 - An op saved by name whose output a later op writes in place would leave the written value in
   the cache: refused with one line in forward where torch hands the policy the op's output
   (``ctx.op_output``), else by torch at backward ("Tensor cached during selective activation
-  checkpoint has been mutated"). "Did not create" is decided
-  by storage address (``outside_addresses``): those tensors are alive during the whole call, so
-  no tensor made in the call shares their storage unless it is a view of them. (Tensors without
-  storage count as created.)
+  checkpoint has been mutated").
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ckpt_runtime.checkpoint import _STAT_NAMES
 from ckpt_runtime.plan import PlanError, match_op, one_line, op_auto_name
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "SavePolicy",
     "check_op_names",
     "check_selective_support",
+    "kept_statistics",
     "module_paths",
     "outside_addresses",
     "track_modules",
@@ -156,6 +159,33 @@ def track_modules(paths: dict[int, str]) -> Iterator[None]:
             tracker.handles = []
 
 
+@contextlib.contextmanager
+def kept_statistics(region: nn.Module, recompute: bool) -> Iterator[None]:
+    """In a recompute, put the running statistics of the region's training modules back as
+    forward left them, once the recompute ends (NOTE [ Running statistics ] in checkpoint.py;
+    here all at once, as the region's modules are known). The copies run outside the selective
+    checkpoint's dispatch mode, which would take them for ops of the region."""
+    if not recompute:
+        yield
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.no_grad():
+        snaps = [
+            (buf, buf.clone())
+            for sub in region.modules()
+            if sub.training
+            for name in _STAT_NAMES
+            if (buf := sub._buffers.get(name)) is not None
+        ]
+    try:
+        yield
+    finally:
+        with _disable_current_modes(), torch.no_grad():
+            for buf, snap in snaps:
+                buf.data.copy_(snap)  # .data: leave the version counter alone (checkpoint.py)
+
+
 # ----------------------------------------------------------------------------- policy
 
 
@@ -204,9 +234,7 @@ class SavePolicy:
         matched: set[str],
     ) -> None:
         self.region, self.save, self.matched = region, save, matched
-        self.inputs, state = outside
-        self.outside = self.inputs | state
-        self.read: set[int] = set()  # addresses in ``outside`` read by an op so far
+        self.inputs, self.state = outside
         self.saved: dict[int, str] = {}  # address of a saved output -> its op's auto-name
 
     def contexts(self) -> tuple[Any, Any]:
@@ -220,24 +248,14 @@ class SavePolicy:
         packet, full = _op_names(op)
         auto = _TRACKER.auto_name(packet)
         written = _written(op, args, kwargs)
-        outside = {_address(t) for t in written} & self.outside
-        if outside & self.read:
+        outside = {_address(t) for t in written} & (self.inputs | self.state)
+        if outside:
+            what = "an input" if outside & self.inputs else "a parameter or buffer"
             raise _fail(
-                f"op-level region {self.region!r}: {full} ({auto}) writes in place a tensor the "
-                "region did not create (an input, parameter or buffer) after the region read "
-                "it, so the recompute would read the written value; make the op out of place, "
+                f"op-level region {self.region!r}: {full} ({auto}) writes in place {what} of "
+                "the region, which the recompute would write again; make the op out of place, "
                 "or drop 'save' from the region"
             )
-        if outside & self.inputs:
-            raise _fail(
-                f"op-level region {self.region!r}: {full} ({auto}) writes in place an input of "
-                "the region, which checkpoint keeps for the recompute; make the op out of "
-                "place, or drop 'save' from the region"
-            )
-        self.read.update(_address(t) for t in _tensor_args(args, kwargs))
-        self.read &= self.outside
-        if outside:
-            return CheckpointPolicy.MUST_SAVE  # its outputs come from the cache: no 2nd write
         if written:
             self._check_not_saved(written, full, auto)
             return CheckpointPolicy.PREFER_RECOMPUTE  # writes a tensor of this call: repeatable
@@ -272,9 +290,16 @@ def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
 
 
 def outside_addresses(module: nn.Module, args: tuple[Any, ...]) -> tuple[set[int], set[int]]:
-    """Storage addresses of ``args``' tensors, and of ``module``'s parameters and buffers."""
+    """Storage addresses of ``args``' tensors, and of ``module``'s parameters and buffers but
+    running statistics (restored after the recompute, NOTE [ Running statistics ])."""
     inputs = {_address(t) for t in _tensor_args(args, {})}
-    state = {_address(t) for t in [*module.parameters(), *module.buffers()]}
+    state = {_address(p) for p in module.parameters()}
+    state |= {
+        _address(buf)
+        for sub in module.modules()
+        for name, buf in sub._buffers.items()
+        if buf is not None and name not in _STAT_NAMES
+    }
     return inputs - {0}, state - {0}
 
 
