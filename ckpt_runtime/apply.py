@@ -151,6 +151,25 @@ def _tracked_call(
         return _call_flat(module, names, *flat)
 
 
+class _SaveGroup:
+    """The op-level regions that share one ``save`` list (one pattern of the plan, usually):
+    an entry that matches no op once each of them has run is a mistake in the plan."""
+
+    def __init__(self, save: tuple[str, ...]) -> None:
+        self.save, self.matched = save, set[str]()
+        self.members = self.ran = 0
+
+    def first_call_done(self, path: str) -> None:
+        self.ran += 1
+        unmatched = [e for e in self.save if e not in self.matched]
+        if self.ran == self.members and unmatched:
+            raise _fail(
+                f"op-level region {path or '<model>'!r}: 'save' entry {unmatched[0]!r} matches "
+                "no op its modules ran; list ops as aten.mm, aten.mm* or auto-names like "
+                f"{op_auto_name(path, 'aten.mm', 0)}"
+            )
+
+
 class _RegionCall:
     """Set as ``module._call_impl``: NOTE [ A module region is the whole module call ]."""
 
@@ -161,11 +180,12 @@ class _RegionCall:
         options: PlanOptions,
         plan: str,
         region: ModuleRegion | None = None,
+        group: _SaveGroup | None = None,
     ) -> None:
         self.module, self.path, self.options, self.plan = module, path, options, plan
         self.region = region if region is not None and region.op_level else None
         self.offloader = Offloader(path or "<model>")
-        self.matched: set[str] = set()
+        self.group = group
         self.calls = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -193,10 +213,10 @@ class _RegionCall:
         if region.offload:
             with self.offloader.hooks():
                 return type(module)._call_impl(module, *args, **kwargs)
-        assert region.save is not None
+        assert region.save is not None and self.group is not None
         flat = (*args, *kwargs.values())
         policy = SavePolicy(
-            self.path or "<model>", region.save, outside_addresses(module, flat), self.matched
+            self.path or "<model>", region.save, outside_addresses(module, flat), self.group.matched
         )
         fn = partial(MethodType(_tracked_call, module), self.path, [0], tuple(kwargs))
         with plan_region(module):
@@ -207,13 +227,8 @@ class _RegionCall:
                 preserve_rng_state=self.options.preserve_rng_state,
                 context_fn=policy.contexts,
             )
-        unmatched = [e for e in region.save if e not in self.matched]
-        if self.calls == 1 and unmatched:
-            raise _fail(
-                f"op-level region {self.path or '<model>'!r}: 'save' entry {unmatched[0]!r} "
-                "matches no op the module ran; list ops as aten.mm, aten.mm* or auto-names "
-                f"like {op_auto_name(self.path, 'aten.mm', 0)}"
-            )
+        if self.calls == 1:
+            self.group.first_call_done(self.path)
         return out
 
 
@@ -409,7 +424,9 @@ class AppliedPlan:
         n = len(self.plan.regions)
         lines = [f"{head}: {n} region{'s' if n != 1 else ''}"]
         lines += [
-            f"  {region}" if isinstance(region, ModuleRegion) else f"  segment {region}"
+            f"  {region}{_op_level_note(region)}"
+            if isinstance(region, ModuleRegion)
+            else f"  segment {region}"
             for region in self.plan.regions
         ]
         return "\n".join(lines)
@@ -422,6 +439,13 @@ class AppliedPlan:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def _op_level_note(region: ModuleRegion) -> str:
+    """`` (offload)``, `` (save aten.mm*, ...)`` or nothing, for ``describe``."""
+    if region.offload:
+        return " (offload)"
+    return "" if region.save is None else f" (save {', '.join(region.save)})"
 
 
 def _check_op_level(plan: Plan, regions: list[ModuleRegion]) -> None:
@@ -489,8 +513,13 @@ def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> 
     register_module_names(model)  # lets checkpoint's messages name regions by path
 
     installed: list[tuple[nn.Module, str, _Patch]] = []
+    groups: dict[tuple[str, ...], _SaveGroup] = {}
     for (path, module), region in zip(targets, module_regions, strict=True):
-        region_patch = _RegionCall(module, path, concrete.options, concrete.name, region)
+        group = None
+        if region.save is not None and not region.saves_all:
+            group = groups.setdefault(region.save, _SaveGroup(region.save))
+            group.members += 1
+        region_patch = _RegionCall(module, path, concrete.options, concrete.name, region, group)
         vars(module)["_call_impl"] = region_patch
         installed.append((module, "_call_impl", region_patch))
     by_seq: dict[str, list[SegmentRegion]] = {}

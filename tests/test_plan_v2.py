@@ -128,6 +128,10 @@ def test_conflicting_and_nesting_op_level_regions_are_refused() -> None:
     )
     applied = apply_plan(model, same)
     assert applied.modules == ("layers.0", "layers.1")
+    assert str(applied).splitlines()[1:] == [
+        "  layers.0 (save aten.mm)",
+        "  layers.1 (save aten.mm)",
+    ]
     applied.remove()
 
 
@@ -157,7 +161,8 @@ def baseline() -> tuple[nn.Module, Grads]:
 EXACT_PLANS = {
     "matmuls": doc([{"module": "layers.*", "save": ["aten.mm*", "aten.addmm"]}]),
     "auto-names": doc([{"module": "layers.*", "save": ["layers.*.self_attn.bmm_1", "*linear1*"]}]),
-    "recompute-all": doc([{"module": "layers.*", "save": ["aten.native_layer_norm"]}]),
+    "one-block-names": doc([{"module": "layers.*", "save": ["layers.1.self_attn.bmm_0"]}]),
+    "layer-norms": doc([{"module": "layers.*", "save": ["aten.native_layer_norm"]}]),
     "offload": doc([{"module": "layers.*", "save": ["*"], "offload": True}]),
 }
 
