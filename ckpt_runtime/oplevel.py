@@ -39,7 +39,7 @@ The step's loss and gradients stay bitwise those of the un-checkpointed step:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -344,7 +344,6 @@ class Offloader:
         self.region = region
         self._cuda = cuda
         self.stream: Any = None
-        self.packed = 0
 
     @property
     def cuda(self) -> Any:
@@ -378,7 +377,6 @@ class Offloader:
             host = tensor.to("cpu", non_blocking=True)
             copied = side.record_event()
         tensor.record_stream(side)
-        self.packed += 1
         return _OnHost(tensor.device, host, copied)
 
     def unpack(self, packed: Any) -> Tensor:
@@ -387,9 +385,3 @@ class Offloader:
         self.cuda.current_stream(packed.device).wait_event(packed.copied)
         tensor: Tensor = packed.host.to(packed.device, non_blocking=True)
         return tensor
-
-
-def offloaded_call(offloader: Offloader, call: Callable[[], Any]) -> Any:
-    """Run ``call`` with its saved tensors offloaded."""
-    with offloader.hooks():
-        return call()

@@ -326,10 +326,6 @@ class ModuleRegion:
         """True if the module at ``path`` belongs to this region."""
         return match_path(self.pattern, path)
 
-    def with_pattern(self, pattern: str) -> ModuleRegion:
-        """This region on another module pattern (same ``save`` and ``offload``)."""
-        return ModuleRegion(pattern, self.save, self.offload)
-
     def to_json(self) -> dict[str, Any]:
         """This region as a plan-document object."""
         doc: dict[str, Any] = {"module": self.pattern}
