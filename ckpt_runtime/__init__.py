@@ -14,7 +14,10 @@ are torch-free, for ckview's analysis (NOTE [ Importing ckpt_runtime does not im
 - :func:`apply_plan`, :func:`remove_plan`, :func:`resolve_plan` (:mod:`ckpt_runtime.apply`),
   :class:`Plan` and friends (:mod:`ckpt_runtime.plan`, docs/plan-format.md) and the presets
   ``none``, ``all``, ``every:K``, ``sqrt`` (:mod:`ckpt_runtime.resolve`, on a live model through
-  :mod:`ckpt_runtime.presets`): checkpoint plans.
+  :mod:`ckpt_runtime.presets`): checkpoint plans; op-level regions (save chosen ops, offload)
+  run through :mod:`ckpt_runtime.oplevel`.
+- :func:`compare_gradients`, :func:`gradients_of` (:mod:`ckpt_runtime.gradients`): the
+  gradient gate of ``ckview verify``.
 
 Note that the functions ``checkpoint`` and ``bypass`` shadow their submodules as attributes of
 the package: reach the modules with ``from ckpt_runtime.checkpoint import ...`` or
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
         checkpoint_sequential,
         register_module_names,
     )
+    from ckpt_runtime.gradients import compare_gradients, gradients_of
     from ckpt_runtime.markers import add_listener, region_target
     from ckpt_runtime.presets import BlockChain, find_block_chain, resolve_preset
 
@@ -72,6 +76,8 @@ _LAZY = {
     "checkpoint": "checkpoint",
     "checkpoint_sequential": "checkpoint",
     "register_module_names": "checkpoint",
+    "compare_gradients": "gradients",
+    "gradients_of": "gradients",
     "add_listener": "markers",
     "region_target": "markers",
     "BlockChain": "presets",
@@ -122,7 +128,9 @@ __all__ = [
     "bypass",
     "checkpoint",
     "checkpoint_sequential",
+    "compare_gradients",
     "find_block_chain",
+    "gradients_of",
     "is_bypassed",
     "load_plan",
     "region_target",

@@ -50,10 +50,21 @@ from types import FrameType, MethodType
 from typing import Any, TypeAlias
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ckpt_runtime.bypass import plan_region
 from ckpt_runtime.checkpoint import checkpoint, register_module_names
+from ckpt_runtime.oplevel import (
+    Offloader,
+    SavePolicy,
+    check_op_names,
+    check_selective_support,
+    kept_statistics,
+    module_paths,
+    outside_addresses,
+    track_modules,
+)
 from ckpt_runtime.plan import (
     ModuleRegion,
     Plan,
@@ -63,6 +74,7 @@ from ckpt_runtime.plan import (
     escape_path,
     load_plan,
     one_line,
+    op_auto_name,
 )
 from ckpt_runtime.presets import check_model, module_tree
 from ckpt_runtime.resolve import join, resolve
@@ -128,11 +140,52 @@ def _call_flat(module: nn.Module, names: tuple[str, ...], *flat: Any) -> Any:
     return type(module)._call_impl(module, *flat[:n], **dict(zip(names, flat[n:], strict=True)))
 
 
+def _tracked_call(
+    module: nn.Module, path: str, runs: list[int], names: tuple[str, ...], *flat: Any
+) -> Any:
+    """``_call_flat`` with module calls tracked (op auto-names, ckpt_runtime/oplevel.py). The
+    first run is forward; later runs are recomputes, which keep forward's running statistics
+    (NOTE [ Running statistics ] in checkpoint.py)."""
+    runs[0] += 1
+    with track_modules(module_paths(module, path)), kept_statistics(module, runs[0] > 1):
+        return _call_flat(module, names, *flat)
+
+
+class _SaveGroup:
+    """The op-level regions that share one ``save`` list (one pattern of the plan, usually):
+    an entry that matches no op once each of them has run is a mistake in the plan."""
+
+    def __init__(self, save: tuple[str, ...]) -> None:
+        self.save, self.matched = save, set[str]()
+        self.members = self.ran = 0
+
+    def first_call_done(self, path: str) -> None:
+        self.ran += 1
+        unmatched = [e for e in self.save if e not in self.matched]
+        if self.ran == self.members and unmatched:
+            raise _fail(
+                f"op-level region {path or '<model>'!r}: 'save' entry {unmatched[0]!r} matches "
+                "no op its modules ran; list ops as aten.mm, aten.mm* or auto-names like "
+                f"{op_auto_name(path, 'aten.mm', 0)}"
+            )
+
+
 class _RegionCall:
     """Set as ``module._call_impl``: NOTE [ A module region is the whole module call ]."""
 
-    def __init__(self, module: nn.Module, path: str, options: PlanOptions, plan: str) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        path: str,
+        options: PlanOptions,
+        plan: str,
+        region: ModuleRegion | None = None,
+        group: _SaveGroup | None = None,
+    ) -> None:
         self.module, self.path, self.options, self.plan = module, path, options, plan
+        self.region = region if region is not None and region.op_level else None
+        self.offloader = Offloader(path or "<model>")
+        self.group = group
         self.calls = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -140,6 +193,8 @@ class _RegionCall:
         if not torch.is_grad_enabled():
             return type(module)._call_impl(module, *args, **kwargs)
         self.calls += 1
+        if self.region is not None:
+            return self._op_level(self.region, args, kwargs)
         # A bound method of the module (in a partial), so that the recompute markers report
         # the module as the region's target (ckpt_runtime.markers.region_target).
         fn = partial(MethodType(_call_flat, module), tuple(kwargs))
@@ -151,6 +206,30 @@ class _RegionCall:
                 use_reentrant=self.options.use_reentrant,
                 preserve_rng_state=self.options.preserve_rng_state,
             )
+
+    def _op_level(self, region: ModuleRegion, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An op-level region's call: offloaded, or under a selective checkpoint policy."""
+        module = self.module
+        if region.offload:
+            with self.offloader.hooks():
+                return type(module)._call_impl(module, *args, **kwargs)
+        assert region.save is not None and self.group is not None
+        flat = (*args, *kwargs.values())
+        policy = SavePolicy(
+            self.path or "<model>", region.save, outside_addresses(module, flat), self.group.matched
+        )
+        fn = partial(MethodType(_tracked_call, module), self.path, [0], tuple(kwargs))
+        with plan_region(module):
+            out = torch.utils.checkpoint.checkpoint(
+                fn,
+                *flat,
+                use_reentrant=False,
+                preserve_rng_state=self.options.preserve_rng_state,
+                context_fn=policy.contexts,
+            )
+        if self.calls == 1:
+            self.group.first_call_done(self.path)
+        return out
 
 
 def _run_segment(seq: nn.Sequential, start: int, stop: int, input: Any) -> Any:
@@ -345,7 +424,9 @@ class AppliedPlan:
         n = len(self.plan.regions)
         lines = [f"{head}: {n} region{'s' if n != 1 else ''}"]
         lines += [
-            f"  {region}" if isinstance(region, ModuleRegion) else f"  segment {region}"
+            f"  {region}{_op_level_note(region)}"
+            if isinstance(region, ModuleRegion)
+            else f"  segment {region}"
             for region in self.plan.regions
         ]
         return "\n".join(lines)
@@ -358,6 +439,27 @@ class AppliedPlan:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def _op_level_note(region: ModuleRegion) -> str:
+    """`` (offload)``, `` (save aten.mm*, ...)`` or nothing, for ``describe``."""
+    if region.offload:
+        return " (offload)"
+    return "" if region.save is None else f" (save {', '.join(region.save)})"
+
+
+def _check_op_level(plan: Plan, regions: list[ModuleRegion]) -> None:
+    """PlanError for op-level regions this torch or these options cannot run."""
+    for region in regions:
+        if region.save is None or region.saves_all:
+            continue
+        check_selective_support(str(region))
+        check_op_names(str(region), region.save)
+        if plan.options.use_reentrant:
+            raise _fail(
+                f"op-level region {str(region)!r} needs non-reentrant checkpoint; set the "
+                "option use_reentrant to false"
+            )
 
 
 def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> AppliedPlan:
@@ -387,10 +489,11 @@ def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> 
             f"{type(model).__name__} already has plan {', '.join(map(repr, names))} applied; "
             "call remove_plan(model) first, or apply_plan(model, plan, replace=True)"
         )
-    module_paths = [r.pattern for r in concrete.regions if isinstance(r, ModuleRegion)]
+    module_regions = [r for r in concrete.regions if isinstance(r, ModuleRegion)]
     # Patterns in the concrete plan are escaped exact paths; map them back to real paths.
     real = {escape_path(p): p for p in by_path}
-    targets = [(real[p], by_path[real[p]]) for p in module_paths]
+    targets = [(real[r.pattern], by_path[real[r.pattern]]) for r in module_regions]
+    _check_op_level(concrete, module_regions)
     segments = [r for r in concrete.regions if isinstance(r, SegmentRegion)]
     for path, module in targets + [(s.sequential, by_path[s.sequential]) for s in segments]:
         if getattr(module, "_compiled_call_impl", None) is not None:
@@ -410,8 +513,13 @@ def apply_plan(model: nn.Module, plan: PlanSource, *, replace: bool = False) -> 
     register_module_names(model)  # lets checkpoint's messages name regions by path
 
     installed: list[tuple[nn.Module, str, _Patch]] = []
-    for path, module in targets:
-        region_patch = _RegionCall(module, path, concrete.options, concrete.name)
+    groups: dict[tuple[str, ...], _SaveGroup] = {}
+    for (path, module), region in zip(targets, module_regions, strict=True):
+        group = None
+        if region.save is not None and not region.saves_all:
+            group = groups.setdefault(region.save, _SaveGroup(region.save))
+            group.members += 1
+        region_patch = _RegionCall(module, path, concrete.options, concrete.name, region, group)
         vars(module)["_call_impl"] = region_patch
         installed.append((module, "_call_impl", region_patch))
     by_seq: dict[str, list[SegmentRegion]] = {}

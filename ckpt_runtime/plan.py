@@ -27,6 +27,20 @@ of the JSON decoder (syntax, nesting too deep for Python's recursion limit, inte
 convert) is a :class:`PlanError`, messages quoting the plan are cut to ``MAX_MESSAGE`` characters,
 and matching runs a set of pattern positions along the path (``_match_parts``): time linear in
 path length times pattern length, whatever the number of ``**``, and no recursion.
+
+NOTE [ Op-level regions ]
+Format version 2 lets a module region say which ops' outputs it saves (``save``) and whether
+the tensors it keeps go to host memory (``offload``). A region without ``save`` recomputes
+everything (version 1). With ``save``, each op call inside the region is named three ways, and
+it is saved if any name matches any entry of ``save`` (``fnmatch.fnmatchcase`` on the whole
+name, so here ``*`` does cross dots): its overload packet (``aten.mm``), its overload
+(``aten.mm.default``), and its position-stable auto-name ``<module path>.<op>_<i>``
+(``layers.0.self_attn.mm_0``): the innermost module running it, the op's name without its
+namespace, and its index among that op's calls in that module call (:func:`op_auto_name`). The
+entry ``*`` saves every op: the region recomputes nothing, which only makes sense with
+``offload``. In this version ``offload`` requires ``save: ["*"]`` (offloading the tensors a
+recompute keeps is not supported). Writers write version 1 for a plan that uses neither key, so
+version-1 plans round-trip byte for byte.
 """
 
 from __future__ import annotations
@@ -55,14 +69,22 @@ __all__ = [
     "escape_path",
     "is_preset_like",
     "load_plan",
+    "match_op",
     "match_path",
     "match_paths",
+    "op_auto_name",
     "parse_preset",
     "save_plan",
 ]
 
 FORMAT_NAME = "ckview-plan"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest version this reader reads (NOTE [ Op-level regions ]); plans without op-level
+regions are written as version 1."""
+SAVE_ALL = "*"
+"""The ``save`` entry that saves every op (nothing is recomputed)."""
+MAX_SAVE_ENTRIES = 4096
+"""Most entries in one region's ``save`` list."""
 PRESETS = ("none", "all", "sqrt", "every:K")
 """The preset names, as shown in messages (``K`` is a positive integer)."""
 
@@ -230,18 +252,75 @@ class PlanOptions:
         return {"use_reentrant": self.use_reentrant, "preserve_rng_state": self.preserve_rng_state}
 
 
+def op_auto_name(module_path: str, op: str, index: int) -> str:
+    """The position-stable name of the ``index``-th call of ``op`` (``aten.mm``, namespace
+    dropped) in one call of the module at ``module_path`` (NOTE [ Op-level regions ])."""
+    short = op.split(".")[1] if "." in op else op
+    return f"{module_path}.{short}_{index}" if module_path else f"{short}_{index}"
+
+
+def match_op(entry: str, names: tuple[str, ...]) -> bool:
+    """True if the ``save`` entry matches one of an op call's ``names`` (NOTE [ Op-level
+    regions ])."""
+    return any(fnmatchcase(name, entry) for name in names)
+
+
+def _check_save(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not value:
+        raise _fail(
+            f"'save' must be a non-empty list of op names or patterns (e.g. [\"aten.mm*\"]), "
+            f"got {value!r}"
+        )
+    if len(value) > MAX_SAVE_ENTRIES:
+        raise _fail(f"'save' has {len(value)} entries; at most {MAX_SAVE_ENTRIES}")
+    for entry in value:
+        if not isinstance(entry, str) or not entry or not entry.isprintable() or " " in entry:
+            raise _fail(
+                f"'save' entry {entry!r} must be an op name or pattern without spaces "
+                "(aten.mm, aten.mm*, layers.0.attn.mm_0)"
+            )
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class ModuleRegion:
     """Checkpoint every module whose path matches ``pattern``, each call as its own region.
 
     ``pattern`` is a dotted path from ``model.named_modules()`` or a glob pattern
-    (NOTE [ Module path patterns ]).
+    (NOTE [ Module path patterns ]). ``save`` (format 2) lists the ops whose outputs the region
+    keeps, recomputing the others (None: recompute everything); ``offload`` sends the tensors
+    it keeps to host memory (NOTE [ Op-level regions ]).
     """
 
     pattern: str
+    save: tuple[str, ...] | None = None
+    offload: bool = False
 
     def __post_init__(self) -> None:
         check_module_path(self.pattern, "module pattern", glob=True)
+        if self.save is not None:
+            object.__setattr__(self, "save", _check_save(self.save))
+        _check_bool(self.offload, "'offload'")
+        if self.offload and not self.saves_all:
+            raise _fail(
+                f"module region {self}: 'offload' needs 'save': [\"*\"] (offloading the tensors a "
+                "recompute keeps is not supported); save every op, or drop 'offload'"
+            )
+        if self.saves_all and not self.offload:
+            raise _fail(
+                f"module region {self} saves every op and does not offload, so it changes "
+                'nothing; add "offload": true, or list the ops to save'
+            )
+
+    @property
+    def op_level(self) -> bool:
+        """True if the region uses format-2 keys (``save`` or ``offload``)."""
+        return self.save is not None or self.offload
+
+    @property
+    def saves_all(self) -> bool:
+        """True if the region recomputes nothing (``save`` holds ``*``)."""
+        return self.save is not None and SAVE_ALL in self.save
 
     def matches(self, path: str) -> bool:
         """True if the module at ``path`` belongs to this region."""
@@ -249,7 +328,12 @@ class ModuleRegion:
 
     def to_json(self) -> dict[str, Any]:
         """This region as a plan-document object."""
-        return {"module": self.pattern}
+        doc: dict[str, Any] = {"module": self.pattern}
+        if self.save is not None:
+            doc["save"] = list(self.save)
+        if self.offload:
+            doc["offload"] = True
+        return doc
 
     def __str__(self) -> str:
         return self.pattern or "<model>"
@@ -298,7 +382,7 @@ class SegmentRegion:
 Region: TypeAlias = ModuleRegion | SegmentRegion
 
 
-def _region_from_json(data: Any) -> Region:
+def _region_from_json(data: Any, version: int) -> Region:
     if not isinstance(data, Mapping):
         raise _fail(f"a region must be a JSON object, got {data!r}")
     if "module" in data and "sequential" in data:
@@ -306,14 +390,16 @@ def _region_from_json(data: Any) -> Region:
             "a region has either 'module' (a module region) or 'sequential' (a segment), not both"
         )
     if "module" in data:
-        extra = set(data) - {"module"}
+        extra = set(data) - {"module", "save", "offload"}
         if extra:
             raise _fail(
-                f"unknown key(s) {sorted(extra)} in module region; a module region has only "
-                "'module' (to checkpoint children of an nn.Sequential as one region, use "
-                "'sequential', 'start', 'stop')"
+                f"unknown key(s) {sorted(extra)} in module region; a module region has "
+                "'module', 'save' and 'offload' (to checkpoint children of an nn.Sequential as "
+                "one region, use 'sequential', 'start', 'stop')"
             )
-        return ModuleRegion(data["module"])
+        if version < 2 and set(data) != {"module"}:
+            raise _fail("'save' and 'offload' need plan format version 2; set \"version\": 2")
+        return ModuleRegion(data["module"], data.get("save"), data.get("offload", False))
     if "sequential" in data:
         extra = set(data) - {"sequential", "start", "stop"}
         if extra:
@@ -437,6 +523,11 @@ class Plan:
         _check_disjoint([r for r in self.regions if isinstance(r, SegmentRegion)])
 
     @property
+    def version(self) -> int:
+        """The format version this plan needs: 2 if a region is op-level, else 1."""
+        return 2 if any(isinstance(r, ModuleRegion) and r.op_level for r in self.regions) else 1
+
+    @property
     def is_preset(self) -> bool:
         """True if this plan names a preset still to be resolved against a model."""
         return self.preset is not None
@@ -501,7 +592,7 @@ class Plan:
                 raise _fail(f"plan 'regions' must be a JSON array, got {raw!r}")
             for i, item in enumerate(raw):
                 try:
-                    regions.append(_region_from_json(item))
+                    regions.append(_region_from_json(item, version))
                 except PlanError as exc:
                     raise _fail(f"regions[{i}]: {exc}") from None
         else:
@@ -524,7 +615,7 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """This plan as a plan document (a JSON-serialisable dict; ``Plan.from_json`` reads it)."""
-        doc: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "name": self.name}
+        doc: dict[str, Any] = {"format": FORMAT_NAME, "version": self.version, "name": self.name}
         if self.preset is not None:
             doc["preset"] = self.preset
             if self.chain is not None:

@@ -58,7 +58,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -368,6 +368,9 @@ class Resolved:
     why: str | None = None
     """Why the region cannot take effect in the recorded step (NOTE [ Regions that cannot take
     effect ]); None if it runs, or if the tree does not know."""
+    save: tuple[str, ...] | None = None
+    """A module region's op-level ``save`` list (NOTE [ Op-level regions ] in plan.py)."""
+    offload: bool = False
 
     @property
     def is_segment(self) -> bool:
@@ -378,7 +381,7 @@ class Resolved:
         path = tree.nodes[self.node].path
         if self.is_segment:
             return SegmentRegion(path, self.start, self.stop)
-        return ModuleRegion(escape_path(path))
+        return ModuleRegion(escape_path(path), self.save, self.offload)
 
 
 @dataclass(frozen=True)
@@ -435,7 +438,7 @@ def resolve(tree: ModuleTree, plan: Plan) -> Resolution:
 
 def resolve_regions(tree: ModuleTree, wanted: Iterable[Region]) -> tuple[Resolved, ...]:
     """The concrete, checked regions of ``wanted`` in model order (as :func:`resolve`)."""
-    nodes: set[int] = set()
+    kinds: dict[int, ModuleRegion] = {}  # node -> the region selecting it
     segments: list[Resolved] = []
     for region in wanted:
         if isinstance(region, ModuleRegion):
@@ -445,14 +448,47 @@ def resolve_regions(tree: ModuleTree, wanted: Iterable[Region]) -> tuple[Resolve
                     f"module pattern {region.pattern!r} matches no module of "
                     f"{tree.model_type}; {tree.suggest(region.pattern)}"
                 )
-            nodes.update(hits)
+            for node in hits:
+                _check_same_kind(tree, node, kinds.setdefault(node, region), region)
         else:
             segments.append(_segment(tree, region))
+    nodes = set(kinds)
     _check_overlaps(tree, segments)
     _check_same_computation(tree, nodes, segments)
-    found = [Resolved(i) for i in nodes] + segments
+    _check_op_level_alone(tree, kinds, segments)
+    found = [Resolved(i, save=kinds[i].save, offload=kinds[i].offload) for i in nodes] + segments
     found.sort(key=lambda r: (r.node, int(r.is_segment), r.start))
-    return tuple(Resolved(r.node, r.start, r.stop, _why(tree, r)) for r in found)
+    return tuple(Resolved(r.node, r.start, r.stop, _why(tree, r), r.save, r.offload) for r in found)
+
+
+def _check_same_kind(tree: ModuleTree, node: int, first: ModuleRegion, other: ModuleRegion) -> None:
+    """Two patterns selecting one module must agree on ``save`` and ``offload``."""
+    if (first.save, first.offload) != (other.save, other.offload):
+        raise _fail(
+            f"module {tree.nodes[node].path or '<model>'!r} is selected by regions "
+            f"{first.pattern!r} and {other.pattern!r} with different 'save' or 'offload'; "
+            "make them agree, or narrow one pattern"
+        )
+
+
+def _check_op_level_alone(
+    tree: ModuleTree, kinds: Mapping[int, ModuleRegion], segments: Sequence[Resolved]
+) -> None:
+    """An op-level region neither nests in nor holds another region (torch's selective
+    checkpoint does not nest, and offload hooks would not see a nested checkpoint's tensors)."""
+    others = [(n, tree.nodes[n].path or "<model>", False) for n in kinds]
+    others += [(r.node, _label(tree, r), True) for r in segments]
+    for node, region in kinds.items():
+        if not region.op_level:
+            continue
+        for other, label, segment in others:
+            same = other == node and segment  # a segment of the op-level module itself
+            if same or tree.inside(other, node) or tree.inside(node, other):
+                raise _fail(
+                    f"op-level region {tree.nodes[node].path or '<model>'!r} and region "
+                    f"{label!r} nest; a region with 'save' or 'offload' cannot nest with "
+                    "another region, so drop one of them"
+                )
 
 
 def _segment(tree: ModuleTree, region: SegmentRegion) -> Resolved:

@@ -433,7 +433,7 @@ def test_plan_round_trip(data: Any) -> None:
 
 BAD_DOCS: list[tuple[Any, str]] = [
     ({"version": 1, "regions": []}, "not a ckview plan"),
-    ({"format": "ckview-plan", "version": 2, "regions": []}, "newer"),
+    ({"format": "ckview-plan", "version": 3, "regions": []}, "newer"),
     ({"format": "ckview-plan", "version": True, "regions": []}, "positive integer"),
     ({"format": "ckview-plan", "version": 1}, "exactly one of"),
     ({"format": "ckview-plan", "version": 1, "regions": [], "preset": "all"}, "exactly one of"),
