@@ -31,8 +31,8 @@ V3_TRACES = sorted(
 )
 
 
-def test_this_is_version_4() -> None:
-    assert FORMAT_VERSION == 4
+def test_this_is_version_5() -> None:
+    assert FORMAT_VERSION == 5
     assert Category.UNKNOWN == 10
     assert set(ROOT_TABLES) == {"modules", "frames", "stacks"}
     assert "segments" in RUN_TABLES and "stack" in [c.name for c in RUN_TABLES["storages"]]

@@ -7,7 +7,7 @@ NOTE [ Migrations build views ]
     of them and the string table), added tables read as empty, added meta fields and run
     attributes get the value that stands for "unknown". The reader applies every step from the
     file's version up to ``FORMAT_VERSION``, so a reader only ever sees current-version tables.
-    Old files are kept as test data (``tests/data/traces_v1``, ``traces_v2``, ``traces_v3``),
+    Old files are kept as test data (``tests/data/traces_v1`` to ``traces_v4``),
     and a migration is tested by reading them.
 """
 
@@ -111,7 +111,6 @@ MIGRATIONS: dict[int, Migration] = {
             "allocator_events": "",
             "source": "record",
             "device_total_bytes": -1,
-            "allocator_settings": "",
         },
         run_attrs={
             "oom_op": "",
@@ -121,6 +120,13 @@ MIGRATIONS: dict[int, Migration] = {
             "oom_message": "",
         },
         tables=("frames", "stacks", "segments", "device_samples"),
+    ),
+    4: Migration(
+        source=4,
+        columns={},
+        meta={"allocator_settings": ""},
+        run_attrs={},
+        tables=(),
     ),
 }
 """Migrations by the version they read."""

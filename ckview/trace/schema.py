@@ -14,7 +14,7 @@ from enum import IntEnum
 import numpy as np
 
 FORMAT_NAME = "ckview-trace"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 #: Value of the ``ckview_type`` attribute on each kind of group, with its own version.
 GROUP_TYPES: dict[str, tuple[str, int]] = {
@@ -337,7 +337,7 @@ META_FIELDS: dict[str, str] = {
     "a PyTorch memory snapshot by 'ckview import') (since v4)",
     "allocator_settings": "JSON object: the CUDA caching allocator's settings as torch reports "
     "them (a snapshot's 'allocator_settings': 'PYTORCH_CUDA_ALLOC_CONF', 'max_split_size', "
-    "'expandable_segments', 'roundup_power2_divisions', ...), '' if unknown (since v4)",
+    "'expandable_segments', 'roundup_power2_divisions', ...), '' if unknown (since v5)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
