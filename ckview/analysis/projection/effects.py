@@ -251,62 +251,77 @@ def _released_outputs(
     return ci[ok], cs[ok], point[ok]
 
 
+@dataclass(frozen=True)
+class _CallIO:
+    """What the forward life of a storage needs from the module calls and their I/O."""
+
+    parent: np.ndarray
+    end: np.ndarray
+    out_codes: np.ndarray
+    """``call * scale + storage`` of every OUTPUT row, sorted."""
+    scale: int
+    used_until: np.ndarray
+    """Per storage: the end of the last forward call that takes it as an input, -1 if none."""
+
+    @classmethod
+    def of(cls, tables: RunTables, storage: np.ndarray) -> _CallIO:
+        calls, io = tables["module_calls"], tables["module_io"]
+        end = np.asarray(calls["end_ns"], dtype=np.int64)
+        io_call = np.asarray(io["call"], dtype=np.int64)
+        io_storage = np.asarray(io["storage"], dtype=np.int64)
+        kind = np.asarray(io["kind"])
+        scale = int(max(io_storage.max(initial=0), storage.max(initial=0))) + 1
+        inputs = (kind == IOKind.INPUT) & (np.asarray(calls["phase"])[io_call] == Phase.FORWARD)
+        used_until = np.full(scale, -1, dtype=np.int64)
+        np.maximum.at(used_until, io_storage[inputs], end[io_call[inputs]])
+        return cls(
+            parent=np.asarray(calls["parent"], dtype=np.int64),
+            end=end,
+            out_codes=np.unique((io_call * scale + io_storage)[kind == IOKind.OUTPUT]),
+            scale=scale,
+            used_until=used_until,
+        )
+
+    def returns(self, call: np.ndarray, storage: np.ndarray) -> np.ndarray:
+        """Whether each ``call`` (>= 0) returns the ``storage`` beside it."""
+        return (call >= 0) & np.isin(np.maximum(call, 0) * self.scale + storage, self.out_codes)
+
+    def climb(self, call: np.ndarray, storage: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """From ``call``, where ``active``, up through the callers that return the storage too
+        (as many rounds as the module tree is deep)."""
+        while True:
+            up = self.parent[np.maximum(call, 0)]
+            more = active & (call >= 0) & self.returns(up, storage)
+            if not more.any():
+                return call
+            call = np.where(more, up, call)
+
+
 def _forward_life(
     tables: RunTables, last_call: np.ndarray, storage: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(end_ns, known)`` per output: when its forward life ends (NOTE [ Released outputs ]);
     not known for the output of a top-level call or of a call that never returned."""
-    calls, io = tables["module_calls"], tables["module_io"]
-    parent = np.asarray(calls["parent"], dtype=np.int64)
-    end = np.asarray(calls["end_ns"], dtype=np.int64)
-    io_call = np.asarray(io["call"], dtype=np.int64)
-    io_storage = np.asarray(io["storage"], dtype=np.int64)
-    kind = np.asarray(io["kind"])
-    scale = int(max(io_storage.max(initial=0), storage.max(initial=0))) + 1
-    out_codes = np.unique((io_call * scale + io_storage)[kind == IOKind.OUTPUT])
-    call = last_call.copy()
-    while True:  # up through the callers that return it too (depth of the module tree)
-        up = parent[call]
-        returned = (up >= 0) & np.isin(np.maximum(up, 0) * scale + storage, out_codes)
-        if not returned.any():
-            break
-        call = np.where(returned, up, call)
-    life = end[call]
-    known = (parent[call] >= 0) & (life >= 0)
-    inputs = (kind == IOKind.INPUT) & (np.asarray(calls["phase"])[io_call] == Phase.FORWARD)
-    used_until = np.full(scale, -1, dtype=np.int64)
-    np.maximum.at(used_until, io_storage[inputs], end[io_call[inputs]])
-    return np.maximum(life, used_until[storage]), known
+    io = _CallIO.of(tables, storage)
+    call = io.climb(last_call.copy(), storage, np.ones(len(storage), dtype=bool))
+    life = io.end[call]
+    known = (io.parent[call] >= 0) & (life >= 0)
+    return np.maximum(life, io.used_until[storage]), known
 
 
 def _local_ends(base: Baseline, tables: RunTables, storage: np.ndarray) -> np.ndarray:
     """Per storage made in forward: the baseline point after which no Python reference holds it
     (NOTE [ Locals die with their frame ]); ``base.n + 1`` where that is not known."""
-    calls, io = tables["module_calls"], tables["module_io"]
-    parent = np.asarray(calls["parent"], dtype=np.int64)
-    end = np.asarray(calls["end_ns"], dtype=np.int64)
-    io_call = np.asarray(io["call"], dtype=np.int64)
-    io_storage = np.asarray(io["storage"], dtype=np.int64)
-    kind = np.asarray(io["kind"])
-    scale = int(max(io_storage.max(initial=0), storage.max(initial=0))) + 1
-    out_codes = np.unique((io_call * scale + io_storage)[kind == IOKind.OUTPUT])
-    call = np.asarray(tables["storages"]["module_call"], dtype=np.int64)[storage]
-    returned = (call >= 0) & np.isin(np.maximum(call, 0) * scale + storage, out_codes)
-    while True:  # up through the callers that return it too (depth of the module tree)
-        up = parent[np.maximum(call, 0)]
-        more = returned & (up >= 0) & np.isin(np.maximum(up, 0) * scale + storage, out_codes)
-        if not more.any():
-            break
-        call = np.where(more, up, call)
-    holder = np.where(returned, parent[np.maximum(call, 0)], call)
-    inputs = (kind == IOKind.INPUT) & (np.asarray(calls["phase"])[io_call] == Phase.FORWARD)
-    used_until = np.full(scale, -1, dtype=np.int64)
-    np.maximum.at(used_until, io_storage[inputs], end[io_call[inputs]])
-    used = used_until[storage]
-    module = np.asarray(calls["module"], dtype=np.int64)[np.maximum(holder, 0)]
+    io = _CallIO.of(tables, storage)
+    made_in = np.asarray(tables["storages"]["module_call"], dtype=np.int64)[storage]
+    returned = io.returns(made_in, storage)
+    call = io.climb(made_in, storage, returned)
+    holder = np.where(returned, io.parent[np.maximum(call, 0)], call)
+    used = io.used_until[storage]
+    module = np.asarray(tables["module_calls"]["module"], dtype=np.int64)[np.maximum(holder, 0)]
     loop = np.asarray(tables["modules"]["sequential_forward"])[module] != 0
     rebound = returned & loop & (used >= 0)  # the next child took it and returned
-    life = np.where(rebound, used, np.maximum(end[np.maximum(holder, 0)], used))
+    life = np.where(rebound, used, np.maximum(io.end[np.maximum(holder, 0)], used))
     known = (holder >= 0) & (life >= 0)
     point = np.searchsorted(base.times, life, side="right")
     return np.where(known, point, base.n + 1)
