@@ -21,6 +21,8 @@ from torch import nn
 from ckpt_runtime import PlanError, apply_plan
 from ckpt_runtime.oplevel import Offloader
 
+pytestmark = pytest.mark.torch
+
 Log = list[tuple[str, ...]]
 
 

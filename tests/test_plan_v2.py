@@ -34,6 +34,8 @@ from ckpt_runtime import (
 from ckpt_runtime.plan import op_auto_name
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.torch
+
 
 def doc(regions: list[Any], version: int = 2, **extra: Any) -> dict[str, Any]:
     return {"format": "ckview-plan", "version": version, "name": "p", "regions": regions, **extra}
