@@ -97,11 +97,11 @@ def record(
     The trace is closed (incomplete if the script failed) and settled whatever happens, also on
     Ctrl-C and SIGTERM (NOTE [ Writing beside the target ] in ckview/trace/staging.py). After
     the recorded runs come ``options.timing_steps`` rounds of plain timing steps (NOTE [ Plain
-    timing steps ] in recorder/timing.py). ``guard`` is entered around the script (the CLI's
-    signal handlers); ``on_exit`` hears the result when the script calls ``os._exit`` (NOTE
-    [ Bad scripts ]). Raises CannotOpenTrace if the trace cannot be created, and
-    ``StopScript(reason)`` if a run aborted the script (a plan that does not fit the model;
-    nothing is kept).
+    timing steps ] in recorder/timing.py). ``guard`` (the CLI's signal handlers) is entered
+    around the script and the closing of its trace; ``on_exit`` hears the result when the
+    script calls ``os._exit`` (NOTE [ Bad scripts ]). Raises CannotOpenTrace if the trace
+    cannot be created, and ``StopScript(reason)`` if a run aborted the script (a plan that does
+    not fit the model; nothing is kept).
     """
     existed = output.exists()
     start = None if output.is_absolute() else Path.cwd()  # NOTE [ Paths from where ckview started ]
@@ -123,25 +123,27 @@ def record(
         raise CannotOpenTrace(exc.strerror or str(exc)) from exc
     outcome = None
     parent = os.getpid()
-    try:
-        with (
-            _stdout_to_stderr(stdout_to_stderr),
-            guard(),
-            _os_exit_closes(recorder, on_exit, existed, start),
-        ):
-            outcome = run_script(target, args, module=module)
-    except StopScript as abort:  # PlanCheck: a plan does not fit the model
-        _exit_if_child(parent, 1)
-        recorder.close(error=str(abort))
-        if recorder.written is not None:
-            recorder.written.unlink(missing_ok=True)  # nothing was recorded in it
-        raise
-    finally:
-        _exit_if_child(parent, outcome.exit_code if outcome else 1)
+    with guard():  # also while the trace is closed: a stop then waits for it (a launcher's
+        # SIGTERM to a rank whose script failed came while it wrote its trace, and killed it)
         try:
-            recorder.close(error=outcome.error if outcome else "KeyboardInterrupt: interrupted")
-        except KeyboardInterrupt:  # a second Ctrl-C while the trace was being closed
-            raise ClosingInterrupted(_as_given(recorder.journal, start), output) from None
+            with (
+                _stdout_to_stderr(stdout_to_stderr),
+                _os_exit_closes(recorder, on_exit, existed, start),
+            ):
+                outcome = run_script(target, args, module=module)
+        except StopScript as abort:  # PlanCheck: a plan does not fit the model
+            _exit_if_child(parent, 1)
+            recorder.close(error=str(abort))
+            if recorder.written is not None:
+                recorder.written.unlink(missing_ok=True)  # nothing was recorded in it
+            raise
+        finally:
+            _exit_if_child(parent, outcome.exit_code if outcome else 1)
+            try:
+                error = outcome.error if outcome else "KeyboardInterrupt: interrupted"
+                recorder.close(error=error)
+            except KeyboardInterrupt:  # a second Ctrl-C while the trace was being closed
+                raise ClosingInterrupted(_as_given(recorder.journal, start), output) from None
     return _result(recorder, outcome.exit_code, outcome.error, existed, start)
 
 

@@ -66,10 +66,13 @@ def signals_stop_the_script() -> Iterator[None]:
     try:
         yield
     finally:
+        pending = _held.signum if _held.frame is not None else 0
         _held.release()
         sys.unraisablehook = unraisable
         for signum in mine:
             signal.signal(signum, previous[signum])
+        if pending:  # a stop held to the end (the trace was being closed): now it stops
+            raise stop_exception(pending)
 
 
 def _ours_to_take(signum: int, handler: Any) -> bool:
