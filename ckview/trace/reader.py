@@ -42,6 +42,7 @@ from .schema import (
     FORMAT_VERSION,
     GROUP_TYPES,
     META_FIELDS,
+    OPTIONAL_META,
     ROOT_TABLES,
     RUN_STR_FIELDS,
     RUN_TABLES,
@@ -547,6 +548,8 @@ class Trace:
         attrs = {**added_values("meta", self.format_version), **group.attrs}
         values = {}
         for name in META_FIELDS:
+            if name not in attrs and name in OPTIONAL_META:
+                attrs[name] = L.meta_default(name)
             if name not in attrs:
                 raise corrupt(self.path, f"/meta has no '{name}' attribute")
             values[name] = _printable_value(L.decode_meta(name, attrs[name]))

@@ -333,11 +333,17 @@ META_FIELDS: dict[str, str] = {
     "allocator_events": "where allocations and frees come from: 'allocator' (the allocator's own "
     "events merged with the op hook's), 'op hook: <why>' where the allocator's events are missing "
     "from some window, '' if unknown (since v4)",
+    "recorder": "which recorder ran: 'python' (the dispatch mode) or 'native' (the native "
+    "extension, CKVIEW_RECORDER=native); '' in traces written before it was recorded "
+    "(v4, optional)",
     "source": "where the trace comes from: 'record' (the recorder) or 'snapshot' (imported from "
     "a PyTorch memory snapshot by 'ckview import') (since v4)",
     "complete": "true once the recorder finished and closed the file cleanly",
     "error": "why the recording is incomplete ('' if complete)",
 }
+
+OPTIONAL_META: frozenset[str] = frozenset({"recorder"})
+"""Meta fields added within the current version: a trace without one reads its default."""
 
 #: Attributes of each run group.
 RUN_FIELDS: dict[str, str] = {
