@@ -84,6 +84,7 @@ class NativeLedger(StorageLedger):
         self._blocks = _Blocks()
         self._noted: list[tuple[int, int, int, int, int, Any]] = []
         self._optimizer_spans: list[list[int]] = []
+        self._backward_starts: list[int] = []
         self._calls_at_step = 0
 
     def begin_run(self, tables: RunTables) -> None:
@@ -178,10 +179,11 @@ class NativeLedger(StorageLedger):
 
     def _write_step(self, now: int) -> None:
         rows = drain(self._ext)
-        spans = [(Phase.OPTIMIZER, _spans(self._optimizer_spans, now))]
+        spans = [(Phase.FORWARD, self._forward_spans(now))]
+        spans.append((Phase.OPTIMIZER, _spans(self._optimizer_spans, now)))
         spans.append((Phase.RECOMPUTE, self._recompute_spans(now)))
         facts = self._attribution.step(rows, spans)
-        self._optimizer_spans = []
+        self._optimizer_spans, self._backward_starts = [], []
         py_call = self._python_calls(facts)
         op_rows = self._write_ops(facts, py_call, now)
         self._write_blocks(facts, py_call, op_rows)
@@ -189,6 +191,26 @@ class NativeLedger(StorageLedger):
         self._resolve_noted()
         self._sort_memory_events()
         self._calls_at_step = len(self._calls)
+
+    def backward_begins(self) -> None:
+        """A backward pass begins (``_torch.bracket_backward``): the forward's top-level ops
+        before it are FORWARD (the Python path's ``top_phase``)."""
+        self._phases.enter_backward(queue=False)
+        self._backward_starts.append(perf_counter_ns())
+
+    def _forward_spans(self, now: int) -> np.ndarray:
+        """From each top-level forward call's start to the next backward (or the step's end):
+        ops outside modules there (the loss) are FORWARD, as on the Python path."""
+        calls = self._calls
+        data = np.frombuffer(calls.data.tobytes(), np.int64).reshape(-1, CALL_WIDTH)
+        data = data[self._calls_at_step :]
+        root = (data[:, calls.index("parent")] == NO_INDEX) & (
+            data[:, calls.index("phase")] == FORWARD
+        )
+        starts = data[root, calls.index("start_ns")]
+        backward = np.asarray([*self._backward_starts, now], np.int64)
+        ends = backward[np.minimum(np.searchsorted(backward, starts), len(backward) - 1)]
+        return np.stack([starts, ends], axis=1)
 
     def _recompute_spans(self, now: int) -> np.ndarray:
         regions = self._tables.regions
@@ -292,7 +314,7 @@ class NativeLedger(StorageLedger):
         )
         self._mem.data.frombytes(np.concatenate(events).astype(np.int64).tobytes())
         saved = np.concatenate([sids[blocks["saved"]], self._blocks.sid(facts.late_saved)])
-        self._promote_all(saved[saved >= 0], _ACTIVATION)
+        self._promote_saved(saved[saved >= 0])
 
     def _write_saved(self, facts: StepFacts, calls: _CallMap, ops: _OpMap) -> None:
         saved = facts.saved
@@ -317,10 +339,15 @@ class NativeLedger(StorageLedger):
             axis=1,
         )[keep]
         self._saved.data.frombytes(table.astype(np.int64).tobytes())
-        # saved before the run's forward (a batch): an input, as on the Python path
-        for s in np.unique(sid[keep & pack]).tolist():
-            if self._st_data[s * ST_WIDTH + ST_CATEGORY] == _OTHER:
-                self._promote_input(s)
+        self._promote_saved(np.unique(sid[keep & pack]))
+
+    def _promote_saved(self, sids: np.ndarray) -> None:
+        """Saved by autograd: an activation; made outside the forward (a batch), an input
+        (``StorageLedger.on_saved``)."""
+        category = np.frombuffer(self._st_data, np.int64)[sids * ST_WIDTH + ST_CATEGORY]
+        for sid in sids[category == _OTHER].tolist():
+            self._promote_input(sid)
+        self._promote_all(sids[category != _OTHER], _ACTIVATION)
 
     def _python_sid(self, ptr: np.ndarray) -> np.ndarray:
         """Storage rows the Python ledger registered (alive), by data pointer; -1 if none."""

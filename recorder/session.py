@@ -134,7 +134,6 @@ class Recorder:
         self._runs: RunSequencer | None = None
         self._hooks: TorchHooks | None = None
         self._restore: list[Callable[[], None]] = []  # undo what _install patched
-        self._native = False  # the native extension records ops and blocks (_open)
 
     # ----------------------------------------------------------------- public API
 
@@ -276,7 +275,6 @@ class Recorder:
         else:
             ledger = NativeLedger(ext, flags, phases, registry, allocations, stacks)
             ops_and_blocks = NativeRowsSource(ext, ledger)
-        self._native = ext is not None
         built_in: tuple[Source, ...] = (
             self._device,
             ops_and_blocks,
@@ -323,10 +321,11 @@ class Recorder:
         restore += [source.install() for source in parts.sources]
         restore.append(_torch.keep_fd_on_closerange(self._sink.fileno, self._closing_every_fd))
         self._listen_to_ckpt_runtime(phases)
-        if self._native:  # no op hook: backward's bounds come from autograd's entry points
+        if isinstance(parts.ledger, NativeLedger):  # no op hook: backward's bounds come
+            # from autograd's entry points (NOTE [ The native ledger ])
             restore.append(
                 _torch.bracket_backward(
-                    lambda: phases.enter_backward(queue=False), lambda: phases.on_backward_end()
+                    parts.ledger.backward_begins, lambda: phases.on_backward_end()
                 )
             )
         else:
