@@ -311,7 +311,10 @@ def bracket_backward(enter: Callable[[], None], exit_: Callable[[], None]) -> Un
     ``Tensor.backward`` calls): the native path's backward boundaries, where no op hook sees
     the engine start (NOTE [ The native ledger ] in recorder/native_ledger.py). A nested
     backward (inside a backward) is part of the outer one."""
-    originals = {"backward": torch.autograd.backward, "grad": torch.autograd.grad}
+    originals: dict[str, Callable[..., Any]] = {
+        "backward": torch.autograd.backward,
+        "grad": torch.autograd.grad,
+    }
     depth = [0]
 
     def bracket(run: Callable[..., Any]) -> Callable[..., Any]:

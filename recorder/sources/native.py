@@ -6,18 +6,25 @@ boundary hands the drained rows to the ledger, which writes them into the run's 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from recorder.native.source import NativeSource
-from recorder.native_ledger import NativeLedger
 from recorder.sources.base import RunPart
 from recorder.tables import RunTables
+
+
+class StepRows(Protocol):
+    """What writes the drained rows into the run's tables (``NativeLedger``, a layer above)."""
+
+    def step_begins(self) -> None: ...
+
+    def step_ends(self, now: int) -> None: ...
 
 
 class NativeRowsSource:
     """Install the extension's hooks; drain and write its rows at each step boundary."""
 
-    def __init__(self, ext: Any, ledger: NativeLedger) -> None:
+    def __init__(self, ext: Any, ledger: StepRows) -> None:
         self._native = NativeSource(ext, lambda kind, facts: None, outputs=True)
         self._ledger = ledger
 
