@@ -260,6 +260,7 @@ class Recorder:
             "recorder": "python",  # the native source's meta says "native"
         }
         meta["rank"], meta["world_size"] = launcher_world()
+        ext = _native_extension()  # before the trace exists: a forced path that fails leaves none
         flags = self._flags
         self._sink = out = TraceSink(self.path, meta, flags)
         registry = ModuleRegistry(out.intern)
@@ -267,7 +268,6 @@ class Recorder:
         phases = PhaseState(flags, registry)
         allocations = AllocatorSource(flags, stacks is not None)
         self._device, self._oom = DeviceSource(out.intern), OomSource()
-        ext = _native_extension()
         ledger: StorageLedger
         if ext is None:
             ledger = StorageLedger(flags, phases, registry, allocations, stacks)
