@@ -55,7 +55,7 @@ _RANK = np.zeros(len(Category), np.int64)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
     _RANK[_cat] = _rank
 
-_ALLOC, _FREE, _SEEN = (int(k) for k in MemoryEventKind)
+_ALLOC, _FREE = int(MemoryEventKind.ALLOC), int(MemoryEventKind.FREE)
 _PACK = int(SavedEventKind.PACK)
 _TEMPORARY, _OTHER, _INPUT = int(Category.TEMPORARY), int(Category.OTHER), int(Category.INPUT)
 _ACTIVATION = int(Category.ACTIVATION)
@@ -125,7 +125,7 @@ class NativeLedger(StorageLedger):
         """A tensor that other saved-tensor hooks (checkpoint's) kept: an activation."""
         if not self._deferring:
             super().on_saved(x, kind)
-        elif kind is SavedEventKind.PACK:
+        else:  # kept (pack) or handed back recomputed (unpack): an activation
             self._note(local(x), 1, _ACTIVATION, NO_INDEX)
 
     def note_io(self, call: int, value: Any, kind: int) -> None:
@@ -151,6 +151,9 @@ class NativeLedger(StorageLedger):
             self._io.data.extend((value, sid, what - 2))
             if what == 2 and self._st_data[sid * ST_WIDTH + ST_CATEGORY] == _OTHER:
                 self._promote_input(sid)
+            return
+        if what == 1 and self._st_data[sid * ST_WIDTH + ST_CATEGORY] == _OTHER:
+            self._promote_input(sid)  # saved, made outside the forward: as on_saved does
             return
         self._promote(sid, value)
         at = sid * ST_WIDTH + ST_MODULE
@@ -351,14 +354,14 @@ class NativeLedger(StorageLedger):
 
     def _python_sid(self, ptr: np.ndarray) -> np.ndarray:
         """Storage rows the Python ledger registered (alive), by data pointer; -1 if none."""
-        if not len(ptr) or not self._known:
-            return np.full(len(ptr), -1, np.int64)
         sids = np.fromiter((r.sid for r in self._known.values() if r.sid >= 0), np.int64)
+        if not len(ptr) or not len(sids):
+            return np.full(len(ptr), -1, np.int64)
         address = np.frombuffer(self._tables.st_address, np.int64)[sids]
         order = np.argsort(address)
         address, sids = address[order], sids[order]
         at = np.minimum(np.searchsorted(address, ptr), len(address) - 1)
-        return np.where(address[at] == ptr, sids[at], -1) if len(address) else -1 + 0 * ptr
+        return np.where(address[at] == ptr, sids[at], -1)
 
     def _resolve_noted(self) -> None:
         """Marks, saved tensors and module I/O noted during the step, against its blocks."""
