@@ -426,7 +426,8 @@ class NativeLedger(StorageLedger):
         unique, inverse = np.unique(key, return_inverse=True)
         ids = []
         for k in unique.tolist():
-            kind, i = divmod(k - 1, 65536)
+            kind, i = divmod(k, 65536)
+            i -= 1
             if kind == 1:
                 self.saw_cuda = True
             ids.append(self._cpu_id if kind == 0 else self._tables.intern(f"cuda:{i}"))

@@ -69,6 +69,8 @@ def _facts(path: Path) -> dict[str, Any]:
         }
         calls = run.table("module_calls").read()
         recorder = trace.meta.recorder
+        devices = {trace.strings[i] for i in np.unique(tables["storages"]["device"])}
+    assert devices == {"cpu"}
     st, ev = tables["storages"], tables["memory_events"]
     timeline = memory_timeline(st, ev)
     bounds = [*tables["steps"]["first_memory_event"].tolist(), len(ev["kind"])]
