@@ -57,7 +57,7 @@ for _rank, _cat in enumerate(CATEGORY_PRIORITY):
 
 _ALLOC, _FREE = int(MemoryEventKind.ALLOC), int(MemoryEventKind.FREE)
 _PACK = int(SavedEventKind.PACK)
-_TEMPORARY, _OTHER, _INPUT = int(Category.TEMPORARY), int(Category.OTHER), int(Category.INPUT)
+_TEMPORARY, _OTHER = int(Category.TEMPORARY), int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
 _DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -166,6 +166,7 @@ class NativeLedger(StorageLedger):
         """A recorded step begins; at a run's first, what ran before (warmup) is dropped."""
         if not self._deferring:
             drain(self._ext)
+            self._backward_starts = []
             self._deferring = True
             self._calls_at_step = len(self._calls)
 
