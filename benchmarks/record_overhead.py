@@ -4,9 +4,10 @@ For a compute-bound step (6 TransformerEncoder layers, d=256, seq 128, batch 8) 
 step (40 x Linear 64->64 + GELU) it times the same training step unrecorded, under a dispatch
 mode that does nothing (the floor of any op-hook recorder), with the allocator's events taken in
 a window per step and nothing else (the floor of any recorder that keeps each completed step's
-allocator events on disk, as ckview's journal does), under ``ckview``'s recorder, under
-``torch.profiler.profile(profile_memory=True)`` (the allocator's events alone) and under
-``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``,
+allocator events on disk, as ckview's journal does), under ``ckview``'s recorder, under its
+native path (``CKVIEW_RECORDER=native``: the extension's ops and allocator blocks, no dispatch
+mode), under ``torch.profiler.profile(profile_memory=True)`` (the allocator's events alone)
+and under ``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``,
 interleaving them in rounds so machine noise hits all alike. "step" is the median step time,
 "incl. finalise" the wall time per step including setup and the profilers' stop. Then it
 measures the recorder's memory per event and the trace writer's throughput and compression.
@@ -17,6 +18,7 @@ measures the recorder's memory per event and the trace writer's throughput and c
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -118,6 +120,19 @@ def recorded(step: Step, n: int) -> Timing:
         )
 
 
+def recorded_native(step: Step, n: int) -> Timing:
+    """ckview's native path (``CKVIEW_RECORDER=native``, read when the Recorder opens)."""
+    before = os.environ.get("CKVIEW_RECORDER")
+    os.environ["CKVIEW_RECORDER"] = "native"
+    try:
+        return recorded(step, n)
+    finally:
+        if before is None:
+            del os.environ["CKVIEW_RECORDER"]
+        else:
+            os.environ["CKVIEW_RECORDER"] = before
+
+
 def recorded_with_stacks(step: Step, n: int) -> Timing:
     with tempfile.TemporaryDirectory() as tmp:
         return _timed(
@@ -177,6 +192,7 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
         "empty mode": empty_mode,
         "windows": windows_alone,
         "ckview": recorded,
+        "ckview native": recorded_native,
         "ckview --stacks": recorded_with_stacks,
         "profiler memory": profiled_memory,
         "profiler": profiled,
@@ -192,6 +208,7 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
             f"{name:<14} {label:<15} plain {base * 1e3:7.2f} ms | empty dispatch mode "
             f"{median['empty mode'] / base:5.2f}x | allocator window per step "
             f"{median['windows'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x "
+            f"(native {median['ckview native'] / base:5.2f}x) "
             f"(--stacks {median['ckview --stacks'] / base:5.2f}x) | "
             f"profiler (memory) {median['profiler memory'] / base:5.2f}x | "
             f"profiler (memory, shapes, stacks) {median['profiler'] / base:5.2f}x"

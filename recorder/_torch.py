@@ -336,3 +336,39 @@ def hear_cuda_oom(listener: OomListener) -> Undo | None:
 def _forward_oom(device: int, asked: int, total: int, free: int) -> None:
     for listener in _oom_listener:
         listener(device, asked, total, free)
+
+
+def bracket_backward(enter: Callable[[], None], exit_: Callable[[], None]) -> Undo:
+    """Call ``enter()`` and ``exit_()`` around ``torch.autograd.backward`` and ``grad`` (which
+    ``Tensor.backward`` calls): the native path's backward boundaries, where no op hook sees
+    the engine start (NOTE [ The native ledger ] in recorder/native_ledger.py). A nested
+    backward (inside a backward) is part of the outer one."""
+    originals: dict[str, Callable[..., Any]] = {
+        "backward": torch.autograd.backward,
+        "grad": torch.autograd.grad,
+    }
+    depth = [0]
+
+    def bracket(run: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(run)
+        def run_bracketed(*args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
+            if depth[0] == 1:
+                enter()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    exit_()
+
+        return run_bracketed
+
+    for name, original in originals.items():
+        setattr(torch.autograd, name, bracket(original))
+
+    def undo() -> None:
+        for name, original in originals.items():
+            setattr(torch.autograd, name, original)
+
+    return undo

@@ -70,11 +70,14 @@ class PhaseState:
         self.stack = [(row, NO_INDEX) for row, _ in self.stack]
         self._open_region = NO_INDEX
 
-    def enter_backward(self) -> None:
+    def enter_backward(self, queue: bool = True) -> None:
+        """Backward begins; ``queue``: its end comes from autograd's final callback (else the
+        caller says it, as ``_torch.bracket_backward`` does on the native path)."""
         self.in_backward = True
         self.top_phase = BACKWARD
         self._node_budget = _NODE_BUDGET
-        queue_backward_callback(self.on_backward_end)
+        if queue:
+            queue_backward_callback(self.on_backward_end)
 
     def backward_ended(self) -> None:
         self.in_backward = False

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from recorder.native import NativeRecorderError
 from recorder.runner import run_script
 from recorder.runs import RunSpec, StopScript
 from recorder.session import Recorder
@@ -121,6 +122,8 @@ def record(
         recorder.__enter__()
     except OSError as exc:
         raise CannotOpenTrace(exc.strerror or str(exc)) from exc
+    except NativeRecorderError as exc:  # CKVIEW_RECORDER=native and it cannot load
+        raise StopScript(str(exc)) from None
     outcome = None
     parent = os.getpid()
     with guard():  # also while the trace is closed: a stop then waits for it (a launcher's

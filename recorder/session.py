@@ -15,6 +15,9 @@ The Recorder builds its parts and installs them; each part has one job:
   allocator's events, device samples, OOM capture, ``torch.compile``, FSDP's resizes, and any
   given in ``Recorder(sources=...)``.
 * ``_torch.py``: every private torch API and patch of torch or ``os``, each with its undo.
+* ``native_ledger.py`` and ``sources/native.py``: with ``CKVIEW_RECORDER=native``, the native
+  extension replaces the dispatch mode and the allocator's windows (NOTE [ The native
+  ledger ]); ``auto`` stays on the Python path until the native one shows parity.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from recorder.compiled import skip_in_dynamo
 from recorder.hooks import TorchHooks
 from recorder.ledger import StorageLedger
 from recorder.modules import ModuleRegistry
+from recorder.native import load, mode
+from recorder.native_ledger import NativeLedger
 from recorder.phases import PhaseState
 from recorder.progress import StepProgress
 from recorder.runs import Parts, Plan, RunSequencer, RunSpec, StopScript
@@ -60,6 +65,7 @@ from recorder.sources.base import Source
 from recorder.sources.compiled import CompiledSource
 from recorder.sources.device import DeviceSource
 from recorder.sources.fsdp import FsdpSource
+from recorder.sources.native import NativeRowsSource
 from recorder.sources.oom import OomSource
 from recorder.stacks import Stacks
 from recorder.steps import IterationTracker, StepCounts, StepRule
@@ -251,19 +257,27 @@ class Recorder:
             "steps_requested": self.plan.steps,
             "steps_recorded": 0,
             "warmup": self.plan.warmup,
+            "recorder": "python",  # the native source's meta says "native"
         }
         meta["rank"], meta["world_size"] = launcher_world()
+        ext = _native_extension()  # before the trace exists: a forced path that fails leaves none
         flags = self._flags
         self._sink = out = TraceSink(self.path, meta, flags)
         registry = ModuleRegistry(out.intern)
         stacks = Stacks(out.writer) if self.stacks and out.writer is not None else None
         phases = PhaseState(flags, registry)
         allocations = AllocatorSource(flags, stacks is not None)
-        ledger = StorageLedger(flags, phases, registry, allocations, stacks)
         self._device, self._oom = DeviceSource(out.intern), OomSource()
+        ledger: StorageLedger
+        if ext is None:
+            ledger = StorageLedger(flags, phases, registry, allocations, stacks)
+            ops_and_blocks: Source = allocations
+        else:
+            ledger = NativeLedger(ext, flags, phases, registry, allocations, stacks)
+            ops_and_blocks = NativeRowsSource(ext, ledger)
         built_in: tuple[Source, ...] = (
             self._device,
-            allocations,
+            ops_and_blocks,
             self._oom,
             CompiledSource(registry),
         )
@@ -307,7 +321,15 @@ class Recorder:
         restore += [source.install() for source in parts.sources]
         restore.append(_torch.keep_fd_on_closerange(self._sink.fileno, self._closing_every_fd))
         self._listen_to_ckpt_runtime(phases)
-        torch_hooks.enter_op_hook()
+        if isinstance(parts.ledger, NativeLedger):  # no op hook: backward's bounds come
+            # from autograd's entry points (NOTE [ The native ledger ])
+            restore.append(
+                _torch.bracket_backward(
+                    parts.ledger.backward_begins, lambda: phases.on_backward_end()
+                )
+            )
+        else:
+            torch_hooks.enter_op_hook()
 
     def _closing_every_fd(self) -> None:
         """The script closes every file descriptor: the allocator's window closes first, the
@@ -336,6 +358,13 @@ class Recorder:
         assert self._parts is not None
         if self._oom.failed(exc, str(func), self._parts.phases.module_running, t0):
             self._device.oom(t0)
+
+
+def _native_extension() -> Any:
+    """The native extension when ``CKVIEW_RECORDER=native`` (NativeRecorderError, one line, if
+    it cannot load); None for ``python`` and ``auto``: the Python path stays the default until
+    the native one shows parity (docs/recording.md)."""
+    return load().ext if mode() == "native" else None
 
 
 def _forget_in_child(recorder: weakref.ref[Recorder]) -> None:

@@ -273,7 +273,8 @@ def _header(path: Path, meta: Any, n_runs: int) -> str:
         what = f"{plural(meta.steps_recorded, 'step')} recorded on {meta.device}"
     lines = [
         f"{path}: {what} in {plural(n_runs, 'run')} "
-        f"(torch {meta.torch_version or '?'}, ckview {meta.ckview_version}), {state}",
+        f"(torch {meta.torch_version or '?'}, ckview {meta.ckview_version}"
+        f"{f', {meta.recorder} recorder' if meta.recorder else ''}), {state}",
         f"command: {' '.join(meta.command)}",
     ]
     if meta.step_rule:

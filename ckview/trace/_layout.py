@@ -69,6 +69,7 @@ class TraceMeta:
     world_size: int
     device_total_bytes: int
     allocator_events: str
+    recorder: str
     source: str
     allocator_settings: str
     complete: bool

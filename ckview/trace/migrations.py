@@ -124,7 +124,7 @@ MIGRATIONS: dict[int, Migration] = {
     4: Migration(
         source=4,
         columns={},
-        meta={"allocator_settings": ""},
+        meta={"allocator_settings": "", "recorder": ""},
         run_attrs={},
         tables=(),
     ),

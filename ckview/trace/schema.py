@@ -333,6 +333,9 @@ META_FIELDS: dict[str, str] = {
     "allocator_events": "where allocations and frees come from: 'allocator' (the allocator's own "
     "events merged with the op hook's), 'op hook: <why>' where the allocator's events are missing "
     "from some window, '' if unknown (since v4)",
+    "recorder": "which recorder ran: 'python' (the dispatch mode) or 'native' (the native "
+    "extension, CKVIEW_RECORDER=native); '' in traces written before it was recorded "
+    "(since v5)",
     "source": "where the trace comes from: 'record' (the recorder) or 'snapshot' (imported from "
     "a PyTorch memory snapshot by 'ckview import') (since v4)",
     "allocator_settings": "JSON object: the CUDA caching allocator's settings as torch reports "

@@ -199,6 +199,7 @@ class Attribution:
             "node_seq": node_seq,
             "phase": phase,
             "module_call": call.astype(np.int32),
+            "call": rows["call"],  # the innermost open call (a recompute's own)
             "module": self.module_of(call),
             "saved": np.zeros(n, bool),
             "dtype": np.full(n, -1, np.int8),

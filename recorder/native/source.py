@@ -82,12 +82,7 @@ class NativeSource:
         self._running = False
 
     def meta(self) -> dict[str, object]:
-        return {
-            "recorder": "native",
-            "native_torch": self._ext.built_for(),
-            "native_outputs": int(self._outputs),
-            "native_profiler_yields": self.yielded,
-        }
+        return {"recorder": "native"}
 
     def names(self, first: int = 0) -> list[str]:
         """Op names from index ``first`` (``ops['name']`` indexes them)."""

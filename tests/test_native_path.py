@@ -1,0 +1,163 @@
+"""The native recording path (``CKVIEW_RECORDER=native``, NOTE [ The native ledger ] in
+recorder/native_ledger.py) against the Python path on the same steps: peaks, categories,
+phases, module calls, saved tensors; the trace is valid; a SIGKILL keeps its steps."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ckview.analysis.breakdown import bytes_by_category
+from ckview.analysis.timeline import find_peak, live_storages, memory_timeline
+from ckview.trace import open_trace
+from ckview.trace.schema import Category, Phase
+from recorder import Recorder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None,
+    reason="no C++ compiler: the native recorder cannot be built here",
+)
+
+
+class _Net(nn.Module):
+    def __init__(self, ckpt: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(3)
+        )
+        self.ckpt = ckpt
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if self.ckpt else block(x)
+        return x
+
+
+def _record(path: Path, which: str, ckpt: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKVIEW_RECORDER", which)
+    torch.manual_seed(0)
+    model = _Net(ckpt)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with Recorder(path, steps=2, warmup=1, progress=False):
+        for _ in range(4):
+            x = torch.randn(32, 64)
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def _facts(path: Path) -> dict[str, Any]:
+    with open_trace(path) as trace:
+        run = trace.run("main")
+        tables = {
+            name: run.table(name).read()
+            for name in ("storages", "memory_events", "ops", "steps", "saved_events")
+        }
+        calls = run.table("module_calls").read()
+        recorder = trace.meta.recorder
+        devices = {trace.strings[i] for i in np.unique(tables["storages"]["device"])}
+    assert devices == {"cpu"}
+    st, ev = tables["storages"], tables["memory_events"]
+    timeline = memory_timeline(st, ev)
+    bounds = [*tables["steps"]["first_memory_event"].tolist(), len(ev["kind"])]
+    peaks = [int(timeline.total[a : b + 1].max()) for a, b in itertools.pairwise(bounds)]
+    peak = find_peak(timeline)
+    at_peak = bytes_by_category(st, live_storages(st, ev, peak.event))
+    return {
+        "recorder": recorder,
+        "peaks": peaks,
+        "at_peak": {c: b for c, b in at_peak.items() if b},
+        "ops": tables["ops"],
+        "saved": len(tables["saved_events"]["kind"]),
+        "calls": len(calls["module"]),
+    }
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_native_path_matches_the_python_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: Any, ckpt: bool
+) -> None:
+    facts = {}
+    for which in ("python", "native"):
+        path = tmp_path / f"{which}.h5"
+        _record(path, which, ckpt, monkeypatch)
+        code, out, err = run_cli("validate", str(path))
+        assert code == 0, out + err
+        facts[which] = _facts(path)
+    py, nat = facts["python"], facts["native"]
+    assert (py["recorder"], nat["recorder"]) == ("python", "native")
+    for a, b in zip(py["peaks"], nat["peaks"], strict=True):
+        assert abs(b - a) <= 0.005 * a, (py["peaks"], nat["peaks"])
+    for category in (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE):
+        assert nat["at_peak"].get(category, 0) == py["at_peak"].get(category, 0), category
+    assert nat["calls"] == py["calls"]  # the Python hooks' module calls, on both paths
+    phases = set(np.unique(nat["ops"]["phase"]).tolist())
+    assert {Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER} <= phases
+    assert (Phase.RECOMPUTE in phases) == ckpt
+    if not ckpt:  # inside checkpoint, its own hooks save (packs the native hooks do not see)
+        assert nat["saved"] == py["saved"]
+    assert (nat["ops"]["module_call"] >= 0).any()
+
+
+SCRIPT = """
+import os, signal, sys, torch
+from torch import nn
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(20):
+    if step == int(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    model(torch.randn(16, 32)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_native_journal_survives_sigkill(tmp_path: Path, run_cli: Any) -> None:
+    """NOTE [ The recording journal ]: each step's rows are journaled at its boundary."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env["CKVIEW_RECORDER"] = "native"
+    command = [sys.executable, "-m", "ckview", "record", "-o", "out.h5", "--steps=10"]
+    done = subprocess.run(
+        [*command, "train.py", "6"], cwd=tmp_path, env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode == -9, done.stderr
+    code, _, err = run_cli("recover", str(tmp_path / "out.h5"))
+    assert code == 0 and "recovered 5 step" in err, err
+    with open_trace(tmp_path / "out.h5") as trace:
+        assert trace.meta.recorder == "native"
+        run = trace.run("main")
+        assert len(run.table("ops")) > 0 and len(run.table("storages")) > 0
+
+
+def test_forced_native_path_that_cannot_build_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.update(CKVIEW_RECORDER="native", CXX="/nonexistent/g++", CKVIEW_CACHE=str(tmp_path))
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "ckview", "record", "-o", "out.h5", "train.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().count("\n") == 0, done.stderr  # one line, no traceback
+    assert "CKVIEW_RECORDER=native" in done.stderr and "CXX" in done.stderr
+    assert not (tmp_path / "out.h5").exists()
