@@ -24,6 +24,8 @@ from ckview.trace import open_trace
 from ckview.trace.schema import Category, Phase
 from recorder import Recorder
 
+pytestmark = pytest.mark.torch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(
