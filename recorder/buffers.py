@@ -10,7 +10,9 @@ the schema's columns and dtypes only when it is handed to the trace writer.
 from __future__ import annotations
 
 import array
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -40,14 +42,13 @@ class RowBuffer:
 
     def unflushed(self, start: int) -> dict[str, np.ndarray]:
         """A copy of the rows not handed to the sink yet, from row ``start`` on (the journal's,
-        NOTE [ The recording journal ] in ckview/trace/journal.py). ``tobytes`` copies without
-        exporting the buffer, so a free callback may append meanwhile."""
-        raw = self.data.tobytes()
-        count = len(raw) // (8 * self.width)
-        rows = np.frombuffer(raw, dtype=np.int64, count=count * self.width)
-        return _columns(
-            self.columns, rows.reshape(count, self.width)[max(start - self._flushed, 0) :]
-        )
+        NOTE [ The recording journal ] in ckview/trace/journal.py). Slicing copies just those
+        rows and exports no buffer, so a free callback may append meanwhile."""
+        first = max(start - self._flushed, 0) * self.width
+        tail = self.data[first:]
+        count = len(tail) // self.width
+        rows = np.frombuffer(tail, dtype=np.int64, count=count * self.width)
+        return _columns(self.columns, rows.reshape(count, self.width))
 
     def flush(self) -> None:
         """Hand the buffered rows to the sink and start a new batch."""
@@ -78,7 +79,10 @@ class MutableTable:
         self.width = len(self.columns)
         self.data = array.array("q")
         self._index = {c.name: i for i, c in enumerate(self.columns)}
-        self._taken = np.empty((0, self.width), np.int64)  # the rows at the last take_changes
+        self._final: int | None = None  # NOTE [ Final rows ]: the column that ends a row
+        self._seen = 0  # rows at the last take_changes
+        self._open = np.zeros(0, np.int64)  # rows that were not final then
+        self._taken = np.empty((0, self.width), np.int64)  # and their values then
 
     def __len__(self) -> int:
         return len(self.data) // self.width
@@ -98,24 +102,54 @@ class MutableTable:
     def set(self, row: int, name: str, value: int) -> None:
         self.data[row * self.width + self._index[name]] = value
 
+    def final_once_set(self, column: str) -> None:
+        """Rows whose ``column`` is set (>= 0) no longer change (NOTE [ Final rows ])."""
+        self._final = self._index[column]
+
     def take_changes(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The rows added or changed since the last call (their indices, then their columns),
         for the recording journal (NOTE [ The recording journal ] in ckview/trace/journal.py).
         The hot path writes ``data`` directly, so changes are found by comparing with a copy
-        kept from the last call: one vectorised pass over the table per step."""
-        raw = self.data.tobytes()  # a copy: see RowBuffer.unflushed
-        count, seen = len(raw) // (8 * self.width), len(self._taken)
-        table = np.frombuffer(raw, dtype=np.int64, count=count * self.width)
-        table = table.reshape(count, self.width)
-        changed = np.flatnonzero((table[:seen] != self._taken).any(axis=1))
-        rows = np.concatenate((changed, np.arange(seen, count)))
-        self._taken = table
-        return rows, _columns(self.columns, table[rows])
+        kept from the last call, of the rows that were not final then (NOTE [ Final rows ])."""
+        count = len(self)
+        new = np.arange(self._seen, count)
+        with _no_collection():
+            table = np.frombuffer(self.data, np.int64, count * self.width)
+            table = table.reshape(count, self.width)
+            changed = self._open[(table[self._open] != self._taken).any(axis=1)]
+            rows = np.concatenate((changed, new))
+            columns = _columns(self.columns, table[rows])
+            candidates = np.concatenate((self._open, new))
+            if self._final is not None:
+                candidates = candidates[table[candidates, self._final] < 0]
+            self._open, self._taken = candidates, table[candidates]
+            del table
+        self._seen = count
+        return rows, columns
 
     def as_columns(self) -> dict[str, np.ndarray]:
         count = len(self)
         rows = np.frombuffer(self.data, dtype=np.int64, count=count * self.width)
         return _columns(self.columns, rows.reshape(count, self.width))
+
+
+# NOTE [ Final rows ]
+# take_changes runs once per recorded step, and comparing the whole table each time would cost
+# in proportion to the run's length. A table may name a column that ends a row (a storage's
+# free_ns on the native path, where nothing writes a storage row once it is freed): such rows
+# are compared once more, at the next take, and never again.
+# The table is read through a view of ``data``, not a copy. While a buffer is exported, an
+# append raises, and a free callback (a weak reference's, run by the cyclic collector) may
+# append: the collector is off while the view lives, and nothing in between drops a reference.
+@contextmanager
+def _no_collection() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _columns(columns: tuple, rows: np.ndarray) -> dict[str, np.ndarray]:

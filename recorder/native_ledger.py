@@ -29,7 +29,6 @@ NOTE [ The native ledger ]
 
 from __future__ import annotations
 
-import weakref
 from time import perf_counter_ns
 from typing import Any
 
@@ -45,11 +44,12 @@ from ckview.trace.schema import (
     SavedEventKind,
 )
 from recorder._torch import local, storage_of, tensors_in
+from recorder.buffers import MutableTable
 from recorder.ledger import StorageLedger
-from recorder.native.attribute import Attribution, StepFacts, layout_texts
+from recorder.native.attribute import Attribution, Columns, LayoutIds, StepFacts
 from recorder.native.rows import drain
 from recorder.phases import FORWARD, OTHER
-from recorder.tables import CALL_WIDTH, ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
+from recorder.tables import ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
 
 _RANK = np.zeros(len(Category), np.int64)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -82,13 +82,15 @@ class NativeLedger(StorageLedger):
         self._attribution = Attribution()
         self._deferring = False  # the run's first step began: marks wait for its rows
         self._blocks = _Blocks()
-        self._noted: list[tuple[int, int, int, int, int, Any]] = []
         self._optimizer_spans: list[list[int]] = []
         self._backward_starts: list[int] = []
         self._calls_at_step = 0
+        self._mem_mark = 0  # memory rows before the step under way (absolute)
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
+        tables.storages.final_once_set("free_ns")  # NOTE [ Final rows ] in buffers.py
+        self._layout_ids_of = LayoutIds(tables.intern, self._dtype_names)
         self._reset()
 
     # ------------------------------------------------------------------ what Python sees
@@ -136,15 +138,22 @@ class NativeLedger(StorageLedger):
             self._note(t, 2 + kind, call, NO_INDEX)
 
     def _note(self, t: torch.Tensor, what: int, value: int, module: int) -> None:
-        """Resolved at the step's end (NOTE [ The native ledger ]): 0 mark, 1 saved, 2+ io."""
+        """A tensor Python saw (0 mark, 1 saved, 2+ module I/O): on a block of the run the
+        extension writes a note row, resolved at the step's end (NOTE [ Notes ] in ckrec.cpp);
+        else it is a storage from before the run, registered here as the Python ledger does."""
+        if self._ext.note(t, what, value, module):
+            return
         st = storage_of(t)
         if st is None or st.nbytes() == 0 or t.is_meta:
             return
         ref = self._known.get(st._cdata)
-        if ref is not None:  # a storage from before the run, registered already
-            self._apply_python(ref.sid, what, value, module)
-            return
-        self._noted.append((st.data_ptr(), perf_counter_ns(), what, value, module, weakref.ref(t)))
+        if ref is not None:
+            sid: int | None = ref.sid
+        else:
+            now = perf_counter_ns()
+            sid = self._register_existing(t, st, FORWARD if what == 2 else OTHER, now)
+        if sid is not None:
+            self._apply_python(sid, what, value, module)
 
     def _apply_python(self, sid: int, what: int, value: int, module: int) -> None:
         if what >= 2:
@@ -166,9 +175,11 @@ class NativeLedger(StorageLedger):
         """A recorded step begins; at a run's first, what ran before (warmup) is dropped."""
         if not self._deferring:
             drain(self._ext)
+            self._ext.forget_blocks()  # warmup's blocks are storages from before the run
             self._backward_starts = []
             self._deferring = True
             self._calls_at_step = len(self._calls)
+            self._mem_mark = self._mem.rows
 
     def step_ends(self, now: int) -> None:
         """Drain the step's rows, attribute them and write them into the run's tables."""
@@ -192,7 +203,7 @@ class NativeLedger(StorageLedger):
         op_rows = self._write_ops(facts, py_call, now)
         self._write_blocks(facts, py_call, op_rows)
         self._write_saved(facts, py_call, op_rows)
-        self._resolve_noted()
+        self._apply_notes(facts.notes)
         self._sort_memory_events()
         self._calls_at_step = len(self._calls)
 
@@ -206,8 +217,7 @@ class NativeLedger(StorageLedger):
         """From each top-level forward call's start to the next backward (or the step's end):
         ops outside modules there (the loss) are FORWARD, as on the Python path."""
         calls = self._calls
-        data = np.frombuffer(calls.data.tobytes(), np.int64).reshape(-1, CALL_WIDTH)
-        data = data[self._calls_at_step :]
+        data = _rows_from(calls, self._calls_at_step)
         root = (data[:, calls.index("parent")] == NO_INDEX) & (
             data[:, calls.index("phase")] == FORWARD
         )
@@ -226,14 +236,15 @@ class NativeLedger(StorageLedger):
 
     def _python_calls(self, facts: StepFacts) -> _CallMap:
         """Each native call id's Python call row: the one that began last before it."""
-        data = np.frombuffer(self._calls.data.tobytes(), np.int64).reshape(-1, CALL_WIDTH)
         first = self._calls_at_step
-        starts = data[first:, self._calls.index("start_ns")]
+        starts = _rows_from(self._calls, first)[:, self._calls.index("start_ns")]
         native = facts.calls
         at = np.searchsorted(starts, native["start_ns"], side="right") - 1
         rows = np.where(at >= 0, at + first, NO_INDEX)
         self._blocks.calls.add(native["call"].astype(np.int64), rows)
-        return _CallMap(self._blocks.calls, data[:, 0])
+        modules = self._blocks.call_modules
+        modules.extend(_rows_from(self._calls, len(modules))[:, 0])
+        return _CallMap(self._blocks.calls, modules.values)
 
     def _write_ops(self, facts: StepFacts, calls: _CallMap, now: int) -> _OpMap:
         ops = facts.ops
@@ -309,7 +320,6 @@ class NativeLedger(StorageLedger):
         late_sid = self._blocks.sid(late["block"])
         known = late_sid >= 0
         self._set_storages(late_sid[known], "free_ns", late["free_ns"][known])
-        self._blocks.freed(late["block"][known], late["free_ns"][known])
         late_op = ops.row(late["free_op"][known])
         events.append(
             np.stack(
@@ -364,38 +374,51 @@ class NativeLedger(StorageLedger):
         at = np.minimum(np.searchsorted(address, ptr), len(address) - 1)
         return np.where(address[at] == ptr, sids[at], -1)
 
-    def _resolve_noted(self) -> None:
-        """Marks, saved tensors and module I/O noted during the step, against its blocks."""
-        noted, self._noted = self._noted, []
-        if not noted:
-            return
-        ptr = np.array([n[0] for n in noted], np.int64)
-        when = np.array([n[1] for n in noted], np.int64)
-        sids = self._blocks.alive_at(ptr, when)
-        for (_, t, what, value, module, ref), sid in zip(noted, sids.tolist(), strict=True):
-            if sid < 0:
-                tensor = ref()
-                st = None if tensor is None else storage_of(tensor)
-                if tensor is None or st is None:
-                    continue  # gone before the step ended, and no block of the run
-                phase = FORWARD if what == 2 else OTHER
-                sid = self._sid(tensor, st, t) if what != 2 else self._io_sid(tensor, st, phase, t)
-                if sid is None:
-                    continue
-            self._apply_python(sid, what, value, module)
-
-    def _io_sid(self, t: torch.Tensor, st: Any, phase: int, now: int) -> int | None:
-        ref = self._known.get(st._cdata)
-        return ref.sid if ref is not None else self._register_existing(t, st, phase, now)
+    def _apply_notes(self, notes: Columns) -> None:
+        """The step's note rows (NOTE [ Notes ] in ckrec.cpp), each on a block of the run.
+        Storages still OTHER take them one by one, in time order, as ``_apply_python`` does
+        (being used as an input or saved makes them inputs); for the others the order does not
+        matter (categories only strengthen; a mark's module fills an empty one, first wins)."""
+        sid = self._blocks.sid(notes["block"])
+        keep = sid >= 0
+        sid, what, value, module = (
+            sid[keep],
+            notes["what"][keep],
+            notes["value"][keep],
+            notes["module"][keep].astype(np.int64),
+        )
+        view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
+        other = view[sid, ST_CATEGORY] == _OTHER
+        del view
+        for row in np.flatnonzero(other).tolist():
+            self._apply_python(int(sid[row]), int(what[row]), int(value[row]), int(module[row]))
+        rest = ~other
+        io = rest & (what >= 2)
+        if io.any():
+            rows = np.stack([value[io], sid[io], what[io].astype(np.int64) - 2], axis=1)
+            self._io.data.frombytes(rows.astype(np.int64).tobytes())
+        self._promote_all(sid[rest & (what == 1)], _ACTIVATION)
+        marks = rest & (what == 0)
+        for category in np.unique(value[marks]).tolist():
+            self._promote_all(sid[marks & (value == category)], category)
+        owned = marks & (module != NO_INDEX)
+        first_sid, first = np.unique(sid[owned], return_index=True)
+        self._set_modules(first_sid, module[owned][first])
 
     def _sort_memory_events(self) -> None:
-        """Rows of the Python ledger (SEEN, frees of SEEN storages) and the step's block rows
-        in time order (earlier steps' rows all come before)."""
+        """The step's memory rows (its blocks', and the Python ledger's: SEEN, frees of SEEN
+        storages) in time order; earlier steps' rows all come before."""
         mem = self._mem
-        rows = np.frombuffer(mem.data.tobytes(), np.int64).reshape(-1, mem.width)
-        order = np.argsort(rows[:, mem.width - 1], kind="stable")
-        del mem.data[:]
-        mem.data.frombytes(rows[order].tobytes())
+        first = max(self._mem_mark - (mem.rows - len(mem.data) // mem.width), 0) * mem.width
+        while True:
+            count = len(mem.data)
+            tail = np.frombuffer(mem.data[first:], np.int64).reshape(-1, mem.width)
+            ordered = tail[np.argsort(tail[:, mem.width - 1], kind="stable")].tobytes()
+            if len(mem.data) == count:  # no free callback appended meanwhile
+                break
+        del mem.data[first:]
+        mem.data.frombytes(ordered)
+        self._mem_mark = mem.rows
 
     # ------------------------------------------------------------------ helpers
 
@@ -408,6 +431,14 @@ class NativeLedger(StorageLedger):
         view[sids[stronger], ST_CATEGORY] = category
         del view, current
 
+    def _set_modules(self, sids: np.ndarray, modules: np.ndarray) -> None:
+        """Give each storage its module where it has none."""
+        if len(sids):
+            view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
+            empty = view[sids, ST_MODULE] == NO_INDEX
+            view[sids[empty], ST_MODULE] = modules[empty]
+            del view, empty
+
     def _set_storages(self, sids: np.ndarray, column: str, values: np.ndarray) -> None:
         if len(sids):
             view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
@@ -415,12 +446,7 @@ class NativeLedger(StorageLedger):
             del view
 
     def _layout_ids(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
-        dtypes, d, shapes, s = layout_texts(dtype, ndim, dims, self._dtype_names)
-        intern = self._tables.intern
-        unknown = intern("")  # a block no op output names (as the allocator source writes)
-        d_ids = np.asarray([intern(x) for x in dtypes] + [unknown], np.int64)
-        s_ids = np.asarray([intern(x) for x in shapes] + [unknown], np.int64)
-        return d_ids[d], s_ids[s]  # index -1: the unknown string, at the end
+        return self._layout_ids_of.ids(dtype, ndim, dims)
 
     def _device_ids(self, device_type: np.ndarray, index: np.ndarray) -> np.ndarray:
         key = device_type.astype(np.int64) * 65536 + index.astype(np.int64) + 1  # index -1: CPU
@@ -436,75 +462,71 @@ class NativeLedger(StorageLedger):
 
 
 class _Blocks:
-    """The run's blocks: block id -> storage row, pointer and lifetime; native call id ->
-    Python call row."""
+    """The run's blocks: block id -> storage row; native call id -> Python call row."""
 
     def __init__(self) -> None:
-        self.ids = np.zeros(0, np.int64)
-        self.sids = np.zeros(0, np.int64)
-        self.ptr = np.zeros(0, np.int64)
-        self.alloc = np.zeros(0, np.int64)
-        self.free = np.zeros(0, np.int64)
+        self.rows = _IdMap()
         self.calls = _IdMap()
+        self.call_modules = _Growing()  # module of each Python call row
 
     def add(self, blocks: dict[str, np.ndarray], sids: np.ndarray) -> None:
-        self.ids = np.concatenate([self.ids, blocks["block"]])
-        self.sids = np.concatenate([self.sids, sids])
-        self.ptr = np.concatenate([self.ptr, blocks["ptr"]])
-        self.alloc = np.concatenate([self.alloc, blocks["alloc_ns"]])
-        self.free = np.concatenate([self.free, blocks["free_ns"]])
-        order = np.argsort(self.ids, kind="stable")  # block ids count up: sorted already
-        if not (order[1:] > order[:-1]).all():
-            self.ids, self.sids, self.ptr = self.ids[order], self.sids[order], self.ptr[order]
-            self.alloc, self.free = self.alloc[order], self.free[order]
+        self.rows.add(blocks["block"].astype(np.int64), sids)
 
     def sid(self, block: np.ndarray) -> np.ndarray:
         """Storage row of each block id, -1 for a block of no step of this run."""
-        if not len(self.ids):
-            return np.full(len(block), -1, np.int64)
-        at = np.minimum(np.searchsorted(self.ids, block), len(self.ids) - 1)
-        return np.where(self.ids[at] == block, self.sids[at], -1)
+        return self.rows.get(np.asarray(block, np.int64))
 
-    def freed(self, block: np.ndarray, when: np.ndarray) -> None:
-        at = np.searchsorted(self.ids, block)
-        self.free[at] = when
 
-    def alive_at(self, ptr: np.ndarray, when: np.ndarray) -> np.ndarray:
-        """Storage row of the block at ``ptr`` alive at ``when``, -1 if none."""
-        order = np.lexsort((self.alloc, self.ptr))
-        p, a = self.ptr[order], self.alloc[order]
-        out = np.full(len(ptr), -1, np.int64)
-        if not len(p):
-            return out
-        # the last block at that pointer allocated at or before the time
-        lo = np.searchsorted(p, ptr, side="left")
-        hi = np.searchsorted(p, ptr, side="right")
-        for q in np.flatnonzero(hi > lo):  # one search per noted tensor, not per op
-            i = lo[q] + np.searchsorted(a[lo[q] : hi[q]], when[q], side="right") - 1
-            j = order[i] if i >= lo[q] else -1
-            if j >= 0 and (self.free[j] < 0 or self.free[j] > when[q]):
-                out[q] = self.sids[j]
-        return out
+class _Growing:
+    """An int64 array appended to in batches, in amortised constant time per value."""
+
+    def __init__(self) -> None:
+        self._data = np.zeros(1024, np.int64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._data[: self._n]
+
+    def extend(self, values: np.ndarray) -> None:
+        n, m = self._n, len(values)
+        if n + m > len(self._data):
+            self._data = np.resize(self._data, max(2 * len(self._data), n + m))
+        self._data[n : n + m] = values
+        self._n = n + m
 
 
 class _IdMap:
-    """Sorted int keys -> values, grown in batches."""
+    """Sorted int keys -> values. Keys mostly come in increasing batches (block and call ids
+    count up), which are appended in amortised constant time per key; any other batch is
+    merged."""
 
     def __init__(self) -> None:
-        self.keys = np.zeros(0, np.int64)
-        self.values = np.zeros(0, np.int64)
+        self._keys = _Growing()
+        self._values = _Growing()
 
     def add(self, keys: np.ndarray, values: np.ndarray) -> None:
-        keys = np.concatenate([self.keys, keys])
-        values = np.concatenate([self.values, values])
-        order = np.argsort(keys, kind="stable")
-        self.keys, self.values = keys[order], values[order]
+        if not len(keys):
+            return
+        n = len(self._keys)
+        self._keys.extend(keys)
+        self._values.extend(values)
+        new = self._keys.values[n:]
+        if (new[1:] < new[:-1]).any() or (n and new[0] < self._keys.values[n - 1]):
+            order = np.argsort(self._keys.values, kind="stable")
+            self._keys.values[:] = self._keys.values[order]
+            self._values.values[:] = self._values.values[order]
 
     def get(self, query: np.ndarray) -> np.ndarray:
-        if not len(self.keys):
+        """The value of each key, NO_INDEX for a key not added (and for negative keys)."""
+        keys = self._keys.values
+        if not len(keys):
             return np.full(len(query), NO_INDEX, np.int64)
-        at = np.minimum(np.searchsorted(self.keys, query), len(self.keys) - 1)
-        return np.where((self.keys[at] == query) & (query >= 0), self.values[at], NO_INDEX)
+        at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+        return np.where((keys[at] == query) & (query >= 0), self._values.values[at], NO_INDEX)
 
 
 class _CallMap:
@@ -532,6 +554,13 @@ class _OpMap:
 
     def row(self, native: np.ndarray) -> np.ndarray:
         return self._map.get(np.asarray(native, np.int64))
+
+
+def _rows_from(table: MutableTable, first: int) -> np.ndarray:
+    """A copy of ``table``'s rows from row ``first`` on (slicing the array copies just them and
+    exports no buffer, so a free callback may append meanwhile)."""
+    tail = table.data[first * table.width :]
+    return np.frombuffer(tail, np.int64).reshape(-1, table.width)
 
 
 def _spans(spans: list[list[int]], now: int) -> np.ndarray:

@@ -310,7 +310,6 @@ class Recorder:
         os.register_at_fork(after_in_child=lambda: _forget_in_child(me))
         torch_hooks.install()
         restore = self._restore
-        restore.append(_torch.observe_saved_tensor_hooks(torch_hooks.saw_saved))
         restore.append(_torch.watch_optimizer_init(torch_hooks.optimizer_created))
         phases = parts.phases
         restore.append(
@@ -319,6 +318,8 @@ class Recorder:
             )
         )
         restore += [source.install() for source in parts.sources]
+        # after the sources: the native source's own saved-tensor hooks are not observed
+        restore.append(_torch.observe_saved_tensor_hooks(torch_hooks.saw_saved))
         restore.append(_torch.keep_fd_on_closerange(self._sink.fileno, self._closing_every_fd))
         self._listen_to_ckpt_runtime(phases)
         if isinstance(parts.ledger, NativeLedger):  # no op hook: backward's bounds come

@@ -7,21 +7,21 @@ while recording (storages, module calls, steps) are written only when a run ends
 staging trace ``NAME.recording-PID.h5`` the recorder appends, at every step boundary, one record
 to ``NAME.recording-PID.journal``: the rows added since the last record (strings, ``modules``,
 the append-only run tables) and the rows of the editable tables that changed (their indices and
-new values), deflated at level 1. Each record is framed by its length and a CRC-32, written with
-one ``write`` on a file opened for that record alone (a script that closes every file descriptor
-cannot break it), and fsync'ed at most every ``SYNC_NS``: a killed process loses at most the
-step in progress; a power cut at most ``SYNC_NS`` of steps. A normal end (also Ctrl-C, SIGTERM,
-SIGHUP, an exception, ``os._exit`` under ``ckview record``) closes the trace and removes the
-journal. A journal whose recorder is gone is turned into a trace by ``recover_journal``
-(``ckview recover TRACE``, or any verb that reads TRACE): the completed steps of every run,
-marked incomplete; a truncated or damaged last record is ignored. Plain timing steps (after
-every run is recorded) are journaled too, each record holding its run's whole timing tables. Why
-a journal and not HDF5's SWMR mode: SWMR needs every dataset created before writing starts (runs
-are created as they begin) and cannot hold variable-length strings (the string table), and a
-file that HDF5 itself cannot write (a full disk, a descriptor the script closed) is still lost
-with SWMR; the journal covers those too (NOTE [ When the trace cannot be written ] in
-recorder/sink.py).
-"""
+new values), stored as they are (deflating a small-op step's record at level 1 cost 0.2x of the
+step; the journal lives only as long as the recording). Each record is framed by its length and
+a CRC-32, written with one ``write`` on a file opened for that record alone (a script that
+closes every file descriptor cannot break it), and fsync'ed at most every ``SYNC_NS``: a killed
+process loses at most the step in progress; a power cut at most ``SYNC_NS`` of steps. A normal
+end (also Ctrl-C, SIGTERM, SIGHUP, an exception, ``os._exit`` under ``ckview record``) closes
+the trace and removes the journal. A journal whose recorder is gone is turned into a trace by
+``recover_journal`` (``ckview recover TRACE``, or any verb that reads TRACE): the completed
+steps of every run, marked incomplete; a truncated or damaged last record is ignored. Plain
+timing steps (after every run is recorded) are journaled too, each record holding its run's
+whole timing tables. Why a journal and not HDF5's SWMR mode: SWMR needs every dataset created
+before writing starts (runs are created as they begin) and cannot hold variable-length strings
+(the string table), and a file that HDF5 itself cannot write (a full disk, a descriptor the
+script closed) is still lost with SWMR; the journal covers those too (NOTE [ When the trace
+cannot be written ] in recorder/sink.py)."""
 
 from __future__ import annotations
 
@@ -105,8 +105,9 @@ def _write_all(fd: int, blob: bytes) -> None:
 def _frame(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
     arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items()}
     described = {**header, "arrays": [[n, a.dtype.str, len(a)] for n, a in arrays.items()]}
+    described["stored"] = True  # not deflated (records of journals before it were)
     text = json.dumps(described, separators=(",", ":")).encode()
-    data = zlib.compress(b"".join(a.tobytes() for a in arrays.values()), 1)
+    data = b"".join(a.tobytes() for a in arrays.values())
     payload = b"".join([_HEADER.pack(len(text)), text, data])
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
@@ -136,7 +137,9 @@ def _read(path: Path) -> bytes:
 def _parse(payload: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     (size,) = _HEADER.unpack_from(payload)
     header = json.loads(payload[_HEADER.size : _HEADER.size + size])
-    data = zlib.decompress(payload[_HEADER.size + size :])
+    data = payload[_HEADER.size + size :]
+    if not header.pop("stored", False):
+        data = zlib.decompress(data)
     pos, arrays = 0, {}
     for name, dtype, count in header.pop("arrays"):
         dt = np.dtype(dtype)

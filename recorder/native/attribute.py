@@ -14,6 +14,7 @@ in ckrec.cpp) and turns each drain's ``Rows`` into a ``StepFacts``:
 - ``unknown_frees``: frees of blocks allocated before the reporter started (CUDA reports them;
   the CPU allocator knows no size for them and reports nothing);
 - ``saved``: pack and unpack rows with the block they hit;
+- ``notes``: tensors Python saw on blocks of the run (NOTE [ Notes ] in ckrec.cpp);
 - ``calls``: module calls begun in this drain (a call that ends in a later drain has
   ``end_ns`` -1 here; drains happen at step boundaries, outside module calls).
 
@@ -44,8 +45,9 @@ How these map onto the trace's run tables (``ckview/trace/schema.py``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +71,7 @@ class StepFacts:
     saved: Columns
     calls: Columns
     ooms: Columns
+    notes: Columns
 
 
 @dataclass
@@ -102,8 +105,9 @@ class Attribution:
         if len(rows.outputs):
             _layouts(rows.outputs, blocks)
         ooms = _columns(rows.ooms)
+        notes = _columns(rows.notes)
         return StepFacts(
-            ops, blocks, late_frees, late_ends, late_saved, unknown, saved, calls, ooms
+            ops, blocks, late_frees, late_ends, late_saved, unknown, saved, calls, ooms, notes
         )
 
     # -- module calls ------------------------------------------------------------------------
@@ -251,6 +255,62 @@ def layout_texts(
     d[known] = dtype_index.reshape(-1)
     s[known] = shape_index.reshape(-1)
     return dtypes, d, shapes, s
+
+
+# Odd 64-bit multipliers of (ndim, dims...): a shape's hash is their dot product (mod 2^64).
+_MIX = np.array(
+    [(0x9E3779B97F4A7C15 + 2 * 0x632BE59BD9B4E019 * i) % 2**64 for i in range(DIMS + 1)],
+    np.uint64,
+)
+
+
+class LayoutIds:
+    """String ids of dtype and shape texts, per row, kept across steps: most blocks of a step
+    have the layouts of the step before. A shape is found by a 64-bit hash of (ndim, dims),
+    and the dims of each distinct hash are compared with those it was first seen with, so a
+    collision falls back to ``layout_texts`` (exact)."""
+
+    def __init__(self, intern: Callable[[str], int], dtype_names: dict[int, str]) -> None:
+        self._intern = intern
+        self._dtype_names = dtype_names
+        self._dtypes: dict[int, int] = {}
+        self._shapes: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._unknown = intern("")  # a block no op output names (as the allocator source writes)
+
+    def ids(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
+        """(dtype string id, shape string id) of each row; the empty string's where unknown."""
+        known = ndim >= 0
+        key = np.concatenate([ndim[:, None].astype(np.int64), dims], axis=1)
+        with np.errstate(over="ignore"):
+            hashes = (key.astype(np.uint64) * _MIX).sum(axis=1, dtype=np.uint64)
+        unique, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        shape_ids = np.empty(len(unique), np.int64)
+        for i, (h, row) in enumerate(zip(unique.tolist(), first.tolist(), strict=True)):
+            shape = tuple(key[row].tolist())
+            seen = self._shapes.get(h)
+            if seen is None:
+                seen = (shape, self._intern(_shape_text(shape[0], np.asarray(shape[1:]))))
+                self._shapes[h] = seen
+            elif seen[0] != shape:
+                return self._exact(dtype, ndim, dims)
+            shape_ids[i] = seen[1]
+        codes, code_index = np.unique(dtype, return_inverse=True)
+        dtype_ids = np.asarray([self._dtype_id(int(c)) for c in codes.tolist()], np.int64)
+        d = np.where(known, dtype_ids[code_index.reshape(-1)], self._unknown)
+        s = np.where(known, shape_ids[inverse.reshape(-1)], self._unknown)
+        return d, s
+
+    def _dtype_id(self, code: int) -> int:
+        found = self._dtypes.get(code)
+        if found is None:
+            found = self._dtypes[code] = self._intern(self._dtype_names.get(code, f"dtype{code}"))
+        return found
+
+    def _exact(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
+        dtypes, d, shapes, s = layout_texts(dtype, ndim, dims, self._dtype_names)
+        d_ids = np.asarray([self._intern(x) for x in dtypes] + [self._unknown], np.int64)
+        s_ids = np.asarray([self._intern(x) for x in shapes] + [self._unknown], np.int64)
+        return d_ids[d], s_ids[s]  # index -1: the unknown string, at the end
 
 
 def _shape_text(ndim: int, dims: np.ndarray) -> str:

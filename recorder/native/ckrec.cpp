@@ -165,6 +165,11 @@ int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
   return live_blocks.take(key);
 }
 
+void forget_blocks() {
+  std::lock_guard<std::mutex> lock(blocks_mu);
+  live_blocks.clear();
+}
+
 int64_t block_of(const at::Tensor& t) {
   int64_t key = block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
   std::lock_guard<std::mutex> lock(blocks_mu);
@@ -338,10 +343,7 @@ void start(bool ops, bool memory, bool outputs) {
   generation.fetch_add(1, std::memory_order_relaxed);
   want_outputs = outputs;
   drainer.store(state().buf.get());  // NOTE [ The recording thread writes without a lock ]
-  {
-    std::lock_guard<std::mutex> lock(blocks_mu);
-    live_blocks.clear();  // frees of an earlier recording's blocks are unknown now
-  }
+  forget_blocks();  // frees of an earlier recording's blocks are unknown now
   if (ops) {
     at::RecordFunctionCallback cb(on_start, on_end);
     cb.needsInputs(false).needsOutputs(outputs).needsIds(false).scopes(
@@ -389,7 +391,7 @@ void take(std::vector<T>& rows, std::string& out) {
 
 py::dict drain() {
   check_drainer("drain()");
-  std::string ops, mems, ooms, saved, outs, mods, ends;
+  std::string ops, mems, ooms, saved, outs, mods, ends, notes;
   {
     std::lock_guard<std::mutex> lock(registry_mu);
     for (const auto& b : registry) {
@@ -402,6 +404,7 @@ py::dict drain() {
       take(b->outs, outs);
       take(b->mods, mods);
       take(b->ends, ends);
+      take(b->notes, notes);
     }
   }
   py::dict d;
@@ -412,6 +415,7 @@ py::dict drain() {
   d["outputs"] = py::bytes(outs);
   d["modules"] = py::bytes(mods);
   d["op_ends"] = py::bytes(ends);
+  d["notes"] = py::bytes(notes);
   return d;
 }
 
@@ -423,7 +427,7 @@ int64_t pending_rows() {
   for (const auto& b : registry) {
     BufferLock guard(*b, drainer);
     n += int64_t(b->ops.size() + b->mems.size() + b->saved.size() + b->outs.size() +
-                 b->mods.size());
+                 b->mods.size() + b->notes.size());
   }
   return n;
 }
@@ -491,6 +495,27 @@ void saved_row(PyObject* obj, uint8_t kind) {
   ts.buf->saved.push_back(row);
 }
 
+// NOTE [ Notes ]
+// Python sees tensors the extension does not: a step's gradients and optimizer state at the
+// optimizer's hooks, a module's inputs and outputs, what checkpoint's own saved-tensor hooks
+// keep. note(tensor, what, value, module) looks the tensor's block up at that moment and, when
+// it is a block of the run (allocated since start() or forget_blocks()), writes a NoteRow that
+// names it: True. Otherwise (a storage from before the run, an empty or meta tensor, a tensor
+// subclass without storage) it writes nothing and returns False, and Python registers the
+// storage itself. So no pointer has to be matched against block lifetimes afterwards.
+bool note(PyObject* obj, uint8_t what, int64_t value, int32_t module) {
+  if (off() || !THPVariable_Check(obj)) return false;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (!t.defined() || !t.has_storage()) return false;
+  int64_t block = block_of(t);
+  if (block < 0) return false;
+  ThreadState& ts = state();
+  NoteRow row{now_ns(), block, value, module, what, {0, 0, 0}};
+  BufferLock lock(*ts.buf, drainer);
+  ts.buf->notes.push_back(row);
+  return true;
+}
+
 // Python calls the hooks below on every module call and saved tensor, so they are plain
 // CPython functions: pybind11's argument handling would cost about 0.3 us a call. The pack hook
 // returns the tensor itself: autograd saves exactly what it would without hooks.
@@ -516,6 +541,20 @@ PyObject* py_unpack(PyObject*, PyObject* obj) {
   return obj;
 }
 
+PyObject* py_note(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  // (tensor, what, value, module)
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "note(tensor, what, value, module)");
+    return nullptr;
+  }
+  long long what = PyLong_AsLongLong(args[1]);
+  long long value = PyLong_AsLongLong(args[2]);
+  long long module = PyLong_AsLongLong(args[3]);
+  if (PyErr_Occurred()) return nullptr;
+  if (note(args[0], uint8_t(what), int64_t(value), int32_t(module))) Py_RETURN_TRUE;
+  Py_RETURN_FALSE;
+}
+
 PyMethodDef hook_defs[] = {
     {"pre_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_pre_hook)),
      METH_FASTCALL, "global module forward pre-hook: a module call begins"},
@@ -523,6 +562,8 @@ PyMethodDef hook_defs[] = {
      METH_FASTCALL, "global module forward hook (always_call): a module call returns"},
     {"pack", py_pack, METH_O, "saved_tensors_hooks pack: records the tensor, returns it"},
     {"unpack", py_unpack, METH_O, "saved_tensors_hooks unpack: records the tensor, returns it"},
+    {"note", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_note)),
+     METH_FASTCALL, "note(tensor, what, value, module): NOTE [ Notes ]; True if on a run block"},
 };
 
 py::dict row_sizes() {
@@ -534,6 +575,7 @@ py::dict row_sizes() {
   d["outputs"] = sizeof(OutRow);
   d["modules"] = sizeof(ModRow);
   d["op_ends"] = sizeof(EndRow);
+  d["notes"] = sizeof(NoteRow);
   return d;
 }
 
@@ -551,6 +593,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stop", &stop);
   m.def("forget_in_child", &forget_in_child);
   m.def("drain", &drain);
+  m.def("forget_blocks", &forget_blocks);
   m.def("names", &names_from, py::arg("first") = 0);
   m.def("pending_rows", &pending_rows);
   m.def("suspend_reporter", &suspend_reporter);

@@ -55,6 +55,11 @@ struct ModRow {  // a module forward call begins (enter 1) or returns (enter 0)
 struct EndRow {  // an op that ended after its row was drained
   int64_t id, t1;
 };
+struct NoteRow {  // a tensor Python saw (NOTE [ Notes ] in ckrec.cpp), on a block of the run
+  int64_t t, block, value;
+  int32_t module;
+  uint8_t what, pad[3];
+};
 #pragma pack(pop)
 
 // CLOCK_MONOTONIC: the clock of Python's time.perf_counter_ns on Linux, which the recorder uses.
@@ -141,6 +146,7 @@ struct Buffers {
   std::vector<OutRow> outs;
   std::vector<ModRow> mods;
   std::vector<EndRow> ends;
+  std::vector<NoteRow> notes;
   int64_t drained_ops = 0;  // op rows of this thread handed out by drain() so far
 };
 

@@ -101,6 +101,16 @@ MODULES = np.dtype(
     ]
 )
 OP_ENDS = np.dtype([("id", "<i8"), ("t1", "<i8")])
+NOTES = np.dtype(  # NOTE [ Notes ] in ckrec.cpp
+    [
+        ("t", "<i8"),
+        ("block", "<i8"),
+        ("value", "<i8"),  # a category (a mark) or a module call row (module I/O)
+        ("module", "<i4"),
+        ("what", "u1"),  # the ledger's codes: 0 mark, 1 saved, 2 input, 3 output
+        ("pad", "u1", 3),
+    ]
+)
 
 DTYPES: dict[str, np.dtype] = {
     "ops": OPS,
@@ -110,6 +120,7 @@ DTYPES: dict[str, np.dtype] = {
     "outputs": OUTPUTS,
     "modules": MODULES,
     "op_ends": OP_ENDS,
+    "notes": NOTES,
 }
 
 
@@ -124,6 +135,7 @@ class Rows:
     outputs: np.ndarray
     modules: np.ndarray
     op_ends: np.ndarray
+    notes: np.ndarray
 
     @classmethod
     def empty(cls) -> Rows:
