@@ -100,7 +100,7 @@ _FSDP_OPS = {  # NOTE [ FSDP's storages ]: op -> (category, which of its tensors
 }
 
 
-class _StorageRef(weakref.ref):
+class StorageRef(weakref.ref):
     """Weak reference to a storage that remembers its trace row and registry key."""
 
     __slots__ = ("key", "sid")
@@ -128,7 +128,7 @@ class StorageLedger:
         self.saw_cuda = False
         self.last_op = NO_INDEX
         # storages: registry key (StorageImpl address) -> weak ref, only while alive
-        self._known: dict[int, _StorageRef] = {}
+        self._known: dict[int, StorageRef] = {}
         self._names: dict[Any, int] = {}
         self._op_names: dict[int, int] = {}
         self._op_funcs: list[Any] = []
@@ -323,13 +323,13 @@ class StorageLedger:
         row = (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now)
         self._st_data.extend((*row, -1, self._tables.stack_of(op)))
         self._tables.st_address.append(st.data_ptr())
-        ref = _StorageRef(st, self._on_free)
+        ref = StorageRef(st, self._on_free)
         ref.sid = sid
         ref.key = st._cdata
         self._known[ref.key] = ref
         return sid
 
-    def _on_free(self, ref: _StorageRef) -> None:
+    def _on_free(self, ref: StorageRef) -> None:
         """Weak-reference callback: the storage's memory was just released."""
         self._known.pop(ref.key, None)
         if self._flags.state is not State.RECORDING or ref.sid < 0:

@@ -6,8 +6,8 @@ NOTE [ The native ledger ]
 - Every allocator block allocated while a run records is one storage row, written when the step
   that allocated it ends (rows stay editable until the run ends: a later step may free it, save
   it or find it among the gradients). Ops are the extension's RecordFunction ranges (names such
-  as ``aten::mm``, ranges nest); an op still open at the boundary (``Optimizer.step``) is cut
-  there.
+  as ``aten.mm.default``, NOTE [ Interning op names ] in ckrec.cpp; ranges nest); an op still
+  open at the boundary (``Optimizer.step``) is cut there.
 - Storages that exist before the run (parameters, the optimizer's state, a batch made during
   warmup) are not blocks of the run: the Python ledger registers them as SEEN rows, as it does
   on its own path, when the step boundary reads the parameter, gradient and optimizer pointer
@@ -45,8 +45,9 @@ from ckview.trace.schema import (
 )
 from recorder._torch import local, storage_of, tensors_in
 from recorder.buffers import MutableTable
-from recorder.ledger import StorageLedger
+from recorder.ledger import StorageLedger, StorageRef
 from recorder.native.attribute import Attribution, Columns, LayoutIds, StepFacts
+from recorder.native.maps import Blocks, CallMap, OpMap, intervals
 from recorder.native.rows import drain
 from recorder.phases import FORWARD, OTHER
 from recorder.tables import ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
@@ -81,10 +82,11 @@ class NativeLedger(StorageLedger):
     def _reset(self) -> None:
         self._attribution = Attribution()
         self._deferring = False  # the run's first step began: marks wait for its rows
-        self._blocks = _Blocks()
+        self._blocks = Blocks()
         self._optimizer_spans: list[list[int]] = []
         self._backward_starts: list[int] = []
         self._calls_at_step = 0
+        self._seen_keys: dict[int, int] = {}  # storage row -> its key in the extension
         self._mem_mark = 0  # memory rows before the step under way (absolute)
 
     def begin_run(self, tables: RunTables) -> None:
@@ -111,15 +113,36 @@ class NativeLedger(StorageLedger):
             super().mark(t, category, owner)
             return
         module = self._registry.owner(owner if owner is not None else t)
-        self._note(t, 0, category, module)
+        self._note([t], 0, category, [module])
 
     def mark_gradients(self) -> None:
-        if self._deferring and self._phases.optimizer_depth:
+        if not self._deferring:
+            super().mark_gradients()
+            return
+        if self._phases.optimizer_depth:
             self._optimizer_spans.append([perf_counter_ns(), -1])
-        super().mark_gradients()
+        owner = self._registry.owner
+        grads, modules = [], []
+        for p in self.parameters():
+            if p.grad is not None:
+                grads.append(p.grad)
+                modules.append(owner(p))
+        self._note(grads, 0, int(Category.GRADIENT), modules)
 
     def mark_optimizer_tensors(self) -> None:
-        super().mark_optimizer_tensors()
+        if not self._deferring:
+            super().mark_optimizer_tensors()
+            return
+        owner = self._registry.owner
+        found, modules = [], []
+        for opt in list(self.optimizers):
+            for param, state in opt.state.items():
+                module = owner(param)
+                for value in state.values():  # tensors, or lists of them (L-BFGS's history)
+                    for tensor in tensors_in(value):
+                        found.append(tensor)
+                        modules.append(module)
+        self._note(found, 0, int(Category.OPTIMIZER_STATE), modules)
         if self._optimizer_spans and self._optimizer_spans[-1][1] < 0:
             self._optimizer_spans[-1][1] = perf_counter_ns()
 
@@ -128,32 +151,46 @@ class NativeLedger(StorageLedger):
         if not self._deferring:
             super().on_saved(x, kind)
         else:  # kept (pack) or handed back recomputed (unpack): an activation
-            self._note(local(x), 1, _ACTIVATION, NO_INDEX)
+            self._note([local(x)], 1, _ACTIVATION, [NO_INDEX])
 
     def note_io(self, call: int, value: Any, kind: int) -> None:
         if not self._deferring:
             super().note_io(call, value, kind)
             return
-        for t in tensors_in(value):
-            self._note(t, 2 + kind, call, NO_INDEX)
+        found = list(tensors_in(value))
+        self._note(found, 2 + kind, call, [NO_INDEX] * len(found))
 
-    def _note(self, t: torch.Tensor, what: int, value: int, module: int) -> None:
-        """A tensor Python saw (0 mark, 1 saved, 2+ module I/O): on a block of the run the
-        extension writes a note row, resolved at the step's end (NOTE [ Notes ] in ckrec.cpp);
-        else it is a storage from before the run, registered here as the Python ledger does."""
-        if self._ext.note(t, what, value, module):
-            return
-        st = storage_of(t)
-        if st is None or st.nbytes() == 0 or t.is_meta:
-            return
-        ref = self._known.get(st._cdata)
-        if ref is not None:
-            sid: int | None = ref.sid
-        else:
-            now = perf_counter_ns()
-            sid = self._register_existing(t, st, FORWARD if what == 2 else OTHER, now)
-        if sid is not None:
-            self._apply_python(sid, what, value, module)
+    def _note(self, tensors: list[torch.Tensor], what: int, value: int, modules: list[int]) -> None:
+        """Tensors Python saw (``what``: 0 mark, 1 saved, 2+ module I/O): the extension notes
+        those on a block of the run or on a storage registered here (NOTE [ Notes ] in
+        ckrec.cpp), resolved at the step's end; the others are storages from before the run,
+        registered here as the Python ledger does, and noted at once."""
+        for i in self._ext.note_all(tensors, what, value, modules):
+            t = tensors[i]
+            st = storage_of(t)
+            if st is None or st.nbytes() == 0 or t.is_meta:
+                continue
+            ref = self._known.get(st._cdata)
+            if ref is not None:
+                sid: int | None = ref.sid
+            else:
+                now = perf_counter_ns()
+                sid = self._register_existing(t, st, FORWARD if what == 2 else OTHER, now)
+            if sid is not None:
+                self._apply_python(sid, what, value, modules[i])
+
+    def _add_storage(
+        self, t: torch.Tensor, st: Any, nbytes: int, category: int, op: int, call: int, now: int
+    ) -> int:
+        """A storage the Python ledger registers; the extension finds it by address then
+        (NOTE [ Notes ] in ckrec.cpp)."""
+        sid = super()._add_storage(t, st, nbytes, category, op, call, now)
+        self._seen_keys[sid] = self._ext.see(t, sid)
+        return sid
+
+    def _on_free(self, ref: StorageRef) -> None:
+        self._ext.unsee(self._seen_keys.pop(ref.sid, 0))
+        super()._on_free(ref)
 
     def _apply_python(self, sid: int, what: int, value: int, module: int) -> None:
         if what >= 2:
@@ -195,7 +232,7 @@ class NativeLedger(StorageLedger):
     def _write_step(self, now: int) -> None:
         rows = drain(self._ext)
         spans = [(Phase.FORWARD, self._forward_spans(now))]
-        spans.append((Phase.OPTIMIZER, _spans(self._optimizer_spans, now)))
+        spans.append((Phase.OPTIMIZER, intervals(self._optimizer_spans, now)))
         spans.append((Phase.RECOMPUTE, self._recompute_spans(now)))
         facts = self._attribution.step(rows, spans)
         self._optimizer_spans, self._backward_starts = [], []
@@ -234,7 +271,7 @@ class NativeLedger(StorageLedger):
         ends = np.where(cols["end_ns"] < 0, now, cols["end_ns"])
         return np.stack([cols["start_ns"], ends], axis=1).astype(np.int64)
 
-    def _python_calls(self, facts: StepFacts) -> _CallMap:
+    def _python_calls(self, facts: StepFacts) -> CallMap:
         """Each native call id's Python call row: the one that began last before it."""
         first = self._calls_at_step
         starts = _rows_from(self._calls, first)[:, self._calls.index("start_ns")]
@@ -244,9 +281,9 @@ class NativeLedger(StorageLedger):
         self._blocks.calls.add(native["call"].astype(np.int64), rows)
         modules = self._blocks.call_modules
         modules.extend(_rows_from(self._calls, len(modules))[:, 0])
-        return _CallMap(self._blocks.calls, modules.values)
+        return CallMap(self._blocks.calls, modules.values)
 
-    def _write_ops(self, facts: StepFacts, calls: _CallMap, now: int) -> _OpMap:
+    def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> OpMap:
         ops = facts.ops
         first = self._ops.rows
         names = self._string_ids(ops["name"])
@@ -267,7 +304,7 @@ class NativeLedger(StorageLedger):
             axis=1,
         )
         self._ops.data.frombytes(table.astype(np.int64).tobytes())
-        return _OpMap(ops["id"], np.arange(first, first + len(names)))
+        return OpMap(ops["id"], np.arange(first, first + len(names)))
 
     def _string_ids(self, names: np.ndarray) -> np.ndarray:
         """String ids of the extension's op name indexes (interned once per name)."""
@@ -279,7 +316,7 @@ class NativeLedger(StorageLedger):
             self._name_ids = np.concatenate([self._name_ids, np.asarray(new, np.int64)])
         return self._name_ids[names]
 
-    def _write_blocks(self, facts: StepFacts, calls: _CallMap, ops: _OpMap) -> None:
+    def _write_blocks(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
         blocks = facts.blocks
         n = len(blocks["block"])
         first = len(self._st_data) // ST_WIDTH
@@ -330,7 +367,7 @@ class NativeLedger(StorageLedger):
         saved = np.concatenate([sids[blocks["saved"]], self._blocks.sid(facts.late_saved)])
         self._promote_saved(saved[saved >= 0])
 
-    def _write_saved(self, facts: StepFacts, calls: _CallMap, ops: _OpMap) -> None:
+    def _write_saved(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
         saved = facts.saved
         sid = self._blocks.sid(saved["block"])
         old = sid < 0  # a block from before the run (a parameter): its SEEN row, by pointer
@@ -379,7 +416,7 @@ class NativeLedger(StorageLedger):
         Storages still OTHER take them one by one, in time order, as ``_apply_python`` does
         (being used as an input or saved makes them inputs); for the others the order does not
         matter (categories only strengthen; a mark's module fills an empty one, first wins)."""
-        sid = self._blocks.sid(notes["block"])
+        sid = np.where(notes["block"] >= 0, self._blocks.sid(notes["block"]), notes["sid"])
         keep = sid >= 0
         sid, what, value, module = (
             sid[keep],
@@ -461,114 +498,11 @@ class NativeLedger(StorageLedger):
         return np.asarray(ids, np.int64)[inverse.reshape(-1)]
 
 
-class _Blocks:
-    """The run's blocks: block id -> storage row; native call id -> Python call row."""
-
-    def __init__(self) -> None:
-        self.rows = _IdMap()
-        self.calls = _IdMap()
-        self.call_modules = _Growing()  # module of each Python call row
-
-    def add(self, blocks: dict[str, np.ndarray], sids: np.ndarray) -> None:
-        self.rows.add(blocks["block"].astype(np.int64), sids)
-
-    def sid(self, block: np.ndarray) -> np.ndarray:
-        """Storage row of each block id, -1 for a block of no step of this run."""
-        return self.rows.get(np.asarray(block, np.int64))
-
-
-class _Growing:
-    """An int64 array appended to in batches, in amortised constant time per value."""
-
-    def __init__(self) -> None:
-        self._data = np.zeros(1024, np.int64)
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    @property
-    def values(self) -> np.ndarray:
-        return self._data[: self._n]
-
-    def extend(self, values: np.ndarray) -> None:
-        n, m = self._n, len(values)
-        if n + m > len(self._data):
-            self._data = np.resize(self._data, max(2 * len(self._data), n + m))
-        self._data[n : n + m] = values
-        self._n = n + m
-
-
-class _IdMap:
-    """Sorted int keys -> values. Keys mostly come in increasing batches (block and call ids
-    count up), which are appended in amortised constant time per key; any other batch is
-    merged."""
-
-    def __init__(self) -> None:
-        self._keys = _Growing()
-        self._values = _Growing()
-
-    def add(self, keys: np.ndarray, values: np.ndarray) -> None:
-        if not len(keys):
-            return
-        n = len(self._keys)
-        self._keys.extend(keys)
-        self._values.extend(values)
-        new = self._keys.values[n:]
-        if (new[1:] < new[:-1]).any() or (n and new[0] < self._keys.values[n - 1]):
-            order = np.argsort(self._keys.values, kind="stable")
-            self._keys.values[:] = self._keys.values[order]
-            self._values.values[:] = self._values.values[order]
-
-    def get(self, query: np.ndarray) -> np.ndarray:
-        """The value of each key, NO_INDEX for a key not added (and for negative keys)."""
-        keys = self._keys.values
-        if not len(keys):
-            return np.full(len(query), NO_INDEX, np.int64)
-        at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
-        return np.where((keys[at] == query) & (query >= 0), self._values.values[at], NO_INDEX)
-
-
-class _CallMap:
-    """Native call ids -> Python call rows, and the rows' modules."""
-
-    def __init__(self, calls: _IdMap, modules: np.ndarray) -> None:
-        self._calls = calls
-        self._modules = modules
-
-    def row(self, native: np.ndarray) -> np.ndarray:
-        return self._calls.get(np.asarray(native, np.int64))
-
-    def module(self, row: np.ndarray) -> np.ndarray:
-        if not len(self._modules):
-            return np.full(len(row), NO_INDEX, np.int64)
-        return np.where(row >= 0, self._modules[np.maximum(row, 0)], NO_INDEX)
-
-
-class _OpMap:
-    """Native op ids of this step -> the run's op rows."""
-
-    def __init__(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        self._map = _IdMap()
-        self._map.add(ids.astype(np.int64), rows.astype(np.int64))
-
-    def row(self, native: np.ndarray) -> np.ndarray:
-        return self._map.get(np.asarray(native, np.int64))
-
-
 def _rows_from(table: MutableTable, first: int) -> np.ndarray:
     """A copy of ``table``'s rows from row ``first`` on (slicing the array copies just them and
     exports no buffer, so a free callback may append meanwhile)."""
     tail = table.data[first * table.width :]
     return np.frombuffer(tail, np.int64).reshape(-1, table.width)
-
-
-def _spans(spans: list[list[int]], now: int) -> np.ndarray:
-    if not spans:
-        return np.zeros((0, 2), np.int64)
-    out = np.asarray(spans, np.int64).reshape(-1, 2)
-    out[out[:, 1] < 0, 1] = now
-    return out
 
 
 def _name(dtype: torch.dtype) -> str:

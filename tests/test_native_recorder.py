@@ -213,7 +213,7 @@ def test_blocks_get_their_module_in_forward_and_backward(ext: Any, small_op: Any
     forward = blocks["phase"] == Phase.FORWARD
     assert forward.sum() >= 80  # an addmm and a gelu result per layer
     for k in np.flatnonzero(forward):
-        expected = {"aten::linear": "Linear", "aten::gelu": "GELU"}[top_name[k]]
+        expected = {"aten.linear.default": "Linear", "aten.gelu.default": "GELU"}[top_name[k]]
         assert types[int(blocks["module"][k])] == expected
 
     backward = np.flatnonzero(blocks["phase"] == Phase.BACKWARD)
@@ -238,7 +238,7 @@ def test_saved_blocks_are_the_forward_activations(ext: Any, small_op: Any) -> No
         [names[ops["name"][np.searchsorted(ops["id"], t)]] for t in blocks["top_op"]]
     )
     # each layer's addmm result is saved (GELU's input and the next addmm's mat1)
-    assert ((top_name == "aten::linear") & saved).sum() == 40
+    assert ((top_name == "aten.linear.default") & saved).sum() == 40
     assert (blocks["phase"][saved] != Phase.BACKWARD).all()
     # saved activations die in backward, after their last unpack
     packs = facts.saved

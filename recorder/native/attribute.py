@@ -33,7 +33,8 @@ How these map onto the trace's run tables (``ckview/trace/schema.py``):
   The owner rule of ``module`` (a parameter's gradient and optimizer state belong to the
   parameter's module) also needs those pointer sets; ``blocks.module`` is the creating call's.
 - ``ops``: ``start_ns``, ``end_ns``, ``module_call`` and ``seq_nr`` (the backward node's) are
-  filled. ``name`` is RecordFunction's (``aten::mm``, a backward node's ``AddmmBackward0``),
+  filled. ``name`` is the dispatcher's op and overload (``aten.mm.default``) or
+  RecordFunction's (a backward node's ``AddmmBackward0``),
   not the dispatch mode's ``aten.mm.default``; ranges nest (``parent``, ``top``), where the
   dispatch mode saw only the ops that reached it. ``phase`` is FORWARD, BACKWARD or OTHER:
   OPTIMIZER and RECOMPUTE need the optimizer's and checkpoint's markers, passed in as ``spans``.

@@ -102,17 +102,29 @@ int32_t intern_text(const char* text) {
 }
 
 // NOTE [ Interning op names ]
-// FUNCTION-scope names point into the op's schema and live as long as it, so a thread caches
-// them by pointer; the cached text is compared too, because a name built at run time may free
-// its string and a later one reuse the address. Backward node names die with their range:
-// looked up by text.
+// An op the dispatcher runs is named as the Python recorder names it, after its overload
+// (``aten.mm.default``, ``aten.add.Tensor``): the names plans, patterns and the projection
+// use. Other ranges keep RecordFunction's name (a backward node's ``AddmmBackward0``, a
+// script's ``record_function`` label). FUNCTION-scope names point into the op's schema and
+// live as long as it, so a thread caches them by pointer; the cached text is compared too,
+// because a name built at run time may free its string and a later one reuse the address.
+// Backward node names die with their range: looked up by text.
+std::string dispatch_name(const at::RecordFunction& fn) {
+  auto op = fn.operator_name();
+  if (!op) return fn.name();
+  std::string name = op->name;
+  auto sep = name.find("::");
+  if (sep != std::string::npos) name.replace(sep, 2, ".");
+  return name + "." + (op->overload_name.empty() ? std::string("default") : op->overload_name);
+}
+
 int32_t intern(ThreadState& ts, const at::RecordFunction& fn) {
   const char* p = fn.name();
   if (fn.scope() != at::RecordScope::FUNCTION) return intern_text(p);
   auto it = ts.by_ptr.find(p);
   if (it != ts.by_ptr.end() && std::strcmp(it->second.second.c_str(), p) == 0)
     return it->second.first;
-  int32_t id = intern_text(p);
+  int32_t id = intern_text(dispatch_name(fn).c_str());
   ts.by_ptr[p] = {id, std::string(p)};
   return id;
 }
@@ -164,6 +176,8 @@ int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
   }
   return live_blocks.take(key);
 }
+
+BlockTable seen_storages;  // NOTE [ Notes ]: storages Python registered; guarded by blocks_mu
 
 void forget_blocks() {
   std::lock_guard<std::mutex> lock(blocks_mu);
@@ -344,6 +358,10 @@ void start(bool ops, bool memory, bool outputs) {
   want_outputs = outputs;
   drainer.store(state().buf.get());  // NOTE [ The recording thread writes without a lock ]
   forget_blocks();  // frees of an earlier recording's blocks are unknown now
+  {
+    std::lock_guard<std::mutex> lock(blocks_mu);
+    seen_storages.clear();  // storage rows are per run (NOTE [ Notes ])
+  }
   if (ops) {
     at::RecordFunctionCallback cb(on_start, on_end);
     cb.needsInputs(false).needsOutputs(outputs).needsIds(false).scopes(
@@ -498,22 +516,50 @@ void saved_row(PyObject* obj, uint8_t kind) {
 // NOTE [ Notes ]
 // Python sees tensors the extension does not: a step's gradients and optimizer state at the
 // optimizer's hooks, a module's inputs and outputs, what checkpoint's own saved-tensor hooks
-// keep. note(tensor, what, value, module) looks the tensor's block up at that moment and, when
-// it is a block of the run (allocated since start() or forget_blocks()), writes a NoteRow that
-// names it: True. Otherwise (a storage from before the run, an empty or meta tensor, a tensor
-// subclass without storage) it writes nothing and returns False, and Python registers the
-// storage itself. So no pointer has to be matched against block lifetimes afterwards.
+// keep. note(tensor, what, value, module) looks the tensor's storage up at that moment: on a
+// block of the run (allocated since start() or forget_blocks()) it writes a NoteRow naming the
+// block; on a storage Python registered itself (one from before the run, see()) a NoteRow
+// naming its storage row. Either way True, and nothing is left to match by pointer and time.
+// Otherwise (a storage Python has not registered yet, an empty or meta tensor, a subclass
+// without storage) it writes nothing and returns False: Python registers the storage, calls
+// see(), and applies the note itself. unsee() forgets a registered storage when Python's weak
+// reference to it dies, before its memory can be reused.
+
+int64_t storage_key(const at::Tensor& t) {
+  return block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
+}
+
 bool note(PyObject* obj, uint8_t what, int64_t value, int32_t module) {
   if (off() || !THPVariable_Check(obj)) return false;
   const at::Tensor& t = THPVariable_Unpack(obj);
-  if (!t.defined() || !t.has_storage()) return false;
-  int64_t block = block_of(t);
-  if (block < 0) return false;
+  if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) return false;
+  int64_t key = storage_key(t), block, sid = -1;
+  {
+    std::lock_guard<std::mutex> lock(blocks_mu);
+    block = live_blocks.get(key);
+    if (block < 0) sid = seen_storages.get(key);
+  }
+  if (block < 0 && sid < 0) return false;
   ThreadState& ts = state();
-  NoteRow row{now_ns(), block, value, module, what, {0, 0, 0}};
+  NoteRow row{now_ns(), block, sid, value, module, what, {0, 0, 0}};
   BufferLock lock(*ts.buf, drainer);
   ts.buf->notes.push_back(row);
   return true;
+}
+
+// The key under which a storage Python registered as row `sid` is found; 0 if none.
+int64_t see(const at::Tensor& t, int64_t sid) {
+  if (!t.has_storage() || t.storage().nbytes() == 0) return 0;
+  int64_t key = storage_key(t);
+  std::lock_guard<std::mutex> lock(blocks_mu);
+  seen_storages.put(key, sid);
+  return key;
+}
+
+void unsee(int64_t key) {
+  if (key == 0) return;
+  std::lock_guard<std::mutex> lock(blocks_mu);
+  seen_storages.take(key);
 }
 
 // Python calls the hooks below on every module call and saved tensor, so they are plain
@@ -555,6 +601,39 @@ PyObject* py_note(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_FALSE;
 }
 
+// note_all(tensors, what, value, modules): note() for each tensor of a list, with one value
+// and the module of the same index in `modules` (a list as long); returns the indices of the
+// tensors it did not note, for Python to register.
+PyObject* py_note_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyList_Check(args[0]) || !PyList_Check(args[3]) ||
+      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[3])) {
+    PyErr_SetString(PyExc_TypeError, "note_all(tensors: list, what, value, modules: list)");
+    return nullptr;
+  }
+  long long what = PyLong_AsLongLong(args[1]);
+  long long value = PyLong_AsLongLong(args[2]);
+  if (PyErr_Occurred()) return nullptr;
+  PyObject* missed = PyList_New(0);
+  if (!missed) return nullptr;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[0]); ++i) {
+    long long module = PyLong_AsLongLong(PyList_GET_ITEM(args[3], i));
+    if (PyErr_Occurred()) {
+      Py_DECREF(missed);
+      return nullptr;
+    }
+    if (note(PyList_GET_ITEM(args[0], i), uint8_t(what), int64_t(value), int32_t(module)))
+      continue;
+    PyObject* index = PyLong_FromSsize_t(i);
+    if (!index || PyList_Append(missed, index) < 0) {
+      Py_XDECREF(index);
+      Py_DECREF(missed);
+      return nullptr;
+    }
+    Py_DECREF(index);
+  }
+  return missed;
+}
+
 PyMethodDef hook_defs[] = {
     {"pre_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_pre_hook)),
      METH_FASTCALL, "global module forward pre-hook: a module call begins"},
@@ -563,7 +642,9 @@ PyMethodDef hook_defs[] = {
     {"pack", py_pack, METH_O, "saved_tensors_hooks pack: records the tensor, returns it"},
     {"unpack", py_unpack, METH_O, "saved_tensors_hooks unpack: records the tensor, returns it"},
     {"note", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_note)),
-     METH_FASTCALL, "note(tensor, what, value, module): NOTE [ Notes ]; True if on a run block"},
+     METH_FASTCALL, "note(tensor, what, value, module): NOTE [ Notes ]; True if noted"},
+    {"note_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_note_all)),
+     METH_FASTCALL, "note_all(tensors, what, value, modules): indices of those not noted"},
 };
 
 py::dict row_sizes() {
@@ -594,6 +675,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget_in_child", &forget_in_child);
   m.def("drain", &drain);
   m.def("forget_blocks", &forget_blocks);
+  m.def("see", &see, py::arg("tensor"), py::arg("sid"));
+  m.def("unsee", &unsee, py::arg("key"));
   m.def("names", &names_from, py::arg("first") = 0);
   m.def("pending_rows", &pending_rows);
   m.def("suspend_reporter", &suspend_reporter);

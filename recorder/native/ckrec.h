@@ -55,8 +55,8 @@ struct ModRow {  // a module forward call begins (enter 1) or returns (enter 0)
 struct EndRow {  // an op that ended after its row was drained
   int64_t id, t1;
 };
-struct NoteRow {  // a tensor Python saw (NOTE [ Notes ] in ckrec.cpp), on a block of the run
-  int64_t t, block, value;
+struct NoteRow {  // a tensor Python saw (NOTE [ Notes ] in ckrec.cpp)
+  int64_t t, block, sid, value;  // block of the run, or -1 and the storage row Python gave it
   int32_t module;
   uint8_t what, pad[3];
 };

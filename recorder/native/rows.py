@@ -104,7 +104,8 @@ OP_ENDS = np.dtype([("id", "<i8"), ("t1", "<i8")])
 NOTES = np.dtype(  # NOTE [ Notes ] in ckrec.cpp
     [
         ("t", "<i8"),
-        ("block", "<i8"),
+        ("block", "<i8"),  # a block of the run, or -1: then
+        ("sid", "<i8"),  # the storage row Python registered
         ("value", "<i8"),  # a category (a mark) or a module call row (module I/O)
         ("module", "<i4"),
         ("what", "u1"),  # the ledger's codes: 0 mark, 1 saved, 2 input, 3 output

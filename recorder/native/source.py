@@ -57,6 +57,9 @@ class NativeSource:
         undo_profiler = self._yield_to_profiler()
 
         def undo() -> None:
+            if self._running:  # a recording that ended without its run's end (a failed start)
+                self._ext.stop()
+                self._running = False
             undo_profiler()
             saved.__exit__(None, None, None)
             for hook in hooks:

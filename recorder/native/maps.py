@@ -1,0 +1,113 @@
+"""Id maps of the native ledger (recorder/native_ledger.py), grown once per step in amortised
+constant time per id: block ids -> storage rows, the extension's call and op ids -> the run's
+rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ckview.trace.schema import NO_INDEX
+
+
+class Blocks:
+    """The run's blocks: block id -> storage row; native call id -> Python call row."""
+
+    def __init__(self) -> None:
+        self.rows = IdMap()
+        self.calls = IdMap()
+        self.call_modules = Growing()  # module of each Python call row
+
+    def add(self, blocks: dict[str, np.ndarray], sids: np.ndarray) -> None:
+        self.rows.add(blocks["block"].astype(np.int64), sids)
+
+    def sid(self, block: np.ndarray) -> np.ndarray:
+        """Storage row of each block id, -1 for a block of no step of this run."""
+        return self.rows.get(np.asarray(block, np.int64))
+
+
+class Growing:
+    """An int64 array appended to in batches, in amortised constant time per value."""
+
+    def __init__(self) -> None:
+        self._data = np.zeros(1024, np.int64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._data[: self._n]
+
+    def extend(self, values: np.ndarray) -> None:
+        n, m = self._n, len(values)
+        if n + m > len(self._data):
+            self._data = np.resize(self._data, max(2 * len(self._data), n + m))
+        self._data[n : n + m] = values
+        self._n = n + m
+
+
+class IdMap:
+    """Sorted int keys -> values. Keys mostly come in increasing batches (block and call ids
+    count up), which are appended in amortised constant time per key; any other batch is
+    merged."""
+
+    def __init__(self) -> None:
+        self._keys = Growing()
+        self._values = Growing()
+
+    def add(self, keys: np.ndarray, values: np.ndarray) -> None:
+        if not len(keys):
+            return
+        n = len(self._keys)
+        self._keys.extend(keys)
+        self._values.extend(values)
+        new = self._keys.values[n:]
+        if (new[1:] < new[:-1]).any() or (n and new[0] < self._keys.values[n - 1]):
+            order = np.argsort(self._keys.values, kind="stable")
+            self._keys.values[:] = self._keys.values[order]
+            self._values.values[:] = self._values.values[order]
+
+    def get(self, query: np.ndarray) -> np.ndarray:
+        """The value of each key, NO_INDEX for a key not added (and for negative keys)."""
+        keys = self._keys.values
+        if not len(keys):
+            return np.full(len(query), NO_INDEX, np.int64)
+        at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+        return np.where((keys[at] == query) & (query >= 0), self._values.values[at], NO_INDEX)
+
+
+class CallMap:
+    """Native call ids -> Python call rows, and the rows' modules."""
+
+    def __init__(self, calls: IdMap, modules: np.ndarray) -> None:
+        self._calls = calls
+        self._modules = modules
+
+    def row(self, native: np.ndarray) -> np.ndarray:
+        return self._calls.get(np.asarray(native, np.int64))
+
+    def module(self, row: np.ndarray) -> np.ndarray:
+        if not len(self._modules):
+            return np.full(len(row), NO_INDEX, np.int64)
+        return np.where(row >= 0, self._modules[np.maximum(row, 0)], NO_INDEX)
+
+
+class OpMap:
+    """Native op ids of this step -> the run's op rows."""
+
+    def __init__(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        self._map = IdMap()
+        self._map.add(ids.astype(np.int64), rows.astype(np.int64))
+
+    def row(self, native: np.ndarray) -> np.ndarray:
+        return self._map.get(np.asarray(native, np.int64))
+
+
+def intervals(spans: list[list[int]], now: int) -> np.ndarray:
+    """(start, end) rows; an end still -1 (open) is ``now``."""
+    if not spans:
+        return np.zeros((0, 2), np.int64)
+    out = np.asarray(spans, np.int64).reshape(-1, 2)
+    out[out[:, 1] < 0, 1] = now
+    return out
