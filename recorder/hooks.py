@@ -286,10 +286,12 @@ class TorchHooks:
         def closure_outside_the_optimizer(*a: Any, **k: Any) -> Any:
             depth, phase = phases.optimizer_depth, phases.top_phase
             phases.optimizer_depth, phases.top_phase = 0, OTHER
+            self.ledger.closure_runs(True)
             try:
                 return closure(*a, **k)
             finally:
                 phases.optimizer_depth, phases.top_phase = depth, phase
+                self.ledger.closure_runs(False)
 
         return closure_outside_the_optimizer
 

@@ -385,6 +385,10 @@ class StorageLedger:
         self.mark_gradients()
         self.mark_optimizer_tensors()
 
+    def closure_runs(self, inside: bool) -> None:
+        """``optimizer.step(closure)`` enters (True) or leaves its closure, whose ops are not
+        the optimizer's: the op hook reads ``optimizer_depth`` instead, here nothing to do."""
+
     def mark_gradients(self) -> None:
         for p in self.parameters():
             if p.grad is not None:

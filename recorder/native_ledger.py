@@ -77,6 +77,7 @@ class NativeLedger(StorageLedger):
             int(ext.dtype_code(torch.empty(0, dtype=d))): _name(d) for d in _DTYPES
         }
         self._name_ids = np.zeros(0, np.int64)  # extension name index -> string id
+        self._name_is_op = np.zeros(0, np.uint8)  # whether it is a dispatcher op's
         self._reset()
 
     def _reset(self) -> None:
@@ -128,6 +129,15 @@ class NativeLedger(StorageLedger):
                 grads.append(p.grad)
                 modules.append(owner(p))
         self._note(grads, 0, int(Category.GRADIENT), modules)
+
+    def closure_runs(self, inside: bool) -> None:
+        """The optimizer's span stops while its closure runs (forward and backward inside
+        ``step(closure)``: Lightning, L-BFGS) and goes on after it."""
+        spans = self._optimizer_spans
+        if inside and spans and spans[-1][1] < 0:
+            spans[-1][1] = perf_counter_ns()
+        elif not inside and self._deferring and self._phases.optimizer_depth:
+            spans.append([perf_counter_ns(), -1])
 
     def mark_optimizer_tensors(self) -> None:
         if not self._deferring:
@@ -234,7 +244,8 @@ class NativeLedger(StorageLedger):
         spans = [(Phase.FORWARD, self._forward_spans(now))]
         spans.append((Phase.OPTIMIZER, intervals(self._optimizer_spans, now)))
         spans.append((Phase.RECOMPUTE, self._recompute_spans(now)))
-        facts = self._attribution.step(rows, spans)
+        self._learn_names(int(rows.ops["name"].max(initial=-1)) + 1)
+        facts = self._attribution.step(rows, spans, self._name_is_op)
         self._optimizer_spans, self._backward_starts = [], []
         py_call = self._python_calls(facts)
         op_rows = self._write_ops(facts, py_call, now)
@@ -285,36 +296,45 @@ class NativeLedger(StorageLedger):
 
     def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> OpMap:
         ops = facts.ops
+        kept = ops["outer"] == ops["id"]  # NOTE [ Outermost ops ] in native/attribute.py
         first = self._ops.rows
-        names = self._string_ids(ops["name"])
+        names = self._string_ids(ops["name"][kept])
         call = np.where(
             ops["phase"] == Phase.RECOMPUTE, calls.row(ops["call"]), calls.row(ops["module_call"])
-        )
-        end = np.where(ops["end_ns"] < 0, now, ops["end_ns"])
+        )[kept]
+        end = np.where(ops["end_ns"] < 0, now, ops["end_ns"])[kept]
         table = np.stack(
             [
                 names,
-                ops["phase"].astype(np.int64),
+                ops["phase"][kept].astype(np.int64),
                 call,
                 np.full(len(names), self._tables.step),
-                ops["start_ns"],
+                ops["start_ns"][kept],
                 end,
-                ops["seq_nr"],
+                ops["seq_nr"][kept],
             ],
             axis=1,
         )
         self._ops.data.frombytes(table.astype(np.int64).tobytes())
-        return OpMap(ops["id"], np.arange(first, first + len(names)))
+        rows = np.full(len(kept), NO_INDEX, np.int64)
+        rows[kept] = np.arange(first, first + len(names))
+        outer_rows = OpMap(ops["id"], rows, ops["start_ns"]).row(ops["outer"])
+        return OpMap(ops["id"], outer_rows, ops["start_ns"])
 
     def _string_ids(self, names: np.ndarray) -> np.ndarray:
         """String ids of the extension's op name indexes (interned once per name)."""
-        top = int(names.max(initial=-1)) + 1
+        self._learn_names(int(names.max(initial=-1)) + 1)
+        return self._name_ids[names]
+
+    def _learn_names(self, count: int) -> None:
+        """Fetch the extension's op names up to index ``count`` (and which are ops)."""
         known = len(self._name_ids)
-        if top > known:
+        if count > known:
             texts = self._ext.names(known)
             new = [self._tables.intern(text) for text in texts]
             self._name_ids = np.concatenate([self._name_ids, np.asarray(new, np.int64)])
-        return self._name_ids[names]
+            is_op = np.frombuffer(self._ext.ops_among_names(known), np.uint8)
+            self._name_is_op = np.concatenate([self._name_is_op, is_op])
 
     def _write_blocks(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
         blocks = facts.blocks
@@ -325,7 +345,7 @@ class NativeLedger(StorageLedger):
         call = calls.row(np.where(recompute, blocks["call"], blocks["module_call"]))
         category = np.where(blocks["phase"] == Phase.OTHER, _OTHER, _TEMPORARY)
         dtype, shape = self._layout_ids(blocks["dtype"], blocks["ndim"], blocks["dims"])
-        op = ops.row(blocks["op"])
+        op = ops.row(blocks["op"], blocks["alloc_ns"])
         table = np.stack(
             [
                 blocks["nbytes"],
@@ -347,7 +367,7 @@ class NativeLedger(StorageLedger):
         self._blocks.add(blocks, sids)
         events = [np.stack([np.full(n, _ALLOC), sids, op, blocks["alloc_ns"]], axis=1)]
         freed = blocks["free_ns"] >= 0
-        free_op = ops.row(blocks["free_op"][freed])
+        free_op = ops.row(blocks["free_op"][freed], blocks["free_ns"][freed], last=True)
         events.append(
             np.stack(
                 [np.full(freed.sum(), _FREE), sids[freed], free_op, blocks["free_ns"][freed]], 1
@@ -357,7 +377,7 @@ class NativeLedger(StorageLedger):
         late_sid = self._blocks.sid(late["block"])
         known = late_sid >= 0
         self._set_storages(late_sid[known], "free_ns", late["free_ns"][known])
-        late_op = ops.row(late["free_op"][known])
+        late_op = ops.row(late["free_op"][known], late["free_ns"][known], last=True)
         events.append(
             np.stack(
                 [np.full(known.sum(), _FREE), late_sid[known], late_op, late["free_ns"][known]], 1
@@ -375,12 +395,12 @@ class NativeLedger(StorageLedger):
         keep = sid >= 0
         dtype, shape = self._layout_ids(saved["dtype"], saved["ndim"], saved["dims"])
         pack = saved["kind"] == _PACK
-        call = calls.row(np.where(pack, saved["call"], -1))
+        call = calls.row(saved["module_call"])
         table = np.stack(
             [
                 saved["kind"].astype(np.int64),
                 sid,
-                ops.row(saved["op"]),
+                ops.row(saved["op"], saved["t"]),
                 call,
                 shape,
                 dtype,

@@ -86,11 +86,19 @@ class Attribution:
         default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int32))
     )
 
-    def step(self, rows: Rows, spans: Sequence[tuple[Phase, np.ndarray]] = ()) -> StepFacts:
+    def step(
+        self,
+        rows: Rows,
+        spans: Sequence[tuple[Phase, np.ndarray]] = (),
+        name_is_op: np.ndarray | None = None,
+    ) -> StepFacts:
         """The facts of one drain. ``spans`` are ``(phase, (n, 2) start/end ns)`` intervals
-        (the optimizer's step, a checkpoint's recompute) whose ops take that phase."""
+        (the optimizer's step, a checkpoint's recompute) whose ops take that phase;
+        ``name_is_op`` says which op names are the dispatcher's (``ops['outer']``, NOTE
+        [ Outermost ops ]); without it every range is its own outermost op."""
         calls = self._calls(rows.modules)
         ops, late_ends = _ops(rows.ops, rows.op_ends)
+        ops["outer"] = _outermost_ops(ops, name_is_op)
         seq_keys, seq_calls = self._seq_to_call(ops)
         ops["phase"] = _phases(ops, spans)
         backward_call = _lookup(seq_keys, seq_calls, ops["seq_nr"], -1)
@@ -99,6 +107,9 @@ class Attribution:
         ops["module"] = self.module_of(ops["module_call"])
         blocks, late_frees, unknown = self._blocks(rows.memory, ops, seq_keys, seq_calls)
         saved = _columns(rows.saved)
+        # a pack's call is the one open; an unpack's, the forward call of the node unpacking
+        unpack_call = _lookup(ops["id"], ops["module_call"], saved["op"], -1)
+        saved["module_call"] = np.where(saved["kind"] == 0, saved["call"], unpack_call)
         packed = saved["block"][saved["kind"] == 0]
         here, row = _rows_of(blocks["block"], packed)
         blocks["saved"][row[here]] = True
@@ -355,6 +366,31 @@ def _ops(ops: np.ndarray, ends: np.ndarray) -> tuple[Columns, Columns]:
     cols["start_ns"], cols["end_ns"] = cols["t0"], cols["t1"]
     cols["seq_nr"] = np.where(cols["node_seq"] >= 0, cols["node_seq"], -1)
     return cols, {"id": ends["id"][~here], "end_ns": ends["t1"][~here]}
+
+
+# NOTE [ Outermost ops ]
+# RecordFunction ranges nest: aten.linear holds aten.t and aten.addmm, a backward node's range
+# holds the ops it runs, Optimizer.step holds the optimizer's. The trace's ops do not nest
+# (analyses add up op times per phase and per region), so a run's ops are the outermost
+# dispatcher ops: ranges of an op the dispatcher runs with no such op around them. Other
+# ranges (backward nodes, the engine's, record_function labels) are not ops of the trace, and
+# what they hold is (a checkpoint's recompute runs inside a backward node). Every range maps to
+# its outermost dispatcher op (``outer``; -1 when none holds it), which blocks allocated in it
+# are attributed to.
+def _outermost_ops(ops: Columns, name_is_op: np.ndarray | None) -> np.ndarray:
+    ids, parent = ops["id"], ops["parent"]
+    if name_is_op is None:
+        return ids.copy()
+    is_op = name_is_op[ops["name"]].astype(bool) if len(name_is_op) else np.zeros(len(ids), bool)
+    outer = np.where(is_op, ids, -1)
+    above = parent.copy()
+    while True:  # one pass per level of nesting; a parent of an earlier drain ends the walk
+        here, row = _rows_of(ids, above)
+        here &= above >= 0
+        if not here.any():
+            return outer
+        outer = np.where(here & is_op[row], above, outer)
+        above = np.where(here, parent[row], -1)
 
 
 def _phases(ops: Columns, spans: Sequence[tuple[Phase, np.ndarray]]) -> np.ndarray:

@@ -53,6 +53,7 @@ std::atomic<Buffers*> drainer{nullptr};  // NOTE [ The recording thread writes w
 std::mutex registry_mu;  // guards `registry`, names and module ids
 std::vector<std::shared_ptr<Buffers>> registry;
 std::vector<std::string> names;
+std::vector<uint8_t> name_is_op;  // 1 where the name is a dispatcher op's (NOTE [ Interning op names ])
 std::unordered_map<std::string, int32_t> name_ids;
 std::unordered_map<int64_t, int32_t> module_ids;
 std::atomic<int64_t> next_op{0};
@@ -91,12 +92,13 @@ void check_drainer(const char* what) {
               " must run on the thread that started the native recorder");
 }
 
-int32_t intern_text(const char* text) {
+int32_t intern_text(const char* text, bool is_op = false) {
   std::lock_guard<std::mutex> lock(registry_mu);
   auto it = name_ids.find(text);
   if (it != name_ids.end()) return it->second;
   int32_t id = int32_t(names.size());
   names.emplace_back(text);
+  name_is_op.push_back(is_op ? 1 : 0);
   name_ids.emplace(names.back(), id);
   return id;
 }
@@ -111,7 +113,7 @@ int32_t intern_text(const char* text) {
 // Backward node names die with their range: looked up by text.
 std::string dispatch_name(const at::RecordFunction& fn) {
   auto op = fn.operator_name();
-  if (!op) return fn.name();
+  if (!op) return "";
   std::string name = op->name;
   auto sep = name.find("::");
   if (sep != std::string::npos) name.replace(sep, 2, ".");
@@ -124,7 +126,8 @@ int32_t intern(ThreadState& ts, const at::RecordFunction& fn) {
   auto it = ts.by_ptr.find(p);
   if (it != ts.by_ptr.end() && std::strcmp(it->second.second.c_str(), p) == 0)
     return it->second.first;
-  int32_t id = intern_text(dispatch_name(fn).c_str());
+  std::string op = dispatch_name(fn);
+  int32_t id = op.empty() ? intern_text(p) : intern_text(op.c_str(), true);
   ts.by_ptr[p] = {id, std::string(p)};
   return id;
 }
@@ -450,6 +453,14 @@ int64_t pending_rows() {
   return n;
 }
 
+// Which names from index `first` on are dispatcher ops', one byte each.
+py::bytes ops_among_names(size_t first) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  if (first >= name_is_op.size()) return py::bytes("");
+  return py::bytes(reinterpret_cast<const char*>(name_is_op.data() + first),
+                   name_is_op.size() - first);
+}
+
 std::vector<std::string> names_from(size_t first) {
   std::lock_guard<std::mutex> lock(registry_mu);
   if (first >= names.size()) return {};
@@ -678,6 +689,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("see", &see, py::arg("tensor"), py::arg("sid"));
   m.def("unsee", &unsee, py::arg("key"));
   m.def("names", &names_from, py::arg("first") = 0);
+  m.def("ops_among_names", &ops_among_names, py::arg("first") = 0);
   m.def("pending_rows", &pending_rows);
   m.def("suspend_reporter", &suspend_reporter);
   m.def("resume_reporter", &resume_reporter);
