@@ -61,3 +61,28 @@ def reserved_peak(curve: ReservedCurve | None) -> int:
     if curve is None or not len(curve.reserved):
         return 0
     return int(curve.reserved.max())
+
+
+def reserved_at_points(
+    storages: Mapping[str, np.ndarray],
+    strings: Sequence[str],
+    events: Mapping[str, np.ndarray],
+    settings: AllocatorSettings = DEFAULTS,
+) -> np.ndarray | None:
+    """(n+1,) int64: what the caching allocator model holds reserved at each point of a run's
+    timeline (point 0: before the first event; an event on no CUDA device keeps the value
+    before it); None if no storage is on a CUDA device."""
+    curve = reserved_over(storages, strings, events, None, settings)
+    if curve is None:
+        return None
+    device = np.asarray(storages["device"])
+    storage = np.asarray(events["storage"], dtype=np.int64)
+    nbytes = np.asarray(storages["nbytes"], dtype=np.int64)
+    # The events events_from_run keeps, in order: the curve has one value per kept event.
+    kept = np.isin(device[storage], list(cuda_ordinals(strings, device))) & (nbytes[storage] > 0)
+    points = np.flatnonzero(kept)[: len(curve.reserved)] + 1
+    values = np.zeros(len(storage) + 1, dtype=np.int64)
+    values[points] = curve.reserved
+    last = np.zeros(len(values), dtype=np.int64)
+    last[points] = points
+    return values[np.maximum.accumulate(last)]
