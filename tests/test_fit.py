@@ -6,6 +6,9 @@ the size refused in one line."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from torch import nn
 from ckview.analysis import find_peak, memory_timeline
 from ckview.analysis.fit import StreamsPart, fit_sizes, largest_size
 from recorder import Recorder
-from tests.conftest import read_run
+from tests.conftest import ROOT, read_run
 from tests.factory import attention_model, encoder, record_lm
 from tests.fit_helpers import GIB, as_cuda
 
@@ -225,3 +228,20 @@ def test_fit_reproduces_its_own_sizes(traces: Any) -> None:
     fit = fit_sizes(a, b, (4, 8))
     assert np.array_equal(fit.nbytes_at(4), a["storages"]["nbytes"])
     assert np.array_equal(fit.nbytes_at(8), b["storages"]["nbytes"])
+
+
+def test_fit_imports_neither_torch_nor_qt(traces: Any) -> None:
+    """Like the other reading verbs: a laptop without torch can fit traces from a GPU box."""
+    a, b = str(traces("encoder", 4, 32)), str(traces("encoder", 8, 32))
+    code = (
+        "import contextlib, io, sys\n"
+        "from ckview.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert main(['fit', {a!r}, {b!r}, '--sizes', '4', '8', '--at', '16']) == 0\n"
+        f"    assert main(['fit', {a!r}, {b!r}, '--sizes', '4', '8', '--budget', '8MiB']) == 0\n"
+        "heavy = sorted(m for m in ('torch', 'PyQt6', 'pyqtgraph') if m in sys.modules)\n"
+        "assert not heavy, f'imported {heavy}'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
