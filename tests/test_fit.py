@@ -120,6 +120,26 @@ def test_budget_names_the_largest_batch_that_fits(run_cli: Any, traces: Any) -> 
     assert code == 0 and "none     largest size      12" in out
 
 
+def test_budget_with_a_plan_and_a_model_without_a_chain(
+    run_cli: Any, traces: Any, tmp_path: Path
+) -> None:
+    """--plan adds its row; where the model has no chain of blocks, only the baseline and
+    --plan rows are judged and a note says why."""
+    a, b = traces("encoder", 4, 32), traces("encoder", 8, 32)
+    code, out, _ = run_cli(
+        "fit", str(a), str(b), "--sizes", "4", "8", "--budget", "4MiB", "--plan", "all", "--json"
+    )
+    rows = {r["plan"]: r for r in json.loads(out)["plans"]}
+    assert code == 0 and rows["--plan all"]["largest"] == rows["all"]["largest"]
+    code, out, _ = run_cli("fit", str(a), str(b), "--sizes", "4", "8", "--budget", "4MiB")
+    assert "extra compute: from the first recording's op times, not scaled" in out
+    small = [record_branchy(tmp_path, n) for n in (2, 4)]  # no ReLU at either: one step
+    code, out, _ = run_cli("fit", *small, "--sizes", "2", "4", "--budget", "64KiB", "--json")
+    doc = json.loads(out)
+    assert code == 0 and [r["plan"] for r in doc["plans"]] == ["none"] and doc["largest"] > 4
+    assert doc["notes"][0].startswith("no presets nor planner: the run's model has no chain")
+
+
 def test_no_size_fits(run_cli: Any, traces: Any) -> None:
     a, b = traces("encoder", 4, 32), traces("encoder", 8, 32)
     code, out, _ = run_cli("fit", str(a), str(b), "--sizes", "4", "8", "--budget", "1KiB")
@@ -143,18 +163,20 @@ class Branchy(nn.Module):
         return self.b(x)
 
 
+def record_branchy(folder: Path, n: int) -> str:
+    torch.manual_seed(0)
+    model, path = Branchy(), folder / f"branchy{n}.h5"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(path, steps=1, warmup=1, progress=False):
+        for _ in range(2):
+            model(torch.randn(n, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return str(path)
+
+
 def test_control_flow_that_depends_on_the_size_is_refused(run_cli: Any, tmp_path: Path) -> None:
-    paths = []
-    for n in (4, 8):
-        torch.manual_seed(0)
-        model, path = Branchy(), tmp_path / f"branchy{n}.h5"
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with Recorder(path, steps=1, warmup=1, progress=False):
-            for _ in range(2):
-                model(torch.randn(n, 16)).sum().backward()
-                opt.step()
-                opt.zero_grad()
-        paths.append(str(path))
+    paths = [record_branchy(tmp_path, n) for n in (4, 8)]
     code, out, err = run_cli("fit", *paths, "--sizes", "4", "8", "--at", "16")
     assert code == 2 and out == ""
     assert err.count("\n") == 1, err

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.common import read_plan, read_run, resolve_plan
+from ckview.cli.common import one_line, read_plan, read_run, resolve_plan
 from ckview.cli.errors import CLIError
 
 if TYPE_CHECKING:
@@ -222,6 +222,8 @@ def _at_lines(context: _Context, doc: dict[str, Any]) -> list[str]:
             f"PyTorch {fb(doc['not_by_pytorch_bytes'])} = {fb(total)}"
             + _of_device(total, doc["device_total_bytes"])
         )
+    if doc["extra_compute_ns"]:
+        lines.append(f"  {EXTRA_TIMES}")
     lines.append("  by category at the peak:")
     lines += [f"    {name:<22}{fb(b):>12}" for name, b in doc["by_category"].items()]
     lines.append("  by module at the peak:")
@@ -348,7 +350,10 @@ class _Judge:
         limit = self.budget - self.context.overhead if self.device else self.budget
         try:
             result = Planner(tables).for_budget(limit)
-        except ValueError:  # no chain of blocks: only the baseline and --plan
+        except ValueError as exc:  # no chain of blocks: only the baseline and --plan
+            note = f"no presets nor planner: {one_line(exc)}"
+            if note not in self.context.notes:
+                self.context.notes.append(note)
             out["none"] = self._project(tables, "none", read_plan("none"))
         else:
             for preset in result.presets:
@@ -436,7 +441,15 @@ def _budget_lines(context: _Context, doc: dict[str, Any], judge: _Judge) -> list
                 + (f"   extra compute {extra / 1e6:.1f} ms" if extra else "")
                 + (f"   ({row['plan_name']})" if row["plan"] == judge.BEST else "")
             )
+    if any(row["extra_compute_ns"] for row in doc["plans"]):
+        lines.append(EXTRA_TIMES)
     return lines + [f"note: {note}" for note in context.notes]
+
+
+EXTRA_TIMES = (
+    "extra compute: from the first recording's op times, not scaled with the size (record at "
+    "the size for its own)"
+)
 
 
 def _print_json(doc: dict[str, Any]) -> None:
