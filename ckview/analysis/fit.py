@@ -60,9 +60,10 @@ class StreamsPart(ValueError):
 # ----------------------------------------------------------------------------- matching
 
 # Columns compared row by row, per table; string ids are compared as the strings they name.
+# Ops first: a call made at one size only parts the ops too, and an op names where.
 _COMPARED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("module_calls", ("module", "parent", "phase")),
     ("ops", ("name", "phase", "module_call")),
+    ("module_calls", ("module", "parent", "phase")),
     ("storages", ("op", "module_call", "category", "dtype", "device")),
     ("memory_events", ("kind", "storage", "op")),
     ("saved_events", ("kind", "storage", "op")),
@@ -244,16 +245,17 @@ def fit_sizes(a: RunTables, b: RunTables, sizes: tuple[int, int]) -> SizeFit:
     if len(grows):
         pairs = np.stack([shapes[0][grows], shapes[1][grows]], axis=1)
         keys, inverse = np.unique(pairs, axis=0, return_inverse=True)
-        for k, (shape_a, shape_b) in enumerate(keys):
-            members = grows[inverse.reshape(-1) == k]
-            parsed = _parse(a["strings"][shape_a]), _parse(b["strings"][shape_b])
-            if parsed[0] is None or parsed[1] is None or len(parsed[0]) != len(parsed[1]):
+        order = np.argsort(inverse.reshape(-1), kind="stable")
+        groups = np.split(grows[order], np.cumsum(np.bincount(inverse.reshape(-1)))[:-1])
+        for (shape_a, shape_b), members in zip(keys, groups, strict=True):
+            d_a, d_b = _parse(a["strings"][shape_a]), _parse(b["strings"][shape_b])
+            if d_a is None or d_b is None or len(d_a) != len(d_b):
                 continue
-            d_a, d_b = parsed[0], parsed[1]
             numel_a, numel_b = np.prod(d_a, dtype=np.float64), np.prod(d_b, dtype=np.float64)
+            if numel_a == 0:
+                continue
             # NOTE [ Scaling from shapes ]: the shape must account for the bytes at both sizes.
-            ok = numel_a > 0 and nbytes[1][members] * numel_a == nbytes[0][members] * numel_b
-            members = members[ok] if numel_a > 0 else members[:0]
+            members = members[nbytes[1][members] * numel_a == nbytes[0][members] * numel_b]
             if not len(members):
                 continue
             degree[members] = int((d_a != d_b).sum())
