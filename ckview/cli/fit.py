@@ -109,16 +109,20 @@ class _Context:
     run_a: Run
     run_b: Run
     settings: AllocatorSettings | None = None
-    """The allocator's settings (the first trace's meta) on a CUDA trace, else None."""
+    """The allocator's settings (the first trace's meta) where the run holds CUDA storages,
+    else None."""
     overhead: int = 0
     """Device memory the recordings saw taken outside PyTorch (the most of both)."""
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.run_a.device is None:
-            return
         from ckview.analysis.allocator import settings_from_meta
+        from ckview.analysis.reserved import cuda_ordinals
         from ckview.trace import open_trace
+
+        tables = self.run_a.tables
+        if not cuda_ordinals(tables["strings"], tables["storages"]["device"]):
+            return  # a CPU trace: no allocator to model
 
         with open_trace(self.args.traces[0]) as trace:
             conf = trace.meta.allocator_settings

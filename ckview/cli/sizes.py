@@ -142,8 +142,12 @@ def _record(
     target = ["-m", args.target] if args.module else [args.target]
     script_args = [a.replace(SLOT, str(value)) for a in args.args]
     command = [sys.executable, "-m", "ckview", "record", *options, "-o", str(output)]
-    stdout = sys.stderr if to_stderr else None
-    return subprocess.run([*command, *target, *script_args], stdout=stdout).returncode
+    if not to_stderr:
+        return subprocess.run([*command, *target, *script_args]).returncode
+    # --json: stdout is the JSON's; the recording's output goes to stderr, as verify's does
+    done = subprocess.run([*command, *target, *script_args], stdout=subprocess.PIPE, text=True)
+    sys.stderr.write(done.stdout)
+    return done.returncode
 
 
 def _forwarded(args: argparse.Namespace, plans: Sequence[str] | None) -> list[str]:
