@@ -11,6 +11,11 @@ import numpy as np
 
 from ckview.analysis.allocator import AllocatorSettings, ReservedCurve, events_from_run, replay
 
+MAX_EVENTS = 200_000
+"""The model replays each event in Python (about 15 us each): ``ckview summary`` and the
+explorer do not model runs with more memory events than this (3 s); ``ckview fit --budget
+device``, asked for it, does."""
+
 DEFAULTS = AllocatorSettings()
 """torch's default settings (no ``PYTORCH_CUDA_ALLOC_CONF``)."""
 

@@ -427,10 +427,13 @@ def _sampled_reserved(run: Run) -> int:
 def _modelled_reserved(tables: Any, allocator_settings: str) -> int | None:
     """What the model of the caching allocator reserves at most over the run's allocations
     with the trace's settings (torch's defaults where they are not understood); None if no
-    storage of the run is on a CUDA device."""
+    storage of the run is on a CUDA device, or the run has more than ``reserved.MAX_EVENTS``
+    memory events."""
     from ckview.analysis.allocator import AllocatorSettings, settings_from_meta
-    from ckview.analysis.reserved import reserved_over, reserved_peak
+    from ckview.analysis.reserved import MAX_EVENTS, reserved_over, reserved_peak
 
+    if len(tables["memory_events"]["kind"]) > MAX_EVENTS:
+        return None  # too long to replay here (reserved.MAX_EVENTS)
     try:
         settings = settings_from_meta(allocator_settings)
     except ValueError:

@@ -570,12 +570,12 @@ class MainWindow(QMainWindow):
 
     def _reserved_of(self, run: Run) -> np.ndarray | None:
         """The run's reserved-memory curve from the allocator model (a CUDA run of at most
-        ``RESERVED_EVENTS`` events; the model replays in Python), else None."""
+        ``reserved.MAX_EVENTS`` events: the model replays in Python), else None."""
         if id(run) not in self._reserved:
-            from ckview.analysis.reserved import reserved_at_points
+            from ckview.analysis.reserved import MAX_EVENTS, reserved_at_points
 
-            curve = None
-            if run.device is not None and run.n_events <= RESERVED_EVENTS:
+            curve = None  # NOTE: a longer run keeps only its 'reserved (at most)' line
+            if run.device is not None and run.n_events <= MAX_EVENTS:
                 trace = self._trace_of(run)
                 settings = allocator_settings(trace.meta.allocator_settings)
                 t = run.tables
@@ -735,11 +735,6 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent | None) -> None:
         self.settings.sync()
         super().closeEvent(event)
-
-
-RESERVED_EVENTS = 300_000
-"""Runs with more memory events draw no reserved curve (its model replays each in Python, a few
-microseconds each); their 'reserved (at most)' line stays."""
 
 
 def _peak_text(run: Run) -> str:
