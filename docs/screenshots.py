@@ -50,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "explorer-budget*.png)",
     )
     only.add_argument(
+        "--size-only",
+        action="store_true",
+        help="only the size field's images (explorer-size*.png; records a small transformer "
+        "at batch 4 and 8)",
+    )
+    only.add_argument(
         "--oom-ranks-only",
         action="store_true",
         help="only explorer-oom*.png and ranks.png (records an OOM step and an FSDP run)",
@@ -91,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote docs/images/{name}")
 
     OUT.mkdir(parents=True, exist_ok=True)
+    if not args.oom_ranks_only and not args.diff_only:
+        _size_shots(window, save)
+    if args.size_only:
+        return 0
     if not args.oom_ranks_only:
         _diff_and_budget_shots(window, save, settle)
     if args.diff_only:
@@ -213,6 +223,38 @@ def _oom_and_ranks_shots(window: Any, save: Any) -> None:
     w.side_action.setChecked(True)
     w.tabs.setCurrentWidget(w.compare)
     save(w, "ranks.png")
+
+
+def _size_shots(window: Any, save: Any) -> None:
+    """The size field: a small transformer recorded at batch 4 and 8 shown at batch 48 with
+    the sqrt plan, over a budget it does not meet (light); the same step moved onto a faked
+    cuda:0 of 160 MiB, where the allocator model draws reserved memory and the size is
+    checked against the device (dark)."""
+    from ckview.app.style import DARK
+
+    sys.path.insert(0, str(ROOT))
+    from tests.factory import encoder, record_lm
+    from tests.fit_helpers import as_cuda
+
+    folder = Path(tempfile.mkdtemp())
+    cpu = [record_lm(folder / f"lm.batch{n}.h5", encoder(), n, 64) for n in (4, 8)]
+    cuda_folder = folder / "cuda"
+    cuda_folder.mkdir()
+    cuda = [as_cuda(p, cuda_folder / p.name, 160 << 20, 96 << 20) for p in cpu]
+    for theme, (a, b), budget, name in (
+        (None, cpu, "6 MiB", "explorer-size.png"),
+        (DARK, cuda, "device", "explorer-size-dark.png"),
+    ):
+        w = window(str(a))
+        if theme is not None:
+            w.set_theme(theme)
+        w.resize(1500, 950)
+        w.plan.apply_preset("sqrt")
+        w.open_second(str(b))
+        w.plan.budget.setText(budget)
+        w.sizes.field.setText("48")
+        w.show_size(48)
+        save(w, name)
 
 
 def _record_oom(path: Path, fake_device: bool = False) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -98,3 +99,54 @@ def record_stack_net(path: Path, stacks: bool = True) -> Path:
     allocation stacks if ``stacks``."""
     torch.manual_seed(0)
     return record_model(path, StackNet(), (8, 16), iterations=3, stacks=stacks)
+
+
+# ----------------------------------------------------------------------------- models at sizes
+# (ckview fit: the same step recorded at several batch or sequence sizes)
+
+VOCAB, WIDTH = 50, 32
+
+
+def encoder() -> nn.Module:
+    """A small TransformerEncoder language model (embedding, two layers, logits)."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(WIDTH, 4, 64, dropout=0.0, batch_first=True)
+    return nn.Sequential(
+        nn.Embedding(VOCAB, WIDTH),
+        nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+        nn.Linear(WIDTH, VOCAB),
+    )
+
+
+class Attention(nn.Module):
+    """Attention written out: its scores (batch x sequence x sequence) grow quadratically."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(WIDTH), dim=-1)
+        return x + self.out(scores @ v)
+
+
+def attention_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Embedding(VOCAB, WIDTH), Attention(), Attention(), nn.Linear(WIDTH, VOCAB)
+    )
+
+
+def record_lm(path: Path, model: nn.Module, batch: int, seq: int) -> Path:
+    """One step of ``model`` (token ids in, logits out, cross-entropy, Adam) recorded."""
+    opt = torch.optim.Adam(model.parameters())
+    torch.manual_seed(1)
+    with Recorder(path, steps=1, warmup=1, progress=False):
+        for _ in range(2):
+            ids = torch.randint(0, VOCAB, (batch, seq))
+            logits = model(ids)
+            nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids.reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+    return path

@@ -221,7 +221,9 @@ class Run:
         d = self.device
         if d is None:
             return []
-        lines = [(f"reserved {format_bytes(d.reserved)} (at most)", d.reserved)]
+        lines = []
+        if d.reserved >= 0:  # unknown for a run projected at another size (app/sizing.py)
+            lines.append((f"reserved {format_bytes(d.reserved)} (at most)", d.reserved))
         if d.total >= 0:
             lines.insert(0, (f"device {d.device} {format_bytes(d.total)}", d.total))
         return lines

@@ -11,6 +11,7 @@ from ckview import __version__
 from ckview.cli import (
     diff,
     export,
+    fit,
     import_,
     plan,
     project,
@@ -24,7 +25,20 @@ from ckview.cli import (
 from ckview.cli.command import split_command
 from ckview.cli.errors import EXIT_USAGE, CLIError
 
-VERBS = (record, summary, diff, view, export, import_, validate, project, verify, plan, recover)
+VERBS = (
+    record,
+    summary,
+    diff,
+    view,
+    export,
+    import_,
+    validate,
+    project,
+    verify,
+    plan,
+    fit,
+    recover,
+)
 SCRIPT_VERBS = ("record", "verify")
 """Verbs that run a script: NOTE [ The script's arguments are the script's ] in command.py."""
 TRACE_SUFFIXES = (".h5", ".hdf5")

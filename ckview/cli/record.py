@@ -22,6 +22,7 @@ from ckview.cli.recording import (
     report,
     unlike_step_warnings,
 )
+from ckview.cli.sizes import add_sizes_option, record_at_sizes
 from ckview.trace.ranks import this_rank_path
 
 
@@ -33,11 +34,14 @@ def add_parser(verbs: Any) -> None:
         description=f"Run a training script with its own arguments and record steps. {ARGS_HELP}",
     )
     add_record_options(p)
+    add_sizes_option(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     check_command(args)
+    if args.sizes is not None:  # NOTE [ One recording per size ]
+        return record_at_sizes(args, default_output(args.target))
     if args.plan and args.warmup == 0:
         raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
     if is_launcher(args.target, args.module):  # NOTE [ Recording every rank ]

@@ -61,6 +61,9 @@ class _RunFigures:
     activation_peak_phase: str
     reserved: int
     """The most the CUDA caching allocator reserved (0 on the CPU)."""
+    modelled: int | None
+    """The most the model of the caching allocator reserves over the run's allocations
+    (``ckview.analysis.reserved``), None on the CPU."""
     device: RunDevice
     """Device states and OOM."""
     leftover: LeftoverRecompute | None
@@ -69,7 +72,8 @@ class _RunFigures:
     """Recorded steps whose peaks differ (NOTE [ Steps that are not alike ])."""
 
     @classmethod
-    def of(cls, run: Run, top: int) -> _RunFigures:
+    def of(cls, run: Run, top: int, allocator_settings: str = "") -> _RunFigures:
+        """``allocator_settings``: the trace's meta field, for the allocator model."""
         from ckview.analysis import summarize_run
         from ckview.analysis.stacks import reserved_peak
         from ckview.analysis.steadiness import unlike_steps
@@ -85,7 +89,8 @@ class _RunFigures:
             activation_peak_phase=phase_at(
                 t["ops"], t["memory_events"], summary.activation_peak.event
             ),
-            reserved=reserved_peak(t["segments"]),
+            reserved=reserved_peak(t["segments"]) or _sampled_reserved(run),
+            modelled=_modelled_reserved(t, allocator_settings),
             device=RunDevice.of(run, top),
             leftover=_leftover(run),
             unlike=unlike_steps(t["storages"], t["memory_events"], t["steps"]),
@@ -99,6 +104,7 @@ class _RunFigures:
             "leftover_recompute": self.leftover and self.leftover.to_json(),
             "unlike_steps": self.unlike and self.unlike.to_json(),
             "reserved_peak_bytes": self.reserved,
+            "modelled_reserved_peak_bytes": self.modelled,
             "timeline_device": self.run.timeline_device,
             "left_out_storages": self.run.left_out,
             **self.device.to_json(),
@@ -109,7 +115,7 @@ class _RunFigures:
         name = self.run.name
         phases = (self.peak_phase, self.activation_peak_phase)
         text = _format_run(name, self.summary, *phases, snapshot=snapshot)
-        lines = [_with_reserved(text, self.reserved)]
+        lines = [_with_reserved(text, self.reserved, self.modelled)]
         if self.run.timeline_device is not None:
             lines.append(_scope_line(self.run.timeline_device, self.run.left_out))
         if self.leftover is not None:
@@ -128,8 +134,11 @@ def _run_one(args: argparse.Namespace) -> int:
         missing = [n for n in names if n not in trace.run_names]
         if missing:
             raise no_such_run(args.trace, missing[0], trace.run_names)
-        runs = {name: _RunFigures.of(read_run(trace, name), args.top) for name in names}
         meta = trace.meta
+        runs = {
+            name: _RunFigures.of(read_run(trace, name), args.top, meta.allocator_settings)
+            for name in names
+        }
     if args.json:
         doc = {
             "trace": str(args.trace),
@@ -410,14 +419,48 @@ def _format_run(
     return "\n".join(lines)
 
 
-def _with_reserved(text: str, reserved: int) -> str:
-    """A run's summary with the allocator's reserved memory after its peak, if it has some."""
-    if not reserved:
+def _sampled_reserved(run: Run) -> int:
+    """The allocator's reserved peak as the device samples saw it (0 if none did)."""
+    return max(run.device.reserved, 0) if run.device is not None else 0
+
+
+def _modelled_reserved(tables: Any, allocator_settings: str) -> int | None:
+    """What the model of the caching allocator reserves at most over the run's allocations
+    with the trace's settings (torch's defaults where they are not understood); None if no
+    storage of the run is on a CUDA device, or the run has more than ``reserved.MAX_EVENTS``
+    memory events."""
+    from ckview.analysis.allocator import AllocatorSettings, settings_from_meta
+    from ckview.analysis.reserved import MAX_EVENTS, reserved_over, reserved_peak
+
+    if len(tables["memory_events"]["kind"]) > MAX_EVENTS:
+        return None  # too long to replay here (reserved.MAX_EVENTS)
+    try:
+        settings = settings_from_meta(allocator_settings)
+    except ValueError:
+        settings = AllocatorSettings()
+    curve = reserved_over(
+        tables["storages"], tables["strings"], tables["memory_events"], None, settings
+    )
+    return None if curve is None else reserved_peak(curve)
+
+
+def _with_reserved(text: str, reserved: int, modelled: int | None) -> str:
+    """A run's summary with the allocator's reserved memory after its peak, recorded and as
+    the allocator model projects it from the run's allocations, where it has either."""
+    if not reserved and modelled is None:
         return text
     from ckview.analysis import format_bytes as fb
 
     lines = text.split("\n")
-    lines.insert(2, f"  reserved    {fb(reserved):>11}  at most (CUDA caching allocator segments)")
+    at = 2
+    if reserved:
+        what = "at most (CUDA caching allocator segments)"
+        lines.insert(at, f"  reserved    {fb(reserved):>11}  {what}")
+        at += 1
+    if modelled is not None:
+        off = f" ({_change(modelled, reserved):+.1%} vs recorded)" if reserved else ""
+        what = f"projected by the allocator model from the allocations{off}"
+        lines.insert(at, f"  reserved    {fb(modelled):>11}  {what}")
     return "\n".join(lines)
 
 

@@ -38,6 +38,7 @@ from ckview.cli.recording import (
     report,
     unlike_step_warnings,
 )
+from ckview.cli.sizes import add_fit_option, verify_fit
 from ckview.trace.ranks import this_rank_path
 
 BASELINE = "baseline"
@@ -55,6 +56,7 @@ def add_parser(verbs: Any) -> None:
         ),
     )
     add_record_options(p)
+    add_fit_option(p)
     _set_help(p, "output", "trace file to write (default: <script>-verify.h5); it is kept")
     _set_help(
         p,
@@ -69,7 +71,7 @@ def add_parser(verbs: Any) -> None:
     p.set_defaults(handler=run)
 
 
-VERIFY_OPTIONS = ("--json",)
+VERIFY_OPTIONS = ("--json", "--fit")
 """verify's options besides record's (for hint_misplaced)."""
 
 
@@ -169,6 +171,8 @@ class Baseline:
 def run(args: argparse.Namespace) -> int:
     """Record, project, compare; the script's exit code (1 if a plan run is missing)."""
     check_command(args)
+    if args.fit is not None:  # a fit's answer, recorded at its size
+        return verify_fit(args, default_output(args.target, "-verify"))
     _check_args(args)
     if is_launcher(args.target, args.module):  # NOTE [ Recording every rank ]
         return run_launcher(args, lambda target: default_output(target, "-verify"))

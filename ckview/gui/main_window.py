@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import numpy as np
 from PyQt6.QtCore import QSettings, Qt, pyqtSignal
 from PyQt6.QtGui import (
     QAction,
@@ -37,6 +38,7 @@ from ckview import __version__
 from ckview.analysis import format_bytes
 from ckview.app.planning import PlanOutcome, PlanSession
 from ckview.app.run import Axis, Run, TraceData, load_trace
+from ckview.app.sizing import SizedRuns, allocator_settings, size_of_path, size_verdict
 from ckview.app.style import DARK, LIGHT, THEMES, Theme
 from ckview.gui.background import in_background
 from ckview.gui.compare import CompareView
@@ -44,6 +46,7 @@ from ckview.gui.diff_view import DiffView
 from ckview.gui.fit import ElidedComboBox, ElidedLabel
 from ckview.gui.inspector import Inspector
 from ckview.gui.plan_panel import PlanPanel
+from ckview.gui.size_panel import SizePanel
 from ckview.gui.themes import apply_qt_theme
 
 MAX_RECENT = 10
@@ -106,7 +109,17 @@ class MainWindow(QMainWindow):
         live_dock = self._dock(
             "Live tensors", self.inspector, Qt.DockWidgetArea.BottomDockWidgetArea
         )
-        self.docks = (plan_dock, live_dock)
+        self.sizes = SizePanel()
+        size_dock = self._dock("Size", self.sizes, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.splitDockWidget(plan_dock, size_dock, Qt.Orientation.Vertical)
+        self._second: Run | None = None
+        """The recording of the current run's step at another size (the size field's)."""
+        self._size_name = "size"
+        self._projected: dict[int, tuple[SizedRuns, int]] = {}
+        """Each run shown at a size (by id): the fit it was projected from, and the size."""
+        self._reserved: dict[int, np.ndarray | None] = {}
+        """The reserved-memory curve of each run shown (by id), computed once."""
+        self.docks = (plan_dock, live_dock, size_dock)
         self.resizeDocks([plan_dock], [560], Qt.Orientation.Horizontal)
         self.resizeDocks([live_dock], [250], Qt.Orientation.Vertical)
         # NOTE [ Long names never widen the window ] in ckview/gui/fit.py
@@ -136,6 +149,8 @@ class MainWindow(QMainWindow):
         self.plan.outcomeChanged.connect(self._on_outcome)
         self.plan.message.connect(lambda text: self._status().showMessage(text, 8000))
         self.plan.error.connect(self.show_error)
+        self.sizes.openRequested.connect(self.open_second_dialog)
+        self.sizes.sizeChosen.connect(self.show_size)
         self.loaded.connect(self._on_loaded)
         self.load_failed.connect(self._on_load_failed)
         self._progress.connect(self._on_progress)
@@ -397,7 +412,7 @@ class MainWindow(QMainWindow):
             self.setWindowTitle("ckview")
             return
         self.setWindowTitle(f"{run.label} — ckview")
-        self.timeline.set_run(run, self.axis)
+        self.timeline.set_run(run, self.axis, self._reserved_of(run))
         if run.n_events == 0:
             self.plan.set_session(None, "This run holds no step: nothing to plan.")
         elif len(run.tables["modules"]["path"]):
@@ -471,6 +486,105 @@ class MainWindow(QMainWindow):
 
     # -- the timeline, the plan, the comparison
 
+    # -- the size field
+
+    def open_second_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open the step recorded at another size", "", TRACE_FILTER
+        )
+        if path:
+            self.open_second(path)
+
+    def open_second(self, path: str) -> None:
+        """Read ``path``, the shown run's step recorded at another size, for the size field
+        (its run of the same name, else its first); the sizes come from the file names when
+        they say them (``ckview record --sizes``: ``train.batch8.h5``)."""
+        from ckview.trace.errors import TraceError
+
+        base = self._size_base()
+        if base is None:
+            self.sizes.show_error("Open a trace first.")
+            return
+        try:
+            data = load_trace(path)
+        except (TraceError, OSError) as exc:
+            self.sizes.show_error(f"cannot read {path}: {exc}")
+            return
+        self._second = data.run(base.name) if base.name in data.names else data.runs[0]
+        named = size_of_path(base.source), size_of_path(path)
+        sizes = None
+        if named[0] is not None and named[1] is not None:
+            sizes = (named[0][1], named[1][1])
+            self._size_name = named[0][0] if named[0][0] == named[1][0] else "size"
+        self.sizes.set_second(f"{os.path.basename(path)} · {self._second.name}", sizes)
+
+    def show_size(self, n: int) -> None:
+        """Show the current run's step at size ``n`` (a run of its own in the run box, with the
+        current plan), and say whether it fits the plan panel's budget."""
+        base, second = self._size_base(), self._second
+        if base is None or second is None:
+            return
+        trace = self._trace_of(base)
+        settings = allocator_settings(trace.meta.allocator_settings if trace else "")
+        try:
+            sized = SizedRuns.pair(base, second, self.sizes.sizes(), self._size_name, settings)
+        except ValueError as exc:
+            self.sizes.show_error(" ".join(str(exc).split()))
+            return
+        keep = self.plan.session.regions() if self.plan.session is not None else []
+        run = sized.run_at(n)
+        self._projected[id(run)] = (sized, n)
+        data = TraceData(path=f"{base.source} ({run.name})", meta=trace.meta, runs=[run])
+        self.traces = [t for t in self.traces if t.path != data.path] + [data]
+        self._fill_run_box(select=len(self.runs()) - 1)
+        if keep and self.plan.session is not None:
+            self.plan.set_selection(keep)
+        self._answer_size()
+
+    def _answer_size(self) -> None:
+        """What the shown size comes to with the current plan, against the budget."""
+        run = self.current_run()
+        if run is None or id(run) not in self._projected:
+            return
+        sized, n = self._projected[id(run)]
+        regions = self.plan.session.regions() if self.plan.session is not None else []
+        try:
+            verdict = size_verdict(
+                run, regions, self.plan.budget.text(), sized, f"{sized.name} {n}"
+            )
+        except ValueError as exc:
+            self.sizes.show_error(str(exc))
+            return
+        self.sizes.show_answer(verdict.text, verdict.fits)
+        self._status().showMessage(verdict.text, 8000)
+
+    def _size_base(self) -> Run | None:
+        """The recorded run behind the current one (itself, unless it is shown at a size)."""
+        run = self.current_run()
+        if run is None or id(run) not in self._projected:
+            return run
+        return self._projected[id(run)][0].base
+
+    def _trace_of(self, run: Run) -> TraceData:
+        return next(t for t in self.traces if any(r is run for r in t.runs))
+
+    def _reserved_of(self, run: Run) -> np.ndarray | None:
+        """The run's reserved-memory curve from the allocator model (a CUDA run of at most
+        ``reserved.MAX_EVENTS`` events: the model replays in Python), else None."""
+        if id(run) not in self._reserved:
+            from ckview.analysis.reserved import MAX_EVENTS, reserved_at_points
+
+            curve = None  # NOTE: a longer run keeps only its 'reserved (at most)' line
+            if run.device is not None and run.n_events <= MAX_EVENTS:
+                trace = self._trace_of(run)
+                settings = allocator_settings(trace.meta.allocator_settings)
+                t = run.tables
+                curve = reserved_at_points(
+                    t["storages"], t["strings"], t["memory_events"], settings
+                )
+            self._reserved[id(run)] = curve
+        return self._reserved[id(run)]
+
     def _on_point(self, point: int) -> None:
         run = self.current_run()
         if run is not None:
@@ -479,6 +593,7 @@ class MainWindow(QMainWindow):
     def _on_outcome(self, outcome: PlanOutcome | None) -> None:
         self.outcome = outcome
         self.timeline.set_outcome(outcome)
+        self._answer_size()
         if self.tabs.currentWidget() is self.compare:
             self._refresh_compare()
 

@@ -38,6 +38,7 @@ from PyQt6.QtWidgets import (
 from ckview.analysis import (
     ModuleRegion,
     PlannerResult,
+    Region,
     already_checkpointed,
     budget_answer,
     format_bytes,
@@ -351,6 +352,12 @@ class PlanPanel(QWidget):
         return self.session is not None and self.session.model is not None
 
     # -- user actions
+
+    def set_selection(self, regions: list[Region]) -> None:
+        """Select exactly ``regions`` (the plan carried to the same step at another size)."""
+        assert self.session is not None
+        self.session.set_selection(regions)
+        self._refresh()
 
     def toggle_module(self, row: int) -> None:
         assert self.session is not None

@@ -85,6 +85,9 @@ class TimelineView(QWidget):
         self.run: Run | None = None
         self.axis = Axis.TIME
         self.outcome: PlanOutcome | None = None
+        self.reserved: np.ndarray | None = None
+        """What the caching allocator model holds reserved at each point (a CUDA run), drawn
+        as a line over the stack; None: not drawn."""
         self.selected_point: int | None = None
         self._layers: EnvelopeCurves | None = None
         self._projected: EnvelopeCurves | None = None
@@ -161,9 +164,13 @@ class TimelineView(QWidget):
 
     # -- public
 
-    def set_run(self, run: Run, axis: Axis | None = None) -> None:
-        """Show ``run`` (its stacked categories, phases and peak), zoomed out."""
+    def set_run(
+        self, run: Run, axis: Axis | None = None, reserved: np.ndarray | None = None
+    ) -> None:
+        """Show ``run`` (its stacked categories, phases and peak), zoomed out; ``reserved``:
+        the reserved memory at each of its points, drawn as a line (a CUDA run)."""
         self.run = run
+        self.reserved = reserved
         self.axis = axis or self.axis
         self.outcome = None
         self.selected_point = None
@@ -326,6 +333,7 @@ class TimelineView(QWidget):
         self._draw_bands(run)
         self._draw_peak(run)
         self._draw_device(run)
+        self._draw_reserved(xs)
         self._draw_projection()
         for w in (self.main, self.overview):
             w.getPlotItem().setLabel("bottom", self.axis.label)
@@ -345,6 +353,11 @@ class TimelineView(QWidget):
         entries = [
             LegendEntry(CATEGORY_LABELS[c], CATEGORY_COLORS[c]) for c in reversed(self._shown)
         ]
+        if self.reserved is not None:
+            most = format_bytes(int(self.reserved.max()))
+            entries.append(
+                LegendEntry(f"reserved, model, no plan ({most})", self.theme.foreground, True)
+            )
         if self.outcome is not None:
             entries.append(
                 LegendEntry(
@@ -473,6 +486,18 @@ class TimelineView(QWidget):
         line.setToolTip(run.oom.headline())
         self._add_decor(line)
 
+    def _draw_reserved(self, xs: np.ndarray) -> None:
+        """The reserved-memory line (``reserved``) as steps. Reserved memory changes only when
+        a segment is reserved or released, so the line has a handful of corners and needs no
+        downsampling."""
+        if self.reserved is None:
+            return
+        x, y = _steps(xs, self.reserved)
+        pen = pg.mkPen(self.theme.foreground, width=1.5, style=Qt.PenStyle.DashDotLine)
+        line = pg.PlotDataItem(x, y, pen=pen)
+        line.setZValue(35)
+        self._add_decor(line)
+
     def _draw_projection(self) -> None:
         """The projected curve, its peak and recompute marks. A toggle redraws them with the
         items of the previous outcome: making and adding pyqtgraph items costs milliseconds."""
@@ -587,6 +612,8 @@ class TimelineView(QWidget):
             high = max([high, *_near(high, [b for _, b in run.device_lines()])])
         if self.outcome is not None:
             high = max(high, self.outcome.peak_bytes)
+        if self.reserved is not None:
+            high = max(high, int(self.reserved.max()))
         return max(float(high) * 1.14, 1.0)
 
     def _fit_y(self) -> None:
@@ -672,6 +699,16 @@ class TimelineView(QWidget):
         self.select_point(
             run.point_under(self.axis, vb.mapSceneToView(pos).x(), vb.viewPixelSize()[0])
         )
+
+
+def _steps(xs: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The corners of the step line through ``values`` at ``xs`` (each value held until the
+    next change)."""
+    change = np.flatnonzero(np.diff(values)) + 1
+    at = np.concatenate(([0], change))
+    x = np.repeat(xs[at], 2)[1:]
+    y = np.repeat(values[at], 2)[:-1]
+    return np.append(x, xs[-1]), np.append(y, values[-1])
 
 
 def _font(points: int, bold: bool = False) -> QFont:
