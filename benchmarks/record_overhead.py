@@ -4,15 +4,17 @@ For a compute-bound step (6 TransformerEncoder layers, d=256, seq 128, batch 8) 
 step (40 x Linear 64->64 + GELU) it times the same training step unrecorded, under a dispatch
 mode that does nothing (the floor of any op-hook recorder), with the allocator's events taken in
 a window per step and nothing else (the floor of any recorder that keeps each completed step's
-allocator events on disk, as ckview's journal does), under ``ckview``'s recorder, under its
-native path (``CKVIEW_RECORDER=native``: the extension's ops and allocator blocks, no dispatch
-mode), under ``torch.profiler.profile(profile_memory=True)`` (the allocator's events alone)
-and under ``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``,
-interleaving them in rounds so machine noise hits all alike. "step" is the median step time,
-"incl. finalise" the wall time per step including setup and the profilers' stop. Then it
-measures the recorder's memory per event and the trace writer's throughput and compression.
+allocator events on disk, as ckview's journal does), under ``ckview``'s recorder by default, on
+its native path (``CKVIEW_RECORDER=native``: the extension's ops and allocator blocks, no
+dispatch mode) and on its Python path (the fallback), under
+``torch.profiler.profile(profile_memory=True)`` (the allocator's events alone) and under
+``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``,
+interleaving them in rounds so machine noise hits all alike. "per step" is the median step time,
+"all-in" the wall time per step including start, finalise and the trace written (the profilers'
+stop). Then it measures the recorder's memory per event and the trace writer's throughput and
+compression.
 
-    OMP_NUM_THREADS=1 python benchmarks/record_overhead.py [--rounds 3] [--steps 10]
+    OMP_NUM_THREADS=1 python benchmarks/record_overhead.py [--rounds 3] [--steps 200]
 """
 
 from __future__ import annotations
@@ -111,26 +113,34 @@ def empty_mode(step: Step, n: int) -> Timing:
     return _timed(step, n, _EmptyMode)
 
 
-def recorded(step: Step, n: int) -> Timing:
-    with tempfile.TemporaryDirectory() as tmp:
-        return _timed(
-            step,
-            n,
-            lambda: Recorder(Path(tmp) / "t.h5", steps=n, warmup=0, progress=False, timing_steps=0),
-        )
+def recorded(step: Step, n: int, path: str | None = None) -> Timing:
+    """ckview's recorder: the default path, or the one ``CKVIEW_RECORDER`` forces (``path``)."""
+    before = os.environ.get("CKVIEW_RECORDER")
+    if path is not None:
+        os.environ["CKVIEW_RECORDER"] = path
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            return _timed(
+                step,
+                n,
+                lambda: Recorder(
+                    Path(tmp) / "t.h5", steps=n, warmup=0, progress=False, timing_steps=0
+                ),
+            )
+    finally:
+        if before is None:
+            os.environ.pop("CKVIEW_RECORDER", None)
+        else:
+            os.environ["CKVIEW_RECORDER"] = before
 
 
 def recorded_native(step: Step, n: int) -> Timing:
-    """ckview's native path (``CKVIEW_RECORDER=native``, read when the Recorder opens)."""
-    before = os.environ.get("CKVIEW_RECORDER")
-    os.environ["CKVIEW_RECORDER"] = "native"
-    try:
-        return recorded(step, n)
-    finally:
-        if before is None:
-            del os.environ["CKVIEW_RECORDER"]
-        else:
-            os.environ["CKVIEW_RECORDER"] = before
+    return recorded(step, n, "native")
+
+
+def recorded_python(step: Step, n: int) -> Timing:
+    """The fallback: the Python recorder (a dispatch mode and allocator windows)."""
+    return recorded(step, n, "python")
 
 
 def recorded_with_stacks(step: Step, n: int) -> Timing:
@@ -187,32 +197,40 @@ def profiled(step: Step, n: int) -> Timing:
 def overhead(name: str, step: Step, rounds: int, n: int) -> None:
     for _ in range(3):
         step()  # warm caches, create optimizer state
+    default = f"ckview default ({default_path()})"
     runs = {
         "plain": plain,
-        "empty mode": empty_mode,
-        "windows": windows_alone,
-        "ckview": recorded,
+        default: recorded,
         "ckview native": recorded_native,
+        "ckview python (fallback)": recorded_python,
         "ckview --stacks": recorded_with_stacks,
-        "profiler memory": profiled_memory,
-        "profiler": profiled,
+        "profiler (memory)": profiled_memory,
+        "profiler (memory, shapes, stacks)": profiled,
+        "empty dispatch mode": empty_mode,
+        "allocator window per step": windows_alone,
     }
     results: dict[str, list[Timing]] = {k: [] for k in runs}
     for _ in range(rounds):
         for key, run in runs.items():
             results[key].append(run(step, n))
-    for label, which in (("step", 0), ("incl. finalise", 1)):
-        median = {k: statistics.median(t[which] for t in v) for k, v in results.items()}
-        base = median["plain"]
-        print(
-            f"{name:<14} {label:<15} plain {base * 1e3:7.2f} ms | empty dispatch mode "
-            f"{median['empty mode'] / base:5.2f}x | allocator window per step "
-            f"{median['windows'] / base:5.2f}x | ckview {median['ckview'] / base:5.2f}x "
-            f"(native {median['ckview native'] / base:5.2f}x) "
-            f"(--stacks {median['ckview --stacks'] / base:5.2f}x) | "
-            f"profiler (memory) {median['profiler memory'] / base:5.2f}x | "
-            f"profiler (memory, shapes, stacks) {median['profiler'] / base:5.2f}x"
-        )
+    median = {
+        k: (statistics.median(t[0] for t in v), statistics.median(t[1] for t in v))
+        for k, v in results.items()
+    }
+    base_step, base_all = median["plain"]
+    print(f"\n{name}: {n} steps a run, {rounds} rounds interleaved, medians")
+    print(f"  {'':36} {'per step':>9} {'all-in':>9}")
+    print(f"  {'plain':36} {base_step * 1e3:7.2f}ms {base_all * 1e3:7.2f}ms")
+    for key in list(runs)[1:]:
+        step_t, all_t = median[key]
+        print(f"  {key:36} {step_t / base_step:8.2f}x {all_t / base_all:8.2f}x")
+
+
+def default_path() -> str:
+    """Which recorder ``CKVIEW_RECORDER`` unset (``auto``) runs here."""
+    from recorder.native import load, mode
+
+    return "native" if mode() == "native" and load().ext is not None else "python"
 
 
 def recorder_bytes_per_event(step: Step, n: int) -> None:
@@ -247,15 +265,16 @@ def recorder_bytes_per_event(step: Step, n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=200, help="recorded steps a small-op run")
+    parser.add_argument("--compute-steps", type=int, default=4, help="a compute-bound run")
     parser.add_argument("--write-rows", type=int, default=5_000_000)
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier timings on a shared 2-core machine
     compute = compute_bound_step()
     small = small_op_step()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}")
-    overhead("compute-bound", compute, args.rounds, max(3, args.steps // 3))
-    overhead("small-op", small, args.rounds, args.steps * 3)
+    overhead("compute-bound", compute, args.rounds, args.compute_steps)
+    overhead("small-op", small, args.rounds, args.steps)
     recorder_bytes_per_event(small, 100)
     w = measure_write(args.write_rows)
     print(

@@ -81,9 +81,11 @@ class Attribution:
 
     # module of every call id seen (call ids count from 0 over the process)
     _call_module: np.ndarray = field(default_factory=lambda: np.full(0, -1, np.int32))
-    # forward ops' sequence numbers -> module call, of the previous drain
-    _seq_call_prev: tuple[np.ndarray, np.ndarray] = field(
-        default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int32))
+    # the previous drain's forward calls (NOTE [ Backward blocks and modules ])
+    _forward_calls: Columns = field(
+        default_factory=lambda: {
+            k: np.zeros(0, np.int64) for k in ("call", "parent", "seq_begin", "seq_end")
+        }
     )
 
     def step(
@@ -99,13 +101,13 @@ class Attribution:
         calls = self._calls(rows.modules)
         ops, late_ends = _ops(rows.ops, rows.op_ends)
         ops["outer"] = _outermost_ops(ops, name_is_op)
-        seq_keys, seq_calls = self._seq_to_call(ops)
+        call_of_seq = self._call_of_seq(calls, spans)
         ops["phase"] = _phases(ops, spans)
-        backward_call = _lookup(seq_keys, seq_calls, ops["seq_nr"], -1)
+        backward_call = call_of_seq(ops["seq_nr"])
         backward = ops["seq_nr"] >= 0
         ops["module_call"] = np.where(backward, backward_call, ops["call"]).astype(np.int32)
         ops["module"] = self.module_of(ops["module_call"])
-        blocks, late_frees, unknown = self._blocks(rows.memory, ops, seq_keys, seq_calls)
+        blocks, late_frees, unknown = self._blocks(rows.memory, ops, call_of_seq)
         saved = _columns(rows.saved)
         # a pack's call is the one open; an unpack's, the forward call of the node unpacking
         unpack_call = _lookup(ops["id"], ops["module_call"], saved["op"], -1)
@@ -153,23 +155,39 @@ class Attribution:
 
     # NOTE [ Backward blocks and modules ]
     # A backward node's range carries the sequence number autograd gave the node when the
-    # forward op that made it ran; that forward op's range recorded the same number (its seq
-    # at start) inside the module call that ran it. So a block allocated under a backward node
-    # belongs to the call of the first forward op with the node's number. Engine work between
-    # nodes takes the number of the node that ran last (NOTE [ Engine work between nodes ] in
-    # ckrec.cpp); AccumulateGrad has no number and keeps the call open on the thread (none).
-    def _seq_to_call(self, ops: Columns) -> tuple[np.ndarray, np.ndarray]:
-        fwd = (ops["scope"] != _BACKWARD_SCOPE) & (ops["seq"] >= 0) & (ops["call"] >= 0)
-        keys = np.concatenate([ops["seq"][fwd], self._seq_call_prev[0]])
-        calls = np.concatenate([ops["call"][fwd], self._seq_call_prev[1]])
-        keys, first = np.unique(keys, return_index=True)  # this drain's first op wins
-        calls = calls[first]
-        self._seq_call_prev = (ops["seq"][fwd], ops["call"][fwd])
-        return keys, calls
+    # forward op that made it ran. A module call's hooks read autograd's next number when it
+    # begins and when it returns, so the node belongs to the innermost forward call whose
+    # [begin, end) holds its number, as the Python recorder's ``PhaseState.backward_call``
+    # has it (recompute calls are left out: their nodes are the recompute's own). Engine work
+    # between nodes takes the number of the node that ran last (NOTE [ Engine work between
+    # nodes ] in ckrec.cpp); AccumulateGrad has no number and keeps the call open on the thread.
+    def _call_of_seq(
+        self, calls: Columns, spans: Sequence[tuple[Phase, np.ndarray]]
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        forward = ~_inside(calls["start_ns"], [i for p, i in spans if p == Phase.RECOMPUTE])
+        now = {k: calls[k][forward] for k in ("call", "parent", "seq_begin", "seq_end")}
+        both = {k: np.concatenate([self._forward_calls[k], now[k]]) for k in now}
+        self._forward_calls = now
+        order = np.argsort(both["seq_begin"], kind="stable")
+        begin, call = both["seq_begin"][order], both["call"][order].astype(np.int64)
+        ids = both["call"].astype(np.int64)
+        ends, parents = both["seq_end"].astype(np.int64), both["parent"].astype(np.int64)
+
+        def call_of(seq: np.ndarray) -> np.ndarray:
+            at = np.searchsorted(begin, seq, side="right") - 1
+            found = np.where((at >= 0) & (seq >= 0), call[np.maximum(at, 0)], -1)
+            while True:  # out of a call that ended before the number: its parent
+                end = _lookup(ids, ends, found, -1)
+                past = (found >= 0) & (end >= 0) & (seq >= end)
+                if not past.any():
+                    return found
+                found = np.where(past, _lookup(ids, parents, found, -1), found)
+
+        return call_of
 
     # -- blocks -----------------------------------------------------------------------------
     def _blocks(
-        self, mem: np.ndarray, ops: Columns, seq_keys: np.ndarray, seq_calls: np.ndarray
+        self, mem: np.ndarray, ops: Columns, call_of_seq: Callable[[np.ndarray], np.ndarray]
     ) -> tuple[Columns, Columns, Columns]:
         """Blocks allocated in the drain, with their frees (NOTE [ Blocks by address ] in
         ckrec.cpp: every free names its block); frees of earlier drains' blocks; frees of
@@ -200,7 +218,7 @@ class Attribution:
             "device_index": unknown["device_index"],
         }
         op, top, node_seq, phase = _block_ops(rows, ops)
-        call = np.where(node_seq >= 0, _lookup(seq_keys, seq_calls, node_seq, -1), rows["call"])
+        call = np.where(node_seq >= 0, call_of_seq(node_seq), rows["call"])
         blocks: Columns = {
             "block": rows["block"],
             "ptr": rows["ptr"],
@@ -391,6 +409,17 @@ def _outermost_ops(ops: Columns, name_is_op: np.ndarray | None) -> np.ndarray:
             return outer
         outer = np.where(here & is_op[row], above, outer)
         above = np.where(here, parent[row], -1)
+
+
+def _inside(times: np.ndarray, intervals: Sequence[np.ndarray]) -> np.ndarray:
+    """Whether each time lies in one of the (start, end) rows of ``intervals``."""
+    inside = np.zeros(len(times), bool)
+    for rows in intervals:
+        rows = np.asarray(rows, np.int64).reshape(-1, 2)
+        rows = rows[np.argsort(rows[:, 0])]
+        i = np.searchsorted(rows[:, 0], times, side="right") - 1
+        inside |= (i >= 0) & (times <= rows[np.maximum(i, 0), 1]) if len(rows) else False
+    return inside
 
 
 def _phases(ops: Columns, spans: Sequence[tuple[Phase, np.ndarray]]) -> np.ndarray:

@@ -217,13 +217,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   int64_t parent = cur_op(ts);
   int64_t top = parent < 0 ? id : ts.ops.back().top;
   int32_t graph_task = int32_t(torch::autograd::get_current_graph_task_id());
+  bool in_node = node || (parent >= 0 && ts.ops.back().in_node);
   int64_t node_seq = node ? fn.seqNr() : cur_node(ts);
-  if (parent < 0 && !node && graph_task >= 0) node_seq = ts.last_node_seq;
+  if (!in_node && graph_task >= 0) node_seq = ts.last_node_seq;
   OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
             graph_task, uint8_t(fn.scope()), {0, 0, 0}};
   Buffers& b = *ts.buf;
   BufferLock lock(b, drainer);
-  ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0});
+  ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0, in_node});
   b.ops.push_back(row);
   return nullptr;
 }
@@ -231,9 +232,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 // NOTE [ Engine work between nodes ]
 // Between two backward node ranges the autograd engine runs ops of its own on the node's
 // outputs: validate_outputs reduces a broadcast gradient to its input's shape (a Linear bias's
-// `sum`), and input buffers accumulate gradients (`add`). They belong to the node that just
-// ran, so a top-level op inside a graph task takes the sequence number of the last node range
-// that ended on the thread, as the Python recorder's _last_seq_call does.
+// `sum`) or views it back (`view`), and input buffers accumulate gradients (`add`). They
+// belong to the node that just ran, so an op inside a graph task and outside every node range
+// takes the sequence number of the last node range that ended on the thread, as the Python
+// recorder's _last_seq_call does, also inside the engine's own evaluate_function range (which
+// began before that node's range did).
 
 // NOTE [ Op ends ]
 // A range is closed on the thread that opened it, last opened first closed, so the thread's

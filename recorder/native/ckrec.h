@@ -153,6 +153,7 @@ struct Buffers {
 struct Frame {  // an open op on this thread
   int64_t id, local, top, node_seq;
   int64_t allocations;  // blocks allocated while it was the innermost op
+  bool in_node;         // a backward node's range, or inside one
 };
 struct Call {  // an open module call on this thread
   int32_t call, module;
