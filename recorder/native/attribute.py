@@ -174,6 +174,8 @@ class Attribution:
         ends, parents = both["seq_end"].astype(np.int64), both["parent"].astype(np.int64)
 
         def call_of(seq: np.ndarray) -> np.ndarray:
+            if not len(begin):
+                return np.full(len(seq), -1, np.int64)
             at = np.searchsorted(begin, seq, side="right") - 1
             found = np.where((at >= 0) & (seq >= 0), call[np.maximum(at, 0)], -1)
             while True:  # out of a call that ended before the number: its parent
