@@ -87,6 +87,7 @@ class NativeLedger(StorageLedger):
         self._optimizer_spans: list[list[int]] = []
         self._backward_starts: list[int] = []
         self._calls_at_step = 0
+        self._regions_at_step = 0  # recompute regions placed among the ops already
         self._seen_keys: dict[int, int] = {}  # storage row -> its key in the extension
         self._mem_mark = 0  # memory rows before the step under way (absolute)
 
@@ -249,6 +250,7 @@ class NativeLedger(StorageLedger):
         self._optimizer_spans, self._backward_starts = [], []
         py_call = self._python_calls(facts)
         op_rows = self._write_ops(facts, py_call, now)
+        self._place_regions(facts.ops, now)
         self._write_blocks(facts, py_call, op_rows)
         self._write_saved(facts, py_call, op_rows)
         self._apply_notes(facts.notes)
@@ -320,6 +322,24 @@ class NativeLedger(StorageLedger):
         rows[kept] = np.arange(first, first + len(names))
         outer_rows = OpMap(ops["id"], rows, ops["start_ns"]).row(ops["outer"])
         return OpMap(ops["id"], outer_rows, ops["start_ns"])
+
+    def _place_regions(self, ops: Columns, now: int) -> None:
+        """The first and end op rows of this step's recompute regions, now that its ops are
+        rows: the Python phases opened them before the step's ops were written."""
+        regions = self._tables.regions
+        count = len(regions)
+        if count > self._regions_at_step:
+            kept = ops["outer"] == ops["id"]
+            starts = np.sort(ops["start_ns"][kept])
+            first = self._ops.rows - len(starts)
+            for row in range(self._regions_at_step, count):
+                start, end = regions.get(row, "start_ns"), regions.get(row, "end_ns")
+                at = int(np.searchsorted(starts, start))
+                stop = int(np.searchsorted(starts, end if end >= 0 else now))
+                regions.set(row, "first_op", first + at)
+                if end >= 0:
+                    regions.set(row, "end_op", first + stop)
+        self._regions_at_step = count
 
     def _string_ids(self, names: np.ndarray) -> np.ndarray:
         """String ids of the extension's op name indexes (interned once per name)."""
