@@ -100,6 +100,26 @@ NOTE [ Early stop ]
     saves, is never recomputed.) An instance without a PACK inside (its saves are hidden, as in
     a run that checkpoints it already) is replayed whole: an upper bound.
 
+NOTE [ Op-level instances ]
+    An instance of a region with ``save`` (an op-level region, NOTE [ Op-level regions ] in
+    ckpt_runtime/plan.py) runs under torch's selective checkpoint: each forward op inside it
+    whose names match ``save`` (``ckview.analysis.projection.oplevel``: overload packet,
+    overload, auto-name, as the runtime names them) is *saved*, the others are recomputed.
+    Everything above holds, with these differences for the outputs of saved ops (storages a
+    saved op made and did not free itself; its scratch is freed as recorded):
+        - they are never freed early in forward: the policy's cache holds them (no NOTE
+          [ Checkpointed forward ] shortening, no NOTE [ Released outputs ] release);
+        - the recompute does not copy them: when it reaches the op it takes the cached
+          original, and the original's free moves to where the copy's would have been (the
+          recompute's key, at its baseline row among the replay's events), if that is later
+          than its baseline free; an output the recompute never reaches (after the last PACK,
+          NOTE [ Early stop ]) is held until the end of the instance's backward;
+        - the extra compute is the summed recorded time of the replayed ops that are not saved
+          (with plain times, the plain instance time scaled by their share of its forward).
+    (Projected as a whole-module recompute, a TransformerEncoder plan saving its matmuls was
+    26% under its measured peak; as above, 0.24%: the RNG state of NOTE [ What the projection
+    leaves out ]. Holding a saved op's scratch too put a plan 2.3% over.)
+
 NOTE [ Fixed categories ]
     Parameters, gradients and optimizer state never move: they are never shortened, copied or
     kept, so the projection cannot lower them (a property the tests check).
@@ -126,6 +146,9 @@ NOTE [ What the projection leaves out ]
     free (NOTE [ Held from outside ]).
     Reentrant checkpoint runs the whole forward again; the replay stops early as
     non-reentrant checkpoint does (NOTE [ Early stop ]), a lower bound for reentrant plans.
+    torch's checkpoint, which runs op-level regions, keeps the CPU RNG state as a tensor
+    (5056 bytes per call, in host memory) until the region's backward; on a CPU trace that is
+    device memory the projection does not see (ckpt_runtime's own checkpoint keeps it as bytes).
 """
 
 from ckview.analysis.projection.effects import InstanceEffects

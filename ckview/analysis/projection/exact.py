@@ -16,6 +16,7 @@ from ckview.analysis.projection.effects import (
     InstanceEffects,
     instance_effects,
 )
+from ckview.analysis.projection.oplevel import saved_ops
 from ckview.analysis.projection.results import (
     LiveStorages,
     ProjectedEvents,
@@ -273,7 +274,7 @@ def project(tables: RunTables, regions: Sequence[Region]) -> Projection:
     instances = region_instances(
         tables["module_calls"], tables["modules"], tables["strings"], regions
     )
-    base, eff = instance_effects(tables, instances)
+    base, eff = instance_effects(tables, instances, saved_ops(tables, instances, regions))
     return project_active(eff, base, outermost(instances, np.ones(len(instances), dtype=bool)))
 
 
