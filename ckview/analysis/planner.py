@@ -68,12 +68,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ckview.analysis.planner_ops import op_variants
 from ckview.analysis.plans import TraceTree
 from ckview.analysis.projection import ProjectionModel
 from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, sequential_children
@@ -100,6 +101,9 @@ MAX_SEGMENTS = 500
 """Segments of a Sequential chain beyond which long segments are not candidates."""
 NEAR = 4
 """Local search swaps regions at most this many blocks (or candidates) apart."""
+LEVELS = ("module", "op")
+"""What a plan may choose per region: recompute whole modules, or also which ops to save
+(NOTE [ Op-level search space ] in planner_ops.py)."""
 PRESET_NAMES = ("none", "all", "sqrt")
 """The presets a result lists beside the plan."""
 
@@ -261,8 +265,11 @@ class Planner:
         *,
         exact_limit: int = EXACT_LIMIT,
         max_evaluations: int = MAX_EVALUATIONS,
+        level: str = "module",
     ) -> None:
-        self.tables = tables
+        if level not in LEVELS:
+            raise ValueError(f"unknown planning level {level!r}; the levels are {LEVELS}")
+        self.tables, self.level = tables, level
         self.modules, self.strings = tables["modules"], tables["strings"]
         self.exact_limit, self.max_evaluations = exact_limit, max_evaluations
         self.chain: _Chain | None = None
@@ -272,6 +279,13 @@ class Planner:
             self.chain = _Chain.find(self.tree)
             candidates = self.chain.candidates()
         self.candidates: list[Region] = list(dict.fromkeys(candidates))
+        self._module_candidates = list(self.candidates)
+        if level == "op":  # NOTE [ Op-level search space ]
+            variants = op_variants(tables, self.candidates)
+            self.candidates += [v for _, v in variants]
+            if self.chain is not None:
+                self.chain.add(self.chain.ranges[i] for i, _ in variants)
+        self._module_planner: Planner | None = None
         self.pool = list(self.candidates)
         self._presets = self._resolve_presets()
         self.model = ProjectionModel(tables, self.pool)
@@ -304,7 +318,30 @@ class Planner:
         else:
             limit = self.evaluations + self.max_evaluations
             best = self._local_search(self._best_seed(budget), budget, limit)
+        if self.level == "op":  # NOTE [ Op-level never costs more ]
+            module = self.evaluate(self._module_mask(budget))
+            best = min(best, module, key=lambda p: _objective(p, budget))
         return self._result(best, budget)
+
+    def _module_mask(self, budget: int) -> int:
+        """The module-level planner's answer for ``budget``, as a plan of this pool.
+
+        NOTE [ Op-level never costs more ]
+            The op-level search space holds every module plan, and its answer is compared with
+            the module-level planner's answer for the same budget (a seed of the heuristic,
+            and a contender of the exact search): so, by the projection that judges both, an
+            op-level plan that fits never costs more extra compute than the best module plan
+            that fits (tests/test_planner_ops.py checks it on several budgets)."""
+        if self._module_planner is None:
+            self._module_planner = Planner(
+                self.tables,
+                self._module_candidates if self.chain is None else None,
+                exact_limit=self.exact_limit,
+                max_evaluations=self.max_evaluations,
+            )
+        regions = self._module_planner.for_budget(budget).regions
+        index = {region: i for i, region in enumerate(self.pool)}
+        return _mask(index[region] for region in regions)
 
     def pareto(self) -> list[ParetoPoint]:
         """The non-dominated plans by (extra compute, peak), cheapest first."""
@@ -411,6 +448,8 @@ class Planner:
         for _, picks in self._presets.values():
             if set(picks) <= searchable:
                 seeds.append(_mask(picks))
+        if self.level == "op":
+            seeds.append(self._module_mask(budget))
         families = [self._greedy_family()]
         if self.chain is not None:
             seeds += self.chain.segmentations(searchable)
@@ -544,6 +583,7 @@ class Planner:
                 "extra_compute_ns": extra,
                 "fits": fits,
                 "exact": self.exact,
+                "level": self.level,
             }
         }
         name = "budget-" + format_bytes(budget).replace(" ", "")
@@ -624,6 +664,11 @@ class _Chain:
             ModuleRegion(self.blocks[a]) if b - a == 1 else SegmentRegion(self.row, a, b)
             for a, b in self.ranges
         ]
+
+    def add(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Append candidates over the given block ranges (op-level variants of blocks); the
+        first candidate of a range stays the one ``index`` names."""
+        self.ranges = (*self.ranges, *ranges)
 
     def conflicts(self, search: Sequence[int]) -> dict[int, int]:
         """Candidates whose block ranges overlap (their instances then overlap)."""

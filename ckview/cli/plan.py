@@ -50,6 +50,13 @@ def add_parser(verbs: Any) -> None:
     p.add_argument(
         "--pareto", action="store_true", help="print the peak / extra-compute front of plans"
     )
+    p.add_argument(
+        "--level",
+        choices=("module", "op"),
+        default="module",
+        help="what a plan chooses: whole modules to recompute (module, the default), or also "
+        "which ops' outputs each one saves (op: a format-2 plan)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--run", help="run to plan over (default: 'baseline' if any, else 'main')")
     p.set_defaults(handler=run)
@@ -75,11 +82,11 @@ def run(args: argparse.Namespace) -> int:
     from ckview.analysis import Planner
 
     try:
-        planner = Planner(tables)
+        planner = Planner(tables, level=args.level)
     except ValueError as exc:
         raise CLIError(f"{args.trace}, run {name}: {exc}") from None
     result = planner.for_budget(wanted.bytes(planner.baseline_peak)) if wanted else None
-    front = planner.pareto() if args.pareto else None
+    front = _fronts(planner) if args.pareto else None
     context = _Context(args.trace, name, tables["modules"], tables["strings"], planner)
     context.json = args.json
     context.times = times_line(tables)
@@ -91,6 +98,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_report(context, result, front))
     return _finish(result, args.output, context)
+
+
+def _fronts(planner: Any) -> dict[str, Any]:
+    """The peak / extra-compute front at every level, the planner's own level first."""
+    from ckview.analysis import Planner
+    from ckview.analysis.planner import LEVELS
+
+    fronts = {planner.level: planner.pareto()}
+    for level in LEVELS:
+        if level not in fronts:
+            fronts[level] = Planner(planner.tables, level=level).pareto()
+    return fronts
 
 
 def _finish(result: Any, output: Path | None, context: _Context) -> int:
@@ -181,6 +200,8 @@ class _Context:
         path = self.strings[int(self.modules["path"][region.module])] or "<model>"
         if hasattr(region, "start"):
             return f"{path}[{region.start}:{region.stop}]"
+        if region.save is not None:
+            return f"{path} (save {', '.join(region.save)})"
         return path
 
     def regions(self, regions: Any) -> list[str]:
@@ -214,8 +235,8 @@ def _report(context: _Context, result: Any, front: Any) -> str:
             "",
             *_preset_lines(context, result),
         ]
-    if front is not None:
-        lines += ["", *_front_lines(context, front)]
+    for level, points in (front or {}).items():
+        lines += ["", *_front_lines(context, points, level)]
     return "\n".join(lines)
 
 
@@ -269,11 +290,11 @@ def _preset_lines(context: _Context, result: Any) -> list[str]:
     return ["beside the presets:", *lines]
 
 
-def _front_lines(context: _Context, front: Any) -> list[str]:
+def _front_lines(context: _Context, front: Any, level: str) -> list[str]:
     from ckview.analysis import format_bytes as fb
 
     shown = _thin(front, MAX_LINES)
-    notes = ["plans no other plan beats on both"]
+    notes = [f"{level}-level plans no other plan of that level beats on both"]
     if not context.planner.exact:
         notes.append("heuristic: among the plans judged")
     if len(shown) < len(front):
@@ -302,6 +323,7 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
         "step_ns": planner.step_ns,
         "times": "plain" if planner.plain_times else "recorded",
         "exact": planner.exact,
+        "level": planner.level,
         "notes": list(planner.notes()),
     }
     if result is not None:
@@ -320,7 +342,10 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             ],
         }
     if front is not None:
-        doc["pareto"] = [_point_json(context, p) for p in front]
+        doc["pareto"] = [_point_json(context, p) for p in front[planner.level]]
+        doc["pareto_levels"] = {
+            level: [_point_json(context, p) for p in points] for level, points in front.items()
+        }
     return doc
 
 

@@ -169,7 +169,7 @@ def instance_effects(
     order = np.lexsort((base.alloc_row[c_storage], c_inst))
     replayed = order[base.alloc_row[c_storage[order]] < stop[c_inst[order]]]
     inner = ~saved & ~alive_at_end & (free < stop[c_inst])
-    held = _held(base, moments, c_inst, c_storage, kept & ~output, stop)
+    held = _held(base, moments, c_inst, c_storage, kept, stop)
     replayed = replayed[~kept[replayed]]  # a saved op is not rerun: the cache hands it back
     keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
@@ -208,8 +208,8 @@ def _held(
     kept: np.ndarray,
     stop: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(instance, storage, key, time)``: the kept outputs of saved ops (no instance output)
-    whose free the selective checkpoint's cache moves later (NOTE [ Op-level instances ]): to
+    """``(instance, storage, key, time)``: the outputs of saved ops (the instance's outputs
+    too) whose free the selective checkpoint's cache moves later (NOTE [ Op-level instances ]): to
     the recompute when it reaches the op, else to the end of the instance's backward; never
     earlier than the baseline free. At the recompute's key the free keeps its baseline row as
     its order among the replay's events: where the replay frees its copy would be."""

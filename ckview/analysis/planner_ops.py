@@ -1,0 +1,123 @@
+"""Op-level candidates for the planner: per block, the saved-tensor groups worth keeping.
+
+NOTE [ Op-level search space ]
+    At ``level="op"`` each module-region candidate (a block of the chain) gets variants that
+    save some of its ops instead of recomputing them all. A block's *saved-tensor groups* are
+    its forward ops by overload packet (``aten.addmm``, ``aten.bmm``, ``aten._safe_softmax``)
+    that leave an output (a storage the op made and did not free); ops that write in place
+    are left out (the runtime never saves them by name), and so are factories such as
+    ``empty_like`` whose output a later op fills in place (the runtime refuses to save those,
+    ``FACTORIES``). Each group has the bytes
+    saving it keeps alive (its ops' outputs, which the policy's cache holds to the recompute,
+    saved by autograd or not) and the recorded time it spares the recompute. Groups are ranked by
+    time spared per byte kept, and variant k saves the first k groups (k = 1 ..
+    ``MAX_VARIANTS``): the knapsack's greedy order, one save list per variant, the same
+    pattern for every block. Variants of a block conflict with the block's module region and
+    with every segment covering it, so a plan picks at most one way per block.
+
+    The projection judges every plan (no estimate decides); the variants only choose which
+    plans exist. Since the module candidates stay in the space, and the op-level search is
+    seeded with the best module plan for the budget (NOTE [ Op-level never costs more ]), an
+    op-level answer never costs more projected extra compute than the module-level one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+import numpy as np
+
+from ckview.analysis.projection.oplevel import OpNames
+from ckview.analysis.regions import ModuleRegion, Region, region_instances
+from ckview.analysis.types import RunTables
+from ckview.trace.schema import MemoryEventKind, Phase
+
+__all__ = ["MAX_VARIANTS", "OpGroup", "op_groups", "op_variants"]
+
+MAX_VARIANTS = 4
+"""Most op-level variants per block (NOTE [ Op-level search space ])."""
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """The ops of one overload packet in a block: what saving them keeps and spares."""
+
+    packet: str
+    nbytes: int
+    """Bytes of their outputs (kept alive when the group is saved)."""
+    compute_ns: int
+    """Their summed recorded forward time (spared in the recompute when saved)."""
+
+
+def op_groups(
+    tables: RunTables, region: ModuleRegion, names: OpNames | None = None
+) -> list[OpGroup]:
+    """The saved-tensor groups of the first forward call of ``region``'s module, best first
+    (time spared per byte kept; NOTE [ Op-level search space ])."""
+    inst = region_instances(
+        tables["module_calls"], tables["modules"], tables["strings"], [ModuleRegion(region.module)]
+    )
+    if not len(inst):
+        return []
+    names = names if names is not None else OpNames(tables)
+    ops, storages = tables["ops"], tables["storages"]
+    call = np.asarray(ops["module_call"], dtype=np.int64)
+    inside = np.flatnonzero(
+        (np.asarray(ops["phase"]) == Phase.FORWARD)
+        & (call >= inst.first_call[0])
+        & (call < inst.call_stop[0])
+    )
+    per_op = np.zeros(len(call), dtype=np.int64)
+    made_by = np.asarray(storages["op"], dtype=np.int64)
+    outputs = np.flatnonzero(_outputs(tables, made_by))
+    np.add.at(per_op, made_by[outputs], np.asarray(storages["nbytes"], dtype=np.int64)[outputs])
+    duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
+    groups: dict[str, list[int]] = {}
+    for op in inside.tolist():
+        packet = names.names(op)[0]
+        if packet.endswith("_") or _is_factory(packet):
+            continue
+        entry = groups.setdefault(packet, [0, 0])
+        entry[0] += int(per_op[op])
+        entry[1] += int(duration[op])
+    found = [OpGroup(p, b, t) for p, (b, t) in groups.items() if b > 0]
+    return sorted(found, key=lambda g: (-g.compute_ns / g.nbytes, g.packet))
+
+
+FACTORIES = ("aten.empty*", "aten.*_like", "aten.new_*", "aten.zeros", "aten.ones", "aten.full")
+"""Ops that make a buffer for a later op to fill in place (dropout's ``empty_like`` then
+``bernoulli_``): the runtime refuses to save an output that is written later."""
+
+
+def _is_factory(packet: str) -> bool:
+    return any(fnmatchcase(packet, pattern) for pattern in FACTORIES)
+
+
+def _outputs(tables: RunTables, made_by: np.ndarray) -> np.ndarray:
+    """Per storage: made by an op and not freed by it (an output, which saving the op keeps;
+    NOTE [ Op-level instances ] in ckview.analysis.projection)."""
+    events = tables["memory_events"]
+    kind = np.asarray(events["kind"])
+    free_op = np.full(len(made_by), -1, dtype=np.int64)
+    freed = kind == MemoryEventKind.FREE
+    free_op[np.asarray(events["storage"], dtype=np.int64)[freed]] = np.asarray(
+        events["op"], dtype=np.int64
+    )[freed]
+    return (made_by >= 0) & (free_op != made_by)
+
+
+def op_variants(tables: RunTables, candidates: Sequence[Region]) -> list[tuple[int, ModuleRegion]]:
+    """``(candidate index, variant)``: the op-level variants of each module-region candidate
+    (NOTE [ Op-level search space ])."""
+    names = OpNames(tables)
+    out: list[tuple[int, ModuleRegion]] = []
+    for i, region in enumerate(candidates):
+        if not isinstance(region, ModuleRegion) or region.op_level:
+            continue
+        groups = op_groups(tables, region, names)
+        for k in range(1, min(len(groups), MAX_VARIANTS) + 1):
+            save = tuple(sorted(g.packet for g in groups[:k]))
+            out.append((i, ModuleRegion(region.module, save)))
+    return out
