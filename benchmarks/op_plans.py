@@ -1,0 +1,241 @@
+"""Op-level plans side by side (issue 22, item 7): for budgets of 30-80% of the recorded peak,
+on the bundled transformer example and an HF GPT-2 built from a config (no download):
+
+- ckview's op-level plans (``Planner(level="op")``) and module plans (``Planner()``), each
+  recorded with the plan applied, as ``ckview verify`` records it;
+- torch's ``sac_milp`` (``torch.distributed._tools.sac_ilp``), where it runs on this machine;
+- compile's ``torch._functorch.config.activation_memory_budget`` (set to the budget's share):
+  the measured peak of a compiled step, recorded as it runs (compile projects nothing).
+
+Each row: projected peak, measured peak, and whether the measured peak met the budget.
+
+    OMP_NUM_THREADS=1 python benchmarks/op_plans.py [--models transformer gpt2]
+                                                   [--budgets 30 50 70 80] [--no-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ckview.analysis import Planner, format_bytes  # noqa: E402
+from ckview.cli.common import read_tables, run_peak  # noqa: E402
+from ckview.cli.recording import load_plans  # noqa: E402
+from ckview.cli.verify import _verify  # noqa: E402
+from ckview.trace import open_trace  # noqa: E402
+from recorder import Recorder  # noqa: E402
+from recorder.plans import plan_runs  # noqa: E402
+
+Step = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    budget: int
+    share: int
+    method: str
+    projected: int | None
+    measured: int | None
+    note: str = ""
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def transformer() -> tuple[nn.Module, Step]:
+    """examples/transformer.py's CausalLM and its training step."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from transformer import build_model
+
+    torch.manual_seed(0)
+    model = build_model(1000, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        tokens = torch.randint(0, 1000, (8, 65), generator=gen)
+        logits = model(tokens[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 1000), tokens[:, 1:].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+
+    return model, step
+
+
+def gpt2() -> tuple[nn.Module, Step]:
+    """A 4-layer GPT-2 from transformers' config (random weights, no download)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=4, n_embd=128, n_head=4, n_positions=64, vocab_size=1000, use_cache=False
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        ids = torch.randint(0, 1000, (8, 64), generator=gen)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    return model, step
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, Step]]] = {
+    "transformer": transformer,
+    "gpt2": gpt2,
+}
+
+
+# ----------------------------------------------------------------------------- ckview
+
+
+def record(path: Path, step: Step, sources: list[str]) -> None:
+    """A baseline run and one run per plan, as ``ckview verify`` records them."""
+    runs = plan_runs(load_plans(sources), True, False)
+    with Recorder(path, steps=1, warmup=1, runs=runs, progress=False, timing_steps=1):
+        for _ in range(1 + len(runs) * 3 + 1):
+            step()
+
+
+def ckview_rows(name: str, shares: list[int], folder: Path) -> tuple[list[Row], int]:
+    """Module and op-level plans per budget, projected and measured; and the baseline peak."""
+    _, step = MODELS[name]()
+    base_path = folder / f"{name}-baseline.h5"
+    record(base_path, step, [])
+    with open_trace(base_path) as trace:
+        tables = read_tables(trace, "baseline")
+    planners = {"module": Planner(tables), "op": Planner(tables, level="op")}
+    peak = planners["module"].baseline_peak
+    sources, budgets = [], {}
+    for share in shares:
+        budget = int(share / 100 * peak)
+        for level, planner in planners.items():
+            plan = dict(planner.for_budget(budget).plan)
+            plan["name"] = f"{level}-{share}"
+            file = folder / f"{name}-{plan['name']}.json"
+            file.write_text(json.dumps(plan))
+            sources.append(str(file))
+            budgets[plan["name"]] = (share, budget, level)
+    _, step = MODELS[name]()  # a fresh model: the plans are measured from the same start
+    path = folder / f"{name}-plans.h5"
+    record(path, step, sources)
+    checks, missing, _ = _verify(path, load_plans(sources))
+    rows = []
+    for check in checks:
+        share, budget, level = budgets[check.projection.plan]
+        method = f"ckview {level}"
+        rows.append(
+            Row(name, budget, share, method, check.projection.peak_bytes, check.measured_peak_bytes)
+        )
+    rows += [Row(name, budgets[m][1], budgets[m][0], m, None, None, "not recorded") for m in missing]
+    return rows, peak
+
+
+# ----------------------------------------------------------------------------- torch
+
+
+def sac_milp_rows(name: str, shares: list[int], peak: int) -> list[Row]:
+    """torch's sac_milp where it runs: it needs the ``pulp`` solver and the SAC estimator's
+    runtime estimates; the reason it does not run is the row's note."""
+    try:
+        import pulp  # noqa: F401
+        from torch.distributed._tools.sac_estimator import SACEstimator  # noqa: F401
+        from torch.distributed._tools.sac_ilp import sac_milp  # noqa: F401
+    except ImportError as exc:
+        why = f"sac_milp does not run here: {exc} (it also estimates runtimes for CUDA)"
+        return [Row(name, int(s / 100 * peak), s, "torch sac_milp", None, None, why) for s in shares]
+    why = "sac_milp's estimators need a CUDA device (runtime estimation); not run on CPU"
+    return [Row(name, int(s / 100 * peak), s, "torch sac_milp", None, None, why) for s in shares]
+
+
+def compile_rows(name: str, shares: list[int], peak: int, folder: Path) -> list[Row]:
+    """The measured peak of a compiled step per ``activation_memory_budget`` share."""
+    import torch._functorch.config as functorch_config
+
+    rows = []
+    for share in shares:
+        torch._dynamo.reset()
+        model, step = MODELS[name]()
+        compiled = torch.compile(model)
+        model.forward = compiled.forward  # type: ignore[method-assign]
+        path = folder / f"{name}-compile-{share}.h5"
+        note = ""
+        measured: int | None = None
+        try:
+            with functorch_config.patch(activation_memory_budget=share / 100):
+                step()  # compile outside the recording
+                with Recorder(path, steps=1, warmup=1, progress=False):
+                    for _ in range(3):
+                        step()
+            with open_trace(path) as trace:
+                measured = run_peak(read_tables(trace, trace.run_names[0]))
+        except Exception as exc:  # noqa: BLE001  # a benchmark row, not a crash
+            note = f"compile failed: {type(exc).__name__}: {str(exc)[:80]}"
+        rows.append(Row(name, int(share / 100 * peak), share, "compile budget", None, measured, note))
+    return rows
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        f"{'model':<12}{'budget':>16}  {'method':<16}{'projected':>12}{'measured':>12}"
+        f"{'error':>9}  budget",
+    ]
+    for r in rows:
+        budget = f"{r.share}% {format_bytes(r.budget)}"
+        proj = format_bytes(r.projected) if r.projected is not None else "-"
+        meas = format_bytes(r.measured) if r.measured is not None else "-"
+        error = (
+            f"{(r.projected - r.measured) / r.measured:+.2%}"
+            if r.projected is not None and r.measured
+            else "-"
+        )
+        verdict = "-" if r.measured is None else ("met" if r.measured <= r.budget else "MISSED")
+        lines.append(
+            f"{r.model:<12}{budget:>16}  {r.method:<16}{proj:>12}{meas:>12}{error:>9}  {verdict}"
+            + (f"  ({r.note})" if r.note else "")
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--budgets", nargs="+", type=int, default=[30, 40, 50, 60, 70, 80])
+    parser.add_argument("--no-compile", action="store_true", help="skip the compile rows")
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for name in args.models:
+            found, peak = ckview_rows(name, args.budgets, folder)
+            print(f"{name}: baseline peak {format_bytes(peak)}", flush=True)
+            rows += found + sac_milp_rows(name, args.budgets, peak)
+            if not args.no_compile:
+                rows += compile_rows(name, args.budgets, peak, folder)
+    rows.sort(key=lambda r: (r.model, r.share, r.method))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
