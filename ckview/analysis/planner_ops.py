@@ -4,16 +4,19 @@ NOTE [ Op-level search space ]
     At ``level="op"`` each module-region candidate (a block of the chain) gets variants that
     save some of its ops instead of recomputing them all. A block's *saved-tensor groups* are
     its forward ops by overload packet (``aten.addmm``, ``aten.bmm``, ``aten._safe_softmax``)
-    that leave an output (a storage the op made and did not free); ops that write in place
-    are left out (the runtime never saves them by name), and so are factories such as
-    ``empty_like`` whose output a later op fills in place (the runtime refuses to save those,
-    ``FACTORIES``). Each group has the bytes
-    saving it keeps alive (its ops' outputs, which the policy's cache holds to the recompute,
-    saved by autograd or not) and the recorded time it spares the recompute. Groups are ranked by
-    time spared per byte kept, and variant k saves the first k groups (k = 1 ..
-    ``MAX_VARIANTS``): the knapsack's greedy order, one save list per variant, the same
-    pattern for every block. Variants of a block conflict with the block's module region and
-    with every segment covering it, so a plan picks at most one way per block.
+    that leave an output (a storage the op made and did not free). Left out: ops that write
+    in place (the runtime never saves them by name); factories such as ``empty_like`` whose
+    output a later op fills in place (the runtime refuses to save those, ``FACTORIES``); and
+    packets with a call that makes no storage of its own, such as views (saving ``aten.view``
+    keeps the viewed storage alive through the cache, which the trace cannot tell: a GPT-2
+    plan saving it measured 42% over its projection). Each group has the bytes saving it
+    keeps alive (its outputs, which the policy's cache holds to the recompute, saved by
+    autograd or not) and the recorded time it spares the recompute. Groups are ranked by time
+    spared per byte kept, and each variant saves a prefix of that order, one ending at every
+    group of at least ``MIN_SHARE`` of the block's output bytes (at most ``MAX_VARIANTS``):
+    the knapsack's greedy order, one save list per variant. Variants of a block conflict with
+    the block's module region and with every segment covering it, so a plan picks at most one
+    way per block.
 
     The projection judges every plan (no estimate decides); the variants only choose which
     plans exist. Since the module candidates stay in the space, and the op-level search is
@@ -38,6 +41,9 @@ __all__ = ["MAX_VARIANTS", "OpGroup", "op_groups", "op_variants"]
 
 MAX_VARIANTS = 4
 """Most op-level variants per block (NOTE [ Op-level search space ])."""
+MIN_SHARE = 0.01
+"""A variant ends at a group holding at least this share of the block's output bytes: smaller
+groups (a mask's ``tril``) ride along with the next one instead of making a variant."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +80,22 @@ def op_groups(
     outputs = np.flatnonzero(_outputs(tables, made_by))
     np.add.at(per_op, made_by[outputs], np.asarray(storages["nbytes"], dtype=np.int64)[outputs])
     duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
+    makes = np.zeros(len(call), dtype=bool)
+    makes[made_by[made_by >= 0]] = True
     groups: dict[str, list[int]] = {}
+    aliasing: set[str] = set()
     for op in inside.tolist():
         packet = names.names(op)[0]
-        if packet.endswith("_") or _is_factory(packet):
-            continue
+        if not makes[op]:  # a view, or an op that returns a tensor it did not make
+            aliasing.add(packet)
         entry = groups.setdefault(packet, [0, 0])
         entry[0] += int(per_op[op])
         entry[1] += int(duration[op])
-    found = [OpGroup(p, b, t) for p, (b, t) in groups.items() if b > 0]
+    found = [
+        OpGroup(p, b, t)
+        for p, (b, t) in groups.items()
+        if b > 0 and p not in aliasing and not p.endswith("_") and not _is_factory(p)
+    ]
     return sorted(found, key=lambda g: (-g.compute_ns / g.nbytes, g.packet))
 
 
@@ -117,7 +130,9 @@ def op_variants(tables: RunTables, candidates: Sequence[Region]) -> list[tuple[i
         if not isinstance(region, ModuleRegion) or region.op_level:
             continue
         groups = op_groups(tables, region, names)
-        for k in range(1, min(len(groups), MAX_VARIANTS) + 1):
+        total = sum(g.nbytes for g in groups)
+        cuts = [k + 1 for k, g in enumerate(groups) if g.nbytes >= MIN_SHARE * total]
+        for k in cuts[:MAX_VARIANTS]:
             save = tuple(sorted(g.packet for g in groups[:k]))
             out.append((i, ModuleRegion(region.module, save)))
     return out

@@ -148,6 +148,10 @@ NOTE [ What the projection leaves out ]
     free (NOTE [ Held from outside ]).
     Reentrant checkpoint runs the whole forward again; the replay stops early as
     non-reentrant checkpoint does (NOTE [ Early stop ]), a lower bound for reentrant plans.
+    An op-level region that saves an op whose output aliases a storage it did not make (a view:
+    ``aten.view``, ``aten.t``) keeps that storage alive through the policy's cache; the trace
+    does not say which storage a view aliases, so the projection does not hold it (an
+    under-estimate; the planner never saves such ops, NOTE [ Op-level search space ]).
     torch's checkpoint, which runs op-level regions, keeps the CPU RNG state as a tensor
     (5056 bytes per call, in host memory) until the region's backward; on a CPU trace that is
     device memory the projection does not see (ckpt_runtime's own checkpoint keeps it as bytes).
