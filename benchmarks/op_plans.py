@@ -5,7 +5,9 @@ on the bundled transformer example and an HF GPT-2 built from a config (no downl
   recorded with the plan applied, as ``ckview verify`` records it;
 - torch's ``sac_milp`` (``torch.distributed._tools.sac_ilp``), where it runs on this machine;
 - compile's ``torch._functorch.config.activation_memory_budget`` (set to the budget's share):
-  the measured peak of a compiled step, recorded as it runs (compile projects nothing).
+  the peak of a compiled step, measured with torch's memory profiler (compile projects
+  nothing; the recorder runs compiled code eagerly), beside the eager step's peak measured the
+  same way, to compare that method with ckview's.
 
 Each row: projected peak, measured peak, and whether the measured peak met the budget.
 
@@ -22,7 +24,6 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ckview.analysis import Planner, format_bytes  # noqa: E402
-from ckview.cli.common import read_tables, run_peak  # noqa: E402
+from ckview.cli.common import read_tables  # noqa: E402
 from ckview.cli.recording import load_plans  # noqa: E402
 from ckview.cli.verify import _verify  # noqa: E402
 from ckview.trace import open_trace  # noqa: E402
@@ -145,7 +146,9 @@ def ckview_rows(name: str, shares: list[int], folder: Path) -> tuple[list[Row], 
         rows.append(
             Row(name, budget, share, method, check.projection.peak_bytes, check.measured_peak_bytes)
         )
-    rows += [Row(name, budgets[m][1], budgets[m][0], m, None, None, "not recorded") for m in missing]
+    rows += [
+        Row(name, budgets[m][1], budgets[m][0], m, None, None, "not recorded") for m in missing
+    ]
     return rows, peak
 
 
@@ -153,43 +156,61 @@ def ckview_rows(name: str, shares: list[int], folder: Path) -> tuple[list[Row], 
 
 
 def sac_milp_rows(name: str, shares: list[int], peak: int) -> list[Row]:
-    """torch's sac_milp where it runs: it needs the ``pulp`` solver and the SAC estimator's
-    runtime estimates; the reason it does not run is the row's note."""
+    """torch's sac_milp where it runs: its input comes from ``SACEstimator``, whose runtime
+    estimates time ops with CUDA events (``operator-level-benchmark``) or a CUDA roofline
+    (``operator-level-cost-model``), and it solves with ``pulp``; without CUDA (or pulp) the
+    row's note says why it was not run."""
+    why = ""
+    if not torch.cuda.is_available():
+        why = "not run: the SAC estimator's runtimes need CUDA"
     try:
         import pulp  # noqa: F401
-        from torch.distributed._tools.sac_estimator import SACEstimator  # noqa: F401
-        from torch.distributed._tools.sac_ilp import sac_milp  # noqa: F401
-    except ImportError as exc:
-        why = f"sac_milp does not run here: {exc} (it also estimates runtimes for CUDA)"
-        return [Row(name, int(s / 100 * peak), s, "torch sac_milp", None, None, why) for s in shares]
-    why = "sac_milp's estimators need a CUDA device (runtime estimation); not run on CPU"
+    except ImportError:
+        why = (why + "; " if why else "not run: ") + "sac_milp needs the pulp solver"
+    if not why:
+        why = "not run: this benchmark does not drive sac_milp on CUDA yet"
     return [Row(name, int(s / 100 * peak), s, "torch sac_milp", None, None, why) for s in shares]
 
 
-def compile_rows(name: str, shares: list[int], peak: int, folder: Path) -> list[Row]:
-    """The measured peak of a compiled step per ``activation_memory_budget`` share."""
+def profiled_peak(step: Step) -> int:
+    """The peak of live CPU tensor bytes during ``step``, from torch's memory profiler timeline
+    (private API: ``_memory_profile``); the recorder cannot measure compiled code, which runs
+    eagerly under it (NOTE [ torch.compile under the recorder ] in recorder/compiled.py)."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    activities = [ProfilerActivity.CPU]
+    with profile(
+        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        step()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+    return int(max(sum(row) for row in sizes))
+
+
+def compile_rows(name: str, shares: list[int], peak: int) -> list[Row]:
+    """The measured peak of a compiled step per ``activation_memory_budget`` share, and the
+    eager step's peak measured the same way (to compare the method with ckview's)."""
     import torch._functorch.config as functorch_config
 
-    rows = []
+    _, step = MODELS[name]()
+    step()
+    eager = profiled_peak(step)
+    rows = [Row(name, peak, 100, "eager, profiler", None, eager, "the profiler's own peak")]
     for share in shares:
         torch._dynamo.reset()
         model, step = MODELS[name]()
-        compiled = torch.compile(model)
-        model.forward = compiled.forward  # type: ignore[method-assign]
-        path = folder / f"{name}-compile-{share}.h5"
+        model.compile()  # in place: the step's model(...) calls run the compiled module
         note = ""
         measured: int | None = None
         try:
             with functorch_config.patch(activation_memory_budget=share / 100):
-                step()  # compile outside the recording
-                with Recorder(path, steps=1, warmup=1, progress=False):
-                    for _ in range(3):
-                        step()
-            with open_trace(path) as trace:
-                measured = run_peak(read_tables(trace, trace.run_names[0]))
-        except Exception as exc:  # noqa: BLE001  # a benchmark row, not a crash
+                step()  # compiles
+                measured = profiled_peak(step)
+        except Exception as exc:  # a benchmark row, not a crash
             note = f"compile failed: {type(exc).__name__}: {str(exc)[:80]}"
-        rows.append(Row(name, int(share / 100 * peak), share, "compile budget", None, measured, note))
+        budget = int(share / 100 * peak)
+        rows.append(Row(name, budget, share, "compile budget", None, measured, note))
     return rows
 
 
@@ -232,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: baseline peak {format_bytes(peak)}", flush=True)
             rows += found + sac_milp_rows(name, args.budgets, peak)
             if not args.no_compile:
-                rows += compile_rows(name, args.budgets, peak, folder)
+                rows += compile_rows(name, args.budgets, peak)
     rows.sort(key=lambda r: (r.model, r.share, r.method))
     print(table(rows))
 
