@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from ckview.analysis import ProjectionModel
+from ckview.analysis import ProjectionModel, project
 from ckview.analysis.plans import resolve_on_trace
 from ckview.analysis.projection.oplevel import op_names
 from ckview.analysis.regions import ModuleRegion
@@ -154,3 +154,49 @@ def test_module_regions_print_as_before() -> None:
     assert repr(ModuleRegion(3)) == "ModuleRegion(module=3)"
     assert ModuleRegion(3) == ModuleRegion(3, None, False)
     assert ModuleRegion(3, ("aten.mm",)).op_level
+
+
+# ----------------------------------------------------------------------------- offload
+
+OFFLOAD = doc("offload", [{"module": "layers.*", "save": ["*"], "offload": True}])
+
+
+def on_cuda(tables: Any) -> Any:
+    """The run's tables as if recorded on CUDA: every storage on device 'cuda:0'."""
+    strings = [*tables["strings"], "cuda:0"]
+    storages = dict(tables["storages"])
+    storages["device"] = np.full(len(storages["device"]), len(strings) - 1)
+    return {**tables, "strings": strings, "storages": storages}
+
+
+def test_offload_changes_nothing_on_the_cpu(recorded: tuple[Path, list[Check]]) -> None:
+    """NOTE [ Offloaded instances ]: CPU tensors stay where they are."""
+    path, _ = recorded
+    tables = baseline(path)
+    regions = resolve_on_trace(OFFLOAD, tables["modules"], tables["strings"]).regions
+    projection = project(tables, list(regions))
+    assert projection.peak.bytes == project(tables, []).peak.bytes
+    assert projection.extra_compute_ns == 0 and projection.offloaded_bytes == 0
+
+
+def test_offload_on_cuda_moves_the_saved_tensors(recorded: tuple[Path, list[Check]]) -> None:
+    """On a CUDA trace the saved activations leave the device until backward needs them: the
+    device peak falls, the host holds them, nothing is recomputed; incremental equals exact."""
+    path, _ = recorded
+    tables = on_cuda(baseline(path))
+    modules, strings = tables["modules"], tables["strings"]
+    offload = list(resolve_on_trace(OFFLOAD, modules, strings).regions)
+    whole = list(resolve_on_trace("all", modules, strings).regions)
+    base = project(tables, []).peak.bytes
+    moved = project(tables, offload)
+    assert moved.peak.bytes < base and moved.extra_compute_ns == 0
+    assert moved.offloaded_bytes > 0 and 0 < moved.host_peak_bytes <= moved.offloaded_bytes
+    assert moved.transfer_ns(1e9) == round(2 * moved.offloaded_bytes)
+    # All saved activations are on the host at once, after the last block's forward.
+    assert moved.host_peak_bytes == moved.offloaded_bytes
+    model = ProjectionModel(tables, [*offload, *whole])
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        pick = [b + len(offload) * int(rng.integers(0, 2)) for b in range(len(offload))]
+        pick = [p for p in pick if rng.random() < 0.8]
+        assert model.peak(pick) == model.project(pick).projected_peak

@@ -122,6 +122,24 @@ NOTE [ Op-level instances ]
     26% under its measured peak; as above, 0.24%: the RNG state of NOTE [ What the projection
     leaves out ]. Holding a saved op's scratch too put a plan 2.3% over.)
 
+NOTE [ Offloaded instances ]
+    An instance of an offload region (``save: ["*"], offload: true``) is not checkpointed:
+    its saved tensors go to host memory in forward and come back in backward (ckpt_runtime's
+    ``Offloader``). CPU tensors are in host memory already and stay: on a CPU trace an offload
+    region changes nothing. On a CUDA device, a storage created inside the instance that
+    autograd saved there (a PACK inside it) leaves the device as NOTE [ Checkpointed forward ]
+    frees it (at the instance's end, or earlier as NOTE [ Locals die with their frame ] says;
+    outputs and storages held from outside stay), and comes back as a copy when backward first
+    needs the instance (NOTE [ Recompute in backward ]'s moment: every saved tensor of the
+    instance is back before its backward), living to its baseline free. Nothing else changes:
+    no recompute (no extra compute, no scratch), no kept inputs, no released outputs. The host
+    holds each copy from the instance's end to its baseline free (``host_peak_bytes``), and
+    the transfer takes twice the offloaded bytes over the link's bandwidth
+    (``Projection.transfer_ns``; ``DEFAULT_LINK_BANDWIDTH`` unless given). Saved inputs of the
+    instance are left out: the runtime copies them to host and back too, but their device
+    storage stays alive, so the device curve gains a second copy in backward that this model
+    does not add (an under-estimate while the instance's backward runs).
+
 NOTE [ Fixed categories ]
     Parameters, gradients and optimizer state never move: they are never shortened, copied or
     kept, so the projection cannot lower them (a property the tests check).

@@ -124,15 +124,20 @@ class InstanceEffects:
     keep_instance: np.ndarray
     keep_storage: np.ndarray
     """Input storages the checkpoint keeps."""
+    offload: np.ndarray
+    """(k,) bool: the instance offloads (its copies come back from host memory, NOTE
+    [ Offloaded instances ])."""
 
 
 def instance_effects(
     tables: RunTables,
     inst: RegionInstances,
     kept_ops: tuple[np.ndarray, np.ndarray] | None = None,
+    offload: np.ndarray | None = None,
 ) -> tuple[Baseline, InstanceEffects]:
     """The baseline (with its key width) and every instance's effects on it. ``kept_ops``
-    (``(instance, op row)``) are the ops op-level instances save (NOTE [ Op-level instances ])."""
+    (``(instance, op row)``) are the ops op-level instances save (NOTE [ Op-level instances ]);
+    ``offload`` flags the instances that offload (NOTE [ Offloaded instances ])."""
     base = baseline_of(tables)
     end_point = np.searchsorted(base.times, inst.end_ns, side="right")
     c_inst, c_storage = _created_inside(tables, inst)
@@ -153,11 +158,15 @@ def instance_effects(
     alive_at_end = (free >= end_point[c_inst]) | (free < 0)
     unsaved = ~np.isin(c_storage, _packed(tables["saved_events"]))  # NOTE [ Held from outside ]
     output = _pair_in(c_inst, c_storage, out_inst, out_storage)
-    drop = ~output & alive_at_end & ~unsaved & ~kept
+    off = offload if offload is not None else np.zeros(len(inst), dtype=bool)
+    moved = off[c_inst] & saved
+    if moved.any():
+        moved &= _on_device(tables, c_storage)
+    drop = ~output & alive_at_end & ~unsaved & ~kept & (~off[c_inst] | moved)
     local_point = _local_ends(base, tables, c_storage)
     early = drop & (local_point < end_point[c_inst])  # NOTE [ Locals die with their frame ]
     drop &= ~early
-    rel_inst, rel_storage, rel_point = released  # freed at a point of their own, like these
+    rel_inst, rel_storage, rel_point = (column[~off[released[0]]] for column in released)
     released = (
         np.concatenate([rel_inst, c_inst[early]]),
         np.concatenate([rel_storage, c_storage[early]]),
@@ -167,13 +176,16 @@ def instance_effects(
     last_op, stop = _recompute_stop(base, tables, inst)
     moments = _moments(base, tables, inst, end_point, released)
     order = np.lexsort((base.alloc_row[c_storage], c_inst))
-    replayed = order[base.alloc_row[c_storage[order]] < stop[c_inst[order]]]
+    recomputed = base.alloc_row[c_storage[order]] < stop[c_inst[order]]
+    replayed = order[np.where(off[c_inst[order]], moved[order], recomputed)]
     inner = ~saved & ~alive_at_end & (free < stop[c_inst])
     held = _held(base, moments, c_inst, c_storage, kept, stop)
     replayed = replayed[~kept[replayed]]  # a saved op is not rerun: the cache hands it back
     keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
+    keep_inst, keep_storage = keep_inst[~off[keep_inst]], keep_storage[~off[keep_inst]]
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
     compute_ns, plain = _compute_ns(tables, inst, last_op, (k_inst, k_op))
+    compute_ns[off] = 0
     return base, InstanceEffects(
         instances=inst,
         **moments,
@@ -189,7 +201,18 @@ def instance_effects(
         copy_free=np.where(inner, free, -1)[replayed],
         keep_instance=keep_inst,
         keep_storage=keep_storage,
+        offload=off,
     )
+
+
+def _on_device(tables: RunTables, storage: np.ndarray) -> np.ndarray:
+    """Per storage: on a device whose tensors an offload region moves to host memory (CUDA;
+    CPU tensors are in host memory already, NOTE [ Offloaded instances ])."""
+    strings = tables["strings"]
+    device = np.asarray(tables["storages"]["device"], dtype=np.int64)
+    ids = np.unique(device)
+    cuda = np.array([strings[int(i)].startswith("cuda") for i in ids], dtype=bool)
+    return cuda[np.searchsorted(ids, device[storage])] if ids.size else np.zeros(0, dtype=bool)
 
 
 def _outlives_op(base: Baseline, storage: np.ndarray) -> np.ndarray:

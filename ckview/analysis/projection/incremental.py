@@ -19,7 +19,7 @@ from ckview.analysis.projection.effects import (
     run_starts,
 )
 from ckview.analysis.projection.exact import Records, project_active, replay_records
-from ckview.analysis.projection.oplevel import saved_ops
+from ckview.analysis.projection.oplevel import offloading, saved_ops
 from ckview.analysis.projection.results import (
     ProjectedCurve,
     ProjectedPeak,
@@ -79,7 +79,8 @@ class ProjectionModel:
             tables["module_calls"], tables["modules"], tables["strings"], self.candidates
         )
         kept_ops = saved_ops(tables, self.instances, self.candidates)
-        self._base, self.effects = instance_effects(tables, self.instances, kept_ops)
+        offload = offloading(self.instances, self.candidates)
+        self._base, self.effects = instance_effects(tables, self.instances, kept_ops, offload)
         self._index = _build_index(self.effects, self._base)
         self._curve: _CurveIndex | None = None  # built by the first ``curve`` (the GUI's)
 

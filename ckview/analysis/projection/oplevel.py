@@ -13,7 +13,7 @@ from ckview.analysis.regions import ModuleRegion, Region, RegionInstances
 from ckview.analysis.types import RunTables
 from ckview.trace.schema import Phase
 
-__all__ = ["OpNames", "op_names", "saved_ops"]
+__all__ = ["OpNames", "offloading", "op_names", "saved_ops"]
 
 
 class OpNames:
@@ -97,6 +97,12 @@ def saved_ops(
         owners.append(np.full(len(hits), i, dtype=np.int64))
         rows.append(np.asarray(hits, dtype=np.int64))
     return np.concatenate(owners), np.concatenate(rows)
+
+
+def offloading(inst: RegionInstances, regions: Sequence[Region]) -> np.ndarray:
+    """(k,) bool: the instances of regions that offload (NOTE [ Offloaded instances ])."""
+    flags = np.array([isinstance(r, ModuleRegion) and r.offload for r in regions], dtype=bool)
+    return flags[inst.region] if len(inst) else np.zeros(0, dtype=bool)
 
 
 def _saved(save: tuple[str, ...], names: tuple[str, str, str]) -> bool:
