@@ -120,6 +120,29 @@ def test_pareto_shows_every_level(trace: Path) -> None:
     out = ckview("plan", str(trace), "--pareto", "--json")
     assert out.returncode == 0, out.stderr
     fronts = json.loads(out.stdout)["pareto_levels"]
-    assert set(fronts) == {"module", "op"}
+    assert set(fronts) == {"module", "op", "offload"}
     lowest = {level: min(p["projected_peak_bytes"] for p in f) for level, f in fronts.items()}
     assert lowest["op"] <= lowest["module"]
+
+
+def test_offload_is_planned_on_cuda_within_the_host_budget(trace: Path) -> None:
+    """NOTE [ Offload in the planner ]: on a CUDA trace offload lowers the device peak at no
+    extra compute; the host budget bounds what a plan may move."""
+    from tests.test_projection_oplevel import on_cuda
+
+    tables = on_cuda(tables_of(trace))
+    op = Planner(tables, level="op")
+    free = Planner(tables, level="op", offload=True)
+    budget = int(0.7 * op.baseline_peak)
+    a, b = op.for_budget(budget), free.for_budget(budget)
+    assert a.fits and b.fits and b.extra_compute_ns <= a.extra_compute_ns
+    assert any(getattr(r, "offload", False) for r in b.regions)
+    assert b.plan["meta"]["planner"]["offloaded_bytes"] > 0
+    tight = Planner(tables, level="op", offload=True, host_budget=0).for_budget(budget)
+    assert tight.plan["meta"]["planner"]["offloaded_bytes"] == 0
+    assert tight.extra_compute_ns == a.extra_compute_ns
+
+
+def test_offload_needs_level_op(trace: Path) -> None:
+    out = ckview("plan", str(trace), "--budget", "70%", "--offload")
+    assert out.returncode == 2 and "--level op" in out.stderr and "Traceback" not in out.stderr

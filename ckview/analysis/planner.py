@@ -175,6 +175,8 @@ class _Point:
     peak: int
     cost: int
     size: int
+    host: int = 0
+    """Bytes its offload regions move to host memory (NOTE [ Offload in the planner ])."""
 
 
 # ----------------------------------------------------------------------------- public API
@@ -266,10 +268,16 @@ class Planner:
         exact_limit: int = EXACT_LIMIT,
         max_evaluations: int = MAX_EVALUATIONS,
         level: str = "module",
+        offload: bool = False,
+        host_budget: int | None = None,
     ) -> None:
         if level not in LEVELS:
             raise ValueError(f"unknown planning level {level!r}; the levels are {LEVELS}")
-        self.tables, self.level = tables, level
+        if offload and level != "op":
+            raise ValueError("offload is an op-level choice: plan with level 'op' to offload")
+        self.tables, self.level, self.offload = tables, level, offload
+        self.host_budget = host_budget
+        """Most bytes the plan may hold in host memory (NOTE [ Offload in the planner ])."""
         self.modules, self.strings = tables["modules"], tables["strings"]
         self.exact_limit, self.max_evaluations = exact_limit, max_evaluations
         self.chain: _Chain | None = None
@@ -281,7 +289,7 @@ class Planner:
         self.candidates: list[Region] = list(dict.fromkeys(candidates))
         self._module_candidates = list(self.candidates)
         if level == "op":  # NOTE [ Op-level search space ]
-            variants = op_variants(tables, self.candidates)
+            variants = op_variants(tables, self.candidates, offload)
             self.candidates += [v for _, v in variants]
             if self.chain is not None:
                 self.chain.add(self.chain.ranges[i] for i, _ in variants)
@@ -294,6 +302,7 @@ class Planner:
         from plain timing steps (NOTE [ Extra compute from plain times ] in timing.py)."""
         self.search = self._searchable()
         self.cost = {i: self.model.extra_compute_ns([i]) for i in self.search}
+        self.host = {i: self.model.offloaded_bytes([i]) for i in self.search}
         self.conflicts = self._conflicts()
         self.near = self._nearby()
         self._cache: dict[int, _Point] = {}
@@ -314,14 +323,25 @@ class Planner:
         budget = int(budget_bytes)
         if self._space is not None:
             judged = [self.evaluate(mask) for mask in self._space]
-            best = min(judged, key=lambda p: _objective(p, budget))
+            best = min(judged, key=lambda p: self._objective(p, budget))
         else:
             limit = self.evaluations + self.max_evaluations
             best = self._local_search(self._best_seed(budget), budget, limit)
         if self.level == "op":  # NOTE [ Op-level never costs more ]
             module = self.evaluate(self._module_mask(budget))
-            best = min(best, module, key=lambda p: _objective(p, budget))
+            best = min(best, module, key=lambda p: self._objective(p, budget))
         return self._result(best, budget)
+
+    def _objective(self, point: _Point, budget: int) -> tuple[int, int, int, int, int]:
+        """NOTE [ Offload in the planner ]
+        With ``offload=True`` each block may also offload what it saves (``save: ["*"],
+        offload: true``; NOTE [ Offloaded instances ] in ckview.analysis.projection): no
+        extra compute, a lower device peak on CUDA (on a CPU trace it changes nothing and is
+        never worth choosing), and host memory. A plan's host bytes are the sum of what its
+        offload regions move (``ProjectionModel.offloaded_bytes``), an upper bound of the
+        host's peak (``Projection.host_peak_bytes``): a plan fits only if its device peak fits
+        the budget and its host bytes fit ``host_budget`` (when given)."""
+        return _objective(point, budget, self.host_budget)
 
     def _module_mask(self, budget: int) -> int:
         """The module-level planner's answer for ``budget``, as a plan of this pool.
@@ -359,7 +379,8 @@ class Planner:
         if point is None:
             chosen = _bits(mask)
             peak = self.model.peak(chosen).bytes
-            point = _Point(mask, peak, sum(self.cost[i] for i in chosen), len(chosen))
+            cost, host = sum(self.cost[i] for i in chosen), sum(self.host[i] for i in chosen)
+            point = _Point(mask, peak, cost, len(chosen), host)
             self._cache[mask] = point
             self.evaluations += 1
         return point
@@ -493,7 +514,7 @@ class Planner:
 
     def _best_seed(self, budget: int) -> _Point:
         points = (self.evaluate(m) for m in self._seeds(budget))
-        return min(points, key=lambda p: _objective(p, budget))
+        return min(points, key=lambda p: self._objective(p, budget))
 
     def _local_search(self, point: _Point, budget: int, limit: int) -> _Point:
         """First-improvement descent from ``point`` until no move improves or the planner has
@@ -503,7 +524,7 @@ class Planner:
                 if self.evaluations >= limit and mask not in self._cache:
                     return point
                 moved = self.evaluate(mask)
-                if _better(moved, point, budget):
+                if self._objective(moved, budget)[:3] < self._objective(point, budget)[:3]:
                     point = moved
                     break
             else:
@@ -575,7 +596,7 @@ class Planner:
         peak = self.model.peak(chosen).bytes  # the judge's word, not the memo's
         extra = self.model.extra_compute_ns(chosen)
         regions = self.regions_of(best.mask)
-        fits = peak <= budget
+        fits = peak <= budget and (self.host_budget is None or best.host <= self.host_budget)
         meta = {
             "planner": {
                 "budget_bytes": budget,
@@ -584,6 +605,7 @@ class Planner:
                 "fits": fits,
                 "exact": self.exact,
                 "level": self.level,
+                "offloaded_bytes": best.host,
             }
         }
         name = "budget-" + format_bytes(budget).replace(" ", "")
@@ -753,16 +775,13 @@ def _region_order(region: Region) -> tuple[int, int, int]:
     return (region.module, 1, region.start)
 
 
-def _objective(point: _Point, budget: int) -> tuple[int, int, int, int, int]:
+def _objective(
+    point: _Point, budget: int, host_budget: int | None = None
+) -> tuple[int, int, int, int, int]:
     """Smaller is better: fitting plans by extra compute, then peak; others by peak."""
-    if point.peak <= budget:
+    if point.peak <= budget and (host_budget is None or point.host <= host_budget):
         return (0, point.cost, point.peak, point.size, point.mask)
     return (1, point.peak, point.cost, point.size, point.mask)
-
-
-def _better(a: _Point, b: _Point, budget: int) -> bool:
-    """True if ``a`` strictly improves on ``b`` (ignoring the deterministic tie-breaks)."""
-    return _objective(a, budget)[:3] < _objective(b, budget)[:3]
 
 
 def _front(points: list[_Point]) -> list[_Point]:

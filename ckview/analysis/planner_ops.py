@@ -121,9 +121,12 @@ def _outputs(tables: RunTables, made_by: np.ndarray) -> np.ndarray:
     return (made_by >= 0) & (free_op != made_by)
 
 
-def op_variants(tables: RunTables, candidates: Sequence[Region]) -> list[tuple[int, ModuleRegion]]:
+def op_variants(
+    tables: RunTables, candidates: Sequence[Region], offload: bool = False
+) -> list[tuple[int, ModuleRegion]]:
     """``(candidate index, variant)``: the op-level variants of each module-region candidate
-    (NOTE [ Op-level search space ])."""
+    (NOTE [ Op-level search space ]); with ``offload``, also one that offloads everything the
+    block saves (NOTE [ Offload in the planner ] in planner.py)."""
     names = OpNames(tables)
     out: list[tuple[int, ModuleRegion]] = []
     for i, region in enumerate(candidates):
@@ -135,4 +138,6 @@ def op_variants(tables: RunTables, candidates: Sequence[Region]) -> list[tuple[i
         for k in cuts[:MAX_VARIANTS]:
             save = tuple(sorted(g.packet for g in groups[:k]))
             out.append((i, ModuleRegion(region.module, save)))
+        if offload:
+            out.append((i, ModuleRegion(region.module, ("*",), True)))
     return out

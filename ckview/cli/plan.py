@@ -57,6 +57,16 @@ def add_parser(verbs: Any) -> None:
         help="what a plan chooses: whole modules to recompute (module, the default), or also "
         "which ops' outputs each one saves (op: a format-2 plan)",
     )
+    p.add_argument(
+        "--offload",
+        action="store_true",
+        help="with --level op: a block may also offload what it saves to host memory (CUDA)",
+    )
+    p.add_argument(
+        "--host-budget",
+        metavar="B",
+        help="with --offload: most host memory the plan may use ('8GiB'; default: no limit)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--run", help="run to plan over (default: 'baseline' if any, else 'main')")
     p.set_defaults(handler=run)
@@ -81,8 +91,18 @@ def run(args: argparse.Namespace) -> int:
         wanted = _on_device(wanted, args.trace, base.device_total_bytes)
     from ckview.analysis import Planner
 
+    if args.offload and args.level != "op":
+        raise CLIError("--offload is an op-level choice: add --level op")
+    if args.host_budget is not None and not args.offload:
+        raise CLIError("--host-budget limits what --offload moves to the host: add --offload")
+    host = _parse_budget(args.host_budget) if args.host_budget is not None else None
     try:
-        planner = Planner(tables, level=args.level)
+        planner = Planner(
+            tables,
+            level=args.level,
+            offload=args.offload,
+            host_budget=None if host is None else host.bytes(base.peak.bytes),
+        )
     except ValueError as exc:
         raise CLIError(f"{args.trace}, run {name}: {exc}") from None
     result = planner.for_budget(wanted.bytes(planner.baseline_peak)) if wanted else None
@@ -101,14 +121,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fronts(planner: Any) -> dict[str, Any]:
-    """The peak / extra-compute front at every level, the planner's own level first."""
+    """The peak / extra-compute front at each of the three levels (module, op, op with
+    offload), the planner's own first."""
     from ckview.analysis import Planner
-    from ckview.analysis.planner import LEVELS
 
-    fronts = {planner.level: planner.pareto()}
-    for level in LEVELS:
-        if level not in fronts:
-            fronts[level] = Planner(planner.tables, level=level).pareto()
+    own = "offload" if planner.offload else planner.level
+    fronts = {own: planner.pareto()}
+    for name, level, offload in (("module", "module", False), ("op", "op", False)):
+        if name not in fronts:
+            fronts[name] = Planner(planner.tables, level=level, offload=offload).pareto()
+    if "offload" not in fronts:
+        fronts["offload"] = Planner(planner.tables, level="op", offload=True).pareto()
     return fronts
 
 
@@ -200,6 +223,8 @@ class _Context:
         path = self.strings[int(self.modules["path"][region.module])] or "<model>"
         if hasattr(region, "start"):
             return f"{path}[{region.start}:{region.stop}]"
+        if region.offload:
+            return f"{path} (offload)"
         if region.save is not None:
             return f"{path} (save {', '.join(region.save)})"
         return path
@@ -324,6 +349,7 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
         "times": "plain" if planner.plain_times else "recorded",
         "exact": planner.exact,
         "level": planner.level,
+        "offload": planner.offload,
         "notes": list(planner.notes()),
     }
     if result is not None:
@@ -342,7 +368,7 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             ],
         }
     if front is not None:
-        doc["pareto"] = [_point_json(context, p) for p in front[planner.level]]
+        doc["pareto"] = [_point_json(context, p) for p in next(iter(front.values()))]
         doc["pareto_levels"] = {
             level: [_point_json(context, p) for p in points] for level, points in front.items()
         }

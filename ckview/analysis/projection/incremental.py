@@ -104,6 +104,13 @@ class ProjectionModel:
         """The exact projection of the ``selected`` candidates (see ``project``)."""
         return project_active(self.effects, self._base, self.checkpointed(selected))
 
+    def offloaded_bytes(self, selected: Selection) -> int:
+        """Bytes the offload regions among the ``selected`` candidates move to host memory
+        (NOTE [ Offloaded instances ])."""
+        eff, active = self.effects, self.checkpointed(selected)
+        pick = active[eff.copy_instance] & eff.offload[eff.copy_instance]
+        return int(self._base.nbytes[eff.copy_storage[pick]].sum())
+
     def curve(self, selected: Selection) -> ProjectedCurve:
         """The projected total of the ``selected`` candidates at every baseline point, every
         inserted state and every recompute's highest point (NOTE [ Projected curve ])."""
