@@ -146,3 +146,17 @@ def test_offload_is_planned_on_cuda_within_the_host_budget(trace: Path) -> None:
 def test_offload_needs_level_op(trace: Path) -> None:
     out = ckview("plan", str(trace), "--budget", "70%", "--offload")
     assert out.returncode == 2 and "--level op" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_link_bandwidth_sets_the_transfer_time(trace: Path) -> None:
+    """On a CPU trace offload moves nothing (NOTE [ Offloaded instances ]): no transfer time,
+    whatever the link; --link-bandwidth without --offload is refused in one line."""
+    out = ckview(
+        "plan", str(trace), "--budget", "70%", "--level", "op", "--offload",
+        "--link-bandwidth", "8", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["link_bandwidth"] == 8e9 and doc["offloaded_bytes"] == 0 == doc["transfer_ns"]
+    refused = ckview("plan", str(trace), "--budget", "70%", "--link-bandwidth", "8")
+    assert refused.returncode == 2 and "--offload" in refused.stderr

@@ -67,6 +67,13 @@ def add_parser(verbs: Any) -> None:
         metavar="B",
         help="with --offload: most host memory the plan may use ('8GiB'; default: no limit)",
     )
+    p.add_argument(
+        "--link-bandwidth",
+        type=float,
+        metavar="GBPS",
+        help="with --offload: device-host bandwidth in GB/s for the transfer time (default: "
+        "16, about half of PCIe 4.0 x16; the trace does not record the link)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--run", help="run to plan over (default: 'baseline' if any, else 'main')")
     p.set_defaults(handler=run)
@@ -95,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--offload is an op-level choice: add --level op")
     if args.host_budget is not None and not args.offload:
         raise CLIError("--host-budget limits what --offload moves to the host: add --offload")
+    if args.link_bandwidth is not None and (not args.offload or args.link_bandwidth <= 0):
+        raise CLIError("--link-bandwidth is a positive number of GB/s, used with --offload")
     host = _parse_budget(args.host_budget) if args.host_budget is not None else None
     try:
         planner = Planner(
@@ -110,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     context = _Context(args.trace, name, tables["modules"], tables["strings"], planner)
     context.json = args.json
     context.times = times_line(tables)
+    from ckview.analysis.projection.results import DEFAULT_LINK_BANDWIDTH
+
+    context.bandwidth = (args.link_bandwidth or 0) * 1e9 or DEFAULT_LINK_BANDWIDTH
     if wanted is not None:
         context.budget = wanted.describe(planner.baseline_peak)
     if args.json:
@@ -217,6 +229,13 @@ class _Context:
         """Where step time and extra compute come from (``common.times_line``)."""
         self.budget: str | None = None
         """The budget as shown (``Budget.describe``): a share says what it is a share of."""
+        self.bandwidth = 0.0
+        """Device-host bytes per second for an offload plan's transfer time."""
+
+    def transfer_ns(self, offloaded: int) -> int:
+        """Time to move ``offloaded`` bytes to the host and back (NOTE [ Offloaded
+        instances ] in ckview.analysis.projection)."""
+        return round(2 * offloaded / self.bandwidth * 1e9)
 
     def region(self, region: Any) -> str:
         """A region as a plan names it: a module path, or ``path[start:stop]``."""
@@ -294,6 +313,12 @@ def _plan_lines(context: _Context, result: Any) -> list[str]:
         f"  extra compute   {result.extra_compute_ns / 1e6:>7.1f} ms  "
         f"({context.share(result.extra_compute_ns):.1%} of the step)",
     ]
+    offloaded = result.plan.get("meta", {}).get("planner", {}).get("offloaded_bytes", 0)
+    if offloaded:
+        lines.append(
+            f"  offloaded       {fb(offloaded):>10}  (to host and back: "
+            f"{context.transfer_ns(offloaded) / 1e6:.1f} ms at {context.bandwidth / 1e9:g} GB/s)"
+        )
     return lines
 
 
@@ -363,6 +388,11 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             "regions": context.regions(result.regions),
             "plan": result.plan,
             "evaluations": result.evaluations,
+            "offloaded_bytes": result.plan["meta"]["planner"].get("offloaded_bytes", 0),
+            "transfer_ns": context.transfer_ns(
+                result.plan["meta"]["planner"].get("offloaded_bytes", 0)
+            ),
+            "link_bandwidth": context.bandwidth,
             "presets": [
                 _point_json(context, p, p.name) | {"not_in_effect": p.idle} for p in result.presets
             ],
