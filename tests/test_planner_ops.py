@@ -23,6 +23,7 @@ from ckview.trace import open_trace
 from recorder import Recorder
 from recorder.plans import plan_runs
 from tests.conftest import ckview
+from tests.synthetic import on_cuda
 
 pytestmark = pytest.mark.torch
 
@@ -128,8 +129,6 @@ def test_pareto_shows_every_level(trace: Path) -> None:
 def test_offload_is_planned_on_cuda_within_the_host_budget(trace: Path) -> None:
     """NOTE [ Offload in the planner ]: on a CUDA trace offload lowers the device peak at no
     extra compute; the host budget bounds what a plan may move."""
-    from tests.test_projection_oplevel import on_cuda
-
     tables = on_cuda(tables_of(trace))
     op = Planner(tables, level="op")
     free = Planner(tables, level="op", offload=True)

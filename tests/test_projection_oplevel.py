@@ -24,6 +24,7 @@ from ckview.cli.verify import Check, _verify
 from ckview.trace import open_trace
 from recorder import Recorder
 from recorder.plans import plan_runs
+from tests.synthetic import on_cuda
 
 pytestmark = pytest.mark.torch
 
@@ -159,14 +160,6 @@ def test_module_regions_print_as_before() -> None:
 # ----------------------------------------------------------------------------- offload
 
 OFFLOAD = doc("offload", [{"module": "layers.*", "save": ["*"], "offload": True}])
-
-
-def on_cuda(tables: Any) -> Any:
-    """The run's tables as if recorded on CUDA: every storage on device 'cuda:0'."""
-    strings = [*tables["strings"], "cuda:0"]
-    storages = dict(tables["storages"])
-    storages["device"] = np.full(len(storages["device"]), len(strings) - 1)
-    return {**tables, "strings": strings, "storages": storages}
 
 
 def test_offload_changes_nothing_on_the_cpu(recorded: tuple[Path, list[Check]]) -> None:
