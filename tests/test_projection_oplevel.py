@@ -1,7 +1,7 @@
 """Op-level plans projected as the runtime runs them (NOTE [ Op-level instances ] in
 ckview.analysis.projection): a TransformerEncoder step with dropout, recorded in process as
 ``ckview verify`` records it (run 'baseline', then one run per plan), each op-level plan's
-projected peak within 0.5% of the peak measured in its own run."""
+projected peak within 0.1% of the peak measured in its own run."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.synthetic import on_cuda
 
 pytestmark = pytest.mark.torch
 
-TOLERANCE = 0.005  # the issue's target for op-level plans: 0.5% of the measured peak
+TOLERANCE = 0.001  # 0.1% of the measured peak, as module plans (the issue asks 0.5%)
 
 
 def doc(name: str, regions: list[dict[str, Any]]) -> dict[str, Any]:
