@@ -302,7 +302,7 @@ class Planner:
         from plain timing steps (NOTE [ Extra compute from plain times ] in timing.py)."""
         self.search = self._searchable()
         self.cost = {i: self.model.extra_compute_ns([i]) for i in self.search}
-        self.host = {i: self.model.offloaded_bytes([i]) for i in self.search}
+        self.host = {i: self.model.offloaded_bytes([i]) if offload else 0 for i in self.search}
         self.conflicts = self._conflicts()
         self.near = self._nearby()
         self._cache: dict[int, _Point] = {}
