@@ -9,7 +9,8 @@ on the bundled transformer example and an HF GPT-2 built from a config (no downl
   nothing; the recorder runs compiled code eagerly), beside the eager step's peak measured the
   same way, to compare that method with ckview's.
 
-Each row: projected peak, measured peak, and whether the measured peak met the budget.
+Each row: projected peak, measured peak, ckview's projected extra compute per step, and whether
+the measured peak met the budget.
 
     OMP_NUM_THREADS=1 python benchmarks/op_plans.py [--models transformer gpt2]
                                                    [--budgets 30 50 70 80] [--no-compile]
@@ -52,6 +53,8 @@ class Row:
     projected: int | None
     measured: int | None
     note: str = ""
+    extra_ns: int | None = None
+    """Projected extra compute per step (ckview's plans)."""
 
 
 # ----------------------------------------------------------------------------- models
@@ -143,8 +146,17 @@ def ckview_rows(name: str, shares: list[int], folder: Path) -> tuple[list[Row], 
     for check in checks:
         share, budget, level = budgets[check.projection.plan]
         method = f"ckview {level}"
+        projection = check.projection
         rows.append(
-            Row(name, budget, share, method, check.projection.peak_bytes, check.measured_peak_bytes)
+            Row(
+                name,
+                budget,
+                share,
+                method,
+                projection.peak_bytes,
+                check.measured_peak_bytes,
+                extra_ns=projection.extra_compute_ns,
+            )
         )
     rows += [
         Row(name, budgets[m][1], budgets[m][0], m, None, None, "not recorded") for m in missing
@@ -220,7 +232,7 @@ def compile_rows(name: str, shares: list[int], peak: int) -> list[Row]:
 def table(rows: list[Row]) -> str:
     lines = [
         f"{'model':<12}{'budget':>16}  {'method':<16}{'projected':>12}{'measured':>12}"
-        f"{'error':>9}  budget",
+        f"{'error':>9}{'extra':>10}  budget",
     ]
     for r in rows:
         budget = f"{r.share}% {format_bytes(r.budget)}"
@@ -232,9 +244,10 @@ def table(rows: list[Row]) -> str:
             else "-"
         )
         verdict = "-" if r.measured is None else ("met" if r.measured <= r.budget else "MISSED")
+        extra = f"{r.extra_ns / 1e6:.1f} ms" if r.extra_ns is not None else "-"
         lines.append(
-            f"{r.model:<12}{budget:>16}  {r.method:<16}{proj:>12}{meas:>12}{error:>9}  {verdict}"
-            + (f"  ({r.note})" if r.note else "")
+            f"{r.model:<12}{budget:>16}  {r.method:<16}{proj:>12}{meas:>12}{error:>9}{extra:>10}"
+            f"  {verdict}" + (f"  ({r.note})" if r.note else "")
         )
     return "\n".join(lines)
 
