@@ -157,7 +157,9 @@ def _plain_generator() -> Generator[None, None, None]:
 
 
 def _generator_hook(*args: Any, **kwargs: Any) -> Any:
-    if is_bypassed():
+    # An op-level plan region calls torch's checkpoint itself (selective checkpoint policy):
+    # its mark exempts it as it exempts ckpt_runtime's checkpoint.
+    if not take_plan_mark() and is_bypassed():
         return _plain_generator()
     return _orig_generator(*args, **kwargs)
 

@@ -14,8 +14,9 @@ refused with one line (:func:`check_selective_support`). Offload needs only
 NOTE [ Exact gradients under an op-level plan ]
 The step's loss and gradients stay bitwise those of the un-checkpointed step:
 - RNG ops (dropout) are recomputed with the RNG state restored (``preserve_rng_state``, the
-  default; a plan with ``preserve_rng_state: false`` recomputes different masks, and the
-  gradient gate, ``compare_gradients``, catches it).
+  default; ``apply._forward_rng`` keeps the states as bytes, not torch's checkpoint; a plan
+  with ``preserve_rng_state: false`` recomputes different masks, and the gradient gate,
+  ``compare_gradients``, catches it).
 - Modules with running statistics (BatchNorm) update them in forward and again in the
   recompute; the recompute's update is undone right after it, as ckpt_runtime's own checkpoint
   does (NOTE [ Running statistics ] in checkpoint.py), so those buffers count as the region's own.

@@ -237,3 +237,12 @@ def _layer(fw: _Forward, layer: Layer, pack: list[int], saved: list[int]) -> int
     else:
         fw.pending.append((fw.ops + layer.life, s))
     return s
+
+
+def on_cuda(tables: Tables) -> Tables:
+    """A run's tables as if recorded on CUDA: every storage on device 'cuda:0' (the offload
+    projection reads nothing else of the device)."""
+    strings = [*tables["strings"], "cuda:0"]
+    storages = dict(tables["storages"])
+    storages["device"] = np.full(len(storages["device"]), len(strings) - 1)
+    return {**tables, "strings": strings, "storages": storages}

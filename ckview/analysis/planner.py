@@ -68,12 +68,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ckview.analysis.planner_ops import op_variants
 from ckview.analysis.plans import TraceTree
 from ckview.analysis.projection import ProjectionModel
 from ckview.analysis.regions import ModuleRegion, Region, SegmentRegion, sequential_children
@@ -100,6 +101,9 @@ MAX_SEGMENTS = 500
 """Segments of a Sequential chain beyond which long segments are not candidates."""
 NEAR = 4
 """Local search swaps regions at most this many blocks (or candidates) apart."""
+LEVELS = ("module", "op")
+"""What a plan may choose per region: recompute whole modules, or also which ops to save
+(NOTE [ Op-level search space ] in planner_ops.py)."""
 PRESET_NAMES = ("none", "all", "sqrt")
 """The presets a result lists beside the plan."""
 
@@ -171,6 +175,8 @@ class _Point:
     peak: int
     cost: int
     size: int
+    host: int = 0
+    """Bytes its offload regions move to host memory (NOTE [ Offload in the planner ])."""
 
 
 # ----------------------------------------------------------------------------- public API
@@ -261,8 +267,17 @@ class Planner:
         *,
         exact_limit: int = EXACT_LIMIT,
         max_evaluations: int = MAX_EVALUATIONS,
+        level: str = "module",
+        offload: bool = False,
+        host_budget: int | None = None,
     ) -> None:
-        self.tables = tables
+        if level not in LEVELS:
+            raise ValueError(f"unknown planning level {level!r}; the levels are {LEVELS}")
+        if offload and level != "op":
+            raise ValueError("offload is an op-level choice: plan with level 'op' to offload")
+        self.tables, self.level, self.offload = tables, level, offload
+        self.host_budget = host_budget
+        """Most bytes the plan may hold in host memory (NOTE [ Offload in the planner ])."""
         self.modules, self.strings = tables["modules"], tables["strings"]
         self.exact_limit, self.max_evaluations = exact_limit, max_evaluations
         self.chain: _Chain | None = None
@@ -272,6 +287,13 @@ class Planner:
             self.chain = _Chain.find(self.tree)
             candidates = self.chain.candidates()
         self.candidates: list[Region] = list(dict.fromkeys(candidates))
+        self._module_candidates = list(self.candidates)
+        if level == "op":  # NOTE [ Op-level search space ]
+            variants = op_variants(tables, self.candidates, offload)
+            self.candidates += [v for _, v in variants]
+            if self.chain is not None:
+                self.chain.add(self.chain.ranges[i] for i, _ in variants)
+        self._module_planner: Planner | None = None
         self.pool = list(self.candidates)
         self._presets = self._resolve_presets()
         self.model = ProjectionModel(tables, self.pool)
@@ -280,6 +302,7 @@ class Planner:
         from plain timing steps (NOTE [ Extra compute from plain times ] in timing.py)."""
         self.search = self._searchable()
         self.cost = {i: self.model.extra_compute_ns([i]) for i in self.search}
+        self.host = {i: self.model.offloaded_bytes([i]) if offload else 0 for i in self.search}
         self.conflicts = self._conflicts()
         self.near = self._nearby()
         self._cache: dict[int, _Point] = {}
@@ -300,11 +323,45 @@ class Planner:
         budget = int(budget_bytes)
         if self._space is not None:
             judged = [self.evaluate(mask) for mask in self._space]
-            best = min(judged, key=lambda p: _objective(p, budget))
+            best = min(judged, key=lambda p: self._objective(p, budget))
         else:
             limit = self.evaluations + self.max_evaluations
             best = self._local_search(self._best_seed(budget), budget, limit)
+        if self.level == "op":  # NOTE [ Op-level never costs more ]
+            module = self.evaluate(self._module_mask(budget))
+            best = min(best, module, key=lambda p: self._objective(p, budget))
         return self._result(best, budget)
+
+    def _objective(self, point: _Point, budget: int) -> tuple[int, int, int, int, int]:
+        """NOTE [ Offload in the planner ]
+        With ``offload=True`` each block may also offload what it saves (``save: ["*"],
+        offload: true``; NOTE [ Offloaded instances ] in ckview.analysis.projection): no
+        extra compute, a lower device peak on CUDA (on a CPU trace it changes nothing and is
+        never worth choosing), and host memory. A plan's host bytes are the sum of what its
+        offload regions move (``ProjectionModel.offloaded_bytes``), an upper bound of the
+        host's peak (``Projection.host_peak_bytes``): a plan fits only if its device peak fits
+        the budget and its host bytes fit ``host_budget`` (when given)."""
+        return _objective(point, budget, self.host_budget)
+
+    def _module_mask(self, budget: int) -> int:
+        """The module-level planner's answer for ``budget``, as a plan of this pool.
+
+        NOTE [ Op-level never costs more ]
+            The op-level search space holds every module plan, and its answer is compared with
+            the module-level planner's answer for the same budget (a seed of the heuristic,
+            and a contender of the exact search): so, by the projection that judges both, an
+            op-level plan that fits never costs more extra compute than the best module plan
+            that fits (tests/test_planner_ops.py checks it on several budgets)."""
+        if self._module_planner is None:
+            self._module_planner = Planner(
+                self.tables,
+                self._module_candidates if self.chain is None else None,
+                exact_limit=self.exact_limit,
+                max_evaluations=self.max_evaluations,
+            )
+        regions = self._module_planner.for_budget(budget).regions
+        index = {region: i for i, region in enumerate(self.pool)}
+        return _mask(index[region] for region in regions)
 
     def pareto(self) -> list[ParetoPoint]:
         """The non-dominated plans by (extra compute, peak), cheapest first."""
@@ -322,7 +379,8 @@ class Planner:
         if point is None:
             chosen = _bits(mask)
             peak = self.model.peak(chosen).bytes
-            point = _Point(mask, peak, sum(self.cost[i] for i in chosen), len(chosen))
+            cost, host = sum(self.cost[i] for i in chosen), sum(self.host[i] for i in chosen)
+            point = _Point(mask, peak, cost, len(chosen), host)
             self._cache[mask] = point
             self.evaluations += 1
         return point
@@ -411,6 +469,8 @@ class Planner:
         for _, picks in self._presets.values():
             if set(picks) <= searchable:
                 seeds.append(_mask(picks))
+        if self.level == "op":
+            seeds.append(self._module_mask(budget))
         families = [self._greedy_family()]
         if self.chain is not None:
             seeds += self.chain.segmentations(searchable)
@@ -454,7 +514,7 @@ class Planner:
 
     def _best_seed(self, budget: int) -> _Point:
         points = (self.evaluate(m) for m in self._seeds(budget))
-        return min(points, key=lambda p: _objective(p, budget))
+        return min(points, key=lambda p: self._objective(p, budget))
 
     def _local_search(self, point: _Point, budget: int, limit: int) -> _Point:
         """First-improvement descent from ``point`` until no move improves or the planner has
@@ -464,7 +524,7 @@ class Planner:
                 if self.evaluations >= limit and mask not in self._cache:
                     return point
                 moved = self.evaluate(mask)
-                if _better(moved, point, budget):
+                if self._objective(moved, budget)[:3] < self._objective(point, budget)[:3]:
                     point = moved
                     break
             else:
@@ -536,7 +596,7 @@ class Planner:
         peak = self.model.peak(chosen).bytes  # the judge's word, not the memo's
         extra = self.model.extra_compute_ns(chosen)
         regions = self.regions_of(best.mask)
-        fits = peak <= budget
+        fits = peak <= budget and (self.host_budget is None or best.host <= self.host_budget)
         meta = {
             "planner": {
                 "budget_bytes": budget,
@@ -544,6 +604,8 @@ class Planner:
                 "extra_compute_ns": extra,
                 "fits": fits,
                 "exact": self.exact,
+                "level": self.level,
+                "offloaded_bytes": best.host,
             }
         }
         name = "budget-" + format_bytes(budget).replace(" ", "")
@@ -624,6 +686,11 @@ class _Chain:
             ModuleRegion(self.blocks[a]) if b - a == 1 else SegmentRegion(self.row, a, b)
             for a, b in self.ranges
         ]
+
+    def add(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Append candidates over the given block ranges (op-level variants of blocks); the
+        first candidate of a range stays the one ``index`` names."""
+        self.ranges = (*self.ranges, *ranges)
 
     def conflicts(self, search: Sequence[int]) -> dict[int, int]:
         """Candidates whose block ranges overlap (their instances then overlap)."""
@@ -708,16 +775,13 @@ def _region_order(region: Region) -> tuple[int, int, int]:
     return (region.module, 1, region.start)
 
 
-def _objective(point: _Point, budget: int) -> tuple[int, int, int, int, int]:
+def _objective(
+    point: _Point, budget: int, host_budget: int | None = None
+) -> tuple[int, int, int, int, int]:
     """Smaller is better: fitting plans by extra compute, then peak; others by peak."""
-    if point.peak <= budget:
+    if point.peak <= budget and (host_budget is None or point.host <= host_budget):
         return (0, point.cost, point.peak, point.size, point.mask)
     return (1, point.peak, point.cost, point.size, point.mask)
-
-
-def _better(a: _Point, b: _Point, budget: int) -> bool:
-    """True if ``a`` strictly improves on ``b`` (ignoring the deterministic tie-breaks)."""
-    return _objective(a, budget)[:3] < _objective(b, budget)[:3]
 
 
 def _front(points: list[_Point]) -> list[_Point]:

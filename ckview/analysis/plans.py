@@ -103,7 +103,7 @@ class TraceTree:
         row = self.rows[resolved.node]
         if resolved.is_segment:
             return SegmentRegion(row, resolved.start, resolved.stop)
-        return ModuleRegion(row)
+        return ModuleRegion(row, resolved.save, resolved.offload)
 
     def resolved(self, region: Region) -> Resolved:
         """The core's region (by node) of a projection region; PlanError outside the model."""
@@ -115,7 +115,7 @@ class TraceTree:
             )
         if isinstance(region, SegmentRegion):
             return Resolved(node, region.start, region.stop)
-        return Resolved(node)
+        return Resolved(node, save=region.save, offload=region.offload)
 
     def resolve(self, plan: PlanLike) -> PlanRegions:
         """``plan`` resolved over this tree (``resolve_on_trace``)."""

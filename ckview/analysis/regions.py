@@ -31,9 +31,26 @@ from ckview.trace.schema import NO_INDEX, Phase
 
 @dataclass(frozen=True)
 class ModuleRegion:
-    """Checkpoint every forward call of module row ``module``, each call as its own instance."""
+    """Checkpoint every forward call of module row ``module``, each call as its own instance.
+
+    ``save`` and ``offload`` make it an op-level region (NOTE [ Op-level regions ] in
+    ckpt_runtime/plan.py; projected as NOTE [ Op-level instances ] in ckview.analysis.projection
+    says): the ops whose outputs it keeps, recomputing the others (None: recompute every op),
+    and whether the tensors it keeps go to host memory."""
 
     module: int
+    save: tuple[str, ...] | None = None
+    offload: bool = False
+
+    @property
+    def op_level(self) -> bool:
+        """True if the region says which ops it saves, or offloads."""
+        return self.save is not None or self.offload
+
+    def __repr__(self) -> str:
+        if not self.op_level:
+            return f"ModuleRegion(module={self.module})"
+        return f"ModuleRegion(module={self.module}, save={self.save!r}, offload={self.offload})"
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,30 @@ def add_parser(verbs: Any) -> None:
     p.add_argument(
         "--pareto", action="store_true", help="print the peak / extra-compute front of plans"
     )
+    p.add_argument(
+        "--level",
+        choices=("module", "op"),
+        default="module",
+        help="what a plan chooses: whole modules to recompute (module, the default), or also "
+        "which ops' outputs each one saves (op: a format-2 plan)",
+    )
+    p.add_argument(
+        "--offload",
+        action="store_true",
+        help="with --level op: a block may also offload what it saves to host memory (CUDA)",
+    )
+    p.add_argument(
+        "--host-budget",
+        metavar="B",
+        help="with --offload: most host memory the plan may use ('8GiB'; default: no limit)",
+    )
+    p.add_argument(
+        "--link-bandwidth",
+        type=float,
+        metavar="GBPS",
+        help="with --offload: device-host bandwidth in GB/s for the transfer time (default: "
+        "16, about half of PCIe 4.0 x16; the trace does not record the link)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--run", help="run to plan over (default: 'baseline' if any, else 'main')")
     p.set_defaults(handler=run)
@@ -74,15 +98,30 @@ def run(args: argparse.Namespace) -> int:
         wanted = _on_device(wanted, args.trace, base.device_total_bytes)
     from ckview.analysis import Planner
 
+    if args.offload and args.level != "op":
+        raise CLIError("--offload is an op-level choice: add --level op")
+    if args.host_budget is not None and not args.offload:
+        raise CLIError("--host-budget limits what --offload moves to the host: add --offload")
+    if args.link_bandwidth is not None and (not args.offload or args.link_bandwidth <= 0):
+        raise CLIError("--link-bandwidth is a positive number of GB/s, used with --offload")
+    host = _parse_budget(args.host_budget) if args.host_budget is not None else None
     try:
-        planner = Planner(tables)
+        planner = Planner(
+            tables,
+            level=args.level,
+            offload=args.offload,
+            host_budget=None if host is None else host.bytes(base.peak.bytes),
+        )
     except ValueError as exc:
         raise CLIError(f"{args.trace}, run {name}: {exc}") from None
     result = planner.for_budget(wanted.bytes(planner.baseline_peak)) if wanted else None
-    front = planner.pareto() if args.pareto else None
+    front = _fronts(planner) if args.pareto else None
     context = _Context(args.trace, name, tables["modules"], tables["strings"], planner)
     context.json = args.json
     context.times = times_line(tables)
+    from ckview.analysis.projection.results import DEFAULT_LINK_BANDWIDTH
+
+    context.bandwidth = (args.link_bandwidth or 0) * 1e9 or DEFAULT_LINK_BANDWIDTH
     if wanted is not None:
         context.budget = wanted.describe(planner.baseline_peak)
     if args.json:
@@ -91,6 +130,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_report(context, result, front))
     return _finish(result, args.output, context)
+
+
+def _fronts(planner: Any) -> dict[str, Any]:
+    """The peak / extra-compute front at each of the three levels (module, op, op with
+    offload), the planner's own first."""
+    from ckview.analysis import Planner
+
+    own = "offload" if planner.offload else planner.level
+    fronts = {own: planner.pareto()}
+    for name, level, offload in (("module", "module", False), ("op", "op", False)):
+        if name not in fronts:
+            fronts[name] = Planner(planner.tables, level=level, offload=offload).pareto()
+    if "offload" not in fronts:
+        fronts["offload"] = Planner(planner.tables, level="op", offload=True).pareto()
+    return fronts
 
 
 def _finish(result: Any, output: Path | None, context: _Context) -> int:
@@ -175,12 +229,23 @@ class _Context:
         """Where step time and extra compute come from (``common.times_line``)."""
         self.budget: str | None = None
         """The budget as shown (``Budget.describe``): a share says what it is a share of."""
+        self.bandwidth = 0.0
+        """Device-host bytes per second for an offload plan's transfer time."""
+
+    def transfer_ns(self, offloaded: int) -> int:
+        """Time to move ``offloaded`` bytes to the host and back (NOTE [ Offloaded
+        instances ] in ckview.analysis.projection)."""
+        return round(2 * offloaded / self.bandwidth * 1e9)
 
     def region(self, region: Any) -> str:
         """A region as a plan names it: a module path, or ``path[start:stop]``."""
         path = self.strings[int(self.modules["path"][region.module])] or "<model>"
         if hasattr(region, "start"):
             return f"{path}[{region.start}:{region.stop}]"
+        if region.offload:
+            return f"{path} (offload)"
+        if region.save is not None:
+            return f"{path} (save {', '.join(region.save)})"
         return path
 
     def regions(self, regions: Any) -> list[str]:
@@ -214,8 +279,8 @@ def _report(context: _Context, result: Any, front: Any) -> str:
             "",
             *_preset_lines(context, result),
         ]
-    if front is not None:
-        lines += ["", *_front_lines(context, front)]
+    for level, points in (front or {}).items():
+        lines += ["", *_front_lines(context, points, level)]
     return "\n".join(lines)
 
 
@@ -248,6 +313,12 @@ def _plan_lines(context: _Context, result: Any) -> list[str]:
         f"  extra compute   {result.extra_compute_ns / 1e6:>7.1f} ms  "
         f"({context.share(result.extra_compute_ns):.1%} of the step)",
     ]
+    offloaded = result.plan.get("meta", {}).get("planner", {}).get("offloaded_bytes", 0)
+    if offloaded:
+        lines.append(
+            f"  offloaded       {fb(offloaded):>10}  (to host and back: "
+            f"{context.transfer_ns(offloaded) / 1e6:.1f} ms at {context.bandwidth / 1e9:g} GB/s)"
+        )
     return lines
 
 
@@ -269,11 +340,11 @@ def _preset_lines(context: _Context, result: Any) -> list[str]:
     return ["beside the presets:", *lines]
 
 
-def _front_lines(context: _Context, front: Any) -> list[str]:
+def _front_lines(context: _Context, front: Any, level: str) -> list[str]:
     from ckview.analysis import format_bytes as fb
 
     shown = _thin(front, MAX_LINES)
-    notes = ["plans no other plan beats on both"]
+    notes = [f"{level}-level plans no other plan of that level beats on both"]
     if not context.planner.exact:
         notes.append("heuristic: among the plans judged")
     if len(shown) < len(front):
@@ -302,6 +373,8 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
         "step_ns": planner.step_ns,
         "times": "plain" if planner.plain_times else "recorded",
         "exact": planner.exact,
+        "level": planner.level,
+        "offload": planner.offload,
         "notes": list(planner.notes()),
     }
     if result is not None:
@@ -315,12 +388,20 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             "regions": context.regions(result.regions),
             "plan": result.plan,
             "evaluations": result.evaluations,
+            "offloaded_bytes": result.plan["meta"]["planner"].get("offloaded_bytes", 0),
+            "transfer_ns": context.transfer_ns(
+                result.plan["meta"]["planner"].get("offloaded_bytes", 0)
+            ),
+            "link_bandwidth": context.bandwidth,
             "presets": [
                 _point_json(context, p, p.name) | {"not_in_effect": p.idle} for p in result.presets
             ],
         }
     if front is not None:
-        doc["pareto"] = [_point_json(context, p) for p in front]
+        doc["pareto"] = [_point_json(context, p) for p in next(iter(front.values()))]
+        doc["pareto_levels"] = {
+            level: [_point_json(context, p) for p in points] for level, points in front.items()
+        }
     return doc
 
 

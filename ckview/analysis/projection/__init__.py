@@ -100,6 +100,47 @@ NOTE [ Early stop ]
     saves, is never recomputed.) An instance without a PACK inside (its saves are hidden, as in
     a run that checkpoints it already) is replayed whole: an upper bound.
 
+NOTE [ Op-level instances ]
+    An instance of a region with ``save`` (an op-level region, NOTE [ Op-level regions ] in
+    ckpt_runtime/plan.py) runs under torch's selective checkpoint: each forward op inside it
+    whose names match ``save`` (``ckview.analysis.projection.oplevel``: overload packet,
+    overload, auto-name, as the runtime names them) is *saved*, the others are recomputed.
+    Everything above holds, with these differences for the outputs of saved ops (storages a
+    saved op made and did not free itself; its scratch is freed as recorded):
+        - they are never freed early in forward: the policy's cache holds them (no NOTE
+          [ Checkpointed forward ] shortening, no NOTE [ Released outputs ] release);
+        - the recompute does not copy them: when it reaches the op it takes the cached
+          original, and the original's free moves to where the copy's would have been (the
+          recompute's key, at its baseline row among the replay's events), if that is later
+          than its baseline free; an output the recompute never reaches (after the last PACK,
+          NOTE [ Early stop ]) is held until the end of the instance's backward. This holds
+          for the instance's own outputs too (a block ending in a saved layer norm keeps its
+          output past the next block's backward: 1.2% under the measured peak without it);
+        - the extra compute is the summed recorded time of the replayed ops that are not saved
+          (with plain times, the plain instance time scaled by their share of its forward).
+    (Projected as a whole-module recompute, a TransformerEncoder plan saving its matmuls was
+    26% under its measured peak; as above, within 0.003%, on 20 random op-level plans. Holding
+    a saved op's scratch too put a plan 2.3% over; torch's RNG state tensors, 0.03-0.26%
+    under, until the runtime kept them as bytes.)
+
+NOTE [ Offloaded instances ]
+    An instance of an offload region (``save: ["*"], offload: true``) is not checkpointed:
+    its saved tensors go to host memory in forward and come back in backward (ckpt_runtime's
+    ``Offloader``). CPU tensors are in host memory already and stay: on a CPU trace an offload
+    region changes nothing. On a CUDA device, a storage created inside the instance that
+    autograd saved there (a PACK inside it) leaves the device as NOTE [ Checkpointed forward ]
+    frees it (at the instance's end, or earlier as NOTE [ Locals die with their frame ] says;
+    outputs and storages held from outside stay), and comes back as a copy when backward first
+    needs the instance (NOTE [ Recompute in backward ]'s moment: every saved tensor of the
+    instance is back before its backward), living to its baseline free. Nothing else changes:
+    no recompute (no extra compute, no scratch), no kept inputs, no released outputs. The host
+    holds each copy from the instance's end to its baseline free (``host_peak_bytes``), and
+    the transfer takes twice the offloaded bytes over the link's bandwidth
+    (``Projection.transfer_ns``; ``DEFAULT_LINK_BANDWIDTH`` unless given). Saved inputs of the
+    instance are left out: the runtime copies them to host and back too, but their device
+    storage stays alive, so the device curve gains a second copy in backward that this model
+    does not add (an under-estimate while the instance's backward runs).
+
 NOTE [ Fixed categories ]
     Parameters, gradients and optimizer state never move: they are never shortened, copied or
     kept, so the projection cannot lower them (a property the tests check).
@@ -126,6 +167,10 @@ NOTE [ What the projection leaves out ]
     free (NOTE [ Held from outside ]).
     Reentrant checkpoint runs the whole forward again; the replay stops early as
     non-reentrant checkpoint does (NOTE [ Early stop ]), a lower bound for reentrant plans.
+    An op-level region that saves an op whose output aliases a storage it did not make (a view:
+    ``aten.view``, ``aten.t``) keeps that storage alive through the policy's cache; the trace
+    does not say which storage a view aliases, so the projection does not hold it (an
+    under-estimate; the planner never saves such ops, NOTE [ Op-level search space ]).
 """
 
 from ckview.analysis.projection.effects import InstanceEffects

@@ -124,27 +124,49 @@ class InstanceEffects:
     keep_instance: np.ndarray
     keep_storage: np.ndarray
     """Input storages the checkpoint keeps."""
+    offload: np.ndarray
+    """(k,) bool: the instance offloads (its copies come back from host memory, NOTE
+    [ Offloaded instances ])."""
 
 
-def instance_effects(tables: RunTables, inst: RegionInstances) -> tuple[Baseline, InstanceEffects]:
-    """The baseline (with its key width) and every instance's effects on it."""
+def instance_effects(
+    tables: RunTables,
+    inst: RegionInstances,
+    kept_ops: tuple[np.ndarray, np.ndarray] | None = None,
+    offload: np.ndarray | None = None,
+) -> tuple[Baseline, InstanceEffects]:
+    """The baseline (with its key width) and every instance's effects on it. ``kept_ops``
+    (``(instance, op row)``) are the ops op-level instances save (NOTE [ Op-level instances ]);
+    ``offload`` flags the instances that offload (NOTE [ Offloaded instances ])."""
     base = baseline_of(tables)
     end_point = np.searchsorted(base.times, inst.end_ns, side="right")
     c_inst, c_storage = _created_inside(tables, inst)
     out_inst, out_storage = _io_pairs(tables["module_io"], inst, IOKind.OUTPUT)
     saved_inst, saved_storage = _saved_pairs(tables["saved_events"], inst)
     saved = _pair_in(c_inst, c_storage, saved_inst, saved_storage)
+    made_by = np.asarray(tables["storages"]["op"], dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    k_inst, k_op = kept_ops if kept_ops is not None else (empty, empty)
+    kept = _pair_in(c_inst, made_by[c_storage], k_inst, k_op) & _outlives_op(base, c_storage)
     released = _released_outputs(
         base, tables, inst, _unique_pairs(out_inst, out_storage), (saved_inst, saved_storage)
     )
+    if k_inst.size:  # a kept output is held by the cache: not released (NOTE [ Op-level ...])
+        rel_kept = _pair_in(released[0], made_by[released[1]], k_inst, k_op)
+        released = (released[0][~rel_kept], released[1][~rel_kept], released[2][~rel_kept])
     free = base.free_row[c_storage]
     alive_at_end = (free >= end_point[c_inst]) | (free < 0)
     unsaved = ~np.isin(c_storage, _packed(tables["saved_events"]))  # NOTE [ Held from outside ]
-    drop = ~_pair_in(c_inst, c_storage, out_inst, out_storage) & alive_at_end & ~unsaved
+    output = _pair_in(c_inst, c_storage, out_inst, out_storage)
+    off = offload if offload is not None else np.zeros(len(inst), dtype=bool)
+    moved = off[c_inst] & saved
+    if moved.any():
+        moved &= _on_device(tables, c_storage)
+    drop = ~output & alive_at_end & ~unsaved & ~kept & (~off[c_inst] | moved)
     local_point = _local_ends(base, tables, c_storage)
     early = drop & (local_point < end_point[c_inst])  # NOTE [ Locals die with their frame ]
     drop &= ~early
-    rel_inst, rel_storage, rel_point = released  # freed at a point of their own, like these
+    rel_inst, rel_storage, rel_point = (column[~off[released[0]]] for column in released)
     released = (
         np.concatenate([rel_inst, c_inst[early]]),
         np.concatenate([rel_storage, c_storage[early]]),
@@ -154,26 +176,72 @@ def instance_effects(tables: RunTables, inst: RegionInstances) -> tuple[Baseline
     last_op, stop = _recompute_stop(base, tables, inst)
     moments = _moments(base, tables, inst, end_point, released)
     order = np.lexsort((base.alloc_row[c_storage], c_inst))
-    replayed = order[base.alloc_row[c_storage[order]] < stop[c_inst[order]]]
+    recomputed = base.alloc_row[c_storage[order]] < stop[c_inst[order]]
+    replayed = order[np.where(off[c_inst[order]], moved[order], recomputed)]
+    inner = ~saved & ~alive_at_end & (free < stop[c_inst])
+    held = _held(base, moments, c_inst, c_storage, kept, stop)
+    replayed = replayed[~kept[replayed]]  # a saved op is not rerun: the cache hands it back
     keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
+    keep_inst, keep_storage = keep_inst[~off[keep_inst]], keep_storage[~off[keep_inst]]
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
-    compute_ns, plain = _compute_ns(tables, inst, last_op)
+    compute_ns, plain = _compute_ns(tables, inst, last_op, (k_inst, k_op))
+    compute_ns[off] = 0
     return base, InstanceEffects(
         instances=inst,
         **moments,
         compute_ns=compute_ns,
         plain_times=plain,
-        drop_instance=np.concatenate([c_inst[drop], released[0]]),
-        drop_storage=np.concatenate([c_storage[drop], released[1]]),
-        drop_key=np.concatenate([moments["end_key"][c_inst[drop]], release_key]),
-        drop_ns=np.concatenate([inst.end_ns[c_inst[drop]], release_ns]),
+        drop_instance=np.concatenate([c_inst[drop], released[0], held[0]]),
+        drop_storage=np.concatenate([c_storage[drop], released[1], held[1]]),
+        drop_key=np.concatenate([moments["end_key"][c_inst[drop]], release_key, held[2]]),
+        drop_ns=np.concatenate([inst.end_ns[c_inst[drop]], release_ns, held[3]]),
         copy_instance=c_inst[replayed],
         copy_storage=c_storage[replayed],
         copy_saved=saved[replayed],
-        copy_free=np.where(~saved & ~alive_at_end & (free < stop[c_inst]), free, -1)[replayed],
+        copy_free=np.where(inner, free, -1)[replayed],
         keep_instance=keep_inst,
         keep_storage=keep_storage,
+        offload=off,
     )
+
+
+def _on_device(tables: RunTables, storage: np.ndarray) -> np.ndarray:
+    """Per storage: on a device whose tensors an offload region moves to host memory (CUDA;
+    CPU tensors are in host memory already, NOTE [ Offloaded instances ])."""
+    strings = tables["strings"]
+    device = np.asarray(tables["storages"]["device"], dtype=np.int64)
+    ids = np.unique(device)
+    cuda = np.array([strings[int(i)].startswith("cuda") for i in ids], dtype=bool)
+    return cuda[np.searchsorted(ids, device[storage])] if ids.size else np.zeros(0, dtype=bool)
+
+
+def _outlives_op(base: Baseline, storage: np.ndarray) -> np.ndarray:
+    """Per storage: not freed by the op that made it (an op's output, not its scratch)."""
+    free = base.free_row[storage]
+    free_op = np.asarray(base.events["op"], dtype=np.int64)[np.maximum(free, 0)]
+    made_by = np.asarray(base.storages["op"], dtype=np.int64)[storage]
+    return (free < 0) | (free_op != made_by)
+
+
+def _held(
+    base: Baseline,
+    moments: dict[str, np.ndarray],
+    c_inst: np.ndarray,
+    c_storage: np.ndarray,
+    kept: np.ndarray,
+    stop: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(instance, storage, key, time)``: the outputs of saved ops (the instance's outputs
+    too) whose free the selective checkpoint's cache moves later (NOTE [ Op-level instances ]): to
+    the recompute when it reaches the op, else to the end of the instance's backward; never
+    earlier than the baseline free. At the recompute's key the free keeps its baseline row as
+    its order among the replay's events: where the replay frees its copy would be."""
+    i, s = c_inst[kept], c_storage[kept]
+    reached = base.alloc_row[s] < stop[i]
+    key = np.where(reached, moments["replay_key"][i], moments["keep_key"][i])
+    time = np.where(reached, moments["trigger_ns"][i], moments["backward_end_ns"][i])
+    later = (key >= 0) & (key > base.event_key(base.free_row[s]))
+    return i[later], s[later], key[later], time[later]
 
 
 def _moments(
@@ -487,11 +555,14 @@ def _recompute_stop(
 
 
 def _compute_ns(
-    tables: RunTables, inst: RegionInstances, last_op: np.ndarray
+    tables: RunTables,
+    inst: RegionInstances,
+    last_op: np.ndarray,
+    kept_ops: tuple[np.ndarray, np.ndarray],
 ) -> tuple[np.ndarray, bool]:
     """Each instance's extra compute, and whether it comes from plain times (NOTE [ Extra
-    compute from plain times ] in timing.py)."""
-    replayed = _forward_ns(tables["ops"], inst, last_op)
+    compute from plain times ] in timing.py); ops an op-level instance saves are not rerun."""
+    replayed = _forward_ns(tables["ops"], inst, last_op, kept_ops)
     times = plain_times(tables)
     cost = times.call_cost.median_ns if times and times.call_cost else 0
     plain = None
@@ -504,10 +575,18 @@ def _compute_ns(
     return np.round(plain * share).astype(np.int64) + cost, True
 
 
-def _forward_ns(ops: Table, inst: RegionInstances, last_op: np.ndarray) -> np.ndarray:
-    """Summed duration of the forward ops of each instance that its recompute runs."""
+def _forward_ns(
+    ops: Table,
+    inst: RegionInstances,
+    last_op: np.ndarray,
+    kept_ops: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Summed duration of the forward ops of each instance that its recompute runs (all up to
+    ``last_op`` but the ``kept_ops`` pairs)."""
     owner, rows = _calls_in(ops["module_call"], np.asarray(ops["phase"]) == Phase.FORWARD, inst)
     replayed = rows <= last_op[owner]
+    if kept_ops is not None and kept_ops[0].size:
+        replayed &= ~_pair_in(owner, rows, *kept_ops)
     owner, rows = owner[replayed], rows[replayed]
     duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
     out = np.zeros(len(inst), dtype=np.int64)

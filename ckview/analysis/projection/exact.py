@@ -16,6 +16,7 @@ from ckview.analysis.projection.effects import (
     InstanceEffects,
     instance_effects,
 )
+from ckview.analysis.projection.oplevel import offloading, saved_ops
 from ckview.analysis.projection.results import (
     LiveStorages,
     ProjectedEvents,
@@ -210,7 +211,26 @@ def project_active(eff: InstanceEffects, base: Baseline, active: np.ndarray) -> 
         plain_times=eff.plain_times,
         instances=eff.instances,
         checkpointed=active,
+        **_offloaded(eff, base, active),
     )
+
+
+def _offloaded(eff: InstanceEffects, base: Baseline, active: np.ndarray) -> dict[str, int]:
+    """The bytes the ``active`` offload instances move to host memory, and the host's peak:
+    each copy is on the host from the instance's end to its baseline free (NOTE [ Offloaded
+    instances ])."""
+    pick = active[eff.copy_instance] & eff.offload[eff.copy_instance]
+    storage, inst = eff.copy_storage[pick], eff.copy_instance[pick]
+    nbytes = base.nbytes[storage]
+    free = base.free_row[storage]
+    times = np.concatenate([eff.end_ns[inst], base.times[free[free >= 0]]])
+    deltas = np.concatenate([nbytes, -nbytes[free >= 0]])
+    order = np.lexsort((-deltas, times))  # at one time, arrivals first: an upper bound
+    host = np.cumsum(deltas[order])
+    return {
+        "offloaded_bytes": int(nbytes.sum()),
+        "host_peak_bytes": int(host.max(initial=0)),
+    }
 
 
 def _projected_peak(
@@ -273,7 +293,8 @@ def project(tables: RunTables, regions: Sequence[Region]) -> Projection:
     instances = region_instances(
         tables["module_calls"], tables["modules"], tables["strings"], regions
     )
-    base, eff = instance_effects(tables, instances)
+    kept_ops, offload = saved_ops(tables, instances, regions), offloading(instances, regions)
+    base, eff = instance_effects(tables, instances, kept_ops, offload)
     return project_active(eff, base, outermost(instances, np.ones(len(instances), dtype=bool)))
 
 

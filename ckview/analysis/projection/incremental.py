@@ -11,6 +11,7 @@ import numpy as np
 
 from ckview.analysis.projection.effects import (
     ALLOC,
+    FREE,
     NEVER,
     Baseline,
     InstanceEffects,
@@ -18,6 +19,7 @@ from ckview.analysis.projection.effects import (
     run_starts,
 )
 from ckview.analysis.projection.exact import Records, project_active, replay_records
+from ckview.analysis.projection.oplevel import offloading, saved_ops
 from ckview.analysis.projection.results import (
     ProjectedCurve,
     ProjectedPeak,
@@ -76,7 +78,9 @@ class ProjectionModel:
         self.instances = region_instances(
             tables["module_calls"], tables["modules"], tables["strings"], self.candidates
         )
-        self._base, self.effects = instance_effects(tables, self.instances)
+        kept_ops = saved_ops(tables, self.instances, self.candidates)
+        offload = offloading(self.instances, self.candidates)
+        self._base, self.effects = instance_effects(tables, self.instances, kept_ops, offload)
         self._index = _build_index(self.effects, self._base)
         self._curve: _CurveIndex | None = None  # built by the first ``curve`` (the GUI's)
 
@@ -99,6 +103,13 @@ class ProjectionModel:
     def project(self, selected: Selection) -> Projection:
         """The exact projection of the ``selected`` candidates (see ``project``)."""
         return project_active(self.effects, self._base, self.checkpointed(selected))
+
+    def offloaded_bytes(self, selected: Selection) -> int:
+        """Bytes the offload regions among the ``selected`` candidates move to host memory
+        (NOTE [ Offloaded instances ])."""
+        eff, active = self.effects, self.checkpointed(selected)
+        pick = active[eff.copy_instance] & eff.offload[eff.copy_instance]
+        return int(self._base.nbytes[eff.copy_storage[pick]].sum())
 
     def curve(self, selected: Selection) -> ProjectedCurve:
         """The projected total of the ``selected`` candidates at every baseline point, every
@@ -279,8 +290,14 @@ def _instance_steps(
 def _spikes(
     base: Baseline, eff: InstanceEffects, replays: Records
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(instance, rise)``: the highest point of each replay above where it starts."""
+    """``(instance, rise)``: the highest point of each replay above where it starts, with the
+    frees the replay makes of originals an op-level instance kept (NOTE [ Op-level instances ])."""
     rec = replays.take(np.flatnonzero(replays.key == eff.replay_key[replays.instance]))
+    held = np.flatnonzero(eff.drop_key == eff.replay_key[eff.drop_instance])
+    if held.size:
+        s, i = eff.drop_storage[held], eff.drop_instance[held]
+        freed = Records.make(eff.replay_key[i], base.free_row[s], FREE, s, 0, i, False, -1)
+        rec = Records.concat([rec, freed])
     rec = rec.take(np.lexsort((rec.sub, rec.instance)))
     delta = np.where(rec.kind == ALLOC, 1, -1) * base.nbytes[rec.storage]
     starts = np.flatnonzero(run_starts(rec.instance))

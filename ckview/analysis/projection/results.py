@@ -15,6 +15,11 @@ from ckview.analysis.timeline import (
 
 # ----------------------------------------------------------------------------- results
 
+DEFAULT_LINK_BANDWIDTH = 16e9
+"""Bytes per second between device and host memory when nothing better is known: about half
+of PCIe 4.0 x16's peak, what pinned copies on a side stream typically reach. The recorder does
+not measure the link yet, so a CUDA trace uses this too unless the user gives one."""
+
 
 @dataclass(frozen=True)
 class ProjectedPeak:
@@ -124,6 +129,15 @@ class Projection:
     instances: RegionInstances
     checkpointed: np.ndarray
     """(k,) bool: the instances checkpointed (the selected ones, outermost only)."""
+    offloaded_bytes: int = 0
+    """Bytes the offload regions move to host memory and back (NOTE [ Offloaded instances ])."""
+    host_peak_bytes: int = 0
+    """The most bytes the offload regions hold in host memory at once."""
+
+    def transfer_ns(self, bandwidth: float = DEFAULT_LINK_BANDWIDTH) -> int:
+        """Time to move the offloaded bytes to the host and back over a link of ``bandwidth``
+        bytes per second (NOTE [ Offloaded instances ])."""
+        return round(2 * self.offloaded_bytes / bandwidth * 1e9)
 
     @property
     def total(self) -> np.ndarray:

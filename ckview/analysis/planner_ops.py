@@ -1,0 +1,143 @@
+"""Op-level candidates for the planner: per block, the saved-tensor groups worth keeping.
+
+NOTE [ Op-level search space ]
+    At ``level="op"`` each module-region candidate (a block of the chain) gets variants that
+    save some of its ops instead of recomputing them all. A block's *saved-tensor groups* are
+    its forward ops by overload packet (``aten.addmm``, ``aten.bmm``, ``aten._safe_softmax``)
+    that leave an output (a storage the op made and did not free). Left out: ops that write
+    in place (the runtime never saves them by name); factories such as ``empty_like`` whose
+    output a later op fills in place (the runtime refuses to save those, ``FACTORIES``); and
+    packets with a call that makes no storage of its own, such as views (saving ``aten.view``
+    keeps the viewed storage alive through the cache, which the trace cannot tell: a GPT-2
+    plan saving it measured 42% over its projection). Each group has the bytes saving it
+    keeps alive (its outputs, which the policy's cache holds to the recompute, saved by
+    autograd or not) and the recorded time it spares the recompute. Groups are ranked by time
+    spared per byte kept, and each variant saves a prefix of that order, one ending at every
+    group of at least ``MIN_SHARE`` of the block's output bytes (at most ``MAX_VARIANTS``):
+    the knapsack's greedy order, one save list per variant. Variants of a block conflict with
+    the block's module region and with every segment covering it, so a plan picks at most one
+    way per block.
+
+    The projection judges every plan (no estimate decides); the variants only choose which
+    plans exist. Since the module candidates stay in the space, and the op-level search is
+    seeded with the best module plan for the budget (NOTE [ Op-level never costs more ]), an
+    op-level answer never costs more projected extra compute than the module-level one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+import numpy as np
+
+from ckview.analysis.projection.oplevel import OpNames
+from ckview.analysis.regions import ModuleRegion, Region, region_instances
+from ckview.analysis.types import RunTables
+from ckview.trace.schema import MemoryEventKind, Phase
+
+__all__ = ["MAX_VARIANTS", "OpGroup", "op_groups", "op_variants"]
+
+MAX_VARIANTS = 4
+"""Most op-level variants per block (NOTE [ Op-level search space ])."""
+MIN_SHARE = 0.01
+"""A variant ends at a group holding at least this share of the block's output bytes: smaller
+groups (a mask's ``tril``) ride along with the next one instead of making a variant."""
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """The ops of one overload packet in a block: what saving them keeps and spares."""
+
+    packet: str
+    nbytes: int
+    """Bytes of their outputs (kept alive when the group is saved)."""
+    compute_ns: int
+    """Their summed recorded forward time (spared in the recompute when saved)."""
+
+
+def op_groups(
+    tables: RunTables, region: ModuleRegion, names: OpNames | None = None
+) -> list[OpGroup]:
+    """The saved-tensor groups of the first forward call of ``region``'s module, best first
+    (time spared per byte kept; NOTE [ Op-level search space ])."""
+    inst = region_instances(
+        tables["module_calls"], tables["modules"], tables["strings"], [ModuleRegion(region.module)]
+    )
+    if not len(inst):
+        return []
+    names = names if names is not None else OpNames(tables)
+    ops, storages = tables["ops"], tables["storages"]
+    call = np.asarray(ops["module_call"], dtype=np.int64)
+    inside = np.flatnonzero(
+        (np.asarray(ops["phase"]) == Phase.FORWARD)
+        & (call >= inst.first_call[0])
+        & (call < inst.call_stop[0])
+    )
+    per_op = np.zeros(len(call), dtype=np.int64)
+    made_by = np.asarray(storages["op"], dtype=np.int64)
+    outputs = np.flatnonzero(_outputs(tables, made_by))
+    np.add.at(per_op, made_by[outputs], np.asarray(storages["nbytes"], dtype=np.int64)[outputs])
+    duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
+    makes = np.zeros(len(call), dtype=bool)
+    makes[made_by[made_by >= 0]] = True
+    groups: dict[str, list[int]] = {}
+    aliasing: set[str] = set()
+    for op in inside.tolist():
+        packet = names.names(op)[0]
+        if not makes[op]:  # a view, or an op that returns a tensor it did not make
+            aliasing.add(packet)
+        entry = groups.setdefault(packet, [0, 0])
+        entry[0] += int(per_op[op])
+        entry[1] += int(duration[op])
+    found = [
+        OpGroup(p, b, t)
+        for p, (b, t) in groups.items()
+        if b > 0 and p not in aliasing and not p.endswith("_") and not _is_factory(p)
+    ]
+    return sorted(found, key=lambda g: (-g.compute_ns / g.nbytes, g.packet))
+
+
+FACTORIES = ("aten.empty*", "aten.*_like", "aten.new_*", "aten.zeros", "aten.ones", "aten.full")
+"""Ops that make a buffer for a later op to fill in place (dropout's ``empty_like`` then
+``bernoulli_``): the runtime refuses to save an output that is written later."""
+
+
+def _is_factory(packet: str) -> bool:
+    return any(fnmatchcase(packet, pattern) for pattern in FACTORIES)
+
+
+def _outputs(tables: RunTables, made_by: np.ndarray) -> np.ndarray:
+    """Per storage: made by an op and not freed by it (an output, which saving the op keeps;
+    NOTE [ Op-level instances ] in ckview.analysis.projection)."""
+    events = tables["memory_events"]
+    kind = np.asarray(events["kind"])
+    free_op = np.full(len(made_by), -1, dtype=np.int64)
+    freed = kind == MemoryEventKind.FREE
+    free_op[np.asarray(events["storage"], dtype=np.int64)[freed]] = np.asarray(
+        events["op"], dtype=np.int64
+    )[freed]
+    return (made_by >= 0) & (free_op != made_by)
+
+
+def op_variants(
+    tables: RunTables, candidates: Sequence[Region], offload: bool = False
+) -> list[tuple[int, ModuleRegion]]:
+    """``(candidate index, variant)``: the op-level variants of each module-region candidate
+    (NOTE [ Op-level search space ]); with ``offload``, also one that offloads everything the
+    block saves (NOTE [ Offload in the planner ] in planner.py)."""
+    names = OpNames(tables)
+    out: list[tuple[int, ModuleRegion]] = []
+    for i, region in enumerate(candidates):
+        if not isinstance(region, ModuleRegion) or region.op_level:
+            continue
+        groups = op_groups(tables, region, names)
+        total = sum(g.nbytes for g in groups)
+        cuts = [k + 1 for k, g in enumerate(groups) if g.nbytes >= MIN_SHARE * total]
+        for k in cuts[:MAX_VARIANTS]:
+            save = tuple(sorted(g.packet for g in groups[:k]))
+            out.append((i, ModuleRegion(region.module, save)))
+        if offload:
+            out.append((i, ModuleRegion(region.module, ("*",), True)))
+    return out
