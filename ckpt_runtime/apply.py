@@ -54,6 +54,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from ckpt_runtime import markers
 from ckpt_runtime.bypass import plan_region
 from ckpt_runtime.checkpoint import (
     _cpu_rng_state,
@@ -156,6 +157,9 @@ class _OpLevelRuns:
     count: int = 0
     rng: tuple[bytes, Any] | None = None
     """The RNG states forward started from, as bytes (NOTE [ RNG states as bytes ])."""
+    region_id: int = field(default_factory=lambda: markers.next_region_id())
+    """The call's id for recompute listeners: a recorder tells the plan's recompute from a
+    script's own by it."""
 
 
 def _tracked_call(
@@ -166,12 +170,18 @@ def _tracked_call(
     (NOTE [ Running statistics ] in checkpoint.py) and start from forward's RNG states."""
     runs.count += 1
     recompute = runs.count > 1
-    with (
-        track_modules(module_paths(module, path)),
-        kept_statistics(module, recompute),
-        _forward_rng(runs, flat, recompute),
-    ):
-        return _call_flat(module, names, *flat)
+    if recompute and markers._listeners:
+        markers._recompute_begin(runs.region_id, module)
+    try:
+        with (
+            track_modules(module_paths(module, path)),
+            kept_statistics(module, recompute),
+            _forward_rng(runs, flat, recompute),
+        ):
+            return _call_flat(module, names, *flat)
+    finally:
+        if recompute and markers._listeners:
+            markers._recompute_end(runs.region_id, module)
 
 
 @contextmanager

@@ -164,9 +164,19 @@ class PhaseState:
                 (region, module, label, run.step, perf_counter_ns(), -1, run.ops.rows, -1)
             )
             self._region_inferred = module == NO_INDEX and name is None
-        elif self._region_inferred and module >= 0 and self._open_region != NO_INDEX:
-            self._widen_region(module)
+        elif self._open_region != NO_INDEX and recording:
+            self._refine_region(region, module)
         self.recompute_depth += 1
+
+    def _refine_region(self, region: int, module: int) -> None:
+        """A marker inside the open region: torch's own checkpoint opened it (id -1), and a
+        plan's op-level region names itself inside (ckpt_runtime.apply), so it is the plan's;
+        a region opened without a target widens to the modules it runs."""
+        regions = self._run.regions
+        if region >= 0 and regions.get(self._open_region, "region") < 0:
+            regions.set(self._open_region, "region", region)
+        if self._region_inferred and module >= 0:
+            self._widen_region(module)
 
     def _widen_region(self, module: int) -> None:
         """A region opened without a target (torch's recompute of `layer.forward`, as HF does)
