@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -180,7 +181,13 @@ def test_control_flow_that_depends_on_the_size_is_refused(run_cli: Any, tmp_path
     code, out, err = run_cli("fit", *paths, "--sizes", "4", "8", "--at", "16")
     assert code == 2 and out == ""
     assert err.count("\n") == 1, err
-    assert "part at op 6: aten.t.default in Branchy.b (forward) at 4, aten.relu.default in " in err
+    # where they part: the op in the Linear (aten.t on the Python path, which sees the ops
+    # below aten.linear; aten.linear on the native path, NOTE [ Outermost ops ]) against ReLU
+    assert re.search(
+        r"part at op \d+: aten\.\w+\.default in Branchy\.b \(forward\) at 4, "
+        r"aten\.relu\.default in ",
+        err,
+    ), err
     assert "control flow that depends on the size cannot be fitted" in err
 
 
