@@ -59,7 +59,9 @@ def ckview(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 # session header reports. A test in a file that needs neither may carry the marker itself
 # (``@pytest.mark.gui``) when only it needs the package, inside its body or a subprocess.
 # tests/test_markers.py checks that every file importing torch, the recorder, Qt or the GUI
-# carries its marker.
+# carries its marker. A file that tests what the recorder records adds ``pytest.mark.recorder``
+# to the list: CI runs those files a second time with ``CKVIEW_RECORDER=native``, so both
+# recorder paths are held to them.
 
 MARKER_PACKAGES = {"torch": ("torch",), "gui": ("PyQt6", "pyqtgraph", "pytestqt")}
 """The packages each marker stands for (NOTE [ Test markers ])."""

@@ -27,7 +27,7 @@ from ckview.analysis import step_allocated_peaks
 from recorder import Recorder
 from tests.conftest import EXAMPLES, load_example, read_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 TOLERANCE = 0.005
 

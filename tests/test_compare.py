@@ -13,7 +13,7 @@ from ckview.trace import open_trace
 from ckview.trace.schema import Phase
 from tests.conftest import ckview, read_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 
 def _peak(tables: dict) -> int:

@@ -16,7 +16,7 @@ import pytest
 from ckview.trace import open_trace
 from tests.conftest import ROOT, read_run
 
-pytestmark = [pytest.mark.torch, pytest.mark.gui]
+pytestmark = [pytest.mark.torch, pytest.mark.gui, pytest.mark.recorder]
 
 LOOP = """\
 import sys

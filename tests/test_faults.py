@@ -24,7 +24,7 @@ from ckview.trace import Trace, open_trace
 from ckview.trace.schema import RUN_TABLES
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 SCRIPT = """\
 import os, signal, sys, weakref

@@ -58,7 +58,7 @@ from ckview.cli.recording import TIMING_STEPS
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import Category, MemoryEventKind, Phase
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_PERCENT = 2.0

@@ -24,7 +24,7 @@ from ckview.trace import open_trace
 from ckview.trace.schema import Category, Phase
 from recorder import Recorder
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 ROOT = Path(__file__).resolve().parent.parent
 

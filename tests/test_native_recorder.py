@@ -29,7 +29,7 @@ from recorder.native.attribute import Attribution, StepFacts, categorize, layout
 from recorder.native.rows import Rows, drain
 from recorder.native.source import NativeSource
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 ROOT = Path(__file__).resolve().parent.parent
 

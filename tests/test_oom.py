@@ -19,7 +19,7 @@ from recorder import Recorder
 from recorder.oom import is_allocation_failure, requested_bytes
 from tests.conftest import CKVIEW, DETERMINISTIC, ROOT
 
-pytestmark = [pytest.mark.torch, pytest.mark.gui]
+pytestmark = [pytest.mark.torch, pytest.mark.gui, pytest.mark.recorder]
 
 HUGE = 2**62  # more than any machine has: the CPU allocator refuses it at once
 

@@ -27,7 +27,7 @@ from ckview.trace import open_trace
 from recorder import Recorder
 from recorder.plans import plan_runs
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 PLANS = ("none", "sqrt", "all")
 TOLERANCE = 0.001  # the target: 0.1% of the measured peak

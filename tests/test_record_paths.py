@@ -13,7 +13,7 @@ import pytest
 from ckview.trace import open_trace
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 TRAIN = """\
 import os, sys, torch

@@ -12,7 +12,7 @@ from ckview.analysis.stacks import allocation_site, stack_frames
 from tests.conftest import read_run
 from tests.factory import TANH_SITE, record_stack_net
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 
 @pytest.fixture(scope="module")

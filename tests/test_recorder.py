@@ -16,7 +16,7 @@ from ckview.trace.schema import Category, MemoryEventKind, Phase, SavedEventKind
 from recorder import Recorder, StopScript
 from tests.conftest import load_example, read_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 
 def _train(model: nn.Module, steps: int, batch: int = 16, optimizer: bool = True) -> list[float]:

@@ -18,7 +18,7 @@ from ckview.trace.schema import Phase
 from recorder import Recorder
 from tests.conftest import ROOT, read_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 
 class CountingBackend:

@@ -17,7 +17,7 @@ from ckview.trace.schema import Category, MemoryEventKind
 from recorder import Recorder
 from tests.conftest import read_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 BATCH = 16
 BATCH_BYTES = BATCH * 64 * 4 + BATCH * 32 * 4  # x and y, float32

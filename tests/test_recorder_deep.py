@@ -15,7 +15,7 @@ from ckview.trace import validate_trace
 from ckview.trace.schema import Phase
 from tests.conftest import ROOT, read_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 NODES = 120_000
 

@@ -15,7 +15,7 @@ from recorder import RecordingResult, RecordOptions, StopScript, record
 from recorder import _torch as patches
 from recorder.runs import RunSpec
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 SCRIPT = """
 import sys
 import torch

@@ -17,7 +17,7 @@ from recorder import Recorder
 from recorder.sources.base import RunPart, Source
 from recorder.tables import RunTables
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 TOTAL = 12_345_678
 
 

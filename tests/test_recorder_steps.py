@@ -18,7 +18,7 @@ from recorder import Recorder
 from recorder.steps import StepRule, StepRuleError
 from tests.conftest import read_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 
 def _mlp(seed: int = 0) -> nn.Module:

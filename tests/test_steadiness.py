@@ -15,7 +15,7 @@ from ckview.analysis.steadiness import STEADY_TOLERANCE, step_peaks, unlike_step
 from recorder import Recorder
 from tests.conftest import read_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 
 class WarmingCache(nn.Module):
