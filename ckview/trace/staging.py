@@ -40,8 +40,8 @@ def settle(staging: Path, target: Path, good: bool) -> Path:
     target ]); return that path."""
     if good and not _is_valid(staging):
         good = False
-    better_there = _is_good(target) or _steps(target) > _steps(staging)
-    destination = target if good or not better_there else incomplete_path(target)
+    better_there = not good and (_is_good(target) or _steps(target) > _steps(staging))
+    destination = incomplete_path(target) if better_there else target
     os.replace(staging, destination)
     return destination
 

@@ -146,6 +146,15 @@ _passed: dict[tuple[int, ...], int] = {}
 runs declares: a limit at least that high passes them again."""
 
 
+def written_here(path: str) -> None:
+    """A trace this process has just written and closed (``TraceWriter.close``): its structure
+    is h5py's own, so it passes without the walk in a child process (which costs a fork of a
+    process that holds torch: a quarter of a second at the end of every recording, when the
+    recorder validates what it wrote before it replaces the target)."""
+    stat = os.stat(path)
+    _passed[(stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)] = 0
+
+
 def check_structure(path: str) -> None:
     """Raise CorruptTraceError if ``path``'s HDF5 structure is damaged, hostile or too large,
     or cannot be walked within ``timeout_s()`` (NOTE [ Reading damaged and hostile files ])."""

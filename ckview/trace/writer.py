@@ -37,6 +37,7 @@ from .schema import (
     TIMING_TABLES,
     Column,
 )
+from .structure import written_here
 
 #: What ``append`` accepts for one column: a numpy array of any integer dtype, an array.array,
 #: a list of ints...
@@ -544,6 +545,7 @@ class TraceWriter:
             self._file.close()
             if self._storage.compressor is not None:
                 self._storage.compressor.close()
+        written_here(self.path)
 
     def __enter__(self) -> TraceWriter:
         return self
