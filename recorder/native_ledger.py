@@ -45,6 +45,7 @@ from ckview.trace.schema import (
 )
 from recorder._torch import local, storage_of, tensors_in
 from recorder.buffers import MutableTable
+from recorder.compiled import COMPILED_REGIONS
 from recorder.ledger import StorageLedger, StorageRef
 from recorder.native.attribute import Attribution, Columns, LayoutIds, StepFacts
 from recorder.native.maps import Blocks, CallMap, OpMap, intervals
@@ -353,7 +354,8 @@ class NativeLedger(StorageLedger):
             texts = self._ext.names(known)
             new = [self._tables.intern(text) for text in texts]
             self._name_ids = np.concatenate([self._name_ids, np.asarray(new, np.int64)])
-            is_op = np.frombuffer(self._ext.ops_among_names(known), np.uint8)
+            is_op = np.frombuffer(self._ext.ops_among_names(known), np.uint8).copy()
+            is_op[np.isin(texts, COMPILED_REGIONS)] = 1  # NOTE [ Compiled code on the native path ]
             self._name_is_op = np.concatenate([self._name_is_op, is_op])
 
     def _write_blocks(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
