@@ -17,7 +17,7 @@ from torch import nn
 
 from ckview.trace.schema import Category, Phase
 from recorder import Recorder
-from tests.conftest import read_run
+from tests.conftest import ROOT, read_run
 
 pytestmark = [
     pytest.mark.torch,
@@ -111,7 +111,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             step()
     seen = {name: dict(counters[name]) for name in ("stats", "graph_break", "frames")}
     counters.clear()
-    yield {"tables": read_run(path), "profiler_peak": profiler_peak, "counters": seen}
+    yield {
+        "path": path,
+        "tables": read_run(path),
+        "profiler_peak": profiler_peak,
+        "counters": seen,
+    }
 
 
 def test_compiled_step_runs_compiled_while_recorded(recorded: dict[str, Any]) -> None:
@@ -149,3 +154,13 @@ def test_recorded_peak_matches_the_profiler_on_the_compiled_step(
     ours, theirs = _recorded_peak(recorded["tables"]), recorded["profiler_peak"]
     assert theirs > 0
     assert abs(ours - theirs) <= 0.01 * theirs, (ours, theirs)
+
+
+def test_record_and_verify_say_what_plans_promise_on_compiled_code(
+    recorded: dict[str, Any],
+) -> None:
+    from ckview.cli.recording import compiled_plans_note
+
+    note = compiled_plans_note(recorded["path"])
+    assert note is not None and "promises nothing" in note
+    assert compiled_plans_note(ROOT / "sample_traces" / "mlp.h5") is None  # not compiled
