@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -164,3 +167,41 @@ def test_record_and_verify_say_what_plans_promise_on_compiled_code(
     note = compiled_plans_note(recorded["path"])
     assert note is not None and "promises nothing" in note
     assert compiled_plans_note(ROOT / "sample_traces" / "mlp.h5") is None  # not compiled
+
+
+SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+compiled = torch.compile(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    compiled(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+from torch._dynamo.utils import counters
+print("graph breaks", len(counters["graph_break"]), "graphs", counters["stats"]["unique_graphs"])
+"""
+
+
+def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
+    """``ckview record`` enters the recorder before the script imports dynamo: the script's
+    first ``torch.compile`` hides the extension's hooks from dynamo. The graph compiles under
+    the recorder without a break, and once more when recording ends (its guards held the
+    recorder's hooks)."""
+    script = tmp_path / "compiled.py"
+    script.write_text(SCRIPT)
+    trace = tmp_path / "t.h5"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env["CKVIEW_RECORDER"] = "native"
+    cmd = [sys.executable, "-m", "ckview", "record", "-o", str(trace), "--timing-steps", "0"]
+    done = subprocess.run(
+        [*cmd, str(script)], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "graph breaks 0 graphs 2" in done.stdout
+    tables = read_run(trace)
+    assert tables["meta"].compiled == "compiled"
+    names = {tables["strings"][i] for i in tables["ops"]["name"]}
+    assert "CompiledFunction" in names and "aten.addmm.default" not in names
