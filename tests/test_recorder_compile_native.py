@@ -205,3 +205,28 @@ def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
     assert tables["meta"].compiled == "compiled"
     names = {tables["strings"][i] for i in tables["ops"]["name"]}
     assert "CompiledFunction" in names and "aten.addmm.default" not in names
+
+
+def test_a_compiled_function_around_the_model_is_a_forward(tmp_path: Path) -> None:
+    """Compiled around the model, no module call runs: the compiled forward graph begins a
+    forward (its ops FORWARD, what it saves for backward activations, not inputs)."""
+    torch.manual_seed(0)
+    model = _MLP()
+    forward = torch.compile(lambda x: model(x))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CKVIEW_RECORDER", "native")
+        with Recorder(tmp_path / "t.h5", steps=1, warmup=1, progress=False):
+            for _ in range(2):
+                forward(torch.randn(64, 16)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+    tables = read_run(tmp_path / "t.h5")
+    strings, ops, st = tables["strings"], tables["ops"], tables["storages"]
+    assert tables["meta"].compiled == "compiled"
+    assert len(tables["module_calls"]["module"]) == 0
+    graph = [i for i, name in enumerate(ops["name"]) if strings[name] == "CompiledFunction"]
+    assert graph and (ops["phase"][graph] == Phase.FORWARD).all()
+    made = np.isin(st["op"], graph)
+    assert (st["category"][made] == Category.ACTIVATION).any()
+    assert not (st["category"][made] == Category.INPUT).any()
