@@ -59,9 +59,12 @@ once compiled code ran so (dynamo's stance let it: ``_callback_from_stance``).
   A graph without autograd (inference, ``no_grad``) has no such range: its blocks take the
   outermost dispatcher op around them, else the next op to start. Their module call is the
   call open when the graph ran (the compiled model's own: its hooks run eagerly around the
-  compiled ``forward``), in backward the forward call that made the node. Modules inside a
-  compiled graph do not run as modules: no call of theirs is recorded, so a projection over
-  them is no promise for the compiled step (docs/recording.md, plans on compiled code).
+  compiled ``forward``), in backward the forward call that made the node. Compiled around the
+  model (``torch.compile(step_fn)``) no module call runs: a ``CompiledFunction`` outside
+  backward begins a forward as a top-level module call does (``NativeLedger._forward_spans``).
+  Modules inside a compiled graph do not run as modules: no call of theirs is recorded, so a
+  projection over them is no promise for the compiled step (docs/recording.md, plans on
+  compiled code).
 * Code compiled while recorded guards on the hooks it ignored: it compiles once more when
   recording ends.
 """
