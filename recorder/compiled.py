@@ -1,5 +1,6 @@
-"""The recorder and ``torch.compile``: compiled code runs eagerly while steps are recorded,
-dynamo stays out of ckview's own code, and compilation resumes when recording ends.
+"""The recorder and ``torch.compile``: on the Python path compiled code runs eagerly while steps
+are recorded, on the native path compiled; dynamo stays out of ckview's own code, and
+compilation resumes when recording ends.
 
 NOTE [ torch.compile under the recorder ]
 With a non-infra ``TorchDispatchMode`` on the mode stack, dynamo (torch 2.13,
@@ -31,6 +32,41 @@ timeline would be wrong without saying so. So, while the recorder is installed:
   per-op cost, unlike the ``torch._dynamo.disable`` wrapper ``TorchDispatchMode`` would put
   around ``__torch_dispatch__``), so that dynamo never traces ckview's hooks, whatever stance a
   script sets.
+
+NOTE [ Compiled code on the native path ]
+The native path (``CKVIEW_RECORDER=native``) has no dispatch mode, so compiled code runs
+compiled while recorded: no stance is set, and the ``compiled`` meta field says ``compiled``
+once compiled code ran so (dynamo's stance let it: ``_callback_from_stance``).
+
+* ckview's hooks stay out of the compiled graphs. Dynamo inlines ``Module._call_impl`` with
+  the global module hooks it calls, and a skip flag on a code object does not stop inlining:
+  the Python module and optimizer hooks return at once when ``torch.compiler.is_compiling()``
+  (dynamo folds it to True: nothing of them is traced), and the extension's C hooks, which
+  dynamo cannot trace at all (a graph break per module), are in dynamo's
+  ``ignore_logging_functions`` while installed (full no-ops to tracing). Hooks that run
+  eagerly around a compiled frame (the compiled model's own call) run as always; dynamo's
+  frame callback is active there, so every recorder module is marked skipped (ckview code
+  with tensors would otherwise be compiled, and break on the extension's calls).
+* Saved-tensor hooks are off while dynamo traces; at run time a compiled autograd function
+  saves through ``ctx.save_for_backward``, so the extension's pack hook sees every tensor the
+  partitioner chose to save: they are activations as on the eager path.
+* Every allocator block of a compiled graph is in the trace: inductor's buffers come from the
+  allocator like any tensor's, and the memory reporter sees them. A compiled training graph
+  runs inside an autograd function's range, ``CompiledFunction`` in forward and its node's
+  ``CompiledFunctionBackward`` in backward (``COMPILED_REGIONS``): the native ledger counts
+  them as ops, so each is one op of the trace (NOTE [ Outermost ops ] in native/attribute.py)
+  that holds the graph's blocks and kernels (extern ones such as ``aten.mm.out`` included).
+  A graph without autograd (inference, ``no_grad``) has no such range: its blocks take the
+  outermost dispatcher op around them, else the next op to start. Their module call is the
+  call open when the graph ran (the compiled model's own: its hooks run eagerly around the
+  compiled ``forward``), in backward the forward call that made the node. Compiled around the
+  model (``torch.compile(step_fn)``) no module call runs: a ``CompiledFunction`` outside
+  backward begins a forward as a top-level module call does (``NativeLedger._forward_spans``).
+  Modules inside a compiled graph do not run as modules: no call of theirs is recorded, so a
+  projection over them is no promise for the compiled step (docs/recording.md, plans on
+  compiled code).
+* Code compiled while recorded guards on the hooks it ignored: it compiles once more when
+  recording ends.
 """
 
 from __future__ import annotations
@@ -38,10 +74,14 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+COMPILED_REGIONS = ("CompiledFunction", "CompiledFunctionBackward")
+"""RecordFunction ranges around a compiled graph's forward and backward (NOTE [ Compiled code on
+the native path ])."""
 
 
 def skip_in_dynamo(*modules: types.ModuleType) -> None:
@@ -86,18 +126,26 @@ class EagerWhileRecording:
     """Sets ``torch.compiler.set_stance("force_eager")`` while installed and restores the
     previous stance on ``uninstall``; see NOTE [ torch.compile under the recorder ].
 
+    With ``eager=False`` (the native path, NOTE [ Compiled code on the native path ]) the
+    stance is left alone and ``hidden`` (the recorder's hooks that dynamo would otherwise trace
+    and break the graph on) are no-ops to dynamo's tracing while installed.
+
     Importing dynamo takes seconds, so a script that never compiles never pays for it: the
     stance is set at install if dynamo is already imported, else when ``torch.compile`` is first
     called.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, eager: bool = True, hidden: Sequence[Callable[..., None]] = ()) -> None:
+        self.eager = eager
+        self._hidden = tuple(hidden)
         self._prior: Any = None
         self._applied = False
         self._installed = False
         self._orig_compile: Any = None
         self.compile_used = False
         """``torch.compile`` was called, or compiled code was entered, while installed."""
+        self.ran_compiled = False
+        """Compiled code was entered, and dynamo's stance let it run compiled."""
         self._orig_callback: Any = None
 
     def install(self) -> None:
@@ -129,22 +177,28 @@ class EagerWhileRecording:
             torch.compile = self._orig_compile
             self._orig_compile = None
         if self._applied:
+            self._applied = False
+            if not self.eager:
+                _ignored_by_dynamo().difference_update(self._hidden)
+                return
             from torch._dynamo.eval_frame import _set_stance
 
             _set_stance(self._prior)
-            self._applied = False
 
     def _apply(self) -> None:
         if self._applied:
             return
+        self._applied = True
+        self._notice_compiled_calls()
+        if not self.eager:
+            _ignored_by_dynamo().update(self._hidden)
+            return
         from torch._dynamo.eval_frame import DynamoStance, _set_stance
 
         self._prior = _set_stance(DynamoStance("force_eager"))
-        self._applied = True
-        self._notice_compiled_calls()
 
     def _notice_compiled_calls(self) -> None:
-        """Note when compiled code is entered (and run eagerly): dynamo asks
+        """Note when compiled code is entered (run eagerly under the eager stance): dynamo asks
         ``_callback_from_stance`` for each compiled call's frame callback (a private function:
         without it only ``torch.compile`` calls and compiled modules are noticed)."""
         from torch._dynamo import eval_frame
@@ -155,12 +209,24 @@ class EagerWhileRecording:
         guard = self
 
         def callback_from_stance(callback: Any) -> Any:
+            resolved = original(callback)
             if callback not in (False, None):
                 guard.compile_used = True
-            return original(callback)
+                guard.ran_compiled |= resolved is not None  # None: run eagerly
+            return resolved
 
         self._orig_callback = original
         eval_frame._callback_from_stance = callback_from_stance
 
 
-__all__ = ["EagerWhileRecording", "skip_in_dynamo"]
+def _ignored_by_dynamo() -> set[Callable[..., Any]]:
+    """Dynamo's set of functions it traces as no-ops (``ignore_logging_functions``): no graph
+    break, nothing in the graph. Members must return None; dynamo deep-copies its config, so
+    they are builtins or plain functions (a bound method would copy its object)."""
+    import torch._dynamo.config
+
+    ignored: set[Callable[..., Any]] = torch._dynamo.config.ignore_logging_functions
+    return ignored
+
+
+__all__ = ["COMPILED_REGIONS", "EagerWhileRecording", "skip_in_dynamo"]

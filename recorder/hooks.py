@@ -26,6 +26,7 @@ from time import perf_counter_ns
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 from torch.nn.modules.module import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
@@ -189,6 +190,8 @@ class TorchHooks:
                 self.ledger.mark(t, _PARAMETER)
 
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if is_compiling():  # NOTE [ Compiled code on the native path ] in compiled.py
+            return
         phases, state = self.phases, self.flags.state
         row = self._registry.row(module)
         if row is None:
@@ -227,6 +230,8 @@ class TorchHooks:
     def _post_forward(self, module: torch.nn.Module, args: Any, *rest: Any) -> None:
         # (kwargs, output) normally; only (output,) when forward raised: torch then calls
         # always_call hooks without kwargs (checkpoint's early stop raises inside recompute).
+        if is_compiling():
+            return
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         stack = self.phases.stack
         if not stack or stack[-1][0] != self._registry.row(module):
@@ -263,6 +268,8 @@ class TorchHooks:
     def _pre_optimizer(
         self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
     ) -> tuple[Any, Any] | None:
+        if is_compiling():
+            return None
         self.ledger.optimizers.add(optimizer)
         self._tracker.add_optimizer(optimizer)
         self.phases.optimizer_depth += 1
@@ -296,6 +303,8 @@ class TorchHooks:
         return closure_outside_the_optimizer
 
     def _post_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return
         self.phases.optimizer_depth = max(0, self.phases.optimizer_depth - 1)
         if self.flags.state is State.RECORDING:
             self.ledger.mark_optimizer_tensors()

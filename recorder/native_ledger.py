@@ -45,10 +45,11 @@ from ckview.trace.schema import (
 )
 from recorder._torch import local, storage_of, tensors_in
 from recorder.buffers import MutableTable
+from recorder.compiled import COMPILED_REGIONS
 from recorder.ledger import StorageLedger, StorageRef
 from recorder.native.attribute import Attribution, Columns, LayoutIds, StepFacts
 from recorder.native.maps import Blocks, CallMap, OpMap, intervals
-from recorder.native.rows import drain
+from recorder.native.rows import Rows, drain
 from recorder.phases import FORWARD, OTHER
 from recorder.tables import ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
 
@@ -78,6 +79,7 @@ class NativeLedger(StorageLedger):
         }
         self._name_ids = np.zeros(0, np.int64)  # extension name index -> string id
         self._name_is_op = np.zeros(0, np.uint8)  # whether it is a dispatcher op's
+        self._name_is_compiled = np.zeros(0, bool)  # whether it is a compiled forward's range
         self._reset()
 
     def _reset(self) -> None:
@@ -242,10 +244,10 @@ class NativeLedger(StorageLedger):
 
     def _write_step(self, now: int) -> None:
         rows = drain(self._ext)
-        spans = [(Phase.FORWARD, self._forward_spans(now))]
+        self._learn_names(int(rows.ops["name"].max(initial=-1)) + 1)
+        spans = [(Phase.FORWARD, self._forward_spans(rows, now))]
         spans.append((Phase.OPTIMIZER, intervals(self._optimizer_spans, now)))
         spans.append((Phase.RECOMPUTE, self._recompute_spans(now)))
-        self._learn_names(int(rows.ops["name"].max(initial=-1)) + 1)
         facts = self._attribution.step(rows, spans, self._name_is_op)
         self._optimizer_spans, self._backward_starts = [], []
         py_call = self._python_calls(facts)
@@ -263,15 +265,20 @@ class NativeLedger(StorageLedger):
         self._phases.enter_backward(queue=False)
         self._backward_starts.append(perf_counter_ns())
 
-    def _forward_spans(self, now: int) -> np.ndarray:
+    def _forward_spans(self, rows: Rows, now: int) -> np.ndarray:
         """From each top-level forward call's start to the next backward (or the step's end):
-        ops outside modules there (the loss) are FORWARD, as on the Python path."""
+        ops outside modules there (the loss) are FORWARD, as on the Python path. A compiled
+        forward graph run outside backward begins a forward too: compiled around the model
+        (``torch.compile(step_fn)``), no module call runs (NOTE [ Compiled code on the native
+        path ] in compiled.py)."""
         calls = self._calls
         data = _rows_from(calls, self._calls_at_step)
         root = (data[:, calls.index("parent")] == NO_INDEX) & (
             data[:, calls.index("phase")] == FORWARD
         )
-        starts = data[root, calls.index("start_ns")]
+        ops = rows.ops
+        compiled = self._name_is_compiled[ops["name"]] & (ops["graph_task"] < 0)
+        starts = np.concatenate([data[root, calls.index("start_ns")], ops["t0"][compiled]])
         backward = np.asarray([*self._backward_starts, now], np.int64)
         ends = backward[np.minimum(np.searchsorted(backward, starts), len(backward) - 1)]
         return np.stack([starts, ends], axis=1)
@@ -353,8 +360,11 @@ class NativeLedger(StorageLedger):
             texts = self._ext.names(known)
             new = [self._tables.intern(text) for text in texts]
             self._name_ids = np.concatenate([self._name_ids, np.asarray(new, np.int64)])
-            is_op = np.frombuffer(self._ext.ops_among_names(known), np.uint8)
+            is_op = np.frombuffer(self._ext.ops_among_names(known), np.uint8).copy()
+            is_op[np.isin(texts, COMPILED_REGIONS)] = 1  # NOTE [ Compiled code on the native path ]
             self._name_is_op = np.concatenate([self._name_is_op, is_op])
+            forward = np.asarray(texts) == COMPILED_REGIONS[0]
+            self._name_is_compiled = np.concatenate([self._name_is_compiled, forward])
 
     def _write_blocks(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
         blocks = facts.blocks

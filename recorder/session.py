@@ -279,7 +279,7 @@ class Recorder:
             self._device,
             ops_and_blocks,
             self._oom,
-            CompiledSource(registry),
+            CompiledSource.for_path(registry, ext),
         )
         everything = (*built_in, FsdpSource(ledger.on_resized), *self._extra_sources)
         self._parts = parts = Parts(
@@ -380,8 +380,10 @@ def _forget_in_child(recorder: weakref.ref[Recorder]) -> None:
 
 
 _PARTS = (_torch, buffers, hooks, ledger, modules, phases, runs, sink, steps, tables)
+_NATIVE_PARTS = ("native_ledger", "native.attribute", "native.maps", "native.rows", "native.source")
 skip_in_dynamo(
     sys.modules[__name__],
     *_PARTS,
+    *(sys.modules[f"recorder.{name}"] for name in _NATIVE_PARTS),
     *(sys.modules[f"recorder.sources.{name}"] for name in sources.NAMES),
 )

@@ -15,6 +15,7 @@ from ckview.cli.recording import (
     add_record_options,
     check_command,
     check_target,
+    compiled_plans_note,
     default_output,
     hint_misplaced,
     load_plans,
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if ending.steps and ending.written == output and len(runs) > 1:
         for line in leftover_warnings(output):
             print(f"ckview: warning: {line}", file=sys.stderr)
+        if note := compiled_plans_note(output):
+            print(f"ckview: note: {note}", file=sys.stderr)
         if args.compare and never_checkpointed(output):
             print(
                 "ckview: note: the script never checkpointed (nothing was recomputed in run "

@@ -392,3 +392,18 @@ def unlike_step_warnings(output: Path) -> list[str]:
             if unlike is not None:
                 found.append(f"run {name!r}: {unlike.describe()}")
     return found
+
+
+def compiled_plans_note(output: Path) -> str | None:
+    """What plans promise on a script whose compiled code ran compiled while recorded (docs/
+    recording.md, "Plans and --compare on compiled code"); None if it did not."""
+    from ckview.trace import open_trace
+
+    with open_trace(output) as trace:
+        if trace.meta.compiled != "compiled":
+            return None
+    return (
+        "the script's compiled code ran compiled: each run is measured compiled, but a "
+        "projection sees a compiled graph only as a whole (no module calls inside it), so it "
+        "promises nothing for plans over modules inside it (docs/recording.md)"
+    )

@@ -288,7 +288,7 @@ def _header(path: Path, meta: Any, n_runs: int) -> str:
     ]
     if meta.step_rule:
         lines.append(f"steps: {meta.step_rule}")
-    if meta.compiled == "eager":
+    if meta.compiled in ("eager", "compiled"):
         lines.append(f"torch.compile: {_COMPILED.get(meta.compiled, meta.compiled)}")
     return "\n".join(lines)
 
@@ -297,6 +297,8 @@ _COMPILED = {
     "no": "not used",
     "eager": "the script compiles code; ckview ran it eagerly while recording, so these steps "
     "hold eager memory (compiled code usually saves less for backward)",
+    "compiled": "compiled code ran compiled while recording; a compiled graph's forward and "
+    "backward are one op each, and modules inside it have no calls of their own",
 }
 
 

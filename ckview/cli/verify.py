@@ -31,6 +31,7 @@ from ckview.cli.recording import (
     add_record_options,
     check_command,
     check_target,
+    compiled_plans_note,
     default_output,
     hint_misplaced,
     load_plans,
@@ -191,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
     _print(output, checks, missing, baseline, args.json)
     for line in unlike_step_warnings(output):
         print(f"ckview: warning: {line}", file=sys.stderr)
+    if note := compiled_plans_note(output):
+        print(f"ckview: note: {note}", file=sys.stderr)
     if missing:
         print(_missing_note(missing, args), file=sys.stderr)
         return exit_code or 1

@@ -1,10 +1,10 @@
-"""``torch.compile`` as a source: compiled code runs eagerly while recorded, and the trace's
-``compiled`` field says whether the script uses it (NOTE [ torch.compile under the recorder ] in
-recorder/compiled.py)."""
+"""``torch.compile`` as a source: on the Python path compiled code runs eagerly while recorded
+(NOTE [ torch.compile under the recorder ] in recorder/compiled.py), on the native path it runs
+compiled (NOTE [ Compiled code on the native path ]); the trace's ``compiled`` field says which."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from recorder.compiled import EagerWhileRecording
@@ -14,15 +14,32 @@ from recorder.tables import RunTables
 
 
 class CompiledSource:
-    """Forces compiled code eager while installed; meta ``compiled``."""
+    """Forces compiled code eager while installed (``eager``), or hides ``hidden`` (the
+    recorder's hooks) from dynamo's tracing; meta ``compiled``."""
 
-    def __init__(self, registry: ModuleRegistry) -> None:
+    def __init__(
+        self,
+        registry: ModuleRegistry,
+        eager: bool = True,
+        hidden: Sequence[Callable[..., None]] = (),
+    ) -> None:
         self._registry = registry
-        self._eager = EagerWhileRecording()
+        self._watch = EagerWhileRecording(eager, hidden)
+
+    @classmethod
+    def for_path(cls, registry: ModuleRegistry, ext: Any) -> CompiledSource:
+        """The source for the recorder's path: ``ext`` None (Python path), compiled code runs
+        eagerly; else compiled, with the extension's module hooks hidden from dynamo."""
+        if ext is None:
+            return cls(registry)
+        hooks = (ext.pre_hook, ext.post_hook)
+        for hook in hooks:  # dynamo writes its config out by each member's __module__ (None)
+            hook.__module__ = ext.__name__
+        return cls(registry, eager=False, hidden=hooks)
 
     def install(self) -> Callable[[], None]:
-        self._eager.install()
-        return self._eager.uninstall
+        self._watch.install()
+        return self._watch.uninstall
 
     def begin_run(self, run: RunTables) -> None:
         pass
@@ -37,7 +54,10 @@ class CompiledSource:
         return RunPart()
 
     def meta(self) -> dict[str, Any]:
-        """'eager' if the script uses ``torch.compile`` (its compiled code ran eagerly while
-        recording), else 'no'."""
-        used = self._eager.compile_used or self._registry.saw_compiled()
+        """'compiled' if compiled code ran compiled while recording (the native path), 'eager'
+        if the script uses ``torch.compile`` and its compiled code ran eagerly, else 'no'."""
+        watch = self._watch
+        if not watch.eager and watch.ran_compiled:
+            return {"compiled": "compiled"}
+        used = watch.compile_used or self._registry.saw_compiled()
         return {"compiled": "eager" if used else "no"}

@@ -1,0 +1,232 @@
+"""A ``torch.compile`` (inductor) training step recorded on the native path runs compiled
+(NOTE [ Compiled code on the native path ] in recorder/compiled.py): no graph break from ckview,
+meta ``compiled``, the compiled graph's blocks attributed to its regions, and the step's
+allocation peak as torch.profiler measures it on the same compiled step."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ckview.trace.schema import Category, Phase
+from recorder import Recorder
+from tests.conftest import ROOT, read_run
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CXX", "c++")) is None,
+        reason="no C++ compiler: neither the native recorder nor inductor's kernels build here",
+    ),
+    # torch warns on every call of a compiled module while global module hooks (the
+    # recorder's) are installed: they fire for the wrapper too, which the recorder passes over.
+    pytest.mark.filterwarnings(
+        "ignore:Using `torch.compile\\(module\\)` when there are global hooks"
+    ),
+]
+
+
+class _MLP(nn.Module):
+    """examples/loops/compiled.py's model, tiny: inductor builds its C++ kernels quickly."""
+
+    def __init__(self, dim: int = 16, hidden: int = 32, depth: int = 2) -> None:
+        super().__init__()
+        self.inp = nn.Linear(dim, hidden)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU())
+            for _ in range(depth)
+        )
+        self.out = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.out(x)
+
+
+def _step_fn() -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = _MLP()
+    compiled = torch.compile(model)  # inductor, the default backend
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        x = torch.randn(64, 16)
+        opt.zero_grad(set_to_none=True)
+        compiled(x).square().mean().backward()
+        opt.step()
+
+    return step
+
+
+def _profiler_peak(step: Callable[[], None]) -> int:
+    """The peak of torch.profiler's allocation bytes over one step: the cumulative sum of its
+    memory events (every allocation and free the allocator reports, in time order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    return int(np.cumsum([e.nbytes() for e in events]).max())
+
+
+def _recorded_peak(tables: dict[str, Any]) -> int:
+    """The peak of the recorded step's allocations: blocks allocated in the step, counted from
+    their allocation to their free (as the profiler, which reports no free of a block allocated
+    before it started, counts them)."""
+    st, steps = tables["storages"], tables["steps"]
+    t0, t1 = int(steps["start_ns"][0]), int(steps["end_ns"][0])
+    made = (st["alloc_ns"] >= t0) & (st["alloc_ns"] <= t1)
+    freed = made & (st["free_ns"] >= 0) & (st["free_ns"] <= t1)
+    times = np.concatenate([st["alloc_ns"][made], st["free_ns"][freed]])
+    delta = np.concatenate([st["nbytes"][made], -st["nbytes"][freed]])
+    return int(np.cumsum(delta[np.argsort(times, kind="stable")]).max())
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One compiled model, compiled before recording, profiled for a step, then recorded (one
+    warmup step, one recorded step) on the native path; dynamo's counters of the recording."""
+    from torch._dynamo.utils import counters
+
+    step = _step_fn()
+    step()  # compiles
+    step()
+    profiler_peak = _profiler_peak(step)
+    path = tmp_path_factory.mktemp("compiled") / "t.h5"
+    counters.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CKVIEW_RECORDER", "native")
+        with Recorder(path, steps=1, warmup=1, progress=False):
+            step()
+            step()
+    seen = {name: dict(counters[name]) for name in ("stats", "graph_break", "frames")}
+    counters.clear()
+    yield {
+        "path": path,
+        "tables": read_run(path),
+        "profiler_peak": profiler_peak,
+        "counters": seen,
+    }
+
+
+def test_compiled_step_runs_compiled_while_recorded(recorded: dict[str, Any]) -> None:
+    tables, seen = recorded["tables"], recorded["counters"]
+    assert tables["meta"].recorder == "native"
+    assert tables["meta"].compiled == "compiled"
+    assert seen["graph_break"] == {}, "ckview's hooks broke the compiled graph"
+    assert "unique_graphs" not in seen["stats"], "recompiled under the recorder"
+    strings, ops = tables["strings"], tables["ops"]
+    names = {strings[i] for i in ops["name"]}
+    assert {"CompiledFunction", "CompiledFunctionBackward"} <= names
+    assert not names & {"aten.addmm.default", "aten.gelu.default", "aten.native_layer_norm.default"}
+
+
+def test_compiled_graph_blocks_are_attributed_to_its_regions(recorded: dict[str, Any]) -> None:
+    tables = recorded["tables"]
+    strings, ops, st = tables["strings"], tables["ops"], tables["storages"]
+    op_name = np.asarray([strings[ops["name"][o]] if o >= 0 else "" for o in st["op"]])
+    forward = op_name == "CompiledFunction"
+    backward = op_name == "CompiledFunctionBackward"
+    assert forward.any() and backward.any()
+    assert (ops["phase"][st["op"][forward]] == Phase.FORWARD).all()
+    assert (ops["phase"][st["op"][backward]] == Phase.BACKWARD).all()
+    # what the partitioner saved for backward went through the pack hook: activations
+    assert (st["category"][forward] == Category.ACTIVATION).any()
+    assert (tables["saved_events"]["kind"] == 0).any()
+    # the compiled model's own call (its hooks run around the compiled forward) holds them
+    paths = [strings[i] for i in tables["modules"]["path"]]
+    assert {paths[m] for m in st["module"][forward | backward]} == {""}
+
+
+def test_recorded_peak_matches_the_profiler_on_the_compiled_step(
+    recorded: dict[str, Any],
+) -> None:
+    ours, theirs = _recorded_peak(recorded["tables"]), recorded["profiler_peak"]
+    assert theirs > 0
+    assert abs(ours - theirs) <= 0.01 * theirs, (ours, theirs)
+
+
+def test_record_and_verify_say_what_plans_promise_on_compiled_code(
+    recorded: dict[str, Any],
+) -> None:
+    from ckview.cli.recording import compiled_plans_note
+
+    note = compiled_plans_note(recorded["path"])
+    assert note is not None and "promises nothing" in note
+    assert compiled_plans_note(ROOT / "sample_traces" / "mlp.h5") is None  # not compiled
+
+
+SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+compiled = torch.compile(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    compiled(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+from torch._dynamo.utils import counters
+print("graph breaks", len(counters["graph_break"]), "graphs", counters["stats"]["unique_graphs"])
+"""
+
+
+def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
+    """``ckview record`` enters the recorder before the script imports dynamo: the script's
+    first ``torch.compile`` hides the extension's hooks from dynamo. The graph compiles under
+    the recorder without a break, and once more when recording ends (its guards held the
+    recorder's hooks)."""
+    script = tmp_path / "compiled.py"
+    script.write_text(SCRIPT)
+    trace = tmp_path / "t.h5"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env["CKVIEW_RECORDER"] = "native"
+    cmd = [sys.executable, "-m", "ckview", "record", "-o", str(trace), "--timing-steps", "0"]
+    done = subprocess.run(
+        [*cmd, str(script)], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "graph breaks 0 graphs 2" in done.stdout
+    tables = read_run(trace)
+    assert tables["meta"].compiled == "compiled"
+    names = {tables["strings"][i] for i in tables["ops"]["name"]}
+    assert "CompiledFunction" in names and "aten.addmm.default" not in names
+
+
+def test_a_compiled_function_around_the_model_is_a_forward(tmp_path: Path) -> None:
+    """Compiled around the model, no module call runs: the compiled forward graph begins a
+    forward (its ops FORWARD, what it saves for backward activations, not inputs)."""
+    torch.manual_seed(0)
+    model = _MLP()
+    forward = torch.compile(lambda x: model(x))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CKVIEW_RECORDER", "native")
+        with Recorder(tmp_path / "t.h5", steps=1, warmup=1, progress=False):
+            for _ in range(2):
+                forward(torch.randn(64, 16)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+    tables = read_run(tmp_path / "t.h5")
+    strings, ops, st = tables["strings"], tables["ops"], tables["storages"]
+    assert tables["meta"].compiled == "compiled"
+    assert len(tables["module_calls"]["module"]) == 0
+    graph = [i for i, name in enumerate(ops["name"]) if strings[name] == "CompiledFunction"]
+    assert graph and (ops["phase"][graph] == Phase.FORWARD).all()
+    made = np.isin(st["op"], graph)
+    assert (st["category"][made] == Category.ACTIVATION).any()
+    assert not (st["category"][made] == Category.INPUT).any()
