@@ -283,13 +283,17 @@ class TorchHooks:
     def _closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
         phases = self.phases
 
+        ledger = self.ledger
+
         def closure_outside_the_optimizer(*a: Any, **k: Any) -> Any:
             depth, phase = phases.optimizer_depth, phases.top_phase
             phases.optimizer_depth, phases.top_phase = 0, OTHER
+            ledger.closure_runs(True)
             try:
                 return closure(*a, **k)
             finally:
                 phases.optimizer_depth, phases.top_phase = depth, phase
+                ledger.closure_runs(False)
 
         return closure_outside_the_optimizer
 

@@ -398,6 +398,11 @@ class StorageLedger:
                     for tensor in tensors_in(value):
                         self.mark(tensor, int(Category.OPTIMIZER_STATE), owner=param)
 
+    def closure_runs(self, running: bool) -> None:
+        """An optimizer's closure begins (``running``) or returns: its forward and backward
+        are not the optimizer's. Here each op reads ``PhaseState.optimizer_depth``, which the
+        closure's wrapper sets: nothing to do."""
+
     def on_saved(self, x: torch.Tensor, kind: SavedEventKind) -> None:
         """Autograd keeps (PACK) or hands back (UNPACK) ``x``: its storage is an activation, or
         an input if made outside the step's forward."""

@@ -22,9 +22,10 @@ NOTE [ The native ledger ]
   autograd packed; PARAMETER, GRADIENT and OPTIMIZER_STATE from the pointer sets; the strongest
   wins (``CATEGORY_PRIORITY``), as in ``StorageLedger._promote``.
 - Phases: FORWARD, BACKWARD and OTHER from the rows; OPTIMIZER between the optimizer's pre and
-  post hooks, RECOMPUTE inside the recompute regions the Python phases record. Module calls are
-  the Python hooks' rows: each native call is the Python call that began last before it (both
-  hooks fire for every call, the Python one first).
+  post hooks, less the closure it calls (``closure_runs``), RECOMPUTE inside the recompute
+  regions the Python phases record. Module calls are the Python hooks' rows: each native call
+  is the Python call that began last before it (both hooks fire for every call, the Python one
+  first).
 """
 
 from __future__ import annotations
@@ -145,6 +146,17 @@ class NativeLedger(StorageLedger):
         self._note(found, 0, int(Category.OPTIMIZER_STATE), modules)
         if self._optimizer_spans and self._optimizer_spans[-1][1] < 0:
             self._optimizer_spans[-1][1] = perf_counter_ns()
+
+    def closure_runs(self, running: bool) -> None:
+        """The closure cuts the optimizer's span: its ops are FORWARD and BACKWARD (L-BFGS,
+        Lightning's ``step(closure=...)``); the optimizer's own ops after it are OPTIMIZER."""
+        if not self._deferring:
+            return
+        spans, now = self._optimizer_spans, perf_counter_ns()
+        if running and spans and spans[-1][1] < 0:
+            spans[-1][1] = now
+        elif not running and self._phases.optimizer_depth:
+            spans.append([now, -1])
 
     def on_saved(self, x: torch.Tensor, kind: SavedEventKind) -> None:
         """A tensor that other saved-tensor hooks (checkpoint's) kept: an activation."""
