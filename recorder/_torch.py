@@ -338,11 +338,12 @@ def _forward_oom(device: int, asked: int, total: int, free: int) -> None:
         listener(device, asked, total, free)
 
 
-def bracket_backward(enter: Callable[[], None], exit_: Callable[[], None]) -> Undo:
-    """Call ``enter()`` and ``exit_()`` around ``torch.autograd.backward`` and ``grad`` (which
-    ``Tensor.backward`` calls): the native path's backward boundaries, where no op hook sees
-    the engine start (NOTE [ The native ledger ] in recorder/native_ledger.py). A nested
-    backward (inside a backward) is part of the outer one."""
+def bracket_backward(enter: Callable[[Any], None], exit_: Callable[[], None]) -> Undo:
+    """Call ``enter(roots)`` and ``exit_()`` around ``torch.autograd.backward`` and ``grad``
+    (which ``Tensor.backward`` calls), ``roots`` the tensors backward starts from: the native
+    path's backward boundaries, where no op hook sees the engine start (NOTE [ The native
+    ledger ] in recorder/native_ledger.py). A nested backward (inside a backward) is part of
+    the outer one."""
     originals: dict[str, Callable[..., Any]] = {
         "backward": torch.autograd.backward,
         "grad": torch.autograd.grad,
@@ -354,7 +355,7 @@ def bracket_backward(enter: Callable[[], None], exit_: Callable[[], None]) -> Un
         def run_bracketed(*args: Any, **kwargs: Any) -> Any:
             depth[0] += 1
             if depth[0] == 1:
-                enter()
+                enter(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
             try:
                 return run(*args, **kwargs)
             finally:

@@ -61,6 +61,7 @@ _ALLOC, _FREE = int(MemoryEventKind.ALLOC), int(MemoryEventKind.FREE)
 _PACK = int(SavedEventKind.PACK)
 _TEMPORARY, _OTHER = int(Category.TEMPORARY), int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
+_BACKWARD_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION, the scope of a backward node's range
 _DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
@@ -243,7 +244,10 @@ class NativeLedger(StorageLedger):
 
     def _write_step(self, now: int) -> None:
         rows = drain(self._ext)
-        spans = [(Phase.FORWARD, self._forward_spans(now))]
+        forward = self._forward_spans(now)
+        if self._flags.no_modules:
+            forward = np.concatenate([forward, self._functional_forward_spans(rows.ops)])
+        spans = [(Phase.FORWARD, forward)]
         spans.append((Phase.OPTIMIZER, intervals(self._optimizer_spans, now)))
         spans.append((Phase.RECOMPUTE, self._recompute_spans(now)))
         facts = self._attribution.step(rows, spans)
@@ -274,6 +278,38 @@ class NativeLedger(StorageLedger):
         backward = np.asarray([*self._backward_starts, now], np.int64)
         ends = backward[np.minimum(np.searchsorted(backward, starts), len(backward) - 1)]
         return np.stack([starts, ends], axis=1)
+
+    def _functional_forward_spans(self, ops: np.ndarray) -> np.ndarray:
+        """In a loop without modules (NOTE [ A forward without modules ] in hooks.py), a
+        backward's forward began at the op that made the graph's first node: its node has the
+        smallest sequence number among the backward's node ranges, and that op is the last
+        forward op that started with that number (an op starts with the number of the next
+        node, and only an op that makes a node moves it on). The forward runs from that op's
+        top-level op to the backward."""
+        backward = np.asarray(self._backward_starts, np.int64)
+        if not len(backward) or not len(ops):
+            return np.zeros((0, 2), np.int64)
+        node = (ops["scope"] == _BACKWARD_SCOPE) & (ops["seq"] >= 0)
+        forward = (ops["scope"] != _BACKWARD_SCOPE) & (ops["graph_task"] < 0)
+        which = np.searchsorted(backward, ops["t0"], side="right") - 1  # backward pass of each
+        spans = []
+        for i, start in enumerate(backward.tolist()):
+            seqs = ops["seq"][node & (which == i)]
+            if not len(seqs):
+                continue
+            made = np.flatnonzero(forward & (ops["seq"] == seqs.min()) & (ops["t0"] < start))
+            if not len(made):
+                continue
+            first = made[np.argmax(ops["t0"][made])]
+            top = np.flatnonzero(ops["id"] == ops["top"][first])
+            begin = ops["t0"][top[0] if len(top) else first]
+            spans.append((begin, start))
+        return np.asarray(spans, np.int64).reshape(-1, 2)
+
+    def graph_leaves(self, roots: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The leaf tensors a backward from ``roots`` trains (NOTE [ Leaves of a graph ] in
+        ckrec.cpp)."""
+        return list(self._ext.graph_leaves(roots))
 
     def _recompute_spans(self, now: int) -> np.ndarray:
         regions = self._tables.regions

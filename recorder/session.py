@@ -322,12 +322,17 @@ class Recorder:
         restore.append(_torch.observe_saved_tensor_hooks(torch_hooks.saw_saved))
         restore.append(_torch.keep_fd_on_closerange(self._sink.fileno, self._closing_every_fd))
         self._listen_to_ckpt_runtime(phases)
-        if isinstance(parts.ledger, NativeLedger):  # no op hook: backward's bounds come
-            # from autograd's entry points (NOTE [ The native ledger ])
+        ledger = parts.ledger
+        if isinstance(ledger, NativeLedger):  # no op hook: backward's bounds come from
+            # autograd's entry points (NOTE [ The native ledger ])
+            torch_hooks.watch_backward(ledger.graph_leaves)
+
+            def backward_begins(roots: Any) -> None:
+                torch_hooks.backward_begins(roots)
+                ledger.backward_begins()
+
             restore.append(
-                _torch.bracket_backward(
-                    parts.ledger.backward_begins, lambda: phases.on_backward_end()
-                )
+                _torch.bracket_backward(backward_begins, lambda: phases.on_backward_end())
             )
         else:
             torch_hooks.enter_op_hook()

@@ -29,6 +29,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
@@ -42,6 +43,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -311,11 +313,12 @@ struct Reporter final : prof::ProfilerStateBase {
 
 // NOTE [ Torch versions ]
 // Everything used here exists with the same spelling from torch 2.4 to 2.13, so no code is
-// guarded by TORCH_VERSION_MAJOR/MINOR today (built_for() reports them). The one known change:
+// guarded by TORCH_VERSION_MAJOR/MINOR today (built_for() reports them). The known changes:
 // PROFILER_STATE is an enumerator of `enum class DebugInfoKind` in older releases and a static
 // DebugInfoKind object in 2.13; `c10::DebugInfoKind::PROFILER_STATE` names both. It is read
-// where it is used, never copied at static-initialisation time. A difference found on another
-// release goes here, guarded by those macros.
+// where it is used, never copied at static-initialisation time. Autograd's edges hold a node
+// by shared_ptr in older releases and by intrusive_ptr in 2.13: graph_leaves() takes either.
+// A difference found on another release goes here, guarded by those macros.
 inline c10::DebugInfoKind slot() { return c10::DebugInfoKind::PROFILER_STATE; }
 
 std::shared_ptr<Reporter> reporter;  // set while recording memory
@@ -647,6 +650,36 @@ PyMethodDef hook_defs[] = {
      METH_FASTCALL, "note_all(tensors, what, value, modules): indices of those not noted"},
 };
 
+// NOTE [ Leaves of a graph ]
+// A loop without nn.Module trains leaf tensors no module owns (NOTE [ A forward without
+// modules ] in hooks.py), and on the native path no op hook sees them go into ops. When its
+// backward begins, graph_leaves(roots) walks the graph from the roots and returns the tensors
+// of its AccumulateGrad nodes: the leaves that will receive gradients. The walk runs in C++, so
+// no node gets a Python object (NOTE [ Autograd nodes stay unwrapped ] in phases.py); it stops
+// after `limit` nodes.
+std::vector<at::Tensor> graph_leaves(const std::vector<at::Tensor>& roots, int64_t limit) {
+  using torch::autograd::Node;
+  std::vector<Node*> todo;
+  std::unordered_set<Node*> seen;
+  std::vector<at::Tensor> leaves;
+  auto visit = [&](const auto& node) {  // shared_ptr, or intrusive_ptr from torch 2.13 on
+    if (node && seen.insert(node.get()).second) todo.push_back(node.get());
+  };
+  for (const at::Tensor& root : roots)
+    if (root.defined() && root.requires_grad())
+      visit(torch::autograd::impl::gradient_edge(root).function);
+  while (!todo.empty() && int64_t(seen.size()) <= limit) {
+    Node* node = todo.back();
+    todo.pop_back();
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      if (acc->variable.defined()) leaves.push_back(acc->variable);
+      continue;
+    }
+    for (const torch::autograd::Edge& edge : node->next_edges()) visit(edge.function);
+  }
+  return leaves;
+}
+
 py::dict row_sizes() {
   py::dict d;
   d["ops"] = sizeof(OpRow);
@@ -684,6 +717,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reporter_active", &reporter_on_top);
   for (PyMethodDef& def : hook_defs)
     m.attr(def.ml_name) = py::reinterpret_steal<py::object>(PyCFunction_New(&def, nullptr));
+  m.def("graph_leaves", &graph_leaves, py::arg("roots"), py::arg("limit") = 1 << 20);
   m.def("row_sizes", &row_sizes);
   m.def("built_for", &built_for);
   m.def("now_ns", &now_ns);
