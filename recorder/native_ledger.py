@@ -50,8 +50,9 @@ from recorder.ledger import StorageLedger, StorageRef
 from recorder.native.attribute import Attribution, Columns, LayoutIds, StepFacts
 from recorder.native.maps import Blocks, CallMap, OpMap, intervals
 from recorder.native.rows import drain
+from recorder.oom import OomNote, requested_bytes, says_allocation_failed
 from recorder.phases import FORWARD, OTHER
-from recorder.tables import ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
+from recorder.tables import CALL_WIDTH, ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
 
 _RANK = np.zeros(len(Category), np.int64)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -90,6 +91,7 @@ class NativeLedger(StorageLedger):
         self._calls_at_step = 0
         self._seen_keys: dict[int, int] = {}  # storage row -> its key in the extension
         self._mem_mark = 0  # memory rows before the step under way (absolute)
+        self._last_op: tuple[int, int, int, int] | None = None  # NOTE [ OOM capture on the ...
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
@@ -253,6 +255,7 @@ class NativeLedger(StorageLedger):
         facts = self._attribution.step(rows, spans)
         self._optimizer_spans, self._backward_starts = [], []
         py_call = self._python_calls(facts)
+        self._remember_last_op(facts, py_call)
         op_rows = self._write_ops(facts, py_call, now)
         self._write_blocks(facts, py_call, op_rows)
         self._write_saved(facts, py_call, op_rows)
@@ -330,6 +333,37 @@ class NativeLedger(StorageLedger):
         modules = self._blocks.call_modules
         modules.extend(_rows_from(self._calls, len(modules))[:, 0])
         return CallMap(self._blocks.calls, modules.values)
+
+    # NOTE [ OOM capture on the native path ]
+    # No Python frame runs around an op to catch its allocation failure (NOTE [ OOM capture ]
+    # in recorder/oom.py), so the failure is found after the fact, when the run ends with an
+    # allocation error: the failing op is the last op that an exception left (the innermost of
+    # those the error unwound, ``raised`` in its row, NOTE [ Op ends ] in ckrec.cpp), in the
+    # module call it ran in, at the time it began. The bytes asked for are those of the
+    # allocator's own OOM row (CUDA's caching allocator reports one), else those the error
+    # message gives (the CPU allocator's). A MemoryError that no op raised is Python's own:
+    # not an OOM, as on the Python path.
+    def _remember_last_op(self, facts: StepFacts, calls: CallMap) -> None:
+        ops, ooms = facts.ops, facts.ooms
+        raised = np.flatnonzero(ops["raised"])
+        if not len(raised):
+            return
+        row = int(raised[-1])  # ops come in id order: the last raised began last
+        nbytes = int(ooms["bytes"][-1]) if len(ooms["t"]) else -1
+        call = int(calls.row(ops["module_call"][row : row + 1])[0])
+        module = NO_INDEX if call == NO_INDEX else int(self._calls.data[call * CALL_WIDTH])
+        self._last_op = (int(ops["name"][row]), module, int(ops["start_ns"][row]), nbytes)
+
+    def failure(self, error: str) -> OomNote | None:
+        """The allocation failure that ended the run with ``error``, if it is one (NOTE [ OOM
+        capture on the native path ])."""
+        if self._last_op is None or not says_allocation_failed(error):
+            return None
+        name, module, t0, nbytes = self._last_op
+        path = "" if module == NO_INDEX else self._registry.display(module)
+        if nbytes < 0:
+            nbytes = requested_bytes(error)
+        return OomNote(error, self._ext.names(name)[0], path, nbytes, t0)
 
     def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> OpMap:
         ops = facts.ops

@@ -274,7 +274,7 @@ class Recorder:
             ops_and_blocks: Source = allocations
         else:
             ledger = NativeLedger(ext, flags, phases, registry, allocations, stacks)
-            ops_and_blocks = NativeRowsSource(ext, ledger)
+            ops_and_blocks = NativeRowsSource(ext, ledger, self._oom.noted)
         built_in: tuple[Source, ...] = (
             self._device,
             ops_and_blocks,

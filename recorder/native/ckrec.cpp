@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -219,7 +220,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   int64_t node_seq = node ? fn.seqNr() : cur_node(ts);
   if (parent < 0 && !node && graph_task >= 0) node_seq = ts.last_node_seq;
   OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
-            graph_task, uint8_t(fn.scope()), {0, 0, 0}};
+            graph_task, uint8_t(fn.scope()), 0, {0, 0}};
   Buffers& b = *ts.buf;
   BufferLock lock(b, drainer);
   ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0});
@@ -238,6 +239,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 // A range is closed on the thread that opened it, last opened first closed, so the thread's
 // stack top is the range that ends. Its row is still in the buffer unless drain() ran while it
 // was open (a step boundary inside an op): then the end goes to an EndRow that Python applies.
+// A range also ends when an exception leaves its op (RecordFunction ends in its destructor):
+// the row's `raised` says so (NOTE [ OOM capture on the native path ] in native_ledger.py);
+// an EndRow does not carry it.
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (off()) return;
   ThreadState& ts = state();
@@ -253,6 +257,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     int64_t i = f.local - b.drained_ops;
     if (i >= 0 && i < int64_t(b.ops.size())) {
       b.ops[size_t(i)].t1 = t;
+      b.ops[size_t(i)].raised = uint8_t(std::uncaught_exceptions() > 0);
     } else {
       b.ends.push_back(EndRow{f.id, t});
     }
