@@ -373,3 +373,32 @@ def bracket_backward(enter: Callable[[Any], None], exit_: Callable[[], None]) ->
             setattr(torch.autograd, name, original)
 
     return undo
+
+
+class _TorchCalls(torch.overrides.TorchFunctionMode):
+    """Tells ``on_call`` of each torch function, Tensor method or operator called from Python
+    (``watch_torch_calls``)."""
+
+    def __init__(self, on_call: Callable[[], None]) -> None:
+        super().__init__()
+        self.on_call: Callable[[], None] | None = on_call
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.on_call is not None:
+            self.on_call()
+        return func(*args, **(kwargs or {}))
+
+
+def watch_torch_calls(on_call: Callable[[], None]) -> Undo:
+    """Call ``on_call()`` from each torch call the user's Python makes on this thread (a
+    TorchFunctionMode; the calls torch makes inside one are not seen). The undo leaves the mode,
+    or makes it inert where another mode was entered above it and is still there."""
+    mode = _TorchCalls(on_call)
+    mode.__enter__()
+
+    def undo() -> None:
+        mode.on_call = None
+        if torch.overrides._get_current_function_mode() is mode:
+            mode.__exit__(None, None, None)
+
+    return undo

@@ -30,6 +30,7 @@ NOTE [ The native ledger ]
 
 from __future__ import annotations
 
+from array import array
 from time import perf_counter_ns
 from typing import Any
 
@@ -92,6 +93,7 @@ class NativeLedger(StorageLedger):
         self._seen_keys: dict[int, int] = {}  # storage row -> its key in the extension
         self._mem_mark = 0  # memory rows before the step under way (absolute)
         self._last_op: tuple[int, int, int, int] | None = None  # NOTE [ OOM capture on the ...
+        self._calls_t, self._calls_stack = array("q"), array("q")  # NOTE [ Stacks on the ...
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
@@ -232,6 +234,7 @@ class NativeLedger(StorageLedger):
             self._deferring = True
             self._calls_at_step = len(self._calls)
             self._mem_mark = self._mem.rows
+            self.on_torch_call()  # the step's first blocks may come before its first call
 
     def step_ends(self, now: int) -> None:
         """Drain the step's rows, attribute them and write them into the run's tables."""
@@ -365,6 +368,36 @@ class NativeLedger(StorageLedger):
             nbytes = requested_bytes(error)
         return OomNote(error, self._ext.names(name)[0], path, nbytes, t0)
 
+    # NOTE [ Stacks on the native path ]
+    # ``--stacks`` (NOTE [ User frames ] in stacks.py) needs the Python stack of the code that
+    # made each block; the extension's callbacks run in C++, often with the GIL released, where
+    # no Python stack can be read. So with ``--stacks`` a TorchFunctionMode
+    # (``_torch.watch_torch_calls``) notes the user's stack at each torch call made from
+    # Python (``on_torch_call``: the time and the interned stack), and a block takes the stack
+    # of the last call that began before its allocation (torch's own calls inside one are not
+    # seen; the engine's backward work takes the ``backward()`` call's). It costs a Python call
+    # and a stack walk per torch call of the user's code, about what the Python path pays per
+    # op; without ``--stacks`` nothing is installed.
+    def on_torch_call(self) -> None:
+        """A torch call from the user's Python begins (NOTE [ Stacks on the native path ])."""
+        if self._deferring and self._stacks is not None:
+            self._calls_t.append(perf_counter_ns())
+            self._calls_stack.append(self._stacks.current())
+
+    def _stacks_at(self, t: np.ndarray) -> np.ndarray:
+        """The stack row of the last torch call begun at or before each time; the step's calls
+        are dropped but the last, which the next step's first blocks may take."""
+        if self._stacks is None or not len(self._calls_t):
+            return np.full(len(t), NO_INDEX, np.int64)
+        times = np.frombuffer(self._calls_t, np.int64)
+        stacks = np.frombuffer(self._calls_stack, np.int64)
+        at = np.searchsorted(times, t, side="right") - 1
+        found = np.where(at >= 0, stacks[np.maximum(at, 0)], NO_INDEX)
+        last_t, last_stack = times[-1], stacks[-1]
+        del times, stacks
+        self._calls_t, self._calls_stack = array("q", [last_t]), array("q", [last_stack])
+        return found
+
     def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> OpMap:
         ops = facts.ops
         first = self._ops.rows
@@ -420,7 +453,7 @@ class NativeLedger(StorageLedger):
                 calls.module(call),
                 blocks["alloc_ns"],
                 blocks["free_ns"],
-                np.full(n, NO_INDEX),
+                self._stacks_at(blocks["alloc_ns"]),
             ],
             axis=1,
         ).astype(np.int64)

@@ -334,6 +334,8 @@ class Recorder:
             restore.append(
                 _torch.bracket_backward(backward_begins, lambda: phases.on_backward_end())
             )
+            if parts.stacks is not None:  # NOTE [ Stacks on the native path ]
+                restore.append(_torch.watch_torch_calls(ledger.on_torch_call))
         else:
             torch_hooks.enter_op_hook()
 
