@@ -223,6 +223,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
             graph_task, uint8_t(fn.scope()), 0, {0, 0}};
   Buffers& b = *ts.buf;
   BufferLock lock(b, drainer);
+  if (node && fn.seqNr() >= 0 && ts.ops.size() == 1 && ts.ops.back().node_seq < 0) {
+    Frame& engine = ts.ops.back();  // NOTE [ Engine work between nodes ]: the first node's
+    engine.node_seq = fn.seqNr();
+    int64_t i = engine.local - b.drained_ops;
+    if (i >= 0 && i < int64_t(b.ops.size())) b.ops[size_t(i)].node_seq = fn.seqNr();
+  }
   ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0});
   b.ops.push_back(row);
   return nullptr;
@@ -233,7 +239,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 // outputs: validate_outputs reduces a broadcast gradient to its input's shape (a Linear bias's
 // `sum`), and input buffers accumulate gradients (`add`). They belong to the node that just
 // ran, so a top-level op inside a graph task takes the sequence number of the last node range
-// that ended on the thread, as the Python recorder's _last_seq_call does.
+// that ended on the thread, as the Python recorder's _last_seq_call does. The engine's own
+// range around a node ("autograd::engine::evaluate_function: X", top-level) begins before its
+// node; around the first node of the recording no node ran before, so it takes its node's
+// number when the node's range begins, and so does the work after the node inside it.
 
 // NOTE [ Op ends ]
 // A range is closed on the thread that opened it, last opened first closed, so the thread's
