@@ -51,6 +51,8 @@ sequence_nr = _get_sequence_nr
 dispatch_mode = _get_current_dispatch_mode
 """The innermost TorchDispatchMode on this thread, or None."""
 _FSDP_PARAM_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param"
+_FSDP_PARAM_GROUP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_FSDP_COLLECTIVES_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 
 
 def current_node_seq() -> int | None:
@@ -266,6 +268,38 @@ def follow_fsdp_resizes(resized: Callable[[Any], None]) -> Undo | None:
 
     def undo() -> None:
         cls.alloc_all_gather_outputs, cls.free_unsharded_param = alloc, free
+
+    return undo
+
+
+def follow_fsdp_buffers(comm: Callable[[torch.Tensor], None]) -> Undo | None:
+    """Call ``comm(buffer)`` with FSDP's all-gather output once it is filled and with its
+    reduce-scatter input once it is filled, the buffers FSDP's ops ``fsdp.all_gather_copy_in``
+    and ``fsdp.chunk_cat`` write (NOTE [ FSDP's storages ] in recorder/ledger.py); None if FSDP
+    is not in use (not imported)."""
+    group: Any = sys.modules.get(_FSDP_PARAM_GROUP_MODULE)
+    collectives: Any = sys.modules.get(_FSDP_COLLECTIVES_MODULE)
+    if group is None or collectives is None:
+        return None
+    all_gather = group.foreach_all_gather
+    copy_in = collectives.foreach_reduce_scatter_copy_in
+
+    def foreach_all_gather(*args: Any, **kwargs: Any) -> Any:
+        result = all_gather(*args, **kwargs)
+        if result is not None:
+            comm(result.all_gather_output)
+        return result
+
+    def foreach_reduce_scatter_copy_in(grads: Any, reduce_scatter_input: Any, *rest: Any) -> None:
+        copy_in(grads, reduce_scatter_input, *rest)
+        comm(reduce_scatter_input)
+
+    group.foreach_all_gather = foreach_all_gather
+    collectives.foreach_reduce_scatter_copy_in = foreach_reduce_scatter_copy_in
+
+    def undo() -> None:
+        group.foreach_all_gather = all_gather
+        collectives.foreach_reduce_scatter_copy_in = copy_in
 
     return undo
 

@@ -53,7 +53,7 @@ from recorder.native.maps import Blocks, CallMap, OpMap, intervals
 from recorder.native.rows import drain
 from recorder.oom import OomNote, requested_bytes, says_allocation_failed
 from recorder.phases import FORWARD, OTHER
-from recorder.tables import CALL_WIDTH, ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
+from recorder.tables import CALL_WIDTH, ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables, State
 
 _RANK = np.zeros(len(Category), np.int64)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -63,6 +63,7 @@ _ALLOC, _FREE = int(MemoryEventKind.ALLOC), int(MemoryEventKind.FREE)
 _PACK = int(SavedEventKind.PACK)
 _TEMPORARY, _OTHER = int(Category.TEMPORARY), int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
+_COMM = int(Category.COMM_BUFFER)
 _BACKWARD_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION, the scope of a backward node's range
 _DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -151,6 +152,12 @@ class NativeLedger(StorageLedger):
         self._note(found, 0, int(Category.OPTIMIZER_STATE), modules)
         if self._optimizer_spans and self._optimizer_spans[-1][1] < 0:
             self._optimizer_spans[-1][1] = perf_counter_ns()
+
+    def comm_buffer(self, t: torch.Tensor) -> None:
+        """FSDP filled its communication buffer ``t`` (NOTE [ FSDP's storages ] in ledger.py:
+        no op hook sees ``fsdp.all_gather_copy_in`` or ``fsdp.chunk_cat`` name it here)."""
+        if self._flags.state is State.RECORDING:
+            self.mark(t, _COMM)
 
     def closure_runs(self, running: bool) -> None:
         """The closure cuts the optimizer's span: its ops are FORWARD and BACKWARD (L-BFGS,

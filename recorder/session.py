@@ -281,7 +281,8 @@ class Recorder:
             self._oom,
             CompiledSource(registry),
         )
-        everything = (*built_in, FsdpSource(ledger.on_resized), *self._extra_sources)
+        comm = ledger.comm_buffer if isinstance(ledger, NativeLedger) else None
+        everything = (*built_in, FsdpSource(ledger.on_resized, comm), *self._extra_sources)
         self._parts = parts = Parts(
             flags, out, ledger, phases, registry, everything, stacks, self._tracker, self._progress
         )
