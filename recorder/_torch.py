@@ -51,6 +51,8 @@ sequence_nr = _get_sequence_nr
 dispatch_mode = _get_current_dispatch_mode
 """The innermost TorchDispatchMode on this thread, or None."""
 _FSDP_PARAM_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param"
+_FSDP_PARAM_GROUP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_FSDP_COLLECTIVES_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 
 
 def current_node_seq() -> int | None:
@@ -270,6 +272,38 @@ def follow_fsdp_resizes(resized: Callable[[Any], None]) -> Undo | None:
     return undo
 
 
+def follow_fsdp_buffers(comm: Callable[[torch.Tensor], None]) -> Undo | None:
+    """Call ``comm(buffer)`` with FSDP's all-gather output once it is filled and with its
+    reduce-scatter input once it is filled, the buffers FSDP's ops ``fsdp.all_gather_copy_in``
+    and ``fsdp.chunk_cat`` write (NOTE [ FSDP's storages ] in recorder/ledger.py); None if FSDP
+    is not in use (not imported)."""
+    group: Any = sys.modules.get(_FSDP_PARAM_GROUP_MODULE)
+    collectives: Any = sys.modules.get(_FSDP_COLLECTIVES_MODULE)
+    if group is None or collectives is None:
+        return None
+    all_gather = group.foreach_all_gather
+    copy_in = collectives.foreach_reduce_scatter_copy_in
+
+    def foreach_all_gather(*args: Any, **kwargs: Any) -> Any:
+        result = all_gather(*args, **kwargs)
+        if result is not None:
+            comm(result.all_gather_output)
+        return result
+
+    def foreach_reduce_scatter_copy_in(grads: Any, reduce_scatter_input: Any, *rest: Any) -> None:
+        copy_in(grads, reduce_scatter_input, *rest)
+        comm(reduce_scatter_input)
+
+    group.foreach_all_gather = foreach_all_gather
+    collectives.foreach_reduce_scatter_copy_in = foreach_reduce_scatter_copy_in
+
+    def undo() -> None:
+        group.foreach_all_gather = all_gather
+        collectives.foreach_reduce_scatter_copy_in = copy_in
+
+    return undo
+
+
 def observe_saved_tensor_hooks(saw: Callable[[torch.Tensor, SavedEventKind], None]) -> Undo:
     """Every saved-tensor hook pair created from now on also reports to ``saw`` the tensors its
     pack keeps and its unpack hands back (NOTE [ Cooperating with other saved-tensor hooks ] in
@@ -338,11 +372,12 @@ def _forward_oom(device: int, asked: int, total: int, free: int) -> None:
         listener(device, asked, total, free)
 
 
-def bracket_backward(enter: Callable[[], None], exit_: Callable[[], None]) -> Undo:
-    """Call ``enter()`` and ``exit_()`` around ``torch.autograd.backward`` and ``grad`` (which
-    ``Tensor.backward`` calls): the native path's backward boundaries, where no op hook sees
-    the engine start (NOTE [ The native ledger ] in recorder/native_ledger.py). A nested
-    backward (inside a backward) is part of the outer one."""
+def bracket_backward(enter: Callable[[Any], None], exit_: Callable[[], None]) -> Undo:
+    """Call ``enter(roots)`` and ``exit_()`` around ``torch.autograd.backward`` and ``grad``
+    (which ``Tensor.backward`` calls), ``roots`` the tensors backward starts from: the native
+    path's backward boundaries, where no op hook sees the engine start (NOTE [ The native
+    ledger ] in recorder/native_ledger.py). A nested backward (inside a backward) is part of
+    the outer one."""
     originals: dict[str, Callable[..., Any]] = {
         "backward": torch.autograd.backward,
         "grad": torch.autograd.grad,
@@ -354,7 +389,7 @@ def bracket_backward(enter: Callable[[], None], exit_: Callable[[], None]) -> Un
         def run_bracketed(*args: Any, **kwargs: Any) -> Any:
             depth[0] += 1
             if depth[0] == 1:
-                enter()
+                enter(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
             try:
                 return run(*args, **kwargs)
             finally:
@@ -370,5 +405,34 @@ def bracket_backward(enter: Callable[[], None], exit_: Callable[[], None]) -> Un
     def undo() -> None:
         for name, original in originals.items():
             setattr(torch.autograd, name, original)
+
+    return undo
+
+
+class _TorchCalls(torch.overrides.TorchFunctionMode):
+    """Tells ``on_call`` of each torch function, Tensor method or operator called from Python
+    (``watch_torch_calls``)."""
+
+    def __init__(self, on_call: Callable[[], None]) -> None:
+        super().__init__()
+        self.on_call: Callable[[], None] | None = on_call
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.on_call is not None:
+            self.on_call()
+        return func(*args, **(kwargs or {}))
+
+
+def watch_torch_calls(on_call: Callable[[], None]) -> Undo:
+    """Call ``on_call()`` from each torch call the user's Python makes on this thread (a
+    TorchFunctionMode; the calls torch makes inside one are not seen). The undo leaves the mode,
+    or makes it inert where another mode was entered above it and is still there."""
+    mode = _TorchCalls(on_call)
+    mode.__enter__()
+
+    def undo() -> None:
+        mode.on_call = None
+        if torch.overrides._get_current_function_mode() is mode:
+            mode.__exit__(None, None, None)
 
     return undo

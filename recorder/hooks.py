@@ -17,6 +17,11 @@ steps.py), in autograd's final callback. Thread-local state (the op hook, saved-
 changed there is undone when backward returns, so there the op hook stays on for timing steps,
 and when all is done both stay, inert, until ``close``. A script with modules pays one attribute
 test per op.
+The native path has no op hook: there the forward is counted when its backward begins
+(``backward_begins``, from ``_torch.bracket_backward``), the leaves that backward trains are the
+parameters (NOTE [ Leaves of a graph ] in ckrec.cpp), and the forward's ops are FORWARD from the
+op that made the graph's first node on (``NativeLedger._functional_forward_spans``); the step
+ends when ``backward`` returns, outside autograd.
 """
 
 from __future__ import annotations
@@ -130,6 +135,7 @@ class TorchHooks:
         self._await_forward = False
         self._in_backward_callback = False
         self._counted_task = -1  # graph task whose backward pass was counted last
+        self._leaves: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda roots: []
 
     def install(self) -> None:
         """Module and optimizer hooks, saved-tensor hooks, then the op hook."""
@@ -146,6 +152,27 @@ class TorchHooks:
         self._observer = _OpObserver(self)
         self._observer.__enter__()
         self.flags.no_modules = self._await_forward = self._registry.empty
+
+    def watch_backward(self, leaves: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> None:
+        """The native path, without op hook: a loop without modules is seen when each backward
+        begins (``backward_begins``); ``leaves(roots)`` gives the leaf tensors a backward from
+        ``roots`` trains (NOTE [ A forward without modules ])."""
+        self._leaves = leaves
+        self.flags.no_modules = self._await_forward = self._registry.empty
+
+    def backward_begins(self, roots: Any) -> None:
+        """A backward pass begins (the native path): in a loop without modules, the forward
+        that made its graph is counted now, and the leaves it trains are parameters (NOTE [ A
+        forward without modules ])."""
+        if not self.flags.no_modules:
+            return
+        if self._await_forward:
+            self._await_forward = False
+            self._tracker.forward_begun()
+        recording = self.flags.state is State.RECORDING
+        for t in self._leaves(list(tensors_in(roots))):
+            if self._registry.add_loose(t) and recording:
+                self.ledger.mark(t, _PARAMETER)
 
     def uninstall(self, keep_optimizer_hooks: bool = False) -> None:
         """Remove every hook; a hook that others stacked on top of stays, inert. Inside
@@ -289,16 +316,17 @@ class TorchHooks:
 
     def _closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
         phases = self.phases
+        ledger = self.ledger
 
         def closure_outside_the_optimizer(*a: Any, **k: Any) -> Any:
             depth, phase = phases.optimizer_depth, phases.top_phase
             phases.optimizer_depth, phases.top_phase = 0, OTHER
-            self.ledger.closure_runs(True)
+            ledger.closure_runs(True)
             try:
                 return closure(*a, **k)
             finally:
                 phases.optimizer_depth, phases.top_phase = depth, phase
-                self.ledger.closure_runs(False)
+                ledger.closure_runs(False)
 
         return closure_outside_the_optimizer
 

@@ -385,10 +385,6 @@ class StorageLedger:
         self.mark_gradients()
         self.mark_optimizer_tensors()
 
-    def closure_runs(self, inside: bool) -> None:
-        """``optimizer.step(closure)`` enters (True) or leaves its closure, whose ops are not
-        the optimizer's: the op hook reads ``optimizer_depth`` instead, here nothing to do."""
-
     def mark_gradients(self) -> None:
         for p in self.parameters():
             if p.grad is not None:
@@ -401,6 +397,11 @@ class StorageLedger:
                 for value in state.values():
                     for tensor in tensors_in(value):
                         self.mark(tensor, int(Category.OPTIMIZER_STATE), owner=param)
+
+    def closure_runs(self, running: bool) -> None:
+        """An optimizer's closure begins (``running``) or returns: its forward and backward
+        are not the optimizer's. Here each op reads ``PhaseState.optimizer_depth``, which the
+        closure's wrapper sets: nothing to do."""
 
     def on_saved(self, x: torch.Tensor, kind: SavedEventKind) -> None:
         """Autograd keeps (PACK) or hands back (UNPACK) ``x``: its storage is an activation, or

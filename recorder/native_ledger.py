@@ -22,13 +22,15 @@ NOTE [ The native ledger ]
   autograd packed; PARAMETER, GRADIENT and OPTIMIZER_STATE from the pointer sets; the strongest
   wins (``CATEGORY_PRIORITY``), as in ``StorageLedger._promote``.
 - Phases: FORWARD, BACKWARD and OTHER from the rows; OPTIMIZER between the optimizer's pre and
-  post hooks, RECOMPUTE inside the recompute regions the Python phases record. Module calls are
-  the Python hooks' rows: each native call is the Python call that began last before it (both
-  hooks fire for every call, the Python one first).
+  post hooks, less the closure it calls (``closure_runs``), RECOMPUTE inside the recompute
+  regions the Python phases record. Module calls are the Python hooks' rows: each native call
+  is the Python call that began last before it (both hooks fire for every call, the Python one
+  first).
 """
 
 from __future__ import annotations
 
+from array import array
 from time import perf_counter_ns
 from typing import Any
 
@@ -50,8 +52,9 @@ from recorder.ledger import StorageLedger, StorageRef
 from recorder.native.attribute import Attribution, Columns, LayoutIds, StepFacts
 from recorder.native.maps import Blocks, CallMap, OpMap, intervals
 from recorder.native.rows import Rows, drain
+from recorder.oom import OomNote, requested_bytes, says_allocation_failed
 from recorder.phases import FORWARD, OTHER
-from recorder.tables import ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
+from recorder.tables import CALL_WIDTH, ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables, State
 
 _RANK = np.zeros(len(Category), np.int64)
 for _rank, _cat in enumerate(CATEGORY_PRIORITY):
@@ -61,6 +64,8 @@ _ALLOC, _FREE = int(MemoryEventKind.ALLOC), int(MemoryEventKind.FREE)
 _PACK = int(SavedEventKind.PACK)
 _TEMPORARY, _OTHER = int(Category.TEMPORARY), int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
+_COMM = int(Category.COMM_BUFFER)
+_BACKWARD_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION, the scope of a backward node's range
 _DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
@@ -92,6 +97,8 @@ class NativeLedger(StorageLedger):
         self._regions_at_step = 0  # recompute regions placed among the ops already
         self._seen_keys: dict[int, int] = {}  # storage row -> its key in the extension
         self._mem_mark = 0  # memory rows before the step under way (absolute)
+        self._last_op: tuple[int, int, int, int] | None = None  # NOTE [ OOM capture on the ...
+        self._calls_t, self._calls_stack = array("q"), array("q")  # NOTE [ Stacks on the ...
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
@@ -133,15 +140,6 @@ class NativeLedger(StorageLedger):
                 modules.append(owner(p))
         self._note(grads, 0, int(Category.GRADIENT), modules)
 
-    def closure_runs(self, inside: bool) -> None:
-        """The optimizer's span stops while its closure runs (forward and backward inside
-        ``step(closure)``: Lightning, L-BFGS) and goes on after it."""
-        spans = self._optimizer_spans
-        if inside and spans and spans[-1][1] < 0:
-            spans[-1][1] = perf_counter_ns()
-        elif not inside and self._deferring and self._phases.optimizer_depth:
-            spans.append([perf_counter_ns(), -1])
-
     def mark_optimizer_tensors(self) -> None:
         if not self._deferring:
             super().mark_optimizer_tensors()
@@ -158,6 +156,23 @@ class NativeLedger(StorageLedger):
         self._note(found, 0, int(Category.OPTIMIZER_STATE), modules)
         if self._optimizer_spans and self._optimizer_spans[-1][1] < 0:
             self._optimizer_spans[-1][1] = perf_counter_ns()
+
+    def comm_buffer(self, t: torch.Tensor) -> None:
+        """FSDP filled its communication buffer ``t`` (NOTE [ FSDP's storages ] in ledger.py:
+        no op hook sees ``fsdp.all_gather_copy_in`` or ``fsdp.chunk_cat`` name it here)."""
+        if self._flags.state is State.RECORDING:
+            self.mark(t, _COMM)
+
+    def closure_runs(self, running: bool) -> None:
+        """The closure cuts the optimizer's span: its ops are FORWARD and BACKWARD (L-BFGS,
+        Lightning's ``step(closure=...)``); the optimizer's own ops after it are OPTIMIZER."""
+        if not self._deferring:
+            return
+        spans, now = self._optimizer_spans, perf_counter_ns()
+        if running and spans and spans[-1][1] < 0:
+            spans[-1][1] = now
+        elif not running and self._phases.optimizer_depth:
+            spans.append([now, -1])
 
     def on_saved(self, x: torch.Tensor, kind: SavedEventKind) -> None:
         """A tensor that other saved-tensor hooks (checkpoint's) kept: an activation."""
@@ -230,6 +245,7 @@ class NativeLedger(StorageLedger):
             self._deferring = True
             self._calls_at_step = len(self._calls)
             self._mem_mark = self._mem.rows
+            self.on_torch_call()  # the step's first blocks may come before its first call
 
     def step_ends(self, now: int) -> None:
         """Drain the step's rows, attribute them and write them into the run's tables."""
@@ -245,12 +261,16 @@ class NativeLedger(StorageLedger):
     def _write_step(self, now: int) -> None:
         rows = drain(self._ext)
         self._learn_names(int(rows.ops["name"].max(initial=-1)) + 1)
-        spans = [(Phase.FORWARD, self._forward_spans(rows, now))]
+        forward = self._forward_spans(rows, now)
+        if self._flags.no_modules:
+            forward = np.concatenate([forward, self._functional_forward_spans(rows.ops)])
+        spans = [(Phase.FORWARD, forward)]
         spans.append((Phase.OPTIMIZER, intervals(self._optimizer_spans, now)))
         spans.append((Phase.RECOMPUTE, self._recompute_spans(now)))
         facts = self._attribution.step(rows, spans, self._name_is_op)
         self._optimizer_spans, self._backward_starts = [], []
         py_call = self._python_calls(facts)
+        self._remember_last_op(facts, py_call)
         op_rows = self._write_ops(facts, py_call, now)
         self._place_regions(facts.ops, now)
         self._write_blocks(facts, py_call, op_rows)
@@ -283,6 +303,38 @@ class NativeLedger(StorageLedger):
         ends = backward[np.minimum(np.searchsorted(backward, starts), len(backward) - 1)]
         return np.stack([starts, ends], axis=1)
 
+    def _functional_forward_spans(self, ops: np.ndarray) -> np.ndarray:
+        """In a loop without modules (NOTE [ A forward without modules ] in hooks.py), a
+        backward's forward began at the op that made the graph's first node: its node has the
+        smallest sequence number among the backward's node ranges, and that op is the last
+        forward op that started with that number (an op starts with the number of the next
+        node, and only an op that makes a node moves it on). The forward runs from that op's
+        top-level op to the backward."""
+        backward = np.asarray(self._backward_starts, np.int64)
+        if not len(backward) or not len(ops):
+            return np.zeros((0, 2), np.int64)
+        node = (ops["scope"] == _BACKWARD_SCOPE) & (ops["seq"] >= 0)
+        forward = (ops["scope"] != _BACKWARD_SCOPE) & (ops["graph_task"] < 0)
+        which = np.searchsorted(backward, ops["t0"], side="right") - 1  # backward pass of each
+        spans = []
+        for i, start in enumerate(backward.tolist()):
+            seqs = ops["seq"][node & (which == i)]
+            if not len(seqs):
+                continue
+            made = np.flatnonzero(forward & (ops["seq"] == seqs.min()) & (ops["t0"] < start))
+            if not len(made):
+                continue
+            first = made[np.argmax(ops["t0"][made])]
+            top = np.flatnonzero(ops["id"] == ops["top"][first])
+            begin = ops["t0"][top[0] if len(top) else first]
+            spans.append((begin, start))
+        return np.asarray(spans, np.int64).reshape(-1, 2)
+
+    def graph_leaves(self, roots: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The leaf tensors a backward from ``roots`` trains (NOTE [ Leaves of a graph ] in
+        ckrec.cpp)."""
+        return list(self._ext.graph_leaves(roots))
+
     def _recompute_spans(self, now: int) -> np.ndarray:
         regions = self._tables.regions
         if not len(regions):
@@ -302,6 +354,67 @@ class NativeLedger(StorageLedger):
         modules = self._blocks.call_modules
         modules.extend(_rows_from(self._calls, len(modules))[:, 0])
         return CallMap(self._blocks.calls, modules.values)
+
+    # NOTE [ OOM capture on the native path ]
+    # No Python frame runs around an op to catch its allocation failure (NOTE [ OOM capture ]
+    # in recorder/oom.py), so the failure is found after the fact, when the run ends with an
+    # allocation error: the failing op is the last op that an exception left (the innermost of
+    # those the error unwound, ``raised`` in its row, NOTE [ Op ends ] in ckrec.cpp), in the
+    # module call it ran in, at the time it began. The bytes asked for are those of the
+    # allocator's own OOM row (CUDA's caching allocator reports one), else those the error
+    # message gives (the CPU allocator's). A MemoryError that no op raised is Python's own:
+    # not an OOM, as on the Python path.
+    def _remember_last_op(self, facts: StepFacts, calls: CallMap) -> None:
+        ops, ooms = facts.ops, facts.ooms
+        raised = np.flatnonzero(ops["raised"])
+        if not len(raised):
+            return
+        row = int(raised[-1])  # ops come in id order: the last raised began last
+        nbytes = int(ooms["bytes"][-1]) if len(ooms["t"]) else -1
+        call = int(calls.row(ops["module_call"][row : row + 1])[0])
+        module = NO_INDEX if call == NO_INDEX else int(self._calls.data[call * CALL_WIDTH])
+        self._last_op = (int(ops["name"][row]), module, int(ops["start_ns"][row]), nbytes)
+
+    def failure(self, error: str) -> OomNote | None:
+        """The allocation failure that ended the run with ``error``, if it is one (NOTE [ OOM
+        capture on the native path ])."""
+        if self._last_op is None or not says_allocation_failed(error):
+            return None
+        name, module, t0, nbytes = self._last_op
+        path = "" if module == NO_INDEX else self._registry.display(module)
+        if nbytes < 0:
+            nbytes = requested_bytes(error)
+        return OomNote(error, self._ext.names(name)[0], path, nbytes, t0)
+
+    # NOTE [ Stacks on the native path ]
+    # ``--stacks`` (NOTE [ User frames ] in stacks.py) needs the Python stack of the code that
+    # made each block; the extension's callbacks run in C++, often with the GIL released, where
+    # no Python stack can be read. So with ``--stacks`` a TorchFunctionMode
+    # (``_torch.watch_torch_calls``) notes the user's stack at each torch call made from
+    # Python (``on_torch_call``: the time and the interned stack), and a block takes the stack
+    # of the last call that began before its allocation (torch's own calls inside one are not
+    # seen; the engine's backward work takes the ``backward()`` call's). It costs a Python call
+    # and a stack walk per torch call of the user's code, about what the Python path pays per
+    # op; without ``--stacks`` nothing is installed.
+    def on_torch_call(self) -> None:
+        """A torch call from the user's Python begins (NOTE [ Stacks on the native path ])."""
+        if self._deferring and self._stacks is not None:
+            self._calls_t.append(perf_counter_ns())
+            self._calls_stack.append(self._stacks.current())
+
+    def _stacks_at(self, t: np.ndarray) -> np.ndarray:
+        """The stack row of the last torch call begun at or before each time; the step's calls
+        are dropped but the last, which the next step's first blocks may take."""
+        if self._stacks is None or not len(self._calls_t):
+            return np.full(len(t), NO_INDEX, np.int64)
+        times = np.frombuffer(self._calls_t, np.int64)
+        stacks = np.frombuffer(self._calls_stack, np.int64)
+        at = np.searchsorted(times, t, side="right") - 1
+        found = np.where(at >= 0, stacks[np.maximum(at, 0)], NO_INDEX)
+        last_t, last_stack = times[-1], stacks[-1]
+        del times, stacks
+        self._calls_t, self._calls_stack = array("q", [last_t]), array("q", [last_stack])
+        return found
 
     def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> OpMap:
         ops = facts.ops
@@ -388,7 +501,7 @@ class NativeLedger(StorageLedger):
                 calls.module(call),
                 blocks["alloc_ns"],
                 blocks["free_ns"],
-                np.full(n, NO_INDEX),
+                self._stacks_at(blocks["alloc_ns"]),
             ],
             axis=1,
         ).astype(np.int64)

@@ -44,6 +44,14 @@ def is_allocation_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and _CPU_ALLOCATOR in str(exc)
 
 
+def says_allocation_failed(error: str) -> bool:
+    """Whether ``error`` (``"<Type>: <message>"``, as a recording's end reports it) says that
+    an allocation failed, as ``is_allocation_failure`` tells of the exception."""
+    return error.startswith(("OutOfMemoryError: ", "MemoryError: ")) or (
+        error.startswith("RuntimeError: ") and _CPU_ALLOCATOR in error
+    )
+
+
 def requested_bytes(message: str) -> int:
     """The bytes an allocation error says were asked for; -1 if it does not say.
 
@@ -94,6 +102,14 @@ class OomWatch:
         nbytes = asked if asked >= 0 else requested_bytes(message)
         self.last = OomNote(error, op, module(), nbytes, now)
         return True
+
+    def noted(self, note: OomNote) -> None:
+        """An allocation failure the native path found (NOTE [ OOM capture on the native
+        path ] in recorder/native_ledger.py); CUDA's exact bytes win, as in ``failed``."""
+        if self._asked >= 0 and note.error.startswith("OutOfMemoryError: "):
+            note = OomNote(note.error, note.op, note.module, self._asked, note.time_ns)
+        self._asked = -1
+        self.last = note
 
     def attrs(self, error: str, t0: int) -> dict[str, Any]:
         """Run attributes (schema.RUN_FIELDS ``oom_*``) if ``error``, which ended the run, is the

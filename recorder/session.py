@@ -274,14 +274,15 @@ class Recorder:
             ops_and_blocks: Source = allocations
         else:
             ledger = NativeLedger(ext, flags, phases, registry, allocations, stacks)
-            ops_and_blocks = NativeRowsSource(ext, ledger)
+            ops_and_blocks = NativeRowsSource(ext, ledger, self._oom.noted)
         built_in: tuple[Source, ...] = (
             self._device,
             ops_and_blocks,
             self._oom,
             CompiledSource.for_path(registry, ext),
         )
-        everything = (*built_in, FsdpSource(ledger.on_resized), *self._extra_sources)
+        comm = ledger.comm_buffer if isinstance(ledger, NativeLedger) else None
+        everything = (*built_in, FsdpSource(ledger.on_resized, comm), *self._extra_sources)
         self._parts = parts = Parts(
             flags, out, ledger, phases, registry, everything, stacks, self._tracker, self._progress
         )
@@ -322,13 +323,20 @@ class Recorder:
         restore.append(_torch.observe_saved_tensor_hooks(torch_hooks.saw_saved))
         restore.append(_torch.keep_fd_on_closerange(self._sink.fileno, self._closing_every_fd))
         self._listen_to_ckpt_runtime(phases)
-        if isinstance(parts.ledger, NativeLedger):  # no op hook: backward's bounds come
-            # from autograd's entry points (NOTE [ The native ledger ])
+        ledger = parts.ledger
+        if isinstance(ledger, NativeLedger):  # no op hook: backward's bounds come from
+            # autograd's entry points (NOTE [ The native ledger ])
+            torch_hooks.watch_backward(ledger.graph_leaves)
+
+            def backward_begins(roots: Any) -> None:
+                torch_hooks.backward_begins(roots)
+                ledger.backward_begins()
+
             restore.append(
-                _torch.bracket_backward(
-                    parts.ledger.backward_begins, lambda: phases.on_backward_end()
-                )
+                _torch.bracket_backward(backward_begins, lambda: phases.on_backward_end())
             )
+            if parts.stacks is not None:  # NOTE [ Stacks on the native path ]
+                restore.append(_torch.watch_torch_calls(ledger.on_torch_call))
         else:
             torch_hooks.enter_op_hook()
 

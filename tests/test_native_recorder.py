@@ -373,6 +373,18 @@ def test_an_op_open_at_the_drain_ends_later(ext: Any) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_graph_leaves_are_the_tensors_backward_trains(ext: Any) -> None:
+    # NOTE [ Leaves of a graph ]: each leaf that requires grad once, however often it is used;
+    # neither a constant nor an intermediate result.
+    w, b = torch.randn(4, 3, requires_grad=True), torch.zeros(3, requires_grad=True)
+    x = torch.randn(2, 4)
+    loss = (torch.tanh(x @ w + b) @ w.t()).sum() + (b * 2).sum()
+    leaves = ext.graph_leaves([loss])
+    assert sorted(id(t) for t in leaves) == sorted([id(w), id(b)])
+    assert ext.graph_leaves([x]) == []  # no graph
+    assert len(ext.graph_leaves([loss], limit=1)) < 2  # the walk stops
+
+
 def test_a_forked_child_records_nothing(ext: Any) -> None:
     """NOTE [ Forked children ]: a DataLoader worker forked mid-recording goes inert."""
     source = NativeSource(ext, lambda kind, facts: None)

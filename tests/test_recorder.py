@@ -213,9 +213,13 @@ def test_reentrant_checkpoint_of_a_function_is_a_recompute_region(tmp_path: Path
     names = [tables["strings"][i] for i in regions["name"]]
     assert names == [block.__qualname__] * 3
     recomputed = ops["phase"] == Phase.RECOMPUTE
-    op_names = {tables["strings"][i] for i in ops["name"][recomputed]}
-    assert op_names == {"aten.t.default", "aten.addmm.default", "aten.tanh.default"}
-    assert recomputed.sum() == 3 * 3  # the block's three ops, three times; no backward op
+    op_names = [tables["strings"][i] for i in ops["name"][recomputed]]
+    # The block's ops, three times, and no backward op. The dispatch mode (Python path) sees
+    # aten.t, addmm and tanh; the native path's ranges also hold the ops around and inside
+    # them (aten.linear, its transpose): counted by the ones both see.
+    assert op_names.count("aten.addmm.default") == op_names.count("aten.tanh.default") == 3
+    assert {"aten.t.default", "aten.addmm.default", "aten.tanh.default"} <= set(op_names)
+    assert not any("Backward" in name for name in op_names)
     assert (ops["phase"] == Phase.BACKWARD).sum() > recomputed.sum()
 
 

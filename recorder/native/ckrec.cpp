@@ -29,6 +29,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
@@ -38,10 +39,12 @@
 #include <atomic>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -221,9 +224,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   int64_t node_seq = node ? fn.seqNr() : cur_node(ts);
   if (!in_node && graph_task >= 0) node_seq = ts.last_node_seq;
   OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
-            graph_task, uint8_t(fn.scope()), {0, 0, 0}};
+            graph_task, uint8_t(fn.scope()), 0, {0, 0}};
   Buffers& b = *ts.buf;
   BufferLock lock(b, drainer);
+  if (node && fn.seqNr() >= 0 && ts.ops.size() == 1 && ts.ops.back().node_seq < 0) {
+    Frame& engine = ts.ops.back();  // NOTE [ Engine work between nodes ]: the first node's
+    engine.node_seq = fn.seqNr();
+    int64_t i = engine.local - b.drained_ops;
+    if (i >= 0 && i < int64_t(b.ops.size())) b.ops[size_t(i)].node_seq = fn.seqNr();
+  }
   ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0, in_node});
   b.ops.push_back(row);
   return nullptr;
@@ -235,13 +244,18 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 // `sum`) or views it back (`view`), and input buffers accumulate gradients (`add`). They
 // belong to the node that just ran, so an op inside a graph task and outside every node range
 // takes the sequence number of the last node range that ended on the thread, as the Python
-// recorder's _last_seq_call does, also inside the engine's own evaluate_function range (which
-// began before that node's range did).
+// recorder's _last_seq_call does, also inside the engine's own evaluate_function range
+// ("autograd::engine::evaluate_function: X", top-level), which begins before its node's range.
+// Around the first node of the recording no node ran before: that range takes its node's
+// number when the node's range begins.
 
 // NOTE [ Op ends ]
 // A range is closed on the thread that opened it, last opened first closed, so the thread's
 // stack top is the range that ends. Its row is still in the buffer unless drain() ran while it
 // was open (a step boundary inside an op): then the end goes to an EndRow that Python applies.
+// A range also ends when an exception leaves its op (RecordFunction ends in its destructor):
+// the row's `raised` says so (NOTE [ OOM capture on the native path ] in native_ledger.py);
+// an EndRow does not carry it.
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (off()) return;
   ThreadState& ts = state();
@@ -257,6 +271,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     int64_t i = f.local - b.drained_ops;
     if (i >= 0 && i < int64_t(b.ops.size())) {
       b.ops[size_t(i)].t1 = t;
+      b.ops[size_t(i)].raised = uint8_t(std::uncaught_exceptions() > 0);
     } else {
       b.ends.push_back(EndRow{f.id, t});
     }
@@ -317,11 +332,12 @@ struct Reporter final : prof::ProfilerStateBase {
 
 // NOTE [ Torch versions ]
 // Everything used here exists with the same spelling from torch 2.4 to 2.13, so no code is
-// guarded by TORCH_VERSION_MAJOR/MINOR today (built_for() reports them). The one known change:
+// guarded by TORCH_VERSION_MAJOR/MINOR today (built_for() reports them). The known changes:
 // PROFILER_STATE is an enumerator of `enum class DebugInfoKind` in older releases and a static
 // DebugInfoKind object in 2.13; `c10::DebugInfoKind::PROFILER_STATE` names both. It is read
-// where it is used, never copied at static-initialisation time. A difference found on another
-// release goes here, guarded by those macros.
+// where it is used, never copied at static-initialisation time. Autograd's edges hold a node
+// by shared_ptr in older releases and by intrusive_ptr in 2.13: graph_leaves() takes either.
+// A difference found on another release goes here, guarded by those macros.
 inline c10::DebugInfoKind slot() { return c10::DebugInfoKind::PROFILER_STATE; }
 
 std::shared_ptr<Reporter> reporter;  // set while recording memory
@@ -661,6 +677,36 @@ PyMethodDef hook_defs[] = {
      METH_FASTCALL, "note_all(tensors, what, value, modules): indices of those not noted"},
 };
 
+// NOTE [ Leaves of a graph ]
+// A loop without nn.Module trains leaf tensors no module owns (NOTE [ A forward without
+// modules ] in hooks.py), and on the native path no op hook sees them go into ops. When its
+// backward begins, graph_leaves(roots) walks the graph from the roots and returns the tensors
+// of its AccumulateGrad nodes: the leaves that will receive gradients. The walk runs in C++, so
+// no node gets a Python object (NOTE [ Autograd nodes stay unwrapped ] in phases.py); it stops
+// after `limit` nodes.
+std::vector<at::Tensor> graph_leaves(const std::vector<at::Tensor>& roots, int64_t limit) {
+  using torch::autograd::Node;
+  std::vector<Node*> todo;
+  std::unordered_set<Node*> seen;
+  std::vector<at::Tensor> leaves;
+  auto visit = [&](const auto& node) {  // shared_ptr, or intrusive_ptr from torch 2.13 on
+    if (node && seen.insert(node.get()).second) todo.push_back(node.get());
+  };
+  for (const at::Tensor& root : roots)
+    if (root.defined() && root.requires_grad())
+      visit(torch::autograd::impl::gradient_edge(root).function);
+  while (!todo.empty() && int64_t(seen.size()) <= limit) {
+    Node* node = todo.back();
+    todo.pop_back();
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      if (acc->variable.defined()) leaves.push_back(acc->variable);
+      continue;
+    }
+    for (const torch::autograd::Edge& edge : node->next_edges()) visit(edge.function);
+  }
+  return leaves;
+}
+
 py::dict row_sizes() {
   py::dict d;
   d["ops"] = sizeof(OpRow);
@@ -699,6 +745,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reporter_active", &reporter_on_top);
   for (PyMethodDef& def : hook_defs)
     m.attr(def.ml_name) = py::reinterpret_steal<py::object>(PyCFunction_New(&def, nullptr));
+  m.def("graph_leaves", &graph_leaves, py::arg("roots"), py::arg("limit") = 1 << 20);
   m.def("row_sizes", &row_sizes);
   m.def("built_for", &built_for);
   m.def("now_ns", &now_ns);

@@ -20,7 +20,7 @@ constexpr int kDims = 8;  // sizes kept per tensor row; ndim says how many were 
 struct OpRow {  // one RecordFunction range
   int64_t id, t0, t1, seq, parent, top, node_seq;
   int32_t name, call, graph_task;
-  uint8_t scope, pad[3];
+  uint8_t scope, raised, pad[2];  // raised: an exception left the op (NOTE [ Op ends ])
 };
 struct MemRow {  // one allocator event: bytes > 0 allocates, < 0 frees
   int64_t t, ptr, bytes, block, op, top, node_seq, allocated, reserved;

@@ -31,7 +31,8 @@ OPS = np.dtype(
         ("call", "<i4"),  # innermost open module call on the thread, -1 if none
         ("graph_task", "<i4"),  # autograd graph task running on the thread, -1 if none
         ("scope", "u1"),  # at::RecordScope: 0 FUNCTION, 1 BACKWARD_FUNCTION
-        ("pad", "u1", 3),
+        ("raised", "u1"),  # 1: an exception left the op
+        ("pad", "u1", 2),
     ]
 )
 MEMORY = np.dtype(

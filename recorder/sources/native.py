@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from recorder.native.source import NativeSource
+from recorder.oom import OomNote
 from recorder.sources.base import RunPart
 from recorder.tables import RunTables
 
@@ -20,13 +21,16 @@ class StepRows(Protocol):
 
     def step_ends(self, now: int) -> None: ...
 
+    def failure(self, error: str) -> OomNote | None: ...
+
 
 class NativeRowsSource:
     """Install the extension's hooks; drain and write its rows at each step boundary."""
 
-    def __init__(self, ext: Any, ledger: StepRows) -> None:
+    def __init__(self, ext: Any, ledger: StepRows, on_oom: Callable[[OomNote], None]) -> None:
         self._native = NativeSource(ext, lambda kind, facts: None, outputs=True)
         self._ledger = ledger
+        self._on_oom = on_oom
 
     def install(self) -> Callable[[], None]:
         return self._native.install()
@@ -41,7 +45,14 @@ class NativeRowsSource:
         self._ledger.step_ends(now)
 
     def end_run(self, run: RunTables, now: int, error: str) -> RunPart:
-        self._native.end_run()  # the ledger drained the rows at the last step's end
+        """The rows since the last boundary (a step the script failed in) are written too,
+        and an allocation failure that ended the run is handed to ``on_oom`` (NOTE [ OOM
+        capture on the native path ] in recorder/native_ledger.py)."""
+        self._ledger.step_ends(now)
+        self._native.end_run()
+        note = self._ledger.failure(error) if error else None
+        if note is not None:
+            self._on_oom(note)
         return RunPart()
 
     def meta(self) -> dict[str, Any]:

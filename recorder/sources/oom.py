@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recorder._torch import hear_cuda_oom
-from recorder.oom import OomWatch
+from recorder.oom import OomNote, OomWatch
 from recorder.sources.base import RunPart
 from recorder.tables import RunTables
 
@@ -51,3 +51,7 @@ class OomSource:
     def failed(self, exc: BaseException, op: str, module: Callable[[], str], now: int) -> bool:
         """Note ``exc`` if it is an allocation failure (OomWatch.failed); whether it was one."""
         return self._watch.failed(exc, op, module, now)
+
+    def noted(self, note: OomNote) -> None:
+        """An allocation failure the native path found after the fact (OomWatch.noted)."""
+        self._watch.noted(note)
