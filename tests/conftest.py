@@ -63,6 +63,13 @@ def ckview(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 # to the list: CI runs those files a second time with ``CKVIEW_RECORDER=native``, so both
 # recorder paths are held to them.
 
+PYTHON_PATH_ONLY = pytest.mark.skipif(
+    os.environ.get("CKVIEW_RECORDER") == "native",
+    reason="the Python recorder's forced eager (NOTE [ torch.compile under the recorder ]); "
+    "tests/test_recorder_compile_native.py holds the native path to running compiled",
+)
+"""For a test of how the Python recorder runs compiled code eagerly (NOTE [ Test markers ])."""
+
 MARKER_PACKAGES = {"torch": ("torch",), "gui": ("PyQt6", "pyqtgraph", "pytestqt")}
 """The packages each marker stands for (NOTE [ Test markers ])."""
 

@@ -417,8 +417,24 @@ def _check_verify(d: Done) -> None:
 # test_dataloader_batch_is_an_input_from_its_arrival).
 TIMING_DEPENDENT_PEAK = {"dataloader_workers"}
 
+NATIVE = os.environ.get("CKVIEW_RECORDER") == "native"
+PLANS_ON_COMPILED = pytest.mark.xfail(
+    NATIVE,
+    reason="on the native path compiled code runs compiled, and ckpt_runtime's checkpoint "
+    "inside a compiled model stops with RecomputeMismatchError, with or without ckview "
+    "(docs/recording.md)",
+    strict=True,
+)
 
-@pytest.mark.parametrize("name", [n for n in LOOPS if n not in TIMING_DEPENDENT_PEAK])
+
+def _with_native_gaps(names: list[str]) -> list[Any]:
+    """``names`` as parameters, the compiled loop marked PLANS_ON_COMPILED."""
+    return [pytest.param(n, marks=PLANS_ON_COMPILED) if n == "compiled" else n for n in names]
+
+
+@pytest.mark.parametrize(
+    "name", _with_native_gaps([n for n in LOOPS if n not in TIMING_DEPENDENT_PEAK])
+)
 def test_verify_within_2_percent(done: dict[tuple[str, str], Done], name: str) -> None:
     _check_verify(done["verify", name])
 
@@ -507,6 +523,7 @@ def test_compare_says_checkpointing_not_bypassed(
     )
 
 
+@PLANS_ON_COMPILED
 def test_compiled_model_says_how_it_ran(done: dict[tuple[str, str], Done]) -> None:
     # Recording must not break a torch.compile'd model or change it silently (issue 9, item
     # 6): the trace says whether the recorded steps ran compiled (format v2 meta 'compiled';

@@ -16,7 +16,7 @@ from torch import nn
 
 from ckview.trace.schema import Phase
 from recorder import Recorder
-from tests.conftest import ROOT, read_run
+from tests.conftest import PYTHON_PATH_ONLY, ROOT, read_run
 
 pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
@@ -37,6 +37,7 @@ class CountingBackend:
         return run
 
 
+@PYTHON_PATH_ONLY
 def test_code_compiled_before_recording_runs_eagerly_then_compiled_again(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
@@ -88,6 +89,7 @@ print("runs", runs["compiled"], runs["ran"])
 """
 
 
+@PYTHON_PATH_ONLY
 def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
     """``ckview record`` enters the recorder before the script imports dynamo: the script's
     first ``torch.compile`` sets the eager stance. No dynamo warnings about the recorder's own
@@ -111,6 +113,7 @@ def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
 
 # torch warns on every call of a compiled module while global module hooks (the recorder's)
 # are installed: they fire for the wrapper too, which the recorder passes through.
+@PYTHON_PATH_ONLY
 @pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks")
 def test_compiled_model_is_named_as_the_model(tmp_path: Path) -> None:
     """NOTE [ A compiled model is named as the user's model ] (ckpt_runtime/presets.py): the
