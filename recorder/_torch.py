@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -434,5 +435,31 @@ def watch_torch_calls(on_call: Callable[[], None]) -> Undo:
         mode.on_call = None
         if torch.overrides._get_current_function_mode() is mode:
             mode.__exit__(None, None, None)
+
+    return undo
+
+
+def watch_shared_tensors(arrived: Callable[[torch.Tensor], None]) -> Undo:
+    """Call ``arrived(tensor)`` for each tensor this thread rebuilds from another process's
+    shared memory (a DataLoader worker's batch: ``torch.multiprocessing`` pickles a tensor as a
+    call of ``reductions.rebuild_tensor``, looked up by name when it is unpickled)."""
+    from torch.multiprocessing import reductions
+
+    original = reductions.rebuild_tensor
+    thread = threading.get_ident()
+
+    # A worker forked meanwhile pickles this function in place of the original: by the
+    # original's name, which the unpickling process resolves to whichever it has.
+    @functools.wraps(original)
+    def rebuild_tensor(cls: Any, storage: Any, metadata: Any) -> torch.Tensor:
+        t: torch.Tensor = original(cls, storage, metadata)
+        if threading.get_ident() == thread and cls is not Parameter:
+            arrived(t)
+        return t
+
+    reductions.rebuild_tensor = rebuild_tensor
+
+    def undo() -> None:
+        reductions.rebuild_tensor = original
 
     return undo

@@ -92,6 +92,7 @@ class NativeLedger(StorageLedger):
         self._deferring = False  # the run's first step began: marks wait for its rows
         self._blocks = Blocks()
         self._optimizer_spans: list[list[int]] = []
+        self._in_backward = False
         self._backward_starts: list[int] = []
         self._calls_at_step = 0
         self._regions_at_step = 0  # recompute regions placed among the ops already
@@ -132,6 +133,7 @@ class NativeLedger(StorageLedger):
             return
         if self._phases.optimizer_depth:
             self._optimizer_spans.append([perf_counter_ns(), -1])
+            self._pause_inputs()
         owner = self._registry.owner
         grads, modules = [], []
         for p in self.parameters():
@@ -156,6 +158,14 @@ class NativeLedger(StorageLedger):
         self._note(found, 0, int(Category.OPTIMIZER_STATE), modules)
         if self._optimizer_spans and self._optimizer_spans[-1][1] < 0:
             self._optimizer_spans[-1][1] = perf_counter_ns()
+            self._pause_inputs()
+
+    def shared_input(self, t: torch.Tensor) -> None:
+        """A tensor rebuilt from another process's shared memory (a DataLoader worker's batch)
+        is an input, also one the recorded steps never use (NOTE [ Inputs and their sources ]
+        in ledger.py: the Python path tells it by its shared storage when it first sees it)."""
+        if self._flags.state is State.RECORDING:
+            self.mark(t, int(Category.INPUT))
 
     def comm_buffer(self, t: torch.Tensor) -> None:
         """FSDP filled its communication buffer ``t`` (NOTE [ FSDP's storages ] in ledger.py:
@@ -173,6 +183,13 @@ class NativeLedger(StorageLedger):
             spans[-1][1] = now
         elif not running and self._phases.optimizer_depth:
             spans.append([now, -1])
+        self._pause_inputs()
+
+    def _pause_inputs(self) -> None:
+        """Op inputs are not needed in backward or the optimizer's step (NOTE [ Op inputs
+        outside modules ] in ckrec.cpp)."""
+        optimizer = bool(self._optimizer_spans) and self._optimizer_spans[-1][1] < 0
+        self._ext.pause_inputs(self._in_backward or optimizer)
 
     def on_saved(self, x: torch.Tensor, kind: SavedEventKind) -> None:
         """A tensor that other saved-tensor hooks (checkpoint's) kept: an activation."""
@@ -273,7 +290,9 @@ class NativeLedger(StorageLedger):
         self._remember_last_op(facts, py_call)
         op_rows = self._write_ops(facts, py_call, now)
         self._place_regions(facts.ops, now)
-        self._write_blocks(facts, py_call, op_rows)
+        saved = self._write_blocks(facts, py_call, op_rows)
+        self._apply_inputs(rows, facts)
+        self._promote_saved(saved)
         self._write_saved(facts, py_call, op_rows)
         self._apply_notes(facts.notes)
         self._sort_memory_events()
@@ -284,6 +303,13 @@ class NativeLedger(StorageLedger):
         before it are FORWARD (the Python path's ``top_phase``)."""
         self._phases.enter_backward(queue=False)
         self._backward_starts.append(perf_counter_ns())
+        self._in_backward = True
+        self._pause_inputs()
+
+    def backward_ends(self) -> None:
+        """The backward pass that ``backward_begins`` began returned."""
+        self._in_backward = False
+        self._pause_inputs()
 
     def _forward_spans(self, rows: Rows, now: int) -> np.ndarray:
         """From each top-level forward call's start to the next backward (or the step's end):
@@ -479,7 +505,8 @@ class NativeLedger(StorageLedger):
             forward = np.asarray(texts) == COMPILED_REGIONS[0]
             self._name_is_compiled = np.concatenate([self._name_is_compiled, forward])
 
-    def _write_blocks(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
+    def _write_blocks(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> np.ndarray:
+        """Write the step's blocks; returns the storage rows autograd saved."""
         blocks = facts.blocks
         n = len(blocks["block"])
         first = len(self._st_data) // ST_WIDTH
@@ -528,7 +555,54 @@ class NativeLedger(StorageLedger):
         )
         self._mem.data.frombytes(np.concatenate(events).astype(np.int64).tobytes())
         saved = np.concatenate([sids[blocks["saved"]], self._blocks.sid(facts.late_saved)])
-        self._promote_saved(saved[saved >= 0])
+        return saved[saved >= 0]  # promoted once the step's op inputs are known
+
+    def _apply_inputs(self, rows: Rows, facts: StepFacts) -> None:
+        """The rules of NOTE [ Inputs and their sources ] (ledger.py) from the tensors ops
+        outside modules read (NOTE [ Op inputs outside modules ] in ckrec.cpp): a storage from
+        before the run is registered (SEEN) at its first read; an op between steps links its
+        new blocks to what it read; an op of the forward (the loss) makes what it reads that was
+        made outside the forward an input."""
+        inputs = rows.inputs
+        if not len(inputs):
+            return
+        ids = facts.ops["id"]  # in id order
+        at = np.minimum(np.searchsorted(ids, inputs["op"]), max(len(ids) - 1, 0))
+        known = (ids[at] == inputs["op"]) if len(ids) else np.zeros(len(inputs), bool)
+        phase = np.where(known, facts.ops["phase"][at] if len(ids) else 0, Phase.OTHER)
+        sid = np.where(inputs["block"] >= 0, self._blocks.sid(inputs["block"]), inputs["sid"])
+        for row in np.flatnonzero((sid < 0) & (inputs["tensor"] >= 0)).tolist():
+            sid[row] = self._seen_input(
+                rows.input_tensors[int(inputs["tensor"][row])],
+                FORWARD if phase[row] == Phase.FORWARD else OTHER,
+                int(inputs["t"][row]),
+            )
+        between = (phase == Phase.OTHER) & (sid >= 0)
+        if between.any():
+            made = self._blocks.sid(facts.blocks["block"])
+            for op in np.unique(inputs["op"][between]).tolist():
+                sources = sid[between & (inputs["op"] == op)].tolist()
+                for out in made[facts.blocks["top_op"] == op].tolist():
+                    self._sources.setdefault(out, []).extend(s for s in sources if s != out)
+        forward = np.unique(sid[(phase == Phase.FORWARD) & (sid >= 0)])
+        view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
+        other = forward[view[forward, ST_CATEGORY] == _OTHER].tolist()
+        del view
+        for s in other:
+            self._promote_input(s)
+
+    def _seen_input(self, t: torch.Tensor | None, phase: int, now: int) -> int:
+        """The storage row of a tensor an op read that no block or registered storage holds
+        (from before the run): registered now, as ``StorageLedger._see_input`` does; -1 if it
+        died since, or has no storage."""
+        st = None if t is None else storage_of(t)
+        if t is None or st is None:
+            return -1
+        ref = self._known.get(st._cdata)
+        if ref is not None:
+            return ref.sid
+        sid = self._register_existing(t, st, phase, now)
+        return -1 if sid is None else sid
 
     def _write_saved(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
         saved = facts.saved

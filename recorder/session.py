@@ -332,9 +332,12 @@ class Recorder:
                 torch_hooks.backward_begins(roots)
                 ledger.backward_begins()
 
-            restore.append(
-                _torch.bracket_backward(backward_begins, lambda: phases.on_backward_end())
-            )
+            def backward_ends() -> None:
+                ledger.backward_ends()
+                phases.on_backward_end()
+
+            restore.append(_torch.bracket_backward(backward_begins, backward_ends))
+            restore.append(_torch.watch_shared_tensors(ledger.shared_input))
             if parts.stacks is not None:  # NOTE [ Stacks on the native path ]
                 restore.append(_torch.watch_torch_calls(ledger.on_torch_call))
         else:

@@ -256,6 +256,10 @@ def _global_state() -> dict[str, Any]:
         "ckpt_runtime listeners": len(markers._listeners),
         "ckpt_runtime bypassed": is_bypassed(),
         "grad enabled": torch.is_grad_enabled(),
+        "torch.autograd.backward": torch.autograd.backward,  # the native path's backward bounds
+        "torch.autograd.grad": torch.autograd.grad,
+        "rebuild_tensor": torch.multiprocessing.reductions.rebuild_tensor,  # worker batches
+        "function mode": torch.overrides._get_current_function_mode(),  # --stacks, native
     }
     dynamo = sys.modules.get("torch._dynamo.eval_frame")
     if dynamo is not None and hasattr(dynamo, "_stance"):

@@ -35,6 +35,9 @@ SOURCE = Path(__file__).with_name("ckrec.cpp")
 HEADERS = (Path(__file__).with_name("ckrec.h"),)
 NAME = "ckview_native"
 STAMP = "stamp.json"
+CFLAGS = ("-O2", "-DNDEBUG")
+"""NDEBUG as torch's own release builds: its headers' debug-only asserts read state that only a
+debug build of torch sets (``RecordFunction::inputs()``). Part of the source hash."""
 LOCK_TIMEOUT_S = 900
 ENV_MODE = "CKVIEW_RECORDER"
 MODES = ("auto", "native", "python")
@@ -131,6 +134,7 @@ def _source_hash() -> str:
     digest = hashlib.sha256()
     for path in (SOURCE, *HEADERS):
         digest.update(path.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
     return digest.hexdigest()
 
 
@@ -235,7 +239,7 @@ def _build(directory: Path, stamp: dict[str, str]) -> str | None:
                 name=NAME,
                 sources=[str(SOURCE)],
                 build_directory=str(directory),
-                extra_cflags=["-O2"],
+                extra_cflags=list(CFLAGS),
                 verbose=False,
             )
     except Exception as exc:  # the compiler's own words go to the log, one line to the user

@@ -238,6 +238,76 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+// NOTE [ Op inputs outside modules ]
+// Two rules of the Python path need what an op reads, outside module calls: an op of the
+// forward outside any module (the loss) that reads a storage made between steps makes it an
+// input, and an op between steps (`x = data[idx]`) links its new blocks to what it read, so
+// that the dataset becomes an input when x does (NOTE [ Inputs and their sources ] in
+// recorder/ledger.py). Boxing every op's inputs would cost every op, so a second callback,
+// with inputs, is enabled only while the recording thread is outside module calls, backward
+// and the optimizer's step (Python says when it is in either: pause_inputs()). For each top-level
+// op it writes an InRow per tensor input naming its block of the run, or the storage row
+// Python registered, or else (a storage from before the run that Python never saw) a weak
+// reference to the tensor, which drain() hands to Python while the tensor lives.
+using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+at::CallbackHandle inputs_callback = 0;
+bool inputs_on = false;               // recording thread only
+bool inputs_paused = false;           // recording thread only
+std::vector<WeakTensor> input_tensors;  // recording thread only; drain() empties it
+
+int64_t storage_key(const at::Tensor& t);
+
+void input_row(ThreadState& ts, int64_t op, int64_t t, const at::Tensor& x) {
+  if (!x.defined() || !x.has_storage() || x.storage().nbytes() == 0) return;
+  int64_t key = storage_key(x), block, sid = -1, tensor = -1;
+  {
+    std::lock_guard<std::mutex> lock(blocks_mu);
+    block = live_blocks.get(key);
+    if (block < 0) sid = seen_storages.get(key);
+  }
+  if (block < 0 && sid < 0) {
+    tensor = int64_t(input_tensors.size());
+    input_tensors.emplace_back(x.getIntrusivePtr());
+  }
+  BufferLock lock(*ts.buf, drainer);
+  ts.buf->inputs.push_back(InRow{t, op, block, sid, tensor});
+}
+
+std::unique_ptr<at::ObserverContext> on_inputs(const at::RecordFunction& fn) {
+  if (off()) return nullptr;
+  ThreadState& ts = state();
+  if (ts.buf.get() != drainer.load(std::memory_order_relaxed) || ts.ops.size() != 1 ||
+      !ts.calls.empty() || torch::autograd::get_current_graph_task_id() >= 0)
+    return nullptr;
+  int64_t op = ts.ops.back().id, t = now_ns();
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor()) {
+      input_row(ts, op, t, v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& x : v.toTensorVector()) input_row(ts, op, t, x);
+    }
+  }
+  return nullptr;
+}
+
+// Enables the inputs callback outside module calls unless Python paused it; on the recording
+// thread only (a thread-local callback is enabled per thread).
+void update_inputs(ThreadState& ts) {
+  if (!inputs_callback || ts.buf.get() != drainer.load(std::memory_order_relaxed)) return;
+  bool want = !inputs_paused && ts.calls.empty();
+  if (want == inputs_on) return;
+  if (want)
+    at::reenableCallback(inputs_callback);
+  else
+    at::disableCallback(inputs_callback);
+  inputs_on = want;
+}
+
+void pause_inputs(bool pause) {
+  inputs_paused = pause;
+  update_inputs(state());
+}
+
 // NOTE [ Engine work between nodes ]
 // Between two backward node ranges the autograd engine runs ops of its own on the node's
 // outputs: validate_outputs reduces a broadcast gradient to its input's shape (a Linear bias's
@@ -389,13 +459,19 @@ void start(bool ops, bool memory, bool outputs) {
     cb.needsInputs(false).needsOutputs(outputs).needsIds(false).scopes(
         {at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
     callback = at::addThreadLocalCallback(cb);
+    at::RecordFunctionCallback in(on_inputs);  // after `cb`: it runs after on_start
+    in.needsInputs(true).needsOutputs(false).needsIds(false).scopes({at::RecordScope::FUNCTION});
+    inputs_callback = at::addThreadLocalCallback(in);
+    inputs_on = true;
+    inputs_paused = false;
   }
   if (memory) {
     reporter = std::make_shared<Reporter>();
     if (!resume_reporter()) {
       reporter.reset();
       if (callback) at::removeCallback(callback);
-      callback = 0;
+      if (inputs_callback) at::removeCallback(inputs_callback);
+      callback = inputs_callback = 0;
       drainer.store(nullptr);
       TORCH_CHECK(false, "torch's profiler slot is taken on this thread (a profiler is running)");
     }
@@ -416,7 +492,9 @@ void forget_in_child() {
 void stop() {
   check_drainer("stop()");
   if (callback) at::removeCallback(callback);
-  callback = 0;
+  if (inputs_callback) at::removeCallback(inputs_callback);
+  callback = inputs_callback = 0;
+  input_tensors.clear();
   suspend_reporter();
   reporter.reset();
   reporter_pushed = false;
@@ -431,7 +509,7 @@ void take(std::vector<T>& rows, std::string& out) {
 
 py::dict drain() {
   check_drainer("drain()");
-  std::string ops, mems, ooms, saved, outs, mods, ends, notes;
+  std::string ops, mems, ooms, saved, outs, mods, ends, notes, inputs;
   {
     std::lock_guard<std::mutex> lock(registry_mu);
     for (const auto& b : registry) {
@@ -445,6 +523,7 @@ py::dict drain() {
       take(b->mods, mods);
       take(b->ends, ends);
       take(b->notes, notes);
+      take(b->inputs, inputs);
     }
   }
   py::dict d;
@@ -456,6 +535,17 @@ py::dict drain() {
   d["modules"] = py::bytes(mods);
   d["op_ends"] = py::bytes(ends);
   d["notes"] = py::bytes(notes);
+  d["inputs"] = py::bytes(inputs);
+  py::list tensors;  // NOTE [ Op inputs outside modules ]: those still alive
+  for (const WeakTensor& weak : input_tensors) {
+    auto strong = weak.lock();
+    if (strong)
+      tensors.append(py::cast(at::Tensor(std::move(strong))));
+    else
+      tensors.append(py::none());
+  }
+  input_tensors.clear();
+  d["input_tensors"] = tensors;
   return d;
 }
 
@@ -467,7 +557,7 @@ int64_t pending_rows() {
   for (const auto& b : registry) {
     BufferLock guard(*b, drainer);
     n += int64_t(b->ops.size() + b->mems.size() + b->saved.size() + b->outs.size() +
-                 b->mods.size() + b->notes.size());
+                 b->mods.size() + b->notes.size() + b->inputs.size());
   }
   return n;
 }
@@ -503,6 +593,7 @@ void pre_hook(PyObject* module) {
   ModRow row{now_ns(), a, int64_t(at::sequence_number::peek()), call, cur_call(ts), m, 1,
              {0, 0, 0}};
   ts.calls.push_back(Call{call, m});
+  update_inputs(ts);
   BufferLock lock(*ts.buf, drainer);
   ts.buf->mods.push_back(row);
 }
@@ -519,13 +610,16 @@ void post_hook(PyObject* module) {
   size_t i = ts.calls.size();
   while (i > 0 && ts.calls[i - 1].module != m) --i;
   if (i == 0) return;  // its pre-hook ran before recording started
-  BufferLock lock(*ts.buf, drainer);
-  while (ts.calls.size() >= i) {
-    Call c = ts.calls.back();
-    ts.calls.pop_back();
-    int32_t parent = ts.calls.empty() ? -1 : ts.calls.back().call;
-    ts.buf->mods.push_back(ModRow{t, a, seq, c.call, parent, c.module, 0, {0, 0, 0}});
+  {
+    BufferLock lock(*ts.buf, drainer);
+    while (ts.calls.size() >= i) {
+      Call c = ts.calls.back();
+      ts.calls.pop_back();
+      int32_t parent = ts.calls.empty() ? -1 : ts.calls.back().call;
+      ts.buf->mods.push_back(ModRow{t, a, seq, c.call, parent, c.module, 0, {0, 0, 0}});
+    }
   }
+  update_inputs(ts);
 }
 
 void saved_row(PyObject* obj, uint8_t kind) {
@@ -717,6 +811,7 @@ py::dict row_sizes() {
   d["modules"] = sizeof(ModRow);
   d["op_ends"] = sizeof(EndRow);
   d["notes"] = sizeof(NoteRow);
+  d["inputs"] = sizeof(InRow);
   return d;
 }
 
@@ -735,6 +830,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget_in_child", &forget_in_child);
   m.def("drain", &drain);
   m.def("forget_blocks", &forget_blocks);
+  m.def("pause_inputs", &pause_inputs, py::arg("pause"));
   m.def("see", &see, py::arg("tensor"), py::arg("sid"));
   m.def("unsee", &unsee, py::arg("key"));
   m.def("names", &names_from, py::arg("first") = 0);

@@ -60,6 +60,9 @@ struct NoteRow {  // a tensor Python saw (NOTE [ Notes ] in ckrec.cpp)
   int32_t module;
   uint8_t what, pad[3];
 };
+struct InRow {  // a tensor a top-level op read (NOTE [ Op inputs outside modules ])
+  int64_t t, op, block, sid, tensor;  // block, storage row Python gave it, or weak tensor index
+};
 #pragma pack(pop)
 
 // CLOCK_MONOTONIC: the clock of Python's time.perf_counter_ns on Linux, which the recorder uses.
@@ -147,6 +150,7 @@ struct Buffers {
   std::vector<ModRow> mods;
   std::vector<EndRow> ends;
   std::vector<NoteRow> notes;
+  std::vector<InRow> inputs;
   int64_t drained_ops = 0;  // op rows of this thread handed out by drain() so far
 };
 

@@ -113,6 +113,15 @@ NOTES = np.dtype(  # NOTE [ Notes ] in ckrec.cpp
         ("pad", "u1", 3),
     ]
 )
+INPUTS = np.dtype(  # NOTE [ Op inputs outside modules ] in ckrec.cpp
+    [
+        ("t", "<i8"),
+        ("op", "<i8"),  # a top-level op outside module calls, backward and optimizer
+        ("block", "<i8"),  # the block it read, or -1: then
+        ("sid", "<i8"),  # the storage row Python registered, or -1: then
+        ("tensor", "<i8"),  # its index in Rows.input_tensors (None there once it died)
+    ]
+)
 
 DTYPES: dict[str, np.dtype] = {
     "ops": OPS,
@@ -123,6 +132,7 @@ DTYPES: dict[str, np.dtype] = {
     "modules": MODULES,
     "op_ends": OP_ENDS,
     "notes": NOTES,
+    "inputs": INPUTS,
 }
 
 
@@ -138,10 +148,14 @@ class Rows:
     modules: np.ndarray
     op_ends: np.ndarray
     notes: np.ndarray
+    inputs: np.ndarray
+    input_tensors: tuple[Any, ...] = ()
+    """The tensors inputs' ``tensor`` indexes (None for one that died since)."""
 
     @classmethod
     def empty(cls) -> Rows:
-        return cls(**{name: np.zeros(0, dtype) for name, dtype in DTYPES.items()})
+        columns: dict[str, Any] = {name: np.zeros(0, dtype) for name, dtype in DTYPES.items()}
+        return cls(**columns)
 
     def is_empty(self) -> bool:
         return not any(len(getattr(self, name)) for name in DTYPES)
@@ -163,4 +177,5 @@ def check_layout(ext: Any) -> str | None:
 def drain(ext: Any) -> Rows:
     """The rows written since the last drain, as (read-only) structured arrays."""
     raw = ext.drain()
-    return Rows(**{name: np.frombuffer(raw[name], dtype) for name, dtype in DTYPES.items()})
+    columns: dict[str, Any] = {name: np.frombuffer(raw[name], d) for name, d in DTYPES.items()}
+    return Rows(**columns, input_tensors=tuple(raw["input_tensors"]))
