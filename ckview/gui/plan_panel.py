@@ -28,6 +28,7 @@ from PyQt6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
+    QSplitter,
     QToolTip,
     QTreeWidget,
     QTreeWidgetItem,
@@ -313,8 +314,14 @@ class PlanPanel(QWidget):
         layout.addLayout(budget)
         layout.addWidget(self.budget_note)
         layout.addWidget(self.chain_view)
-        layout.addWidget(self.tree, stretch=2)
-        layout.addWidget(self.op_groups, stretch=1)
+        # The user sizes the tree against the op-level choices of its current module.
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.tree)
+        split.addWidget(self.op_groups)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        split.setChildrenCollapsible(False)
+        layout.addWidget(split, stretch=1)
         self._ready.connect(self._on_ready)
         self._planned.connect(self._on_planned)
         self.set_session(None)
@@ -376,6 +383,7 @@ class PlanPanel(QWidget):
         item = self._items.get(row)
         if item is not None:
             self.tree.setCurrentItem(item)
+            self.tree.scrollToItem(item)
         self.op_groups.show_row(row)
 
     def set_saved(self, row: int, packets: list[str]) -> None:
