@@ -3,6 +3,7 @@ groups, ticked to save their ops (NOTE [ One region per module ] in ckview.app.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from PyQt6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from ckview.analysis import ModuleRegion, format_bytes, project
+from ckview.analysis.device import DeviceState
 from ckview.app.planning import PlanSession
 from ckview.gui.main_window import MainWindow
 from tests.conftest import ROOT
@@ -138,3 +140,26 @@ def test_the_strip_counts_an_op_level_block_as_checkpointed(
     assert session.segment_selected(1, 2)
     window.plan.toggle_block(1)
     assert not session.selection
+
+
+def test_offload_on_a_cuda_run(qtbot: QtBot, window: MainWindow) -> None:
+    """On a run with a CUDA device the checkbox is on: ticking it makes the region offload
+    what it saves (its groups then off), unticking recomputes every op again."""
+    session = opened(qtbot, window)
+    gpu = DeviceState("cuda:0", *([-1] * 8))
+    cuda = PlanSession(dataclasses.replace(session.run, devices=(gpu,)))
+    window.plan.set_session(cuda)
+    row = cuda.chain.blocks[0] if cuda.chain else -1
+    window.plan._items[row].setCheckState(0, Qt.CheckState.Checked)
+    window.plan.show_op_groups(row)
+    box = window.plan.op_groups.offload
+    assert box.isEnabled()
+    box.setChecked(True)
+    assert cuda.selection == {ModuleRegion(row, ("*",), True)}
+    assert not window.plan.op_groups.groups.isEnabled()
+    expected = project(cuda.run.tables, [ModuleRegion(row, ("*",), True)])
+    assert window.timeline.outcome is not None
+    assert window.timeline.outcome.offloaded_bytes == expected.offloaded_bytes
+    assert window.timeline.outcome.peak_bytes == expected.projected_peak.bytes
+    box.setChecked(False)
+    assert cuda.selection == {ModuleRegion(row)}
