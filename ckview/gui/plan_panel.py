@@ -1,5 +1,6 @@
-"""The plan panel: module tree with checkboxes, the chain strip, presets, a budget, and the
-projected peak / saving / extra compute of what is selected.
+"""The plan panel: module tree with checkboxes, the op-level choices of its current module
+(``OpGroupsView``), the chain strip, presets, a budget, and the projected peak / saving / extra
+compute of what is selected.
 
 Owns a ``PlanSession``; every toggle re-projects and emits ``outcomeChanged``. Building the
 incremental model (and the planner) can take a second on a big run, so it runs on a worker
@@ -284,7 +285,9 @@ class PlanPanel(QWidget):
         self.strip.gapClicked.connect(self.toggle_boundary)
         self.tree = QTreeWidget()
         self.tree.setHeaderLabels(list(TREE_COLUMNS))
-        self.tree.setToolTip("Tick a module to checkpoint every call of it")
+        self.tree.setToolTip(
+            "Tick a module to checkpoint every call of it; below, choose the ops it saves"
+        )
         header = self.tree.header()
         assert header is not None
         header.setStretchLastSection(False)
