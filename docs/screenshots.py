@@ -56,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "at batch 4 and 8)",
     )
     only.add_argument(
+        "--oplevel-only",
+        action="store_true",
+        help="only the plan panel's op-level choices (explorer-oplevel*.png)",
+    )
+    only.add_argument(
         "--oom-ranks-only",
         action="store_true",
         help="only explorer-oom*.png and ranks.png (records an OOM step and an FSDP run)",
@@ -97,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote docs/images/{name}")
 
     OUT.mkdir(parents=True, exist_ok=True)
+    _oplevel_shots(window, save)
+    if args.oplevel_only:
+        return 0
     if not args.oom_ranks_only and not args.diff_only:
         _size_shots(window, save)
     if args.size_only:
@@ -169,6 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     w.timeline.jump_to_peak()
     save(w, "snapshot-import.png")
     return 0
+
+
+def _oplevel_shots(window: Any, save: Any) -> None:
+    """The plan panel's op-level choices on the transformer, light and dark: block 1 saves
+    its matmuls and softmax, block 3 recomputes every op (issue 22, item 5)."""
+    from ckview.app.style import DARK
+
+    for theme, name in ((None, "explorer-oplevel.png"), (DARK, "explorer-oplevel-dark.png")):
+        w = window("transformer_compare.h5")
+        w.resize(1600, 1300)  # room for the module tree and the groups of block 1
+        if theme is not None:
+            w.set_theme(theme)
+        blocks = w.plan.session.chain.blocks
+        for row in (blocks[1], blocks[3]):
+            w.plan.toggle_module(row)
+        w.plan.set_saved(blocks[1], ["aten.addmm", "aten._safe_softmax", "aten.bmm"])
+        w.plan.show_op_groups(blocks[1])
+        save(w.plan, name)
 
 
 def _diff_and_budget_shots(window: Any, save: Any, settle: Any) -> None:

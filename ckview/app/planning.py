@@ -15,6 +15,13 @@ NOTE [ Chain strip ]
     the one source of truth: the strip's checkpointed segments are the selected chain regions;
     a preset, a loaded plan or the planner sets the selection, and then every block outside
     a selected segment is a segment of its own.
+
+NOTE [ One region per module ]
+    A module row is checkpointed by at most one ``ModuleRegion`` of the selection: recompute
+    every op (``ModuleRegion(row)``), save some ops (``save``: the packets of the saved-tensor
+    groups ticked in the panel, NOTE [ Op-level search space ] in planner_ops.py, plus any other
+    entries a loaded plan gave), or offload (``save=("*",), offload=True``). ``region_of`` finds
+    it whatever its kind; ticking groups or offload replaces it, unticking the module drops it.
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ from ckview.analysis import (
     sequential_children,
 )
 from ckview.analysis.cost import PlanCost
+from ckview.analysis.planner_ops import OpGroup, op_groups
 from ckview.analysis.plans import TraceTree
+from ckview.analysis.projection.oplevel import OpNames
 from ckview.analysis.regions import subtree_sums
 from ckview.analysis.timing import forward_ns_by_module
 from ckview.app.run import Run
@@ -130,6 +139,10 @@ class PlanOutcome(PlanCost):
     """Why they cannot (NOTE [ Regions that cannot take effect ] in ckpt_runtime/resolve.py)."""
     plain_times: bool = False
     """Extra compute and step time come from plain timing steps, not recorded op times."""
+    offloaded_bytes: int = 0
+    """Bytes the offload regions move to host memory and back (NOTE [ Offloaded instances ])."""
+    host_peak_bytes: int = 0
+    """The most bytes the offload regions hold in host memory at once."""
 
     def idle_summary(self) -> str | None:
         """One line on the regions that cannot take effect, None if all can (or none)."""
@@ -163,6 +176,8 @@ class PlanSession:
         self.index = {r: i for i, r in enumerate(self.candidates)}
         self.model: ProjectionModel | None = None
         self.step_ns, self.plain_times = run.step_ns, run.plain_times
+        self._op_names: OpNames | None = None
+        self._groups: dict[int, list[OpGroup]] = {}
 
     # -- preparing (slow on big runs: the GUI does it off the UI thread)
 
@@ -206,8 +221,9 @@ class PlanSession:
     def toggle_module(self, row: int) -> bool:
         """Checkpoint module ``row`` or stop; returns whether it is now selected."""
         region = ModuleRegion(row)
-        if region in self.selection:
-            self.selection.discard(region)
+        selected = self.region_of(row)
+        if selected is not None:
+            self.selection.discard(selected)
             return False
         if self.chain is not None and self.chain.sequential and row in self.chain.blocks:
             i = self.chain.blocks.index(row)
@@ -225,15 +241,23 @@ class PlanSession:
 
     def segment_selected(self, start: int, stop: int) -> bool:
         assert self.chain is not None
-        return self.chain.region(start, stop) in self.selection
+        return self._selected(self.chain.region(start, stop)) is not None
+
+    def _selected(self, region: Region) -> Region | None:
+        """The selected region standing for ``region``: a block's module region of any kind
+        (NOTE [ One region per module ]), a segment itself; None if not selected."""
+        if isinstance(region, ModuleRegion):
+            return self.region_of(region.module)
+        return region if region in self.selection else None
 
     def toggle_block(self, block: int) -> bool:
         """Checkpoint the segment holding ``block`` or stop; returns whether it now is."""
         assert self.chain is not None
         start, stop = next(s for s in self.segments() if s[0] <= block < s[1])
         region = self.chain.region(start, stop)
-        if region in self.selection:
-            self.selection.discard(region)
+        selected = self._selected(region)
+        if selected is not None:
+            self.selection.discard(selected)
             return False
         self._drop_chain_regions_over(start, stop)
         self.selection.add(region)
@@ -253,7 +277,9 @@ class PlanSession:
         else:
             self.boundaries.add(gap)
         for s in before:
-            self.selection.discard(self.chain.region(*s))
+            selected = self._selected(self.chain.region(*s))
+            if selected is not None:
+                self.selection.discard(selected)
         for start, stop in self.segments():
             if any(on and a < stop and start < b for (a, b), on in before.items()):
                 self.selection.add(self.chain.region(start, stop))
@@ -265,6 +291,61 @@ class PlanSession:
             span = self.chain.block_range(region)
             if span is not None and span[0] < stop and start < span[1]:
                 self.selection.discard(region)
+
+    # -- op-level regions (NOTE [ One region per module ])
+
+    def region_of(self, row: int) -> ModuleRegion | None:
+        """The selected module region of module ``row``, of any kind; None if unticked."""
+        for region in self.selection:
+            if isinstance(region, ModuleRegion) and region.module == row:
+                return region
+        return None
+
+    def op_groups(self, row: int) -> list[OpGroup]:
+        """The saved-tensor groups of module ``row``, best first (NOTE [ Op-level search
+        space ] in ckview/analysis/planner_ops.py); computed once per module."""
+        if row not in self._groups:
+            if self._op_names is None:
+                self._op_names = OpNames(self.run.tables)
+            self._groups[row] = op_groups(self.run.tables, ModuleRegion(row), self._op_names)
+        return self._groups[row]
+
+    def set_saved(self, row: int, packets: Iterable[str]) -> ModuleRegion:
+        """Make checkpointed module ``row`` save the ops of the groups ``packets`` and
+        recompute the rest (none: recompute every op); entries of its ``save`` that are no
+        group's packet (a loaded plan's auto-names or patterns) stay. Raises ``ValueError``
+        if the module is not checkpointed."""
+        old = self._ticked(row)
+        groups = {g.packet for g in self.op_groups(row)}
+        others = [e for e in old.save or () if e not in groups and not old.offload]
+        save = tuple(sorted({*others, *packets})) or None
+        return self._replace(old, ModuleRegion(row, save))
+
+    def set_offload(self, row: int, on: bool) -> ModuleRegion:
+        """Make checkpointed module ``row`` offload what it saves (``save=["*"]``) or go back
+        to recomputing every op. Raises ``ValueError`` if it is not checkpointed."""
+        old = self._ticked(row)
+        return self._replace(old, ModuleRegion(row, ("*",), True) if on else ModuleRegion(row))
+
+    def offload_blocked(self) -> str | None:
+        """Why offload cannot change this run (a CPU trace), None if it can."""
+        if self.run.device is not None:
+            return None
+        return (
+            "a CPU trace: its tensors are in host memory already, so offloading changes "
+            "nothing; record on a CUDA device to plan offload"
+        )
+
+    def _ticked(self, row: int) -> ModuleRegion:
+        region = self.region_of(row)
+        if region is None:
+            raise ValueError(f"{self.run.paths[row]} is not checkpointed: tick it first")
+        return region
+
+    def _replace(self, old: ModuleRegion, new: ModuleRegion) -> ModuleRegion:
+        self.selection.discard(old)
+        self.selection.add(new)
+        return new
 
     def shadowed(self) -> set[int]:
         """Module rows selected but inside another selected module (the outer one wins)."""
@@ -408,6 +489,8 @@ class PlanSession:
             peak_point=p.projected_peak.baseline_point,
             recomputes=marks,
             incremental=False,
+            offloaded_bytes=p.offloaded_bytes,
+            host_peak_bytes=p.host_peak_bytes,
         )
 
     def _call_label(self, call: int) -> str:

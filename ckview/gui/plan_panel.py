@@ -1,5 +1,6 @@
-"""The plan panel: module tree with checkboxes, the chain strip, presets, a budget, and the
-projected peak / saving / extra compute of what is selected.
+"""The plan panel: module tree with checkboxes, the op-level choices of its current module
+(``OpGroupsView``), the chain strip, presets, a budget, and the projected peak / saving / extra
+compute of what is selected.
 
 Owns a ``PlanSession``; every toggle re-projects and emits ``outcomeChanged``. Building the
 incremental model (and the planner) can take a second on a big run, so it runs on a worker
@@ -28,6 +29,7 @@ from PyQt6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
+    QSplitter,
     QToolTip,
     QTreeWidget,
     QTreeWidgetItem,
@@ -36,7 +38,6 @@ from PyQt6.QtWidgets import (
 )
 
 from ckview.analysis import (
-    ModuleRegion,
     PlannerResult,
     Region,
     already_checkpointed,
@@ -47,6 +48,7 @@ from ckview.analysis import (
 from ckview.app.planning import PlanOutcome, PlanSession
 from ckview.app.style import PEAK_COLOR, PROJECTION_COLOR
 from ckview.gui.background import in_background
+from ckview.gui.op_groups import OpGroupsView
 
 TREE_COLUMNS = ("module", "type", "activations", "forward", "recompute")
 
@@ -283,7 +285,9 @@ class PlanPanel(QWidget):
         self.strip.gapClicked.connect(self.toggle_boundary)
         self.tree = QTreeWidget()
         self.tree.setHeaderLabels(list(TREE_COLUMNS))
-        self.tree.setToolTip("Tick a module to checkpoint every call of it")
+        self.tree.setToolTip(
+            "Tick a module to checkpoint every call of it; below, choose the ops it saves"
+        )
         header = self.tree.header()
         assert header is not None
         header.setStretchLastSection(False)
@@ -293,7 +297,12 @@ class PlanPanel(QWidget):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.tree.itemChanged.connect(self._on_item_changed)
+        self.tree.currentItemChanged.connect(self._on_current_changed)
         self._items: dict[int, QTreeWidgetItem] = {}
+        self.op_groups = OpGroupsView()
+        """The op-level choices of the module current in the tree."""
+        self.op_groups.savedChanged.connect(self.set_saved)
+        self.op_groups.offloadChanged.connect(self.set_offload)
 
         presets = QHBoxLayout()
         for button in self.presets.values():
@@ -308,7 +317,14 @@ class PlanPanel(QWidget):
         layout.addLayout(budget)
         layout.addWidget(self.budget_note)
         layout.addWidget(self.chain_view)
-        layout.addWidget(self.tree, stretch=1)
+        # The user sizes the tree against the op-level choices of its current module.
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.tree)
+        split.addWidget(self.op_groups)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        split.setChildrenCollapsible(False)
+        layout.addWidget(split, stretch=1)
         self._ready.connect(self._on_ready)
         self._planned.connect(self._on_planned)
         self.set_session(None)
@@ -328,6 +344,7 @@ class PlanPanel(QWidget):
         self.session = session
         self.budget_note.setVisible(False)
         self.chain_view.set_session(session)
+        self.op_groups.set_session(session)
         self._fill_tree()
         for w in (*self.presets.values(), self.budget, self.plan_button, self.tree):
             w.setEnabled(session is not None)
@@ -362,6 +379,33 @@ class PlanPanel(QWidget):
     def toggle_module(self, row: int) -> None:
         assert self.session is not None
         self.session.toggle_module(row)
+        self._refresh()
+
+    def show_op_groups(self, row: int) -> None:
+        """Show the op-level choices of module ``row`` (the tree's current module)."""
+        item = self._items.get(row)
+        if item is not None:
+            self.tree.setCurrentItem(item)
+            self.tree.scrollToItem(item)
+        self.op_groups.show_row(row)
+
+    def set_saved(self, row: int, packets: list[str]) -> None:
+        """Make checkpointed module ``row`` save the ops of the groups ``packets`` (none:
+        recompute every op)."""
+        assert self.session is not None
+        try:
+            self.session.set_saved(row, packets)
+        except ValueError as exc:
+            self.message.emit(str(exc))
+        self._refresh()
+
+    def set_offload(self, row: int, on: bool) -> None:
+        """Make checkpointed module ``row`` offload what it saves, or recompute it all."""
+        assert self.session is not None
+        try:
+            self.session.set_offload(row, on)
+        except ValueError as exc:
+            self.message.emit(str(exc))
         self._refresh()
 
     def toggle_block(self, block: int) -> None:
@@ -498,8 +542,12 @@ class PlanPanel(QWidget):
             return
         row = int(item.data(0, Qt.ItemDataRole.UserRole))
         wanted = item.checkState(0) == Qt.CheckState.Checked
-        if wanted != (ModuleRegion(row) in self.session.selection):
+        if wanted != (self.session.region_of(row) is not None):
             self.toggle_module(row)
+
+    def _on_current_changed(self, item: QTreeWidgetItem | None, _: object) -> None:
+        if item is not None:
+            self.op_groups.show_row(int(item.data(0, Qt.ItemDataRole.UserRole)))
 
     def _sync_checks(self) -> None:
         session = self.session
@@ -512,7 +560,7 @@ class PlanPanel(QWidget):
                 continue
             # Only what changed: each change makes the tree re-measure its columns (sized to
             # their contents), all rows of them; a toggle changes a few rows.
-            on = ModuleRegion(row) in session.selection
+            on = session.region_of(row) is not None
             state = Qt.CheckState.Checked if on else Qt.CheckState.Unchecked
             if item.checkState(0) != state:
                 item.setCheckState(0, state)
@@ -534,6 +582,7 @@ class PlanPanel(QWidget):
         assert session is not None
         outcome = session.outcome()
         self._sync_checks()
+        self.op_groups.sync()
         self.strip.update()
         self.readout.setText(readout_html(outcome, len(session.selection)))
         self.outcomeChanged.emit(outcome if session.selection else None)
@@ -559,7 +608,20 @@ def readout_html(outcome: PlanOutcome, regions: int) -> str:
         f"({sign}{abs(outcome.saving_share):.1%} of {base})<br>"
         f"extra compute +{outcome.extra_compute_ns / 1e6:.1f} ms "
         f"({outcome.extra_share:.1%} of the step{_times_hint(outcome)}) · {regions} region(s), "
-        f"{len(outcome.recomputes)} recompute(s)" + idle_html(outcome, regions)
+        f"{len(outcome.recomputes)} recompute(s)"
+        + _offload_html(outcome)
+        + idle_html(outcome, regions)
+    )
+
+
+def _offload_html(outcome: PlanOutcome) -> str:
+    """What the offload regions move to host memory; empty if none (NOTE [ Offloaded
+    instances ] in ckview.analysis.projection)."""
+    if not outcome.offloaded_bytes:
+        return ""
+    return (
+        f"<br>offloads {format_bytes(outcome.offloaded_bytes)} to host memory "
+        f"(host peak {format_bytes(outcome.host_peak_bytes)})"
     )
 
 
