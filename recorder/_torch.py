@@ -116,11 +116,19 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def storage_of(t: torch.Tensor) -> Any:
-    """The untyped storage of ``t``'s data, or None for tensors without one (sparse, mkldnn)."""
+    """The untyped storage of ``t``'s data, or None for tensors without one (sparse, mkldnn,
+    and the fake tensors dynamo traces with while it compiles: no memory of the step)."""
+    if _is_fake(t):
+        return None
     try:
         return local(t).untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    fake = sys.modules.get("torch._subclasses.fake_tensor")  # none exists before it is imported
+    return fake is not None and isinstance(t, fake.FakeTensor)
 
 
 # ----------------------------------------------------------------------------- patches

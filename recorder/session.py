@@ -15,9 +15,8 @@ The Recorder builds its parts and installs them; each part has one job:
   allocator's events, device samples, OOM capture, ``torch.compile``, FSDP's resizes, and any
   given in ``Recorder(sources=...)``.
 * ``_torch.py``: every private torch API and patch of torch or ``os``, each with its undo.
-* ``native_ledger.py`` and ``sources/native.py``: with ``CKVIEW_RECORDER=native``, the native
-  extension replaces the dispatch mode and the allocator's windows (NOTE [ The native
-  ledger ]); ``auto`` stays on the Python path until the native one shows parity.
+* ``native_ledger.py``, ``native_steps.py`` and ``sources/native.py``: the native path
+  (``CKVIEW_RECORDER=native``; NOTE [ The native ledger ]); ``auto`` stays on the Python path.
 """
 
 from __future__ import annotations

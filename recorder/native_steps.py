@@ -1,0 +1,453 @@
+"""Writing one drained step into the run's tables: the half of the native ledger (NOTE [ The
+native ledger ] in recorder/native_ledger.py) that runs at each step boundary, once the
+extension's rows are drained and attributed (recorder/native/attribute.py). ``StepWriting`` is a
+mixin of ``NativeLedger``: its methods read and write the ledger's tables."""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ckview.trace.schema import (
+    CATEGORY_PRIORITY,
+    NO_INDEX,
+    Category,
+    MemoryEventKind,
+    Phase,
+    SavedEventKind,
+)
+from recorder.buffers import MutableTable
+from recorder.compiled import COMPILED_REGIONS
+from recorder.ledger import StorageRef
+from recorder.native.attribute import Columns, LayoutIds, StepFacts
+from recorder.native.maps import Blocks, CallMap, OpMap
+from recorder.native.rows import Rows
+from recorder.phases import FORWARD, OTHER
+from recorder.tables import CALL_WIDTH, ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
+
+if TYPE_CHECKING:
+    from recorder.buffers import RowBuffer
+    from recorder.stacks import Stacks
+
+_RANK = np.zeros(len(Category), np.int64)
+for _rank, _cat in enumerate(CATEGORY_PRIORITY):
+    _RANK[_cat] = _rank
+
+_ALLOC, _FREE = int(MemoryEventKind.ALLOC), int(MemoryEventKind.FREE)
+_PACK = int(SavedEventKind.PACK)
+_TEMPORARY, _OTHER = int(Category.TEMPORARY), int(Category.OTHER)
+_ACTIVATION = int(Category.ACTIVATION)
+_BACKWARD_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION, the scope of a backward node's range
+
+
+class StepWriting:
+    """The step-boundary methods of :class:`NativeLedger` (NOTE [ The native ledger ])."""
+
+    if TYPE_CHECKING:  # what the ledger holds (NativeLedger, StorageLedger); no runtime stubs
+        _ext: Any
+        _tables: RunTables
+        _st_data: array[int]
+        _ops: RowBuffer
+        _mem: RowBuffer
+        _saved: RowBuffer
+        _io: RowBuffer
+        _calls: MutableTable
+        _known: dict[int, StorageRef]
+        _blocks: Blocks
+        _backward_starts: list[int]
+        _calls_at_step: int
+        _cpu_id: int
+        _layout_ids_of: LayoutIds
+        _stacks: Stacks | None
+        _regions_at_step: int
+        _name_ids: np.ndarray
+        _name_is_op: np.ndarray
+        _name_is_compiled: np.ndarray
+        _mem_mark: int
+        _last_op: tuple[int, int, int, int] | None
+        _calls_t: array[int]
+        _calls_stack: array[int]
+        _sources: dict[int, list[int]]
+
+        def _apply_python(self, sid: int, what: int, value: int, module: int) -> None: ...
+
+        def _promote_input(self, sid: int) -> None: ...
+
+        def _seen_input(self, t: torch.Tensor | None, phase: int, now: int) -> int: ...
+
+    def _forward_spans(self, rows: Rows, now: int) -> np.ndarray:
+        """From each top-level forward call's start to the next backward (or the step's end):
+        ops outside modules there (the loss) are FORWARD, as on the Python path. A compiled
+        forward graph run outside backward begins a forward too: compiled around the model
+        (``torch.compile(step_fn)``), no module call runs (NOTE [ Compiled code on the native
+        path ] in compiled.py)."""
+        calls = self._calls
+        data = _rows_from(calls, self._calls_at_step)
+        root = (data[:, calls.index("parent")] == NO_INDEX) & (
+            data[:, calls.index("phase")] == FORWARD
+        )
+        ops = rows.ops
+        compiled = self._name_is_compiled[ops["name"]] & (ops["graph_task"] < 0)
+        starts = np.concatenate([data[root, calls.index("start_ns")], ops["t0"][compiled]])
+        backward = np.asarray([*self._backward_starts, now], np.int64)
+        ends = backward[np.minimum(np.searchsorted(backward, starts), len(backward) - 1)]
+        return np.stack([starts, ends], axis=1)
+
+    def _functional_forward_spans(self, ops: np.ndarray) -> np.ndarray:
+        """In a loop without modules (NOTE [ A forward without modules ] in hooks.py), a
+        backward's forward began at the op that made the graph's first node: its node has the
+        smallest sequence number among the backward's node ranges, and that op is the last
+        forward op that started with that number (an op starts with the number of the next
+        node, and only an op that makes a node moves it on). The forward runs from that op's
+        top-level op to the backward."""
+        backward = np.asarray(self._backward_starts, np.int64)
+        if not len(backward) or not len(ops):
+            return np.zeros((0, 2), np.int64)
+        node = (ops["scope"] == _BACKWARD_SCOPE) & (ops["seq"] >= 0)
+        forward = (ops["scope"] != _BACKWARD_SCOPE) & (ops["graph_task"] < 0)
+        which = np.searchsorted(backward, ops["t0"], side="right") - 1  # backward pass of each
+        spans = []
+        for i, start in enumerate(backward.tolist()):
+            seqs = ops["seq"][node & (which == i)]
+            if not len(seqs):
+                continue
+            made = np.flatnonzero(forward & (ops["seq"] == seqs.min()) & (ops["t0"] < start))
+            if not len(made):
+                continue
+            first = made[np.argmax(ops["t0"][made])]
+            top = np.flatnonzero(ops["id"] == ops["top"][first])
+            begin = ops["t0"][top[0] if len(top) else first]
+            spans.append((begin, start))
+        return np.asarray(spans, np.int64).reshape(-1, 2)
+
+    def _recompute_spans(self, now: int) -> np.ndarray:
+        regions = self._tables.regions
+        if not len(regions):
+            return np.zeros((0, 2), np.int64)
+        cols = regions.as_columns()
+        ends = np.where(cols["end_ns"] < 0, now, cols["end_ns"])
+        return np.stack([cols["start_ns"], ends], axis=1).astype(np.int64)
+
+    def _python_calls(self, facts: StepFacts) -> CallMap:
+        """Each native call id's Python call row: the one that began last before it."""
+        first = self._calls_at_step
+        starts = _rows_from(self._calls, first)[:, self._calls.index("start_ns")]
+        native = facts.calls
+        at = np.searchsorted(starts, native["start_ns"], side="right") - 1
+        rows = np.where(at >= 0, at + first, NO_INDEX)
+        self._blocks.calls.add(native["call"].astype(np.int64), rows)
+        modules = self._blocks.call_modules
+        modules.extend(_rows_from(self._calls, len(modules))[:, 0])
+        return CallMap(self._blocks.calls, modules.values)
+
+    def _remember_last_op(self, facts: StepFacts, calls: CallMap) -> None:
+        ops, ooms = facts.ops, facts.ooms
+        raised = np.flatnonzero(ops["raised"])
+        if not len(raised):
+            return
+        row = int(raised[-1])  # ops come in id order: the last raised began last
+        nbytes = int(ooms["bytes"][-1]) if len(ooms["t"]) else -1
+        call = int(calls.row(ops["module_call"][row : row + 1])[0])
+        module = NO_INDEX if call == NO_INDEX else int(self._calls.data[call * CALL_WIDTH])
+        self._last_op = (int(ops["name"][row]), module, int(ops["start_ns"][row]), nbytes)
+
+    def _stacks_at(self, t: np.ndarray) -> np.ndarray:
+        """The stack row of the last torch call begun at or before each time; the step's calls
+        are dropped but the last, which the next step's first blocks may take."""
+        if self._stacks is None or not len(self._calls_t):
+            return np.full(len(t), NO_INDEX, np.int64)
+        times = np.frombuffer(self._calls_t, np.int64)
+        stacks = np.frombuffer(self._calls_stack, np.int64)
+        at = np.searchsorted(times, t, side="right") - 1
+        found = np.where(at >= 0, stacks[np.maximum(at, 0)], NO_INDEX)
+        last_t, last_stack = times[-1], stacks[-1]
+        del times, stacks
+        self._calls_t, self._calls_stack = array("q", [last_t]), array("q", [last_stack])
+        return found
+
+    def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> OpMap:
+        ops = facts.ops
+        kept = ops["outer"] == ops["id"]  # NOTE [ Outermost ops ] in native/attribute.py
+        first = self._ops.rows
+        names = self._string_ids(ops["name"][kept])
+        call = np.where(
+            ops["phase"] == Phase.RECOMPUTE, calls.row(ops["call"]), calls.row(ops["module_call"])
+        )[kept]
+        end = np.where(ops["end_ns"] < 0, now, ops["end_ns"])[kept]
+        table = np.stack(
+            [
+                names,
+                ops["phase"][kept].astype(np.int64),
+                call,
+                np.full(len(names), self._tables.step),
+                ops["start_ns"][kept],
+                end,
+                ops["seq_nr"][kept],
+            ],
+            axis=1,
+        )
+        self._ops.data.frombytes(table.astype(np.int64).tobytes())
+        rows = np.full(len(kept), NO_INDEX, np.int64)
+        rows[kept] = np.arange(first, first + len(names))
+        outer_rows = OpMap(ops["id"], rows, ops["start_ns"]).row(ops["outer"])
+        return OpMap(ops["id"], outer_rows, ops["start_ns"])
+
+    def _place_regions(self, ops: Columns, now: int) -> None:
+        """The first and end op rows of this step's recompute regions, now that its ops are
+        rows: the Python phases opened them before the step's ops were written."""
+        regions = self._tables.regions
+        count = len(regions)
+        if count > self._regions_at_step:
+            kept = ops["outer"] == ops["id"]
+            starts = np.sort(ops["start_ns"][kept])
+            first = self._ops.rows - len(starts)
+            for row in range(self._regions_at_step, count):
+                start, end = regions.get(row, "start_ns"), regions.get(row, "end_ns")
+                at = int(np.searchsorted(starts, start))
+                stop = int(np.searchsorted(starts, end if end >= 0 else now))
+                regions.set(row, "first_op", first + at)
+                if end >= 0:
+                    regions.set(row, "end_op", first + stop)
+        self._regions_at_step = count
+
+    def _string_ids(self, names: np.ndarray) -> np.ndarray:
+        """String ids of the extension's op name indexes (interned once per name)."""
+        self._learn_names(int(names.max(initial=-1)) + 1)
+        return self._name_ids[names]
+
+    def _learn_names(self, count: int) -> None:
+        """Fetch the extension's op names up to index ``count`` (and which are ops)."""
+        known = len(self._name_ids)
+        if count > known:
+            texts = self._ext.names(known)
+            new = [self._tables.intern(text) for text in texts]
+            self._name_ids = np.concatenate([self._name_ids, np.asarray(new, np.int64)])
+            is_op = np.frombuffer(self._ext.ops_among_names(known), np.uint8).copy()
+            is_op[np.isin(texts, COMPILED_REGIONS)] = 1  # NOTE [ Compiled code on the native path ]
+            self._name_is_op = np.concatenate([self._name_is_op, is_op])
+            forward = np.asarray(texts) == COMPILED_REGIONS[0]
+            self._name_is_compiled = np.concatenate([self._name_is_compiled, forward])
+
+    def _write_blocks(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> np.ndarray:
+        """Write the step's blocks; returns the storage rows autograd saved."""
+        blocks = facts.blocks
+        n = len(blocks["block"])
+        first = len(self._st_data) // ST_WIDTH
+        sids = np.arange(first, first + n)
+        recompute = blocks["phase"] == Phase.RECOMPUTE
+        call = calls.row(np.where(recompute, blocks["call"], blocks["module_call"]))
+        category = np.where(blocks["phase"] == Phase.OTHER, _OTHER, _TEMPORARY)
+        dtype, shape = self._layout_ids(blocks["dtype"], blocks["ndim"], blocks["dims"])
+        op = ops.row(blocks["op"], blocks["alloc_ns"])
+        table = np.stack(
+            [
+                blocks["nbytes"],
+                self._device_ids(blocks["device_type"], blocks["device_index"]),
+                category,
+                dtype,
+                shape,
+                op,
+                call,
+                calls.module(call),
+                blocks["alloc_ns"],
+                blocks["free_ns"],
+                self._stacks_at(blocks["alloc_ns"]),
+            ],
+            axis=1,
+        ).astype(np.int64)
+        self._st_data.frombytes(table.tobytes())
+        self._tables.st_address.frombytes(blocks["ptr"].astype(np.int64).tobytes())
+        self._blocks.add(blocks, sids)
+        events = [np.stack([np.full(n, _ALLOC), sids, op, blocks["alloc_ns"]], axis=1)]
+        freed = blocks["free_ns"] >= 0
+        free_op = ops.row(blocks["free_op"][freed], blocks["free_ns"][freed], last=True)
+        events.append(
+            np.stack(
+                [np.full(freed.sum(), _FREE), sids[freed], free_op, blocks["free_ns"][freed]], 1
+            )
+        )
+        late = facts.late_frees
+        late_sid = self._blocks.sid(late["block"])
+        known = late_sid >= 0
+        self._set_storages(late_sid[known], "free_ns", late["free_ns"][known])
+        late_op = ops.row(late["free_op"][known], late["free_ns"][known], last=True)
+        events.append(
+            np.stack(
+                [np.full(known.sum(), _FREE), late_sid[known], late_op, late["free_ns"][known]], 1
+            )
+        )
+        self._mem.data.frombytes(np.concatenate(events).astype(np.int64).tobytes())
+        saved = np.concatenate([sids[blocks["saved"]], self._blocks.sid(facts.late_saved)])
+        return saved[saved >= 0]  # promoted once the step's op inputs are known
+
+    def _apply_inputs(self, rows: Rows, facts: StepFacts) -> None:
+        """The rules of NOTE [ Inputs and their sources ] (ledger.py) from the tensors ops
+        outside modules read (NOTE [ Op inputs outside modules ] in ckrec.cpp): a storage from
+        before the run is registered (SEEN) at its first read; an op between steps links its
+        new blocks to what it read; an op of the forward (the loss) makes what it reads that was
+        made outside the forward an input."""
+        inputs = rows.inputs
+        if not len(inputs):
+            return
+        ids = facts.ops["id"]  # in id order
+        at = np.minimum(np.searchsorted(ids, inputs["op"]), max(len(ids) - 1, 0))
+        known = (ids[at] == inputs["op"]) if len(ids) else np.zeros(len(inputs), bool)
+        phase = np.where(known, facts.ops["phase"][at] if len(ids) else 0, Phase.OTHER)
+        sid = np.where(inputs["block"] >= 0, self._blocks.sid(inputs["block"]), inputs["sid"])
+        for row in np.flatnonzero((sid < 0) & (inputs["tensor"] >= 0)).tolist():
+            sid[row] = self._seen_input(
+                rows.input_tensors[int(inputs["tensor"][row])],
+                FORWARD if phase[row] == Phase.FORWARD else OTHER,
+                int(inputs["t"][row]),
+            )
+        between = (phase == Phase.OTHER) & (sid >= 0)
+        if between.any():
+            made = self._blocks.sid(facts.blocks["block"])
+            for op in np.unique(inputs["op"][between]).tolist():
+                sources = sid[between & (inputs["op"] == op)].tolist()
+                for out in made[facts.blocks["top_op"] == op].tolist():
+                    self._sources.setdefault(out, []).extend(s for s in sources if s != out)
+        forward = np.unique(sid[(phase == Phase.FORWARD) & (sid >= 0)])
+        view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
+        other = forward[view[forward, ST_CATEGORY] == _OTHER].tolist()
+        del view
+        for s in other:
+            self._promote_input(s)
+
+    def _write_saved(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
+        saved = facts.saved
+        sid = self._blocks.sid(saved["block"])
+        old = sid < 0  # a block from before the run (a parameter): its SEEN row, by pointer
+        sid[old] = self._python_sid(saved["ptr"][old])
+        keep = sid >= 0
+        dtype, shape = self._layout_ids(saved["dtype"], saved["ndim"], saved["dims"])
+        pack = saved["kind"] == _PACK
+        call = calls.row(saved["module_call"])
+        table = np.stack(
+            [
+                saved["kind"].astype(np.int64),
+                sid,
+                ops.row(saved["op"], saved["t"]),
+                call,
+                shape,
+                dtype,
+                saved["nbytes"],
+                saved["t"],
+            ],
+            axis=1,
+        )[keep]
+        self._saved.data.frombytes(table.astype(np.int64).tobytes())
+        self._promote_saved(np.unique(sid[keep & pack]))
+
+    def _promote_saved(self, sids: np.ndarray) -> None:
+        """Saved by autograd: an activation; made outside the forward (a batch), an input
+        (``StorageLedger.on_saved``)."""
+        category = np.frombuffer(self._st_data, np.int64)[sids * ST_WIDTH + ST_CATEGORY]
+        for sid in sids[category == _OTHER].tolist():
+            self._promote_input(sid)
+        self._promote_all(sids[category != _OTHER], _ACTIVATION)
+
+    def _python_sid(self, ptr: np.ndarray) -> np.ndarray:
+        """Storage rows the Python ledger registered (alive), by data pointer; -1 if none."""
+        sids = np.fromiter((r.sid for r in self._known.values() if r.sid >= 0), np.int64)
+        if not len(ptr) or not len(sids):
+            return np.full(len(ptr), -1, np.int64)
+        address = np.frombuffer(self._tables.st_address, np.int64)[sids]
+        order = np.argsort(address)
+        address, sids = address[order], sids[order]
+        at = np.minimum(np.searchsorted(address, ptr), len(address) - 1)
+        return np.where(address[at] == ptr, sids[at], -1)
+
+    def _apply_notes(self, notes: Columns) -> None:
+        """The step's note rows (NOTE [ Notes ] in ckrec.cpp), each on a block of the run.
+        Storages still OTHER take them one by one, in time order, as ``_apply_python`` does
+        (being used as an input or saved makes them inputs); for the others the order does not
+        matter (categories only strengthen; a mark's module fills an empty one, first wins)."""
+        sid = np.where(notes["block"] >= 0, self._blocks.sid(notes["block"]), notes["sid"])
+        keep = sid >= 0
+        sid, what, value, module = (
+            sid[keep],
+            notes["what"][keep],
+            notes["value"][keep],
+            notes["module"][keep].astype(np.int64),
+        )
+        view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
+        other = view[sid, ST_CATEGORY] == _OTHER
+        del view
+        for row in np.flatnonzero(other).tolist():
+            self._apply_python(int(sid[row]), int(what[row]), int(value[row]), int(module[row]))
+        rest = ~other
+        io = rest & (what >= 2)
+        if io.any():
+            rows = np.stack([value[io], sid[io], what[io].astype(np.int64) - 2], axis=1)
+            self._io.data.frombytes(rows.astype(np.int64).tobytes())
+        self._promote_all(sid[rest & (what == 1)], _ACTIVATION)
+        marks = rest & (what == 0)
+        for category in np.unique(value[marks]).tolist():
+            self._promote_all(sid[marks & (value == category)], category)
+        owned = marks & (module != NO_INDEX)
+        first_sid, first = np.unique(sid[owned], return_index=True)
+        self._set_modules(first_sid, module[owned][first])
+
+    def _sort_memory_events(self) -> None:
+        """The step's memory rows (its blocks', and the Python ledger's: SEEN, frees of SEEN
+        storages) in time order; earlier steps' rows all come before."""
+        mem = self._mem
+        first = max(self._mem_mark - (mem.rows - len(mem.data) // mem.width), 0) * mem.width
+        while True:
+            count = len(mem.data)
+            tail = np.frombuffer(mem.data[first:], np.int64).reshape(-1, mem.width)
+            ordered = tail[np.argsort(tail[:, mem.width - 1], kind="stable")].tobytes()
+            if len(mem.data) == count:  # no free callback appended meanwhile
+                break
+        del mem.data[first:]
+        mem.data.frombytes(ordered)
+        self._mem_mark = mem.rows
+
+    def _promote_all(self, sids: np.ndarray, category: int) -> None:
+        if not len(sids):
+            return
+        view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
+        current = view[sids, ST_CATEGORY]
+        stronger = _RANK[category] < _RANK[current]
+        view[sids[stronger], ST_CATEGORY] = category
+        del view, current
+
+    def _set_modules(self, sids: np.ndarray, modules: np.ndarray) -> None:
+        """Give each storage its module where it has none."""
+        if len(sids):
+            view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
+            empty = view[sids, ST_MODULE] == NO_INDEX
+            view[sids[empty], ST_MODULE] = modules[empty]
+            del view, empty
+
+    def _set_storages(self, sids: np.ndarray, column: str, values: np.ndarray) -> None:
+        if len(sids):
+            view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
+            view[sids, self._tables.storages.index(column)] = values
+            del view
+
+    def _layout_ids(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
+        return self._layout_ids_of.ids(dtype, ndim, dims)
+
+    def _device_ids(self, device_type: np.ndarray, index: np.ndarray) -> np.ndarray:
+        key = device_type.astype(np.int64) * 65536 + index.astype(np.int64) + 1  # index -1: CPU
+        unique, inverse = np.unique(key, return_inverse=True)
+        ids = []
+        for k in unique.tolist():
+            kind, i = divmod(k, 65536)
+            i -= 1
+            if kind == 1:
+                self.saw_cuda = True
+            ids.append(self._cpu_id if kind == 0 else self._tables.intern(f"cuda:{i}"))
+        return np.asarray(ids, np.int64)[inverse.reshape(-1)]
+
+
+def _rows_from(table: MutableTable, first: int) -> np.ndarray:
+    """A copy of ``table``'s rows from row ``first`` on (slicing the array copies just them and
+    exports no buffer, so a free callback may append meanwhile)."""
+    tail = table.data[first * table.width :]
+    return np.frombuffer(tail, np.int64).reshape(-1, table.width)
