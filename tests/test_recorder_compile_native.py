@@ -5,6 +5,7 @@ allocation peak as torch.profiler measures it on the same compiled step."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -75,6 +76,10 @@ def _profiler_peak(step: Callable[[], None]) -> int:
     memory events (every allocation and free the allocator reports, in time order)."""
     from torch.profiler import ProfilerActivity, profile
 
+    # Garbage of earlier tests in this process, freed in the window, would be counted against
+    # the step: the CPU allocator reports the free of a block it sized while an earlier
+    # recorder's reporter was on (seen in CI: 4,096 B less than the step's own peak).
+    gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -208,9 +213,10 @@ def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="merged with the native path's loops without modules, a compiled function around "
-    "the model (no module call) records only the optimizer's ops in its step: to fix",
+    strict=False,
+    reason="depends on what ran before in the process: alone, and in a fresh clone's CI, a "
+    "compiled function around a model without module calls records its graph; after the rest "
+    "of this file on the dev machine, only the optimizer's ops: to fix",
 )
 def test_a_compiled_function_around_the_model_is_a_forward(tmp_path: Path) -> None:
     """Compiled around the model, no module call runs: the compiled forward graph begins a
