@@ -157,7 +157,7 @@ def copy_on_two_devices(source: Path, out: Path) -> Any:
     """``source``'s run with its INPUT storages left on the CPU and all others on cuda:0, as a
     CUDA recording would hold them; returns the mask of storages on cuda:0."""
     from ckview.trace import TraceWriter, open_trace
-    from ckview.trace.schema import RUN_TABLES, Category
+    from ckview.trace.schema import Category
 
     with open_trace(source) as trace:
         tables = trace.read_run("main", all_devices=True)
@@ -168,13 +168,20 @@ def copy_on_two_devices(source: Path, out: Path) -> Any:
     cuda = writer.intern("cuda:0")
     on_cuda = tables["storages"]["category"] != Category.INPUT
     tables["storages"]["device"][on_cuda] = cuda
+    write_main_run(writer, tables)
+    return on_cuda
+
+
+def write_main_run(writer: Any, tables: dict[str, Any]) -> None:
+    """Write ``tables`` (a run as ``read_run`` gives it) as run ``main`` and close the trace."""
+    from ckview.trace.schema import RUN_TABLES
+
     writer.append_modules(tables["modules"])
     run = writer.run("main")
     for table in RUN_TABLES:
         run.append(table, tables[table])
     run.close()
     writer.close()
-    return on_cuda
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ckview.trace import TraceWriter, open_trace
-from ckview.trace.schema import RUN_TABLES
+from tests.conftest import write_main_run
 
 GIB = 1 << 30
 
@@ -35,10 +35,5 @@ def as_cuda(source: Path, out: Path, total: int, outside: int) -> Path:
         "nvml_others": [0],
     }
     tables["device_samples"] = {k: np.array(v) for k, v in sample.items()}
-    writer.append_modules(tables["modules"])
-    run = writer.run("main")
-    for table in RUN_TABLES:
-        run.append(table, tables[table])
-    run.close()
-    writer.close()
+    write_main_run(writer, tables)
     return out

@@ -6,6 +6,7 @@ allocation peak as torch.profiler measures it on the same compiled step."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -37,23 +38,15 @@ pytestmark = [
 ]
 
 
-class _MLP(nn.Module):
+def _MLP() -> nn.Module:
     """examples/loops/compiled.py's model, tiny: inductor builds its C++ kernels quickly."""
-
-    def __init__(self, dim: int = 16, hidden: int = 32, depth: int = 2) -> None:
-        super().__init__()
-        self.inp = nn.Linear(dim, hidden)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU())
-            for _ in range(depth)
-        )
-        self.out = nn.Linear(hidden, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for block in self.blocks:
-            x = x + block(x)
-        return self.out(x)
+    spec = importlib.util.spec_from_file_location(
+        "compiled_example", ROOT / "examples" / "loops" / "compiled.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example.MLP(16, 32, 2)  # type: ignore[no-any-return]
 
 
 def _step_fn() -> Callable[[], None]:
