@@ -116,17 +116,16 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def storage_of(t: torch.Tensor) -> Any:
-    """The untyped storage of ``t``'s data, or None for tensors without one (sparse, mkldnn,
-    and the fake tensors dynamo traces with while it compiles: no memory of the step)."""
-    if _is_fake(t):
-        return None
+    """The untyped storage of ``t``'s data, or None for tensors without one (sparse, mkldnn)."""
     try:
         return local(t).untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
 
 
-def _is_fake(t: torch.Tensor) -> bool:
+def is_fake(t: torch.Tensor) -> bool:
+    """A fake tensor dynamo traces with while it compiles: no memory of the step (only the
+    native path records while code compiles; the Python path runs it eagerly)."""
     fake = sys.modules.get("torch._subclasses.fake_tensor")  # none exists before it is imported
     return fake is not None and isinstance(t, fake.FakeTensor)
 

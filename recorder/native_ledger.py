@@ -43,7 +43,7 @@ from ckview.trace.schema import (
     Phase,
     SavedEventKind,
 )
-from recorder._torch import local, storage_of, tensors_in
+from recorder._torch import is_fake, local, storage_of, tensors_in
 from recorder.ledger import StorageLedger, StorageRef
 from recorder.native.attribute import Attribution, LayoutIds
 from recorder.native.maps import Blocks, intervals
@@ -202,7 +202,7 @@ class NativeLedger(StepWriting, StorageLedger):
         registered here as the Python ledger does, and noted at once."""
         for i in self._ext.note_all(tensors, what, value, modules):
             t = tensors[i]
-            st = storage_of(t)
+            st = None if is_fake(t) else storage_of(t)
             if st is None or st.nbytes() == 0 or t.is_meta:
                 continue
             ref = self._known.get(st._cdata)
@@ -346,7 +346,7 @@ class NativeLedger(StepWriting, StorageLedger):
         """The storage row of a tensor an op read that no block or registered storage holds
         (from before the run): registered now, as ``StorageLedger._see_input`` does; -1 if it
         died since, or has no storage."""
-        st = None if t is None else storage_of(t)
+        st = None if t is None or is_fake(t) else storage_of(t)
         if t is None or st is None:
             return -1
         ref = self._known.get(st._cdata)
