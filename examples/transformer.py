@@ -6,6 +6,7 @@ memory profile of a real training step, not the model quality.
 
     python examples/transformer.py --steps 6
     python examples/transformer.py --checkpoint  # gradient checkpointing per layer
+    python examples/transformer.py --device cuda  # on a GPU
     ckview record -o transformer.h5 --steps 2 examples/transformer.py   # record 2 steps
 """
 
@@ -73,10 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", action="store_true", help="checkpoint each layer")
+    parser.add_argument("--device", default="cpu", help="where to train: cpu (default), cuda")
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
-    model = build_model(args.vocab, args.seq_len, checkpoint=args.checkpoint)
+    model = build_model(args.vocab, args.seq_len, checkpoint=args.checkpoint).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data_gen = torch.Generator().manual_seed(args.seed)
 
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         tokens = torch.randint(
             0, args.vocab, (args.batch_size, args.seq_len + 1), generator=data_gen
         )
+        tokens = tokens.to(args.device)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]  # predict the next token
 
         optimizer.zero_grad(set_to_none=True)
