@@ -6,10 +6,9 @@ an OOM, device times, and the recorder's cost.
 For each recorder path (``CKVIEW_RECORDER=native`` and ``python``):
 
 1. Records a transformer training step (TransformerEncoder, d=256, seq 128) without and with
-   checkpointing (``torch.utils.checkpoint`` per layer): the recorded peak against
-   ``torch.cuda.max_memory_allocated()`` over the same step (reset before it), the allocator's
-   peak the trace's ``device_samples`` hold, and the reserved peak there against
-   ``torch.cuda.max_memory_reserved()``.
+   checkpointing (``torch.utils.checkpoint`` per layer): the recorded peak against the
+   allocator's peak the trace's ``device_samples`` hold; what lies between (library workspaces)
+   must be the same in both.
 2. Forces an OOM under ``torch.cuda.set_per_process_memory_fraction``: the trace says OOM, with
    the op, the module and the bytes asked for.
 
@@ -137,20 +136,15 @@ def release() -> None:
     torch.cuda.empty_cache()
 
 
-def record(step: Step, path: Path, steps: int = 1) -> tuple[list[float], int, int]:
+def record(step: Step, path: Path, steps: int = 1) -> list[float]:
     """Record ``steps`` timed steps after one warm-up, and one more that closes the trace
-    (untimed: writing the file is no per-step cost); the times, and max_memory_allocated and
-    max_memory_reserved over the last timed one (reset as it begins)."""
-    times, allocated, reserved = [], -1, -1
+    (untimed: writing the file is no per-step cost); the times."""
+    times = []
     with Recorder(path, steps=steps + 1, warmup=1, progress=False, command=["cuda_check"]):
         step()
-        for _ in range(steps):
-            torch.cuda.reset_peak_memory_stats()
-            times.append(timed(step))
-            allocated = torch.cuda.max_memory_allocated()
-            reserved = torch.cuda.max_memory_reserved()
+        times += [timed(step) for _ in range(steps)]
         step()
-    return times, allocated, reserved
+    return times
 
 
 def read(path: Path) -> tuple[dict[str, Any], Any]:
@@ -159,30 +153,36 @@ def read(path: Path) -> tuple[dict[str, Any], Any]:
 
 
 def check_peaks(args: argparse.Namespace, tmp: Path, path: str) -> list[str]:
-    lines = []
+    """The recorded peak against the allocator's (the device samples: the recorder resets the
+    allocator's peaks as each step begins, so max_memory_allocated read here is the last
+    step's tail). What lies between is what the recorder does not see as a storage (NOTE
+    [ Allocated beyond the recorded tensors ] in ckview/cli/summary.py): the same with and
+    without checkpointing, or the recorder missed something that a plan changes."""
+    lines, gaps = [], []
     for checkpointed in (False, True):
         name = "checkpointed" if checkpointed else "plain"
         trace = tmp / f"{path}-{name}.h5"
         with recorder_path(path):
-            _, allocated, reserved = record(make_step(args.layers, args.batch, checkpointed), trace)
+            record(make_step(args.layers, args.batch, checkpointed), trace)
         tables, meta = read(trace)
         recorded = summarize_run(tables, tables["modules"], tables["strings"]).peak_bytes
         states = device_states(tables["device_samples"], tables["strings"])
-        diff = (recorded - allocated) / allocated if allocated > 0 else 0.0
-        sampled = fb(states[0].allocated) if states else "none"
-        in_trace = fb(states[0].reserved) if states else "none"
-        verdict = "ok" if abs(diff) <= 0.005 and meta.recorder == path else "FAILED"
+        allocated = states[0].allocated if states else -1
+        reserved = states[0].reserved if states else -1
+        gaps.append(allocated - recorded)
         lines.append(
-            f"{path:<8}{name:<14}{fb(recorded):>12}{fb(allocated):>12}{diff:>+8.2%}"
-            f"{sampled:>12}{in_trace:>12}{fb(reserved):>12}  {meta.recorder}: {verdict}"
+            f"{path:<8}{name:<14}{fb(recorded):>12}{fb(allocated):>12}{fb(gaps[-1]):>12}"
+            f"{fb(reserved):>12}  {meta.recorder}"
         )
         release()
+    same = abs(gaps[0] - gaps[1]) <= (1 << 20) and min(gaps) >= 0
+    lines[-1] += f": {'ok' if same else 'FAILED'} (the gap is the same with checkpointing)"
     return lines
 
 
 PEAKS_HEADER = (
-    f"{'path':<8}{'step':<14}{'recorded':>12}{'max_alloc':>12}{'diff':>8}"
-    f"{'alloc(tr)':>12}{'resv(tr)':>12}{'max_resv':>12}  recorder"
+    f"{'path':<8}{'step':<14}{'recorded':>12}{'allocator':>12}{'beyond':>12}{'reserved':>12}"
+    "  recorder"
 )
 
 
@@ -400,7 +400,7 @@ def check_overhead(args: argparse.Namespace, tmp: Path) -> list[str]:
         plain += [timed(step) for _ in range(3)]
         for path in args.paths:
             with recorder_path(path):
-                recorded[path] += record(step, tmp / f"overhead-{path}{i}.h5", steps=3)[0]
+                recorded[path] += record(step, tmp / f"overhead-{path}{i}.h5", steps=3)
     p = statistics.median(plain)
     cells = ", ".join(
         f"{path} {statistics.median(t) * 1e3:.2f} ms ({statistics.median(t) / p:.2f}x)"

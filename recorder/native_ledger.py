@@ -309,11 +309,13 @@ class NativeLedger(StepWriting, StorageLedger):
     # NOTE [ OOM capture on the native path ]
     # No Python frame runs around an op to catch its allocation failure (NOTE [ OOM capture ]
     # in recorder/oom.py), so the failure is found after the fact, when the run ends with an
-    # allocation error: the failing op is the last op that an exception left (the innermost of
-    # those the error unwound, ``raised`` in its row, NOTE [ Op ends ] in ckrec.cpp), in the
-    # module call it ran in, at the time it began. The bytes asked for are those of the
-    # allocator's own OOM row (CUDA's caching allocator reports one), else those the error
-    # message gives (the CPU allocator's). A MemoryError that no op raised is Python's own:
+    # allocation error. Where the allocator reports the failure (CUDA's caching allocator
+    # does), its OOM row names the innermost op open on the thread and the bytes asked for.
+    # Otherwise (the CPU allocator) the failing op is the last op that an exception left (the
+    # innermost of those the error unwound, ``raised`` in its row, NOTE [ Op ends ] in
+    # ckrec.cpp), and the bytes are those the error message gives. (On CUDA no row said
+    # ``raised``: seen on an H200, torch 2.11.) The op is placed in the module call it ran in,
+    # at the time it began. A MemoryError that no op raised is Python's own:
     # not an OOM, as on the Python path.
     def failure(self, error: str) -> OomNote | None:
         """The allocation failure that ended the run with ``error``, if it is one (NOTE [ OOM

@@ -144,8 +144,12 @@ class StepWriting:
         return CallMap(self._blocks.calls, modules.values)
 
     def _remember_last_op(self, facts: StepFacts, calls: CallMap) -> None:
+        """The step's failing op, for ``failure`` (NOTE [ OOM capture on the native path ])."""
         ops, ooms = facts.ops, facts.ooms
-        raised = np.flatnonzero(ops["raised"])
+        if len(ooms["t"]):  # the allocator's own row names the op it failed in
+            raised = np.flatnonzero(ops["id"] == ooms["op"][-1])
+        else:
+            raised = np.flatnonzero(ops["raised"])
         if not len(raised):
             return
         row = int(raised[-1])  # ops come in id order: the last raised began last

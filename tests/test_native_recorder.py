@@ -718,3 +718,28 @@ def test_a_failing_build_falls_back_and_native_fails_in_one_line(tmp_path: Path)
             assert lines[0].startswith("ckview: CKVIEW_RECORDER=native, but ")
     assert any(p.name == "build.log" for p in tmp_path.rglob("*"))
     assert not any(p.name == build.STAMP for p in tmp_path.rglob("*"))
+
+
+def test_a_cuda_block_takes_the_size_of_the_storage_returned_on_it() -> None:
+    """NOTE [ Block sizes on CUDA ]: a cached block reused whole is reported with its slack;
+    the block takes its storage's size as the allocator rounds it. CPU blocks, and CUDA blocks
+    no tensor was returned on (workspaces), keep the reported size."""
+    from recorder.native.attribute import _layouts
+    from recorder.native.rows import OUTPUTS
+
+    blocks = {
+        "block": np.array([1, 2, 3, 4]),
+        "nbytes": np.array([1_146_880, 1_146_880, 4096, 2048]),
+        "device_type": np.array([1, 0, 1, 1]),  # cuda, cpu, cuda (no output), cuda
+        "dtype": np.zeros(4, np.int8),
+        "ndim": np.zeros(4, np.int8),
+        "dims": np.zeros((4, 8), np.int64),
+    }
+    outputs = np.zeros(3, OUTPUTS)
+    outputs["t"] = [1, 2, 3]
+    outputs["block"] = [1, 2, 4]
+    outputs["storage_nbytes"] = [1_049_000, 1_049_000, 100]
+    outputs["ndim"] = 1
+    _layouts(outputs, blocks)
+    assert blocks["nbytes"].tolist() == [1_049_088, 1_146_880, 4096, 512]
+    assert blocks["ndim"].tolist() == [1, 1, 0, 1]

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -418,3 +419,44 @@ def test_cuda_oom_bytes_come_from_the_allocators_observer(monkeypatch: pytest.Mo
     observers[0](0, 1, 2, 3)  # after the recording: heard by nobody
     assert watch.failed(error, "aten::mm", lambda: "model.fc", 6)
     assert watch.last.nbytes == round(11.77 * (1 << 20))  # from the message again
+
+
+def _ops(raised: list[int]) -> dict[str, np.ndarray]:
+    n = len(raised)
+    return {
+        "id": np.arange(5, 5 + n),
+        "raised": np.asarray(raised, np.uint8),
+        "name": np.arange(1, 1 + n),
+        "module_call": np.full(n, -1),
+        "start_ns": np.arange(10, 10 + 10 * n, 10),
+    }
+
+
+@pytest.mark.parametrize(
+    ("raised", "ooms", "expected"),
+    [
+        # CUDA: the caching allocator's OOM row names the op (no row said raised on an H200)
+        ([0, 0, 0], {"t": [25], "op": [6], "bytes": [4096]}, (2, 20, 4096)),
+        # CPU: no allocator row; the last op an exception left, bytes from the message
+        ([0, 1, 1], {"t": [], "op": [], "bytes": []}, (3, 30, -1)),
+        ([0, 0, 0], {"t": [], "op": [], "bytes": []}, None),
+    ],
+)
+def test_the_native_paths_failing_op(
+    raised: list[int], ooms: dict[str, list[int]], expected: tuple[int, int, int] | None
+) -> None:
+    """NOTE [ OOM capture on the native path ]: which op a step's rows say failed."""
+    from types import SimpleNamespace
+
+    from ckview.trace.schema import NO_INDEX
+    from recorder.native_steps import StepWriting
+
+    ledger = SimpleNamespace(_last_op=None, _calls=SimpleNamespace(data=[]))
+    facts = SimpleNamespace(ops=_ops(raised), ooms={k: np.asarray(v) for k, v in ooms.items()})
+    calls = SimpleNamespace(row=lambda rows: np.full(len(rows), NO_INDEX))
+    StepWriting._remember_last_op(ledger, facts, calls)  # type: ignore[arg-type]
+    if expected is None:
+        assert ledger._last_op is None
+    else:
+        name, t0, nbytes = expected
+        assert ledger._last_op == (name, NO_INDEX, t0, nbytes)

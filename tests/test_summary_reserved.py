@@ -65,3 +65,20 @@ def test_small_tensors_take_whole_small_segments(run_cli: Any, tmp_path: Path) -
     assert run["reserved_peak_bytes"] == 2 * MIB  # as_cuda's device sample
     out = run_cli("summary", str(cuda))[1]
     assert "projected by the allocator model from the allocations (+0.0% vs recorded)" in out
+
+
+H200_TRACE = Path(__file__).parent / "data" / "cuda_h200_transformer_native.h5"
+"""``ckview record --steps 2 examples/transformer.py --device cuda --steps 6`` on the native
+path, on an NVIDIA H200 (torch 2.11.0+cu130): a real CUDA recording."""
+
+
+def test_a_real_cuda_recording_says_what_the_allocator_held_beyond_it(run_cli: Any) -> None:
+    """NOTE [ Allocated beyond the recorded tensors ]: the allocator's peak less the recorded
+    one (cuBLAS's workspaces: 65 MiB), and the allocator model, with it held in segments of
+    its own, reserves what the recording's segments did."""
+    run = summary_json(run_cli, H200_TRACE)
+    untracked = run["allocator_allocated_peak_bytes"] - run["peak_bytes"]
+    assert run["untracked_bytes"] == untracked == 65 * MIB
+    assert run["modelled_reserved_peak_bytes"] == run["reserved_peak_bytes"] == 156 * MIB
+    out = run_cli("summary", str(H200_TRACE))[1]
+    assert "  allocated      65.0 MiB  more at the allocator's peak: workspaces," in out

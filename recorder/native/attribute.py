@@ -493,9 +493,23 @@ def _rows_of(keys: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return keys[row] == query, row
 
 
+# NOTE [ Block sizes on CUDA ]
+# CUDA's caching allocator reports a block's size, and a cached block it reuses without
+# splitting (a large block whose rest would be under 1 MiB) is reported whole: the same tensor
+# of the same step is a block of 1,049,600 B in one run and 1,146,880 B in the next (seen on an
+# H200), as the cache happens to hold. Sizes that depend on the cache make two runs of one step
+# differ, and no projection can be exact. So a block an op returned a tensor on takes the size
+# the allocator rounds that storage to (``round_size``: a multiple of 512 B, at least 512 B)
+# instead; a block with no tensor (a library's workspace) keeps the reported size. The
+# allocator's own totals, slack included, are in ``device_samples``. The CPU allocator
+# reports the bytes asked for, so CPU blocks are left as they are.
+CUDA_BLOCK = 512
+
+
 def _layouts(outputs: np.ndarray, blocks: Columns) -> None:
     """Dtype and shape of each new block: those of the first op output on it (NOTE [ New
-    storage = unknown output storage ] in session.py: the tensor an op returned first)."""
+    storage = unknown output storage ] in session.py: the tensor an op returned first); on
+    CUDA its size, from that storage (NOTE [ Block sizes on CUDA ])."""
     outputs = outputs[np.argsort(outputs["t"], kind="stable")]
     first_block, first = np.unique(outputs["block"], return_index=True)
     here, row = _rows_of(blocks["block"], first_block)
@@ -503,3 +517,10 @@ def _layouts(outputs: np.ndarray, blocks: Columns) -> None:
     blocks["dtype"][row] = outputs["dtype"][first]
     blocks["ndim"][row] = outputs["ndim"][first]
     blocks["dims"][row] = outputs["dims"][first]
+    asked = outputs["storage_nbytes"][first]
+    cuda = (blocks["device_type"][row] == 1) & (asked > 0)
+    if cuda.any():
+        rounded = np.maximum(-(-asked[cuda] // CUDA_BLOCK) * CUDA_BLOCK, CUDA_BLOCK)
+        nbytes = blocks["nbytes"].copy()  # a column may be a view of the drained bytes
+        nbytes[row[cuda]] = np.minimum(nbytes[row[cuda]], rounded)
+        blocks["nbytes"] = nbytes
