@@ -663,6 +663,32 @@ def test_a_build_in_progress_elsewhere_is_waited_for(
     assert reason.startswith("another process has been building the native recorder in ")
 
 
+def test_a_build_killed_midway_leaves_no_baton_to_wait_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's cpp_extension holds a baton file while it builds; one left by a killed build
+    made every later recording wait forever (seen when a test timeout killed a build). Under
+    ckview's own lock it is stale and goes."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("CKVIEW_CACHE", str(tmp_path))
+    monkeypatch.setenv("CKVIEW_RECORDER", "auto")
+    directory = build.cache_dir()
+    directory.mkdir(parents=True)
+    baton = directory / build.TORCH_BATON
+    baton.write_text("")  # left by a build that was killed
+    seen: list[bool] = []
+
+    def load(**kwargs: Any) -> None:
+        seen.append(baton.exists())
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    ext, reason = build.load()
+    assert seen == [False]
+    assert ext is None and "stop here" in reason
+
+
 def test_python_mode_never_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKVIEW_CACHE", str(tmp_path))
     monkeypatch.setenv("CKVIEW_RECORDER", "python")

@@ -39,6 +39,8 @@ CFLAGS = ("-O2", "-DNDEBUG")
 """NDEBUG as torch's own release builds: its headers' debug-only asserts read state that only a
 debug build of torch sets (``RecordFunction::inputs()``). Part of the source hash."""
 LOCK_TIMEOUT_S = 900
+TORCH_BATON = "lock"
+"""The file torch.utils.cpp_extension's FileBaton holds in the build directory while it builds."""
 ENV_MODE = "CKVIEW_RECORDER"
 MODES = ("auto", "native", "python")
 
@@ -235,6 +237,10 @@ def _build(directory: Path, stamp: dict[str, str]) -> str | None:
             # A second build in one process (another cache directory) would otherwise be
             # renamed ckview_native_v1, a binary the stamp check then cannot find.
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(NAME, None)
+            # torch's own baton: a build killed mid-way (Ctrl-C, a timeout) leaves it, and
+            # every later build waits on it forever. Under our lock no other build runs, so
+            # one found here is stale.
+            (directory / TORCH_BATON).unlink(missing_ok=True)
             cpp_extension.load(
                 name=NAME,
                 sources=[str(SOURCE)],
