@@ -12,10 +12,12 @@ import numpy as np
 from ckview.analysis.projection.effects import (
     ALLOC,
     FREE,
+    NEVER,
     Baseline,
     InstanceEffects,
     instance_effects,
 )
+from ckview.analysis.projection.host import host_curve
 from ckview.analysis.projection.oplevel import offloading, saved_ops
 from ckview.analysis.projection.results import (
     LiveStorages,
@@ -211,25 +213,30 @@ def project_active(eff: InstanceEffects, base: Baseline, active: np.ndarray) -> 
         plain_times=eff.plain_times,
         instances=eff.instances,
         checkpointed=active,
-        **_offloaded(eff, base, active),
+        **_offloaded(eff, base, active, events),
     )
 
 
-def _offloaded(eff: InstanceEffects, base: Baseline, active: np.ndarray) -> dict[str, int]:
-    """The bytes the ``active`` offload instances move to host memory, and the host's peak:
-    each copy is on the host from the instance's end to its baseline free (NOTE [ Offloaded
-    instances ])."""
+def _offloaded(
+    eff: InstanceEffects, base: Baseline, active: np.ndarray, events: ProjectedEvents
+) -> dict[str, Any]:
+    """The bytes the ``active`` offload instances move to host memory, the host curve on the
+    projected states and its peak (NOTE [ Host curve ])."""
     pick = active[eff.copy_instance] & eff.offload[eff.copy_instance]
+    if not pick.any():
+        return {}
     storage, inst = eff.copy_storage[pick], eff.copy_instance[pick]
-    nbytes = base.nbytes[storage]
-    free = base.free_row[storage]
-    times = np.concatenate([eff.end_ns[inst], base.times[free[free >= 0]]])
-    deltas = np.concatenate([nbytes, -nbytes[free >= 0]])
-    order = np.lexsort((-deltas, times))  # at one time, arrivals first: an upper bound
-    host = np.cumsum(deltas[order])
+    original_free = np.full(len(base.nbytes), NEVER, dtype=np.int64)
+    frees = (events.kind == FREE) & ~events.copy
+    original_free[events.storage[frees]] = events.key[frees]
+    arrive = np.minimum(original_free[storage], eff.end_key[inst])
+    leave = base.event_key(base.free_row[storage])
+    state_key = np.concatenate(([-1], events.key))
+    host = host_curve(state_key, arrive, leave, base.nbytes[storage])
     return {
-        "offloaded_bytes": int(nbytes.sum()),
-        "host_peak_bytes": int(host.max(initial=0)),
+        "offloaded_bytes": int(base.nbytes[storage].sum()),
+        "host_peak_bytes": int(host.max()),
+        "host": host,
     }
 
 
