@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,9 @@ class PlanOutcome(PlanCost):
     """Bytes the offload regions move to host memory and back (NOTE [ Offloaded instances ])."""
     host_peak_bytes: int = 0
     """The most bytes the offload regions hold in host memory at once."""
+    host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(c,) int64: bytes the offload regions hold in host memory at each state of the curve;
+    zero-length when no region offloads (NOTE [ Host curve ] in ckview.analysis.projection)."""
 
     def idle_summary(self) -> str | None:
         """One line on the regions that cannot take effect, None if all can (or none)."""
@@ -491,6 +494,7 @@ class PlanSession:
             incremental=False,
             offloaded_bytes=p.offloaded_bytes,
             host_peak_bytes=p.host_peak_bytes,
+            host=p.host,
         )
 
     def _call_label(self, call: int) -> str:
