@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpt_runtime.plan import load_plan, save_plan
+from ckpt_runtime.plan import Plan, load_plan, save_plan
 from ckpt_runtime.resolve import Container
 from ckview.analysis import (
     ModuleRegion,
@@ -388,7 +388,10 @@ class PlanSession:
 
     def load_plan(self, path: str) -> None:
         """Select what a plan file checkpoints; ``ValueError`` (one line) if it cannot apply."""
-        plan = load_plan(Path(path))  # a path, even one named like a preset
+        self.apply_plan(load_plan(Path(path)))  # a path, even one named like a preset
+
+    def apply_plan(self, plan: Plan) -> None:
+        """Select what ``plan`` checkpoints; ``ValueError`` (one line) if it cannot apply."""
         self.set_selection(self.tree.resolve(plan).regions)
 
     def planner(self) -> Planner:
