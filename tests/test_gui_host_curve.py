@@ -16,15 +16,20 @@ from ckview.analysis.device import DeviceState
 from ckview.app.planning import PlanSession
 from ckview.app.style import DARK
 from ckview.gui.main_window import MainWindow
+from tests.conftest import ROOT
 from tests.synthetic import on_cuda
-from tests.test_gui_oplevel import opened
 
 pytestmark = [pytest.mark.torch, pytest.mark.gui]
+
+TRACE = ROOT / "sample_traces" / "transformer_compare.h5"
 
 
 def cuda_session(qtbot: QtBot, window: MainWindow) -> PlanSession:
     """The bundled transformer as if recorded on CUDA (its storages on cuda:0), in the panel."""
-    run = opened(qtbot, window).run
+    with qtbot.waitSignal(window.loaded, timeout=20000):
+        window.open_paths([str(TRACE)])
+    assert window.plan.session is not None
+    run = window.plan.session.run
     gpu = DeviceState("cuda:0", *([-1] * 8))
     session = PlanSession(dataclasses.replace(run, devices=(gpu,), tables=on_cuda(run.tables)))
     window.plan.set_session(session)
@@ -50,6 +55,7 @@ def test_offload_draws_the_host_curve(qtbot: QtBot, window: MainWindow) -> None:
     assert outcome is not None and expected.host_peak_bytes > 0
     assert outcome.host_peak_bytes == expected.host_peak_bytes == int(outcome.host.max())
     assert len(outcome.host) == len(outcome.total)
+    assert outcome.recomputes == ()  # its tensors come back from the host: no recompute mark
     assert len(host_items(window)) == 1
     host = f"host ({format_bytes(expected.host_peak_bytes)})"
     assert host in window.timeline.legend.texts()

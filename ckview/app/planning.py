@@ -481,6 +481,7 @@ class PlanSession:
                 compute_ns=r.compute_ns,
             )
             for r in p.recomputes
+            if not _offloads(regions[r.region])  # its tensors come back, nothing reruns
         )
         return PlanOutcome(
             peak_bytes=p.projected_peak.bytes,
@@ -507,6 +508,11 @@ class PlanSession:
         if isinstance(region, SegmentRegion):
             return f"{self.run.paths[region.module]}[{region.start}:{region.stop}]"
         return self.run.paths[region.module]
+
+
+def _offloads(region: Region) -> bool:
+    """The region offloads what it saves (NOTE [ Offloaded instances ]): no recompute."""
+    return isinstance(region, ModuleRegion) and region.offload
 
 
 def _region_key(region: Region) -> tuple[int, int, int]:
