@@ -127,6 +127,31 @@ def test_device_and_host_against_the_un_offloaded_plan(
     np.testing.assert_array_equal(at_keys(p, keys) + host, at_keys(without_p, keys) + twice)
 
 
+@settings(max_examples=12, deadline=None)
+@given(st.data())
+def test_the_model_draws_the_exact_host_curve(mixed: ProjectionModel, data: st.DataObject) -> None:
+    """``ProjectionModel.curve`` carries the host curve of ``project`` on its own states (each
+    state's key: the key it stands for, a spike's just before its recompute's)."""
+    model = mixed
+    n = len(model.candidates)
+    chosen = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    curve, p = model.curve(chosen), model.project(chosen)
+    if not p.offloaded_bytes:
+        assert len(curve.host) == 0
+        return
+    ix, c = model._index, model._curve
+    assert c is not None
+    spike = np.flatnonzero(p.checkpointed[ix.spike_instance])
+    orders = np.insert(
+        c.order, np.searchsorted(c.order, ix.spike_order[spike]), ix.spike_order[spike]
+    )
+    state_key = orders // 2  # a spike (2 x key - 1) stands after the events before its key
+    expected = p.host[np.searchsorted(p.events.key, state_key, side="right")]
+    assert len(curve.host) == len(curve.total)
+    np.testing.assert_array_equal(curve.host, expected)
+    assert int(curve.host.max()) == p.host_peak_bytes
+
+
 @given(
     st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(1, 100)), max_size=12),
 )

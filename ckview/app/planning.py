@@ -174,6 +174,7 @@ class PlanSession:
             dict.fromkeys(
                 [ModuleRegion(m.row) for m in self.modules if m.calls]
                 + chain_candidates(t["modules"], t["strings"], t["module_calls"])
+                + self._offload_candidates()
             )
         )
         self.index = {r: i for i, r in enumerate(self.candidates)}
@@ -181,6 +182,13 @@ class PlanSession:
         self.step_ns, self.plain_times = run.step_ns, run.plain_times
         self._op_names: OpNames | None = None
         self._groups: dict[int, list[OpGroup]] = {}
+
+    def _offload_candidates(self) -> list[Region]:
+        """Each called module offloading what it saves, where offload can change the run
+        (a CUDA run): its checkbox then answers from the model, not an exact projection."""
+        if self.offload_blocked() is not None:
+            return []
+        return [ModuleRegion(m.row, ("*",), True) for m in self.modules if m.calls]
 
     # -- preparing (slow on big runs: the GUI does it off the UI thread)
 
@@ -444,7 +452,8 @@ class PlanSession:
         assert model is not None
         curve = model.curve(chosen)
         peak = model.peak(chosen)
-        active = model.checkpointed(chosen) & (model.effects.replay_key >= 0)
+        offload = model.effects.offload  # its tensors come back, nothing reruns
+        active = model.checkpointed(chosen) & (model.effects.replay_key >= 0) & ~offload
         marks = tuple(
             RecomputeMark(
                 time_ns=int(model.effects.trigger_ns[i]),
@@ -467,6 +476,9 @@ class PlanSession:
             peak_point=peak.baseline_point,
             recomputes=marks,
             incremental=True,
+            offloaded_bytes=model.offloaded_bytes(chosen),
+            host_peak_bytes=int(curve.host.max(initial=0)),
+            host=curve.host,
         )
 
     def _exact(self, regions: Sequence[Region]) -> PlanOutcome:

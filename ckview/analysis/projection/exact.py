@@ -12,12 +12,11 @@ import numpy as np
 from ckview.analysis.projection.effects import (
     ALLOC,
     FREE,
-    NEVER,
     Baseline,
     InstanceEffects,
     instance_effects,
 )
-from ckview.analysis.projection.host import host_curve
+from ckview.analysis.projection.host import host_curve, host_moves
 from ckview.analysis.projection.oplevel import offloading, saved_ops
 from ckview.analysis.projection.results import (
     LiveStorages,
@@ -222,19 +221,13 @@ def _offloaded(
 ) -> dict[str, Any]:
     """The bytes the ``active`` offload instances move to host memory, the host curve on the
     projected states and its peak (NOTE [ Host curve ])."""
-    pick = active[eff.copy_instance] & eff.offload[eff.copy_instance]
-    if not pick.any():
+    moves = host_moves(eff, base).of(active)
+    if not moves.nbytes.size:
         return {}
-    storage, inst = eff.copy_storage[pick], eff.copy_instance[pick]
-    original_free = np.full(len(base.nbytes), NEVER, dtype=np.int64)
-    frees = (events.kind == FREE) & ~events.copy
-    original_free[events.storage[frees]] = events.key[frees]
-    arrive = np.minimum(original_free[storage], eff.end_key[inst])
-    leave = base.event_key(base.free_row[storage])
     state_key = np.concatenate(([-1], events.key))
-    host = host_curve(state_key, arrive, leave, base.nbytes[storage])
+    host = host_curve(state_key, moves.arrive_key, moves.leave_key, moves.nbytes)
     return {
-        "offloaded_bytes": int(base.nbytes[storage].sum()),
+        "offloaded_bytes": int(moves.nbytes.sum()),
         "host_peak_bytes": int(host.max()),
         "host": host,
     }

@@ -2,14 +2,16 @@
 each projected event (NOTE [ Host curve ]), a pure function over key arrays.
 
 NOTE [ Host curve ]
-    An offloaded tensor (NOTE [ Offloaded instances ]) arrives on the host when it leaves the
-    device: at its original's FREE in the projection (the instance's end, or earlier where its
-    local dies, NOTE [ Locals die with their frame ]); an output, which stays on the device,
-    at the instance's end. It leaves the host at its baseline free, when autograd lets go of
+    An offloaded tensor (NOTE [ Offloaded instances ]) arrives on the host when its instance
+    takes it off the device: at the instance's end, or earlier where its local dies (NOTE
+    [ Locals die with their frame ]); an output, which stays on the device, at the instance's
+    end. It leaves the host at its baseline free, when autograd lets go of
     the saved tensor (the copy brought back is freed there too); never, if the baseline never
     freed it. The curve is the host's bytes after each projected event, on the device
     curve's states (``Projection.host``: one value per state of ``Projection.timeline``); it
     is zero-length when no active instance offloads. ``host_peak_bytes`` is its maximum.
+    ``project`` and ``ProjectionModel.host`` take the moves from ``host_moves`` and agree on
+    every state they share (the model has no state per event, NOTE [ Projected curve ]).
 
     Against the projection with the offload instances left out (the *un-offloaded* one), after
     the events of each key:
@@ -26,9 +28,53 @@ NOTE [ Host curve ]
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["host_curve"]
+from ckview.analysis.projection.effects import Baseline, InstanceEffects
+
+__all__ = ["HostMoves", "host_curve", "host_moves"]
+
+
+@dataclass(frozen=True)
+class HostMoves:
+    """Every tensor the offload instances can move to the host (NOTE [ Host curve ]): one per
+    copy pair of an offloading instance (``InstanceEffects.copy_*``)."""
+
+    instance: np.ndarray
+    arrive_key: np.ndarray
+    leave_key: np.ndarray
+    """``NEVER`` where the baseline never frees it."""
+    nbytes: np.ndarray
+
+    def of(self, active: np.ndarray) -> HostMoves:
+        """The moves of the ``active`` instances."""
+        pick = active[self.instance]
+        return HostMoves(
+            self.instance[pick], self.arrive_key[pick], self.leave_key[pick], self.nbytes[pick]
+        )
+
+
+def host_moves(eff: InstanceEffects, base: Baseline) -> HostMoves:
+    """When each tensor of each offloading instance arrives on the host and leaves it: at the
+    key its instance drops it from the device (``drop_key``), else (an output) at the
+    instance's end; gone at its baseline free."""
+    pick = eff.offload[eff.copy_instance]
+    inst, storage = eff.copy_instance[pick], eff.copy_storage[pick]
+    scale = int(max(storage.max(initial=0), eff.drop_storage.max(initial=0))) + 1
+    drops = eff.drop_instance * scale + eff.drop_storage
+    order = np.argsort(drops, kind="stable")
+    wanted = inst * scale + storage
+    at = np.searchsorted(drops[order], wanted).clip(0, max(len(drops) - 1, 0))
+    found = drops[order][at] == wanted if drops.size else np.zeros(len(wanted), dtype=bool)
+    dropped = eff.drop_key[order][at] if drops.size else eff.end_key[inst]
+    return HostMoves(
+        instance=inst,
+        arrive_key=np.where(found, dropped, eff.end_key[inst]),
+        leave_key=base.event_key(base.free_row[storage]),
+        nbytes=base.nbytes[storage],
+    )
 
 
 def host_curve(

@@ -104,6 +104,9 @@ class ProjectedCurve:
     """(c,) int64: baseline timeline point each state stands at (to place it by op index)."""
     total: np.ndarray
     """(c,) int64: projected live bytes."""
+    host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(c,) int64: bytes the offload regions hold in host memory at each state; zero-length
+    when none offloads (NOTE [ Host curve ])."""
 
     def __len__(self) -> int:
         return len(self.total)
