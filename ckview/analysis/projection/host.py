@@ -5,13 +5,14 @@ NOTE [ Host curve ]
     An offloaded tensor (NOTE [ Offloaded instances ]) arrives on the host when its instance
     takes it off the device: at the instance's end, or earlier where its local dies (NOTE
     [ Locals die with their frame ]); an output, which stays on the device, at the instance's
-    end. It leaves the host at its baseline free, when autograd lets go of
-    the saved tensor (the copy brought back is freed there too); never, if the baseline never
-    freed it. The curve is the host's bytes after each projected event, on the device
-    curve's states (``Projection.host``: one value per state of ``Projection.timeline``); it
-    is zero-length when no active instance offloads. ``host_peak_bytes`` is its maximum.
-    ``project`` and ``ProjectionModel.host`` take the moves from ``host_moves`` and agree on
-    every state they share (the model has no state per event, NOTE [ Projected curve ]).
+    end. It leaves the host at its baseline free, when autograd lets go of the saved tensor
+    (the copy brought back is freed there too); never, if the baseline never freed it. The
+    curve is the host's bytes after each projected event, on the device curve's states
+    (``Projection.host``: one value per state of ``Projection.timeline``); it is zero-length
+    when no active instance offloads. ``host_peak_bytes`` is its maximum. ``project`` and
+    ``ProjectionModel.curve`` (``ProjectedCurve.host``) take the moves from ``host_moves`` and
+    agree on every state the model draws (NOTE [ Projected curve ]; a recompute's highest
+    point holds what the state before it held).
 
     Against the projection with the offload instances left out (the *un-offloaded* one), after
     the events of each key:
