@@ -184,11 +184,13 @@ class PlanSession:
         self._groups: dict[int, list[OpGroup]] = {}
 
     def _offload_candidates(self) -> list[Region]:
-        """Each called module offloading what it saves, where offload can change the run
-        (a CUDA run): its checkbox then answers from the model, not an exact projection."""
-        if self.offload_blocked() is not None:
+        """Each block of the chain offloading what it saves, where offload can change the run
+        (a CUDA run): its checkbox then answers from the model, not an exact projection. Other
+        modules offload through the exact projection: as candidates, every module would
+        about double the model's build (each nested call counts its storages again)."""
+        if self.offload_blocked() is not None or self.chain is None:
             return []
-        return [ModuleRegion(m.row, ("*",), True) for m in self.modules if m.calls]
+        return [ModuleRegion(r, ("*",), True) for r in self.chain.blocks if self.modules[r].calls]
 
     # -- preparing (slow on big runs: the GUI does it off the UI thread)
 
