@@ -5,6 +5,7 @@ CUDA run, gone when none does."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import numpy as np
 import pytest
@@ -71,3 +72,16 @@ def test_offload_draws_the_host_curve(qtbot: QtBot, window: MainWindow) -> None:
     window.plan.op_groups.offload.setChecked(False)
     assert not host_items(window) and window.timeline._host is None
     assert not any(t.startswith("host") for t in window.timeline.legend.texts())
+
+
+def test_the_offload_benchmark_runs_tiny(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/offload_toggle.py at a tiny size: both medians, and its check agrees."""
+    path = ROOT / "benchmarks" / "offload_toggle.py"
+    spec = importlib.util.spec_from_file_location("offload_toggle", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--events", "20000", "--blocks", "12", "--toggles", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "incremental True, host curve drawn True: OK" in out
+    assert "offload toggle -> redraw: median" in out and "module toggle -> redraw" in out
