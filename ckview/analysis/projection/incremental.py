@@ -186,7 +186,7 @@ class _CurveIndex:
     """Per ``host_moves`` tensor: the first state it is on the host at, and the first it is
     gone at (``c``: never), NOTE [ Host curve ]."""
     host_bytes: np.ndarray
-    """Its bytes (float64 for bincount; exact below 2**53)."""
+    """Its bytes (int64)."""
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def _curve_index(
         host_instance=moves.instance,
         host_arrive=np.searchsorted(keys, moves.arrive_key, side="left"),
         host_leave=np.searchsorted(keys, moves.leave_key, side="left"),
-        host_bytes=moves.nbytes.astype(np.float64),
+        host_bytes=moves.nbytes,
     )
 
 
@@ -488,11 +488,16 @@ def _query_curve(ix: _Index, c: _CurveIndex, active: np.ndarray) -> ProjectedCur
 
 def _query_host(c: _CurveIndex, active: np.ndarray) -> np.ndarray:
     """(c,) int64: the host curve of the ``active`` offload instances on the curve's states,
-    zero-length if none offloads (NOTE [ Host curve ]): one bincount and one cumsum."""
+    zero-length if none offloads (NOTE [ Host curve ])."""
     pick = np.flatnonzero(active[c.host_instance])
     if pick.size == 0:
         return np.zeros(0, dtype=np.int64)
     at = np.concatenate([c.host_arrive[pick], c.host_leave[pick]])
-    weights = np.concatenate([c.host_bytes[pick], -c.host_bytes[pick]])
-    shifts = np.bincount(at, weights, len(c.order) + 1)[:-1]  # the last bin: never leaves
-    return np.cumsum(shifts).astype(np.int64)  # whole bytes: exact below 2**53
+    change = np.concatenate([c.host_bytes[pick], -c.host_bytes[pick]])
+    order = np.argsort(at, kind="stable")
+    at, change = at[order], change[order]
+    starts = np.flatnonzero(run_starts(at))
+    level = np.concatenate(([0], np.cumsum(np.add.reduceat(change, starts))))
+    # Few moves, many states: each level repeated over the states up to the next change.
+    bounds = np.concatenate(([0], at[starts], [len(c.order)]))  # a leave at c: never
+    return np.repeat(level, np.diff(bounds))
