@@ -59,6 +59,12 @@ def test_offload_draws_the_host_curve(qtbot: QtBot, window: MainWindow) -> None:
     assert len(outcome.host) == len(outcome.total)
     assert outcome.recomputes == ()  # its tensors come back from the host: no recompute mark
     assert len(host_items(window)) == 1
+    # Drawn from its changes alone, the steps are the curve's (at the last state of each time).
+    drawn = window.timeline._host.envelope if window.timeline._host else None
+    assert drawn is not None and len(drawn.levels_x[0]) < len(outcome.host)
+    last = np.append(outcome.time_ns[1:] != outcome.time_ns[:-1], True)
+    at = np.searchsorted(drawn.levels_x[0], outcome.time_ns[last], side="right") - 1
+    np.testing.assert_array_equal(drawn.levels_y[0][0][at], outcome.host[last])
     host = f"host ({format_bytes(expected.host_peak_bytes)})"
     assert host in window.timeline.legend.texts()
     assert f"host peak {format_bytes(expected.host_peak_bytes)}" in window.plan.readout.text()

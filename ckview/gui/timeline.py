@@ -561,11 +561,17 @@ class TimelineView(QWidget):
         label.setPos(x, outcome.peak_bytes)
         self._draw_recompute_marks(run, outcome)
 
-    def _curve_envelope(self, run: Run, outcome: PlanOutcome, values: np.ndarray) -> Envelope:
-        """``values`` on the states of the outcome's curve, placed on the current axis."""
+    def _curve_envelope(
+        self, run: Run, outcome: PlanOutcome, values: np.ndarray, keep: np.ndarray | None = None
+    ) -> Envelope:
+        """``values`` on the states of the outcome's curve (those ``keep`` lists, if given),
+        placed on the current axis."""
+        time_ns, point = outcome.time_ns, outcome.point
+        if keep is not None:
+            time_ns, point, values = time_ns[keep], point[keep], values[keep]
         if self.axis is Axis.TIME:  # times stay int64 ns: only what is drawn becomes ms
-            return Envelope(outcome.time_ns, values, x_offset=run.t0_ns, x_divisor=1e6)
-        return Envelope(run.x_op[outcome.point], values)
+            return Envelope(time_ns, values, x_offset=run.t0_ns, x_divisor=1e6)
+        return Envelope(run.x_op[point], values)
 
     def _draw_host(self, outcome: PlanOutcome | None) -> None:
         """The host curve of an offload plan (NOTE [ Host curve ] in
@@ -577,7 +583,11 @@ class TimelineView(QWidget):
                 self._host = None
             return
         assert self.run is not None
-        envelope = self._curve_envelope(self.run, outcome, outcome.host)
+        # The host changes at a few states: its steps drawn from those alone are the same steps
+        # (NOTE [ Max envelope ]), and a toggle skips a pyramid over every state.
+        changes = np.flatnonzero(np.diff(outcome.host, prepend=-1))
+        keep = np.union1d(changes, [len(outcome.host) - 1])  # the steps run to the end
+        envelope = self._curve_envelope(self.run, outcome, outcome.host, keep)
         if self._host is None:
             pen = pg.mkPen(self.theme.host_color, width=PROJECTION_PEN_WIDTH)
             halo = pg.mkPen(self.theme.background, width=PROJECTION_HALO_WIDTH)
