@@ -6,12 +6,12 @@
 Writes the synthetic step of ``gui_performance.py`` (about N memory events, B blocks) with
 every storage on a CUDA device ``cuda:0`` (one allocator sample, so that the run has a device
 and its "offload saved tensors" checkbox is on), opens it in a 1600x1000 ``MainWindow`` and,
-once the plan model is built, times side by side, as ``gui_performance.py`` times a toggle
-(the call, then a synchronous repaint of the timeline):
+once the plan model is built, times T rounds, as ``gui_performance.py`` times a toggle (the
+call, then a synchronous repaint of the timeline), each round
 
-- T module toggles (``PlanPanel.toggle_module`` of a random block), and
-- T offload toggles (``PlanPanel.set_offload`` of a random ticked block, on, then off the next
-  time it is drawn), each drawing the host curve while a block offloads.
+- a module toggle (``PlanPanel.toggle_module`` of a random block), then
+- an offload toggle (``PlanPanel.set_offload`` of a random block, ticked first: on, or off
+  if it offloads already), which draws the host curve while a block offloads.
 
 Prints both medians, their ratio and the toggle target (50 ms); one offload toggle is checked
 against the exact projection (host peak and projected peak), from the fast path.
@@ -77,19 +77,25 @@ def offload_and_paint(bench: Any, window: Any, row: int) -> float:
     return elapsed
 
 
-def measure_offload_toggles(bench: Any, window: Any, toggles: int, seed: int = 2) -> list[float]:
-    """Offload or stop offloading ``toggles`` random blocks (each ticked first, untimed)."""
+def measure_side_by_side(
+    bench: Any, window: Any, toggles: int, seed: int = 2
+) -> tuple[list[float], list[float]]:
+    """``(module, offload)`` seconds of ``toggles`` rounds, each a module toggle of a random
+    block, then an offload toggle of another (ticked first, untimed): interleaved, so that the
+    machine's load drifts under both alike."""
     app = bench.qt_app()
     rows = bench.block_rows(window)
     rng = np.random.default_rng(seed)
-    out = []
+    modules, offloads = [], []
     for _ in range(toggles):
+        app.processEvents()
+        modules.append(bench.toggle_and_paint(window, int(rows[rng.integers(len(rows))])))
         row = int(rows[rng.integers(len(rows))])
         if window.plan.session.region_of(row) is None:
             window.plan.toggle_module(row)
         app.processEvents()
-        out.append(offload_and_paint(bench, window, row))
-    return out
+        offloads.append(offload_and_paint(bench, window, row))
+    return modules, offloads
 
 
 def check_offload(window: Any) -> str:
@@ -129,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             f"trace: {n:,} memory events on cuda:0; first paint {opened.first_paint_s:.2f} s, "
             f"plan model ready {opened.ready_s:.1f} s after the open"
         )
-        modules = bench.measure_toggles(window, args.toggles)
-        offloads = measure_offload_toggles(bench, window, args.toggles)
+        modules, offloads = measure_side_by_side(bench, window, args.toggles)
         row = bench.block_rows(window)[0]
         if window.plan.session.region_of(row) is None:
             window.plan.toggle_module(row)
