@@ -61,6 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only the plan panel's op-level choices (explorer-oplevel*.png)",
     )
     only.add_argument(
+        "--offload-only",
+        action="store_true",
+        help="only the host curve of an offload plan (explorer-offload*.png)",
+    )
+    only.add_argument(
         "--oom-ranks-only",
         action="store_true",
         help="only explorer-oom*.png and ranks.png (records an OOM step and an FSDP run)",
@@ -102,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote docs/images/{name}")
 
     OUT.mkdir(parents=True, exist_ok=True)
+    _offload_shots(window, save, settle)
+    if args.offload_only:
+        return 0
     _oplevel_shots(window, save)
     if args.oplevel_only:
         return 0
@@ -195,6 +203,37 @@ def _oplevel_shots(window: Any, save: Any) -> None:
         w.plan.set_saved(blocks[1], ["aten.addmm", "aten._safe_softmax", "aten.bmm"])
         w.plan.show_op_groups(blocks[1])
         save(w.plan, name)
+
+
+def _offload_shots(window: Any, save: Any, settle: Any) -> None:
+    """An offload plan's host curve, light and dark: the bundled transformer moved onto a faked
+    cuda:0 (the test helper ``as_cuda``), blocks 0 and 1 offloading what they save, block 3
+    recomputing every op; opened as ``ckview view TRACE --plan PLAN`` opens it."""
+    from ckpt_runtime.plan import load_plan
+    from ckview.app.style import DARK
+
+    sys.path.insert(0, str(ROOT))
+    from tests.fit_helpers import as_cuda
+
+    folder = Path(tempfile.mkdtemp())
+    trace = as_cuda(SAMPLES / "transformer.h5", folder / "transformer_cuda.h5", 1 << 30, 0)
+    plan = folder / "offload.json"
+    plan.write_text(
+        '{"format": "ckview-plan", "version": 2, "name": "offload", "regions": ['
+        '{"module": "encoder.layers.[0-1]", "save": ["*"], "offload": true}, '
+        '{"module": "encoder.layers.3"}]}'
+    )
+    for theme, name in ((None, "explorer-offload.png"), (DARK, "explorer-offload-dark.png")):
+        w = window()
+        if theme is not None:
+            w.set_theme(theme)
+        w.resize(1600, 1150)  # room for the module tree and block 0's offload checkbox
+        w.apply_plan_on_open(load_plan(plan), str(plan))
+        w.open_paths([str(trace)])
+        settle(lambda w=w: w.plan.is_ready() and w.timeline.outcome is not None)
+        w.plan.show_op_groups(w.plan.session.chain.blocks[0])
+        w.timeline.select_point(w.runs()[0].peak.point)
+        save(w, name)
 
 
 def _diff_and_budget_shots(window: Any, save: Any, settle: Any) -> None:

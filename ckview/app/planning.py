@@ -29,13 +29,13 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ckpt_runtime.plan import load_plan, save_plan
+from ckpt_runtime.plan import Plan, load_plan, save_plan
 from ckpt_runtime.resolve import Container
 from ckview.analysis import (
     ModuleRegion,
@@ -143,6 +143,9 @@ class PlanOutcome(PlanCost):
     """Bytes the offload regions move to host memory and back (NOTE [ Offloaded instances ])."""
     host_peak_bytes: int = 0
     """The most bytes the offload regions hold in host memory at once."""
+    host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(c,) int64: bytes the offload regions hold in host memory at each state of the curve;
+    zero-length when no region offloads (NOTE [ Host curve ] in ckview.analysis.projection)."""
 
     def idle_summary(self) -> str | None:
         """One line on the regions that cannot take effect, None if all can (or none)."""
@@ -171,6 +174,7 @@ class PlanSession:
             dict.fromkeys(
                 [ModuleRegion(m.row) for m in self.modules if m.calls]
                 + chain_candidates(t["modules"], t["strings"], t["module_calls"])
+                + self._offload_candidates()
             )
         )
         self.index = {r: i for i, r in enumerate(self.candidates)}
@@ -178,6 +182,15 @@ class PlanSession:
         self.step_ns, self.plain_times = run.step_ns, run.plain_times
         self._op_names: OpNames | None = None
         self._groups: dict[int, list[OpGroup]] = {}
+
+    def _offload_candidates(self) -> list[Region]:
+        """Each block of the chain offloading what it saves, where offload can change the run
+        (a CUDA run): its checkbox then answers from the model, not an exact projection. Other
+        modules offload through the exact projection: as candidates, every module would
+        about double the model's build (each nested call counts its storages again)."""
+        if self.offload_blocked() is not None or self.chain is None:
+            return []
+        return [ModuleRegion(r, ("*",), True) for r in self.chain.blocks if self.modules[r].calls]
 
     # -- preparing (slow on big runs: the GUI does it off the UI thread)
 
@@ -385,7 +398,10 @@ class PlanSession:
 
     def load_plan(self, path: str) -> None:
         """Select what a plan file checkpoints; ``ValueError`` (one line) if it cannot apply."""
-        plan = load_plan(Path(path))  # a path, even one named like a preset
+        self.apply_plan(load_plan(Path(path)))  # a path, even one named like a preset
+
+    def apply_plan(self, plan: Plan) -> None:
+        """Select what ``plan`` checkpoints; ``ValueError`` (one line) if it cannot apply."""
         self.set_selection(self.tree.resolve(plan).regions)
 
     def planner(self) -> Planner:
@@ -438,7 +454,8 @@ class PlanSession:
         assert model is not None
         curve = model.curve(chosen)
         peak = model.peak(chosen)
-        active = model.checkpointed(chosen) & (model.effects.replay_key >= 0)
+        offload = model.effects.offload  # its tensors come back, nothing reruns
+        active = model.checkpointed(chosen) & (model.effects.replay_key >= 0) & ~offload
         marks = tuple(
             RecomputeMark(
                 time_ns=int(model.effects.trigger_ns[i]),
@@ -461,6 +478,9 @@ class PlanSession:
             peak_point=peak.baseline_point,
             recomputes=marks,
             incremental=True,
+            offloaded_bytes=model.offloaded_bytes(chosen),
+            host_peak_bytes=int(curve.host.max(initial=0)),
+            host=curve.host,
         )
 
     def _exact(self, regions: Sequence[Region]) -> PlanOutcome:
@@ -475,6 +495,7 @@ class PlanSession:
                 compute_ns=r.compute_ns,
             )
             for r in p.recomputes
+            if not _offloads(regions[r.region])  # its tensors come back, nothing reruns
         )
         return PlanOutcome(
             peak_bytes=p.projected_peak.bytes,
@@ -491,6 +512,7 @@ class PlanSession:
             incremental=False,
             offloaded_bytes=p.offloaded_bytes,
             host_peak_bytes=p.host_peak_bytes,
+            host=p.host,
         )
 
     def _call_label(self, call: int) -> str:
@@ -500,6 +522,11 @@ class PlanSession:
         if isinstance(region, SegmentRegion):
             return f"{self.run.paths[region.module]}[{region.start}:{region.stop}]"
         return self.run.paths[region.module]
+
+
+def _offloads(region: Region) -> bool:
+    """The region offloads what it saves (NOTE [ Offloaded instances ]): no recompute."""
+    return isinstance(region, ModuleRegion) and region.offload
 
 
 def _region_key(region: Region) -> tuple[int, int, int]:

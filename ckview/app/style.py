@@ -67,6 +67,10 @@ class Theme:
     """``PROJECTION_COLOR`` made readable as text on this background."""
     label_fill: str
     """Box behind a value label on a plot (#RRGGBBAA): it reads on any fill or band."""
+    host_color: str
+    """The host curve of an offload plan (NOTE [ Host curve ] in ckview.analysis.projection):
+    a purple no category uses, drawn with the projection's halo; lighter on a dark
+    background."""
 
 
 LIGHT = Theme(
@@ -85,6 +89,7 @@ LIGHT = Theme(
     peak_text="#B00000",
     projection_text="#A84300",
     label_fill="#FFFFFFE6",
+    host_color="#6A3D9A",
 )
 
 DARK = Theme(
@@ -103,6 +108,7 @@ DARK = Theme(
     peak_text="#FF7070",
     projection_text="#FF9A52",
     label_fill="#1E1F22E6",
+    host_color="#B98CFF",
 )
 
 THEMES = {t.name: t for t in (LIGHT, DARK)}

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckview.cli.errors import CLIError
+
+if TYPE_CHECKING:
+    from ckpt_runtime.plan import Plan
 
 
 def add_parser(verbs: Any) -> None:
@@ -22,6 +25,12 @@ def add_parser(verbs: Any) -> None:
     p.add_argument("traces", type=Path, nargs="*", metavar="TRACE")
     p.add_argument("--theme", choices=("light", "dark"), help="colour theme (default: last used)")
     p.add_argument("--x", dest="axis", choices=("time", "op"), help="x axis (default: time)")
+    p.add_argument(
+        "--plan",
+        metavar="PLAN",
+        help="open with this plan applied (a plan file or a preset: none, all, every:K, sqrt): "
+        "ticked in the plan panel, its projected curve shown",
+    )
     p.set_defaults(handler=run)
 
 
@@ -29,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ckview.trace.ranks import expand_rank_paths, rank_of
 
     traces = readable_traces(expand_rank_paths(args.traces))  # run.h5: every rank of a run
+    plan = None if args.plan is None else (checked_plan(args.plan, traces), args.plan)
     from ckview.gui.display import display_problem
 
     problem = display_problem()
@@ -42,7 +52,24 @@ def run(args: argparse.Namespace) -> int:
             "pip install 'ckview[gui]'"
         ) from None
     ranks = sum(rank_of(p) is not None for p in traces) > 1
-    return run_app([str(p) for p in traces], theme=args.theme, axis=args.axis, compare=ranks)
+    return run_app(
+        [str(p) for p in traces], theme=args.theme, axis=args.axis, compare=ranks, plan=plan
+    )
+
+
+def checked_plan(source: str, traces: list[Path]) -> Plan:
+    """The plan ``source`` names, resolved over the model of the one trace it is for as
+    ``ckview project`` resolves it; CLIError (one line) before any window if it cannot apply."""
+    from ckview.cli.common import read_plan, resolve_plan
+    from ckview.trace import open_trace
+
+    if len(traces) != 1:
+        raise CLIError(f"--plan applies to one trace, got {len(traces)}: open one TRACE with it")
+    plan = read_plan(source)
+    with open_trace(traces[0]) as trace:
+        model = {"modules": trace.modules.read(), "strings": list(trace.strings)}
+    resolve_plan(plan, {**model, "module_calls": None}, source)
+    return plan
 
 
 def readable_traces(paths: list[Path]) -> list[Path]:

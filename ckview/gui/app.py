@@ -9,16 +9,22 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ckpt_runtime.plan import Plan
     from ckview.gui.main_window import MainWindow
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], None]
 
 
 def run(
-    paths: Sequence[str], theme: str | None = None, axis: str | None = None, compare: bool = False
+    paths: Sequence[str],
+    theme: str | None = None,
+    axis: str | None = None,
+    compare: bool = False,
+    plan: tuple[Plan, str] | None = None,
 ) -> int:
     """Open a window on ``paths`` and run the Qt event loop; returns its exit code. With
-    ``compare`` (the ranks of a distributed run) the Compare tab shows them side by side."""
+    ``compare`` (the ranks of a distributed run) the Compare tab shows them side by side;
+    ``plan`` (a plan and where it was read from) is applied to the run shown first."""
     import pyqtgraph as pg
     from PyQt6.QtWidgets import QApplication
 
@@ -39,6 +45,8 @@ def run(
     window.show()
     if compare:
         window.show_compare(side_by_side=True)
+    if plan is not None:
+        window.apply_plan_on_open(*plan)
     window.open_paths(paths)
     return int(app.exec())
 

@@ -34,6 +34,7 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
+from ckpt_runtime.plan import Plan
 from ckview import __version__
 from ckview.analysis import format_bytes
 from ckview.app.planning import PlanOutcome, PlanSession
@@ -90,6 +91,8 @@ class MainWindow(QMainWindow):
         self.last_error: str | None = None
         self._loading: dict[str, QProgressDialog] = {}
         self._opened: list[str] = []  # paths in the order asked for (loads finish in any order)
+        self._plan_on_open: tuple[Plan, str] | None = None
+        """A plan and its source to apply to the first run opened (``ckview view --plan``)."""
 
         from ckview.gui.timeline import TimelineView
 
@@ -286,6 +289,11 @@ class MainWindow(QMainWindow):
         paths, _ = QFileDialog.getOpenFileNames(self, "Open traces", "", TRACE_FILTER)
         self.open_paths(paths)
 
+    def apply_plan_on_open(self, plan: Plan, source: str) -> None:
+        """Apply ``plan`` (read from ``source``) to the next run shown that can be planned
+        over: ticked in the plan panel, its projection drawn (``ckview view --plan``)."""
+        self._plan_on_open = (plan, source)
+
     def open_paths(self, paths: Sequence[str]) -> None:
         """Load traces on a worker thread, with a progress dialog; errors open a dialog."""
         for path in paths:
@@ -417,6 +425,9 @@ class MainWindow(QMainWindow):
             self.plan.set_session(None, "This run holds no step: nothing to plan.")
         elif len(run.tables["modules"]["path"]):
             self.plan.set_session(PlanSession(run))
+            if self._plan_on_open is not None:
+                self.plan.apply_plan(*self._plan_on_open)
+                self._plan_on_open = None
         else:  # imported from a memory snapshot: no module tree to checkpoint
             self.plan.set_session(
                 None, "This run has no modules (a memory snapshot): nothing to plan."

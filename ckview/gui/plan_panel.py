@@ -37,6 +37,7 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
+from ckpt_runtime.plan import Plan
 from ckview.analysis import (
     PlannerResult,
     Region,
@@ -508,6 +509,17 @@ class PlanPanel(QWidget):
             self.error.emit(str(exc))
             return
         self.message.emit(f"loaded plan {path}")
+        self._refresh()
+
+    def apply_plan(self, plan: Plan, source: str) -> None:
+        """Select what ``plan`` (read from ``source``) checkpoints; errors go to ``error``."""
+        assert self.session is not None
+        try:
+            self.session.apply_plan(plan)
+        except ValueError as exc:
+            self.error.emit(f"plan {source}: {exc}")
+            return
+        self.message.emit(f"applied plan {source}")
         self._refresh()
 
     # -- display

@@ -91,6 +91,8 @@ class TimelineView(QWidget):
         self.selected_point: int | None = None
         self._layers: EnvelopeCurves | None = None
         self._projected: EnvelopeCurves | None = None
+        self._host: EnvelopeCurves | None = None
+        """The host curve of an offload plan; None while no region offloads."""
         self._overview_curve: EnvelopeCurves | None = None
         self._decor: list[pg.GraphicsObject] = []
         self._shown: list[Category] = []
@@ -367,13 +369,22 @@ class TimelineView(QWidget):
                     halo=self.theme.background,
                 )
             )
+        if self._host is not None and self.outcome is not None:
+            entries.append(
+                LegendEntry(
+                    f"host ({format_bytes(self.outcome.host_peak_bytes)})",
+                    self.theme.host_color,
+                    dashed=False,
+                    halo=self.theme.background,
+                )
+            )
         self.legend.set_entries(entries)
 
     def _clear(self) -> None:
-        for curves in (self._layers, self._projected, self._overview_curve):
+        for curves in (self._layers, self._projected, self._host, self._overview_curve):
             if curves is not None:
                 curves.remove()
-        self._layers = self._projected = self._overview_curve = None
+        self._layers = self._projected = self._host = self._overview_curve = None
         self._shown = []
         self.legend.set_entries([])
         self._band_labels = []
@@ -503,6 +514,7 @@ class TimelineView(QWidget):
         items of the previous outcome: making and adding pyqtgraph items costs milliseconds."""
         run, outcome = self.run, self.outcome
         if run is None or outcome is None:
+            self._draw_host(None)
             if self._projected is not None:
                 self._projected.remove()
                 self._projected = None
@@ -510,10 +522,8 @@ class TimelineView(QWidget):
             self._clear_plan_decor()
             self._keep_marks({})
             return
-        if self.axis is Axis.TIME:  # times stay int64 ns: only what is drawn becomes ms
-            envelope = Envelope(outcome.time_ns, outcome.total, x_offset=run.t0_ns, x_divisor=1e6)
-        else:
-            envelope = Envelope(run.x_op[outcome.point], outcome.total)
+        envelope = self._curve_envelope(run, outcome, outcome.total)
+        self._draw_host(outcome)
         if self._projected is None:  # NOTE [ Projected curve halo ] in style
             pen = pg.mkPen(PROJECTION_COLOR, width=PROJECTION_PEN_WIDTH, style=Qt.PenStyle.DashLine)
             halo = pg.mkPen(self.theme.background, width=PROJECTION_HALO_WIDTH)
@@ -550,6 +560,41 @@ class TimelineView(QWidget):
         label.setText(text)
         label.setPos(x, outcome.peak_bytes)
         self._draw_recompute_marks(run, outcome)
+
+    def _curve_envelope(
+        self, run: Run, outcome: PlanOutcome, values: np.ndarray, keep: np.ndarray | None = None
+    ) -> Envelope:
+        """``values`` on the states of the outcome's curve (those ``keep`` lists, if given),
+        placed on the current axis."""
+        time_ns, point = outcome.time_ns, outcome.point
+        if keep is not None:
+            time_ns, point, values = time_ns[keep], point[keep], values[keep]
+        if self.axis is Axis.TIME:  # times stay int64 ns: only what is drawn becomes ms
+            return Envelope(time_ns, values, x_offset=run.t0_ns, x_divisor=1e6)
+        return Envelope(run.x_op[point], values)
+
+    def _draw_host(self, outcome: PlanOutcome | None) -> None:
+        """The host curve of an offload plan (NOTE [ Host curve ] in
+        ckview.analysis.projection), a solid line with the projection's halo; removed while no
+        region offloads. Drawn under the projected curve: both may run along the same bytes."""
+        if outcome is None or not outcome.host_peak_bytes:
+            if self._host is not None:
+                self._host.remove()
+                self._host = None
+            return
+        assert self.run is not None
+        # The host changes at a few states: its steps drawn from those alone are the same steps
+        # (NOTE [ Max envelope ]), and a toggle skips a pyramid over every state.
+        changes = np.flatnonzero(np.diff(outcome.host, prepend=-1))
+        keep = np.union1d(changes, [len(outcome.host) - 1])  # the steps run to the end
+        envelope = self._curve_envelope(self.run, outcome, outcome.host, keep)
+        if self._host is None:
+            pen = pg.mkPen(self.theme.host_color, width=PROJECTION_PEN_WIDTH)
+            halo = pg.mkPen(self.theme.background, width=PROJECTION_HALO_WIDTH)
+            plot = self.main.getPlotItem()
+            self._host = EnvelopeCurves(plot, envelope, [pen], z=38, halos=[halo])
+        else:
+            self._host.set_envelope(envelope)
 
     def _draw_recompute_marks(self, run: Run, outcome: PlanOutcome) -> None:
         """A dotted line per recompute. A toggle changes the marks of one region, so the lines
@@ -649,7 +694,7 @@ class TimelineView(QWidget):
         """Redraw the visible slice of every curve (NOTE [ Max envelope ])."""
         (x0, x1), _ = self.main.getPlotItem().getViewBox().viewRange()
         pixels = visible_pixels(self.main.getPlotItem())
-        for curves in (self._layers, self._projected):
+        for curves in (self._layers, self._projected, self._host):
             if curves is not None:
                 curves.update(x0, x1, pixels)
         self._place_labels()
@@ -685,7 +730,10 @@ class TimelineView(QWidget):
         at = int(np.searchsorted(outcome.point, point, side="right")) - 1
         if at < 0:
             return ""
-        return f"\nprojected {format_bytes(int(outcome.total[at]))}"
+        line = f"\nprojected {format_bytes(int(outcome.total[at]))}"
+        if outcome.host.size:
+            line += f" · host {format_bytes(int(outcome.host[at]))}"
+        return line
 
     def _on_click(self, event: object) -> None:
         run = self.run

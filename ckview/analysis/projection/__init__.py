@@ -7,8 +7,9 @@ gets the projected peak of any selection in well under a millisecond.
 
 The package follows the model's seams: ``results`` (what a projection answers), ``effects``
 (the baseline and each instance's effect on it, once per set of candidates), ``exact``
-(``project``: one selection replayed) and ``incremental`` (``ProjectionModel``, with NOTE
-[ Incremental peak ] and NOTE [ Projected curve ]). The NOTEs below hold for all of them.
+(``project``: one selection replayed), ``host`` (the host curve of offload plans, NOTE
+[ Host curve ]) and ``incremental`` (``ProjectionModel``, with NOTE [ Incremental peak ] and
+NOTE [ Projected curve ]). The NOTEs below hold for all of them.
 
 A region instance is one forward call of a checkpointed module, or the calls of one segment
 (``ckview.analysis.regions``). "Created inside" means allocated by a FORWARD op attributed to
@@ -134,12 +135,13 @@ NOTE [ Offloaded instances ]
     needs the instance (NOTE [ Recompute in backward ]'s moment: every saved tensor of the
     instance is back before its backward), living to its baseline free. Nothing else changes:
     no recompute (no extra compute, no scratch), no kept inputs, no released outputs. The host
-    holds each copy from the instance's end to its baseline free (``host_peak_bytes``), and
-    the transfer takes twice the offloaded bytes over the link's bandwidth
-    (``Projection.transfer_ns``; ``DEFAULT_LINK_BANDWIDTH`` unless given). Saved inputs of the
-    instance are left out: the runtime copies them to host and back too, but their device
-    storage stays alive, so the device curve gains a second copy in backward that this model
-    does not add (an under-estimate while the instance's backward runs).
+    holds each tensor from the moment it leaves the device (an output: the instance's end) to
+    its baseline free (NOTE [ Host curve ] in ``host``: ``Projection.host``,
+    ``host_peak_bytes``), and the transfer takes twice the offloaded bytes over the link's
+    bandwidth (``Projection.transfer_ns``; ``DEFAULT_LINK_BANDWIDTH`` unless given). Saved
+    inputs of the instance are left out: the runtime copies them to host and back too, but
+    their device storage stays alive, so the device curve gains a second copy in backward
+    that this model does not add (an under-estimate while the instance's backward runs).
 
 NOTE [ Fixed categories ]
     Parameters, gradients and optimizer state never move: they are never shortened, copied or

@@ -16,6 +16,7 @@ from ckview.analysis.projection.effects import (
     InstanceEffects,
     instance_effects,
 )
+from ckview.analysis.projection.host import host_curve, host_moves
 from ckview.analysis.projection.oplevel import offloading, saved_ops
 from ckview.analysis.projection.results import (
     LiveStorages,
@@ -211,25 +212,24 @@ def project_active(eff: InstanceEffects, base: Baseline, active: np.ndarray) -> 
         plain_times=eff.plain_times,
         instances=eff.instances,
         checkpointed=active,
-        **_offloaded(eff, base, active),
+        **_offloaded(eff, base, active, events),
     )
 
 
-def _offloaded(eff: InstanceEffects, base: Baseline, active: np.ndarray) -> dict[str, int]:
-    """The bytes the ``active`` offload instances move to host memory, and the host's peak:
-    each copy is on the host from the instance's end to its baseline free (NOTE [ Offloaded
-    instances ])."""
-    pick = active[eff.copy_instance] & eff.offload[eff.copy_instance]
-    storage, inst = eff.copy_storage[pick], eff.copy_instance[pick]
-    nbytes = base.nbytes[storage]
-    free = base.free_row[storage]
-    times = np.concatenate([eff.end_ns[inst], base.times[free[free >= 0]]])
-    deltas = np.concatenate([nbytes, -nbytes[free >= 0]])
-    order = np.lexsort((-deltas, times))  # at one time, arrivals first: an upper bound
-    host = np.cumsum(deltas[order])
+def _offloaded(
+    eff: InstanceEffects, base: Baseline, active: np.ndarray, events: ProjectedEvents
+) -> dict[str, Any]:
+    """The bytes the ``active`` offload instances move to host memory, the host curve on the
+    projected states and its peak (NOTE [ Host curve ])."""
+    moves = host_moves(eff, base).of(active)
+    if not moves.nbytes.size:
+        return {}
+    state_key = np.concatenate(([-1], events.key))
+    host = host_curve(state_key, moves.arrive_key, moves.leave_key, moves.nbytes)
     return {
-        "offloaded_bytes": int(nbytes.sum()),
-        "host_peak_bytes": int(host.max(initial=0)),
+        "offloaded_bytes": int(moves.nbytes.sum()),
+        "host_peak_bytes": int(host.max()),
+        "host": host,
     }
 
 

@@ -19,6 +19,7 @@ from ckview.analysis.projection.effects import (
     run_starts,
 )
 from ckview.analysis.projection.exact import Records, project_active, replay_records
+from ckview.analysis.projection.host import host_moves
 from ckview.analysis.projection.oplevel import offloading, saved_ops
 from ckview.analysis.projection.results import (
     ProjectedCurve,
@@ -82,6 +83,9 @@ class ProjectionModel:
         offload = offloading(self.instances, self.candidates)
         self._base, self.effects = instance_effects(tables, self.instances, kept_ops, offload)
         self._index = _build_index(self.effects, self._base)
+        moves = host_moves(self.effects, self._base)
+        self._offloaded = np.bincount(moves.instance, moves.nbytes, len(self.instances))
+        """(k,) float64: the bytes each instance offloads (whole bytes: exact below 2**53)."""
         self._curve: _CurveIndex | None = None  # built by the first ``curve`` (the GUI's)
 
     def checkpointed(self, selected: Selection) -> np.ndarray:
@@ -107,13 +111,13 @@ class ProjectionModel:
     def offloaded_bytes(self, selected: Selection) -> int:
         """Bytes the offload regions among the ``selected`` candidates move to host memory
         (NOTE [ Offloaded instances ])."""
-        eff, active = self.effects, self.checkpointed(selected)
-        pick = active[eff.copy_instance] & eff.offload[eff.copy_instance]
-        return int(self._base.nbytes[eff.copy_storage[pick]].sum())
+        return int(self._offloaded[self.checkpointed(selected)].sum())
 
     def curve(self, selected: Selection) -> ProjectedCurve:
         """The projected total of the ``selected`` candidates at every baseline point, every
-        inserted state and every recompute's highest point (NOTE [ Projected curve ])."""
+        inserted state and every recompute's highest point (NOTE [ Projected curve ]), with
+        the host curve of those that offload (NOTE [ Host curve ]; a recompute's highest
+        point holds what the state before it held)."""
         if self._curve is None:
             timeline = memory_timeline(self._base.storages, self._base.events)
             self._curve = _curve_index(self.effects, self._base, timeline, self._index.union)
@@ -176,6 +180,13 @@ class _CurveIndex:
     point: np.ndarray
     order: np.ndarray
     """(c,) int64: 2 x key, comparable with ``_Index.spike_order``."""
+    host_instance: np.ndarray
+    host_arrive: np.ndarray
+    host_leave: np.ndarray
+    """Per ``host_moves`` tensor: the first state it is on the host at, and the first it is
+    gone at (``c``: never), NOTE [ Host curve ]."""
+    host_bytes: np.ndarray
+    """Its bytes (int64)."""
 
 
 @dataclass(frozen=True)
@@ -251,12 +262,17 @@ def _curve_index(
     at = base.point_of_key(np.maximum(keys, 0))
     at[keys < 0] = 0
     times = np.concatenate([curve.time_ns, _key_times(eff, base, curve, inserted)])[order]
+    moves = host_moves(eff, base)
     return _CurveIndex(
         base=curve.total[at],
         slot=np.searchsorted(union, keys, side="right"),
         time=times,
         point=at,
         order=2 * keys,
+        host_instance=moves.instance,
+        host_arrive=np.searchsorted(keys, moves.arrive_key, side="left"),
+        host_leave=np.searchsorted(keys, moves.leave_key, side="left"),
+        host_bytes=moves.nbytes,
     )
 
 
@@ -453,14 +469,35 @@ def _query_curve(ix: _Index, c: _CurveIndex, active: np.ndarray) -> ProjectedCur
     """See NOTE [ Projected curve ]."""
     level = np.rint(_levels(ix, active)).astype(np.int64)
     total = c.base + level[c.slot]
+    host = _query_host(c, active)
     spike = np.flatnonzero(active[ix.spike_instance])
     if spike.size == 0:
-        return ProjectedCurve(time_ns=c.time, point=c.point, total=total)
+        return ProjectedCurve(time_ns=c.time, point=c.point, total=total, host=host)
     # A spike's order (2 x key - 1) sorts it just before the states at its key.
     at = np.searchsorted(c.order, ix.spike_order[spike])
     high = np.rint(ix.spike_bytes[spike]).astype(np.int64) + level[ix.spike_slot[spike]]
+    if host.size:  # the host holds at a spike what it held at the state before
+        host = np.insert(host, at, np.where(at > 0, host[np.maximum(at - 1, 0)], 0))
     return ProjectedCurve(
         time_ns=np.insert(c.time, at, ix.spike_time[spike]),
         point=np.insert(c.point, at, ix.spike_point[spike]),
         total=np.insert(total, at, high),
+        host=host,
     )
+
+
+def _query_host(c: _CurveIndex, active: np.ndarray) -> np.ndarray:
+    """(c,) int64: the host curve of the ``active`` offload instances on the curve's states,
+    zero-length if none offloads (NOTE [ Host curve ])."""
+    pick = np.flatnonzero(active[c.host_instance])
+    if pick.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    at = np.concatenate([c.host_arrive[pick], c.host_leave[pick]])
+    change = np.concatenate([c.host_bytes[pick], -c.host_bytes[pick]])
+    order = np.argsort(at, kind="stable")
+    at, change = at[order], change[order]
+    starts = np.flatnonzero(run_starts(at))
+    level = np.concatenate(([0], np.cumsum(np.add.reduceat(change, starts))))
+    # Few moves, many states: each level repeated over the states up to the next change.
+    bounds = np.concatenate(([0], at[starts], [len(c.order)]))  # a leave at c: never
+    return np.repeat(level, np.diff(bounds))

@@ -3,7 +3,7 @@ in ``ckview.analysis.projection``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -104,6 +104,9 @@ class ProjectedCurve:
     """(c,) int64: baseline timeline point each state stands at (to place it by op index)."""
     total: np.ndarray
     """(c,) int64: projected live bytes."""
+    host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(c,) int64: bytes the offload regions hold in host memory at each state; zero-length
+    when none offloads (NOTE [ Host curve ])."""
 
     def __len__(self) -> int:
         return len(self.total)
@@ -132,7 +135,11 @@ class Projection:
     offloaded_bytes: int = 0
     """Bytes the offload regions move to host memory and back (NOTE [ Offloaded instances ])."""
     host_peak_bytes: int = 0
-    """The most bytes the offload regions hold in host memory at once."""
+    """The most bytes the offload regions hold in host memory at once (the maximum of
+    ``host``)."""
+    host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(m+1,) int64: bytes the offload regions hold in host memory at each projected point;
+    zero-length when no instance offloads (NOTE [ Host curve ])."""
 
     def transfer_ns(self, bandwidth: float = DEFAULT_LINK_BANDWIDTH) -> int:
         """Time to move the offloaded bytes to the host and back over a link of ``bandwidth``
