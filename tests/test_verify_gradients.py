@@ -298,6 +298,16 @@ def test_bad_gate_options_fail_in_one_line(tmp_path: Path, args: list[str], want
     assert wanted in stderr.strip().splitlines()[-1]  # after argparse's usage
 
 
+def test_the_gate_can_be_skipped(tmp_path: Path) -> None:
+    script = write(tmp_path, "encoder.py", ENCODER)
+    proc = ckview(
+        "verify", "--no-progress", "--timing-steps", "0", "--stop-after", "--no-grad-check",
+        "--plan", "all", "-o", str(tmp_path / "v.h5"), script, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "gradients: not checked (--no-grad-check)"
+
+
 # ----------------------------------------------------------------------------- wording
 
 

@@ -73,6 +73,12 @@ def run_gate(args: argparse.Namespace, plans: Sequence[tuple[str, Any]]) -> Grad
         "plans": [plan.to_json() for _, plan in plans],
         "tolerance": tolerance,
     }
+    if args.progress or (args.progress is None and sys.stderr.isatty()):
+        print(
+            f"ckview: gradient gate: running the script's first recorded step {2 + len(plans)} "
+            "more times (twice without checkpointing, once per plan)",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory(prefix="ckview-grad-") as folder:
         spec_path, result, log = (Path(folder, n) for n in ("spec.json", "result.json", "log"))
         spec_path.write_text(json.dumps(spec))
