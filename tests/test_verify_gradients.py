@@ -31,7 +31,7 @@ layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
 model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 for _ in range(args.steps):
-    loss = model(torch.randn(4, 6, 16)).square().mean()
+    loss = model(torch.randn(16, 32, 16)).square().mean()
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -77,12 +77,20 @@ def gate_lines(stderr: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def encoder_verify(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], str]:
-    """One verify of the encoder with dropout: presets, an op-level plan, and a plan that
-    recomputes dropout without its RNG state."""
+    """One verify of the encoder with dropout: presets, a hand-written op-level plan, the
+    planner's op-level plan for 70% of the peak, and a plan that recomputes dropout without its
+    RNG state."""
     folder = tmp_path_factory.mktemp("encoder")
     script = write(folder, "encoder.py", ENCODER)
+    recorded = ckview("record", "--no-progress", "--stop-after", "--timing-steps", "0",
+                      "-o", "r.h5", script, cwd=folder)  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    planned = ckview("plan", "r.h5", "--level", "op", "--budget", "70%", "-o", "planner.json",
+                     cwd=folder)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
     plans = [write(folder, f"{d['name']}.json", json.dumps(d)) for d in (OP_LEVEL, NO_RNG)]
-    options = [a for p in ["none", "sqrt", "all", *plans] for a in ("--plan", p)]
+    options = [a for p in ["none", "sqrt", "all", plans[0], "planner.json", plans[1]]
+               for a in ("--plan", p)]  # fmt: skip
     return verify(folder, script, *options)
 
 
@@ -91,8 +99,10 @@ def test_every_exact_plan_keeps_the_gradients_bitwise(
 ) -> None:
     _, doc, stderr = encoder_verify
     plans = {p["plan"]: p["gradients"] for p in doc["plans"]}
-    assert list(plans) == ["none", "sqrt", "all", "matmuls", "no-rng"], stderr
-    for name in ("none", "sqrt", "all", "matmuls"):
+    names = list(plans)
+    assert names[:4] == ["none", "sqrt", "all", "matmuls"] and names[5] == "no-rng", stderr
+    assert names[4].startswith("budget-")  # the planner's
+    for name in names[:5]:
         assert plans[name]["checked"] and plans[name]["equal"], (name, plans[name])
         assert plans[name]["max_abs_diff"] == 0.0 and plans[name]["first_differing"] is None
     assert doc["gradient_gate"] == {
