@@ -9,7 +9,10 @@ and extra time (the plan run's recompute ops against the projected recompute). B
 describe the same computation; where the script's checkpointing could not be bypassed
 (NOTE [ Recompute in a bypassed run ] in ckview/analysis/recompute.py) the output says so.
 Options and the script's arguments are split exactly as by ``ckview record`` (NOTE [ The
-script's arguments are the script's ] in ckview/cli/command.py).
+script's arguments are the script's ] in ckview/cli/command.py). Then the gradient gate runs the
+script's step again per plan and checks that each keeps the un-checkpointed step's loss and
+gradients (NOTE [ The gradient gate ] in recorder/gradient_gate.py; ckview/cli/gradients.py): a
+plan that changes them fails verify.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckview.cli import common
+from ckview.analysis.gradients import GradientGate
+from ckview.cli import common, gradients
 from ckview.cli.distributed import is_launcher, run_launcher
 from ckview.cli.errors import CLIError
 from ckview.cli.recording import (
@@ -53,7 +57,11 @@ def add_parser(verbs: Any) -> None:
         description=(
             "Run a training script once, recording run 'baseline' (checkpointing bypassed) and "
             "then run 'plan:<name>' for each --plan; project each plan over the baseline and "
-            f"compare with what its run measured. {ARGS_HELP}"
+            "compare with what its run measured. Then the gradient gate runs the script's first "
+            "recorded step again, twice without checkpointing (a step that does not repeat, "
+            "such as unseeded data, is reported and fails nothing) and once per plan, and fails "
+            "a plan whose loss or gradients differ from the un-checkpointed step's (bitwise "
+            f"unless --grad-tolerance). {ARGS_HELP}"
         ),
     )
     add_record_options(p)
@@ -69,10 +77,11 @@ def add_parser(verbs: Any) -> None:
     p.add_argument(
         "--json", action="store_true", help="print JSON (the script's stdout goes to stderr)"
     )
+    gradients.add_options(p)
     p.set_defaults(handler=run)
 
 
-VERIFY_OPTIONS = ("--json", "--fit")
+VERIFY_OPTIONS = ("--json", "--fit", *gradients.OPTIONS)
 """verify's options besides record's (for hint_misplaced)."""
 
 
@@ -189,15 +198,18 @@ def run(args: argparse.Namespace) -> int:
     if ending.error or ending.steps == 0 or ending.written != output:
         return exit_code
     checks, missing, baseline = _verify(output, plans)
-    _print(output, checks, missing, baseline, args.json)
+    gate = _gradient_gate(args, plans, checks)
+    _print(output, checks, missing, baseline, args.json, gate)
     for line in unlike_step_warnings(output):
         print(f"ckview: warning: {line}", file=sys.stderr)
     if note := compiled_plans_note(output):
         print(f"ckview: note: {note}", file=sys.stderr)
+    for plan in gate.failed():
+        print(f"ckview: {gate.failure_line(plan)}", file=sys.stderr)
     if missing:
         print(_missing_note(missing, args), file=sys.stderr)
         return exit_code or 1
-    return exit_code
+    return exit_code or (1 if gate.failed() else 0)
 
 
 def _timing(args: argparse.Namespace) -> int:
@@ -215,6 +227,7 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if args.warmup == 0:
         raise CLIError("--plan needs a warmup step to find the model in; use --warmup 1 or more")
+    gradients.check_args(args)
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -272,6 +285,18 @@ def _verify(
     return checks, missing, baseline
 
 
+def _gradient_gate(
+    args: argparse.Namespace, plans: Sequence[tuple[str, Any]], checks: Sequence[Check]
+) -> GradientGate:
+    """The gradient gate over the plans whose runs were recorded (NOTE [ The gradient gate ] in
+    recorder/gradient_gate.py); not run where no plan run was recorded."""
+    recorded = {c.projection.plan for c in checks}
+    gated = [(source, plan) for source, plan in plans if plan.name in recorded]
+    if not gated:
+        return GradientGate.not_checked("no plan run was recorded", args.grad_tolerance)
+    return gradients.run_gate(args, gated)
+
+
 def _extra_time(base: common.Tables, run: common.Tables, projection: common.PlanProjection) -> Any:
     """NOTE [ Extra time, like for like ]: from plain timing steps if both runs have them and
     the projection's times are plain, else from the recorded steps and op times."""
@@ -327,6 +352,7 @@ def _print(
     missing: Sequence[str],
     baseline: Baseline | None,
     as_json: bool,
+    gate: GradientGate,
 ) -> None:
     if as_json:
         doc = {
@@ -339,13 +365,19 @@ def _print(
             "baseline_recompute": (
                 baseline.leftover.to_json() if baseline and baseline.leftover else None
             ),
-            "plans": [c.to_json() for c in checks],
+            "plans": [
+                {**c.to_json(), "gradients": gate.check(c.projection.plan).to_json()}
+                for c in checks
+            ],
             "missing_runs": list(missing),
+            "gradient_gate": gate.to_json(),
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
         return
     print(format_table(output, checks, baseline))
+    for line in gate.lines([c.projection.plan for c in checks]):
+        print(line)
 
 
 def _extra_cells(c: Check) -> str:
