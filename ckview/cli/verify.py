@@ -15,7 +15,6 @@ script's arguments are the script's ] in ckview/cli/command.py).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ckview.cli import common
-from ckview.cli.distributed import is_launcher, run_launcher
+from ckview.cli.distributed import is_launcher, print_json, run_launcher
 from ckview.cli.errors import CLIError
 from ckview.cli.recording import (
     ARGS_HELP,
@@ -342,8 +341,7 @@ def _print(
             "plans": [c.to_json() for c in checks],
             "missing_runs": list(missing),
         }
-        json.dump(doc, sys.stdout, indent=2)
-        print()
+        print_json(doc)  # NOTE [ One JSON document for all ranks ]
         return
     print(format_table(output, checks, baseline))
 
