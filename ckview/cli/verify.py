@@ -391,6 +391,7 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
         if c.start_offset_bytes
     ]
     timed = [c.time for c in checks if c.time is not None]
+    lines += _precision_notes(checks)
     if any(not t.plain for t in timed):
         lines.append(
             "note: extra times are from recorded steps (the script ended before the timing "
@@ -403,6 +404,36 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
             "checkpoint's fixed cost per call"
         )
     return lines
+
+
+def _precision_notes(checks: Sequence[Check]) -> list[str]:
+    """One line if a plan's extra time is not measured to the stated spread (NOTE [ Enough
+    plain steps ] in ckview/trace/precision.py): how many rounds it needs, and why it has
+    fewer (the script ended, or the cap was reached on a noisy machine)."""
+    from ckview.trace.precision import FLOOR_SHARE, MAX_ROUNDS, TARGET_SHARE
+
+    loose = [c for c in checks if c.time is not None and c.time.plain and not c.time.precise]
+    if not loose:
+        return []
+    rounds = min(c.time.steps for c in loose)
+    needed = max(c.time.rounds_needed for c in loose)
+    target = (
+        f"within {TARGET_SHARE:.0%} of itself or {FLOOR_SHARE:.0%} of the baseline's step, at "
+        "95% confidence"
+    )
+    plans = ", ".join(c.projection.plan for c in loose)
+    if rounds >= MAX_ROUNDS:
+        return [
+            f"note: extra time of {plans} not measured {target} in {rounds} rounds of plain "
+            f"steps (the cap; about {needed} would do): the machine is noisy, so read the "
+            "spread beside each figure"
+        ]
+    more = (min(needed, MAX_ROUNDS) - rounds) * 2 * (1 + len(checks))
+    return [
+        f"note: the script ran too few steps to measure the extra time of {plans} {target}: "
+        f"{rounds} rounds of plain steps, about {needed} needed; let the script run {more} more "
+        "steps (verify ends it once done with --stop-after)"
+    ]
 
 
 def _recompute_warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
@@ -446,7 +477,7 @@ def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | Non
         f"{output}: plans projected over run {BASELINE!r} (peak {fb(first.run_peak_bytes)}, "
         f"step {first.step_ns / 1e6:.1f} ms) vs measured in their own runs",
         f"{'plan':<{width}}{'projected peak':>15}{'measured peak':>15}{'error':>9}"
-        f"{'extra/step: projected':>23}{'measured (low..high)':>28}",
+        f"{'extra/step: projected':>23}{'measured (95% CI)':>28}",
     ]
     for c in checks:
         p = c.projection
