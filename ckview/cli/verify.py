@@ -429,10 +429,11 @@ def _precision_notes(checks: Sequence[Check]) -> list[str]:
             "spread beside each figure"
         ]
     more = (min(needed, MAX_ROUNDS) - rounds) * 2 * (1 + len(checks))
+    cap = f" (verify stops at {MAX_ROUNDS})" if needed > MAX_ROUNDS else ""
     return [
         f"note: the script ran too few steps to measure the extra time of {plans} {target}: "
-        f"{rounds} rounds of plain steps, about {needed} needed; let the script run {more} more "
-        "steps (verify ends it once done with --stop-after)"
+        f"{rounds} rounds of plain steps, about {needed} needed{cap}; let the script run {more} "
+        "more steps (verify ends it once done with --stop-after)"
     ]
 
 
