@@ -18,6 +18,23 @@ NOTE [ Extra compute from plain times ]
     recompute replays (plus the cost per call where it was measured), and every surface says
     so. Step times, the base of every extra-compute share, come from the same source
     (``step_time_ns``), so that a share never divides plain time by recorded time.
+
+    What the model assumes, and how far it held when measured outside the recorder (issue 21;
+    CPU, OMP_NUM_THREADS=1, ckpt_runtime's plans, interleaved medians):
+    (1) a recompute costs what the same calls cost in the plain forward, and (2) a checkpointed
+    forward costs what the plain forward costs. Both hold to a few percent and err the same
+    way: on a TransformerEncoder step (4 layers) the recompute ran 3% faster than the plain
+    forward (its inputs are warm) and the checkpointed forward 5% faster (it keeps no
+    activations), so ``all`` was projected 10% too dear (55.5 ms vs 50.5); on examples/cnn.py's
+    first block, 8% too cheap (22.5 vs 24.5: its backward ran slower after the recompute).
+    (3) checkpoint's fixed cost per call, measured on one-op regions of 8 elements, stands for
+    any region. It does not where a recompute allocates blocks of 128 KiB or more (glibc's mmap
+    threshold): a chain of one-op regions cost 65 us per call beyond its forward at 8 KiB, but
+    330 us at 128 KiB and 680 us at 512 KiB (75 us at 128 KiB with MALLOC_TRIM_THRESHOLD_ and
+    MALLOC_MMAP_THRESHOLD_ raised: the allocator hands the recompute fresh pages), so a plan of
+    many small regions over large activations is projected too cheap (``all`` of
+    examples/loops/linear_relu.py: 1.6 ms projected, 3.3 ms measured). A layer-sized region
+    did not show that cost, so it is not a per-byte term; what decides it is not modelled yet.
 """
 
 from __future__ import annotations
