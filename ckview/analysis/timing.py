@@ -28,13 +28,17 @@ NOTE [ Extra compute from plain times ]
     activations), so ``all`` was projected 10% too dear (55.5 ms vs 50.5); on examples/cnn.py's
     first block, 8% too cheap (22.5 vs 24.5: its backward ran slower after the recompute).
     (3) checkpoint's fixed cost per call, measured on one-op regions of 8 elements, stands for
-    any region. It does not where a recompute allocates blocks of 128 KiB or more (glibc's mmap
-    threshold): a chain of one-op regions cost 65 us per call beyond its forward at 8 KiB, but
-    330 us at 128 KiB and 680 us at 512 KiB (75 us at 128 KiB with MALLOC_TRIM_THRESHOLD_ and
-    MALLOC_MMAP_THRESHOLD_ raised: the allocator hands the recompute fresh pages), so a plan of
-    many small regions over large activations is projected too cheap (``all`` of
-    examples/loops/linear_relu.py: 1.6 ms projected, 3.3 ms measured). A layer-sized region
-    did not show that cost, so it is not a per-byte term; what decides it is not modelled yet.
+    any region. It does not where the region's tensors are large: a chain of one-op regions
+    cost 60 us per call beyond its plain forward at 8 elements, 330 us at 128 KiB and 950 us
+    at 512 KiB, per call rather than per recomputed tensor (three ops a region cost the same).
+    A profile at 512 KiB shows the recompute's ops and the unpack that runs it slower than the
+    same ops in the plain step (tanh 277 us vs 173, TanhBackward0's own time 226 us vs 49):
+    what a recompute reads is cold, and the blocks it writes are others than the plain step's;
+    raising glibc's MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ lowered the 128 KiB cost
+    (to 75 us) but not the 512 KiB one. So a plan of many small regions over large activations
+    is projected too cheap: the small loops of examples/loops miss 150-200 us per recomputed
+    call (``all`` of linear_relu.py: 1.6 ms projected, 3.3 ms measured), while layer-sized
+    regions (the transformer's) show no such cost. Not modelled yet.
 """
 
 from __future__ import annotations
