@@ -15,6 +15,7 @@ from ckview.analysis.recompute import extra_time
 from ckview.trace import open_trace
 from ckview.trace.precision import (
     MAX_ROUNDS,
+    NEEDED_CAP,
     median_interval,
     precise_enough,
     rounds_needed,
@@ -50,6 +51,8 @@ def test_rounds_needed_grow_with_the_square_of_the_spread() -> None:
     # allowed: 10% of 40 ms = 4, or 2% of a 1000 step = 20: 20 -> (40/20)**2 = 4 times 5 rounds
     assert rounds_needed(interval, 1000) == 20
     assert rounds_needed(interval, 4000) == 5  # 2% of 4000 = 80 >= 40: precise already
+    far = median_interval([-1e9, 0, 1e9, 0, 0])
+    assert far is not None and rounds_needed(far, 10) == NEEDED_CAP
 
 
 def test_precise_enough_needs_every_run() -> None:
@@ -128,4 +131,6 @@ def test_verify_says_when_the_script_ran_too_few_steps(tmp_path: Path) -> None:
     assert checks[0].time.steps == 2 and not checks[0].time.precise
     [note] = _precision_notes(checks)
     assert note.startswith("note: the script ran too few steps to measure the extra time of none")
-    assert f"2 rounds of plain steps, about {checks[0].time.rounds_needed} needed" in note
+    needed = checks[0].time.rounds_needed
+    about = f"{NEEDED_CAP} or more" if needed >= NEEDED_CAP else f"about {needed}"
+    assert needed > 2 and f"2 rounds of plain steps, {about} needed" in note

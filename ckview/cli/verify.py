@@ -410,13 +410,14 @@ def _precision_notes(checks: Sequence[Check]) -> list[str]:
     """One line if a plan's extra time is not measured to the stated spread (NOTE [ Enough
     plain steps ] in ckview/trace/precision.py): how many rounds it needs, and why it has
     fewer (the script ended, or the cap was reached on a noisy machine)."""
-    from ckview.trace.precision import FLOOR_SHARE, MAX_ROUNDS, TARGET_SHARE
+    from ckview.trace.precision import FLOOR_SHARE, MAX_ROUNDS, NEEDED_CAP, TARGET_SHARE
 
     loose = [c for c in checks if c.time is not None and c.time.plain and not c.time.precise]
     if not loose:
         return []
     rounds = min(c.time.steps for c in loose)
     needed = max(c.time.rounds_needed for c in loose)
+    about = f"{NEEDED_CAP} or more" if needed >= NEEDED_CAP else f"about {needed}"
     target = (
         f"within {TARGET_SHARE:.0%} of itself or {FLOOR_SHARE:.0%} of the baseline's step, at "
         "95% confidence"
@@ -425,14 +426,14 @@ def _precision_notes(checks: Sequence[Check]) -> list[str]:
     if rounds >= MAX_ROUNDS:
         return [
             f"note: extra time of {plans} not measured {target} in {rounds} rounds of plain "
-            f"steps (the cap; about {needed} would do): the machine is noisy, so read the "
+            f"steps (the cap; {about} would do): the machine is noisy, so read the "
             "spread beside each figure"
         ]
     more = (min(needed, MAX_ROUNDS) - rounds) * 2 * (1 + len(checks))
     cap = f" (verify stops at {MAX_ROUNDS})" if needed > MAX_ROUNDS else ""
     return [
         f"note: the script ran too few steps to measure the extra time of {plans} {target}: "
-        f"{rounds} rounds of plain steps, about {needed} needed{cap}; let the script run {more} "
+        f"{rounds} rounds of plain steps, {about} needed{cap}; let the script run {more} "
         "more steps (verify ends it once done with --stop-after)"
     ]
 

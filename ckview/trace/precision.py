@@ -36,6 +36,8 @@ MIN_ROUNDS = 5
 """Fewer rounds are never precise enough: their interval is not one of 95% (NOTE)."""
 MAX_ROUNDS = 15
 """The recorder takes no more rounds than this, precise or not."""
+NEEDED_CAP = 1000
+"""``rounds_needed`` says no more than this (a spread far off its target needs "many")."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,9 @@ def rounds_needed(interval: Interval, base_step: float) -> int:
     if interval.half <= allowed:
         return max(interval.rounds, MIN_ROUNDS)
     if allowed <= 0:
-        return MAX_ROUNDS
-    return max(MIN_ROUNDS, math.ceil(interval.rounds * (interval.half / allowed) ** 2))
+        return NEEDED_CAP
+    needed = math.ceil(interval.rounds * (interval.half / allowed) ** 2)
+    return min(NEEDED_CAP, max(MIN_ROUNDS, needed))
 
 
 def precise_enough(steps: Sequence[Sequence[float]]) -> bool:
