@@ -278,6 +278,33 @@ def format_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+EXTRA_TARGET = 0.15
+"""Issue 21: median |projected - measured| / measured extra time, over the plans that recompute."""
+OUTSIDE_LIMIT = 0.30
+"""... and none off by more than this share of its measured extra time outside the spread."""
+
+
+def extra_time_tally(timed: Sequence[dict[str, Any]]) -> str:
+    """One line: the median relative error of the projected extra time over the plans that
+    recompute (projected > 0; plan none measures noise around 0), and the plans projected more
+    than ``OUTSIDE_LIMIT`` of their measured extra time outside the measured spread."""
+    errors, outside = [], 0
+    for t in timed:
+        projected, measured = t["projected_ns"], t["measured_median_ns"]
+        if projected <= 0 or measured == 0:
+            continue
+        errors.append(abs(projected - measured) / abs(measured))
+        off = max(t["measured_low_ns"] - projected, projected - t["measured_high_ns"], 0)
+        outside += off > OUTSIDE_LIMIT * abs(measured)
+    if not errors:
+        return "extra time: no plan recomputes"
+    return (
+        f"extra time: median |projected - measured| {np.median(errors):.1%} of the measured "
+        f"over {len(errors)} plans that recompute (target {EXTRA_TARGET:.0%}); {outside} "
+        f"projected more than {OUTSIDE_LIMIT:.0%} outside the measured spread"
+    )
+
+
 def report(outcomes: Sequence[Outcome], notes: dict[str, str]) -> int:
     """Print the table, the tally and the failures; 0 if every plan is within the target."""
     rows = [row(o.label, p) for o in outcomes for p in o.plans]
@@ -294,6 +321,7 @@ def report(outcomes: Sequence[Outcome], notes: dict[str, str]) -> int:
         f"(worst {max(errors, default=0):.3%}); extra time: {misses} of {len(timed)} projections "
         f"outside the measured spread; {len(failed)} of {len(outcomes)} verify runs failed"
     )
+    print(extra_time_tally(timed))
     for o in failed:
         print(f"failed: {o.label}: {o.error}")
     for label, note in notes.items():
