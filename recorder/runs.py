@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
+from ckview.trace.precision import MAX_ROUNDS
 from recorder.ledger import StorageLedger
 from recorder.modules import ModuleRegistry
 from recorder.phases import OTHER, PhaseState
@@ -29,7 +30,7 @@ from recorder.stacks import Stacks
 from recorder.steady import warmup_needed
 from recorder.steps import IterationTracker, StepCounts, plural
 from recorder.tables import Flags, State
-from recorder.timing import RunTimes, StepTimer, plan_call_cost_ns, timing_schedule
+from recorder.timing import RunTimes, StepTimer, add_round, plan_call_cost_ns, timing_schedule
 
 _FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
 
@@ -294,6 +295,8 @@ class RunSequencer:
     def _next_timing_step(self) -> None:
         """Begin the schedule's next step, in its run's context; the last one done, close."""
         self._timing_pos += 1
+        if self._timing_pos == len(self._schedule):
+            self._more_rounds_if_needed()
         if self._timing_pos >= len(self._schedule):
             self.timer.stop()
             self._leave_context()
@@ -306,6 +309,17 @@ class RunSequencer:
             self._enter_context(entry.run)
             self._timing_run = entry.run
         self.timer.start_step(self.plan.runs[entry.run].name, entry.keep, entry.round)
+
+    def _more_rounds_if_needed(self) -> None:
+        """The schedule's last step ended: add a round unless the rounds so far are precise
+        enough or the cap is reached (NOTE [ Enough plain steps ] in ckview/trace/precision.py).
+        With several runs the added round begins with a warm-up step, so that its run's context,
+        entered at the boundary rather than early (NOTE [ Early run context ]), costs no kept
+        step a call."""
+        rounds = self._schedule[-1].round + 1
+        names = [spec.name for spec in self.plan.runs]
+        if rounds < MAX_ROUNDS and not self.timer.precise_enough(names):
+            add_round(self._schedule, len(self.plan.runs))
 
     def stop_timing(self) -> None:
         """The script ended during the timing steps: keep what was timed."""

@@ -8,14 +8,16 @@ NOTE [ Plain timing steps ]
     every run is recorded, each run's context (a plan applied, or checkpointing bypassed) is
     entered again for unrecorded steps with the op hook taken off the dispatch stack: only the
     global module hooks remain, which take a ``perf_counter_ns`` pair per forward call.
-    ``timing_schedule`` orders them in k rounds, each run in turn: a machine that slows down
-    for a while (other processes, frequency scaling) then slows every run alike instead of
-    biasing one run against another. The first step after a switch of context is the slowest
-    (often by a third: the allocator's cache holds the other run's blocks), so a run's turn
-    starts with a warm-up step that is timed, not kept; with a single run only its first step
-    warms up. Timing comes after the last recorded run, so that a script that ends early loses
-    timings, never a recorded run; the timings are written to the trace's ``timing_steps`` and
-    ``timed_calls`` tables before it is closed (docs/trace-format.md).
+    ``timing_schedule`` orders them in k rounds, each run in turn: a machine that slows down for
+    a while (other processes, frequency scaling) then slows every run alike instead of biasing
+    one run against another. After the k rounds asked for, the recorder adds one round at a time
+    until every run's extra time is measured precisely enough, or up to a cap (NOTE [ Enough
+    plain steps ] in ckview/trace/precision.py). The first step after a switch of context is the
+    slowest (often by a third: the allocator's cache holds the other run's blocks), so a run's
+    turn starts with a warm-up step that is timed, not kept; with a single run only its first
+    step warms up. Timing comes after the last recorded run, so that a script that ends early
+    loses timings, never a recorded run; the timings are written to the trace's ``timing_steps``
+    and ``timed_calls`` tables before it is closed (docs/trace-format.md).
     ``StepTimer`` keeps, per run, each kept step's duration and the duration of every forward
     module call in it (by module row, in call order), so that medians over the k steps, with
     their spread, give the plain step time of each run and the plain forward time of each call
@@ -59,6 +61,7 @@ from typing import Any
 
 import torch
 
+from ckview.trace.precision import precise_enough
 from recorder._torch import dispatch_mode
 
 
@@ -75,12 +78,18 @@ def timing_schedule(runs: int, rounds: int) -> list[TimingStep]:
     """NOTE [ Plain timing steps ]: ``rounds`` rounds of the runs in turn, each turn a warm-up
     step then a kept one; a run that follows itself (a single run) needs no new warm-up."""
     schedule: list[TimingStep] = []
-    for r in range(rounds):
-        for run in range(runs):
-            if not schedule or schedule[-1].run != run:
-                schedule.append(TimingStep(run, False, r))
-            schedule.append(TimingStep(run, True, r))
+    for _ in range(rounds):
+        add_round(schedule, runs)
     return schedule
+
+
+def add_round(schedule: list[TimingStep], runs: int) -> None:
+    """Append one more round of the runs to ``schedule`` (see ``timing_schedule``)."""
+    r = schedule[-1].round + 1 if schedule else 0
+    for run in range(runs):
+        if not schedule or schedule[-1].run != run:
+            schedule.append(TimingStep(run, False, r))
+        schedule.append(TimingStep(run, True, r))
 
 
 @dataclass
@@ -214,6 +223,12 @@ class StepTimer:
         if self.clock is None:
             self.clock = clock_for()
         return self.clock
+
+    def precise_enough(self, runs: list[str]) -> bool:
+        """Whether the kept steps of ``runs`` (the first is the baseline) measure each run's
+        extra time precisely enough to stop timing (NOTE [ Enough plain steps ] in
+        ckview/trace/precision.py)."""
+        return precise_enough([self.runs.get(name, RunTimes()).steps_ns for name in runs])
 
     def stop(self) -> None:
         """Leave timing (also when the script ends mid-way): put the op hook back."""

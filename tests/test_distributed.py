@@ -231,6 +231,21 @@ def test_verify_per_rank(tmp_path: Path) -> None:
     assert proc.stdout.count("distributed-verify.rank") == 2, proc.stdout  # each rank's table
 
 
+def test_verify_json_per_rank_is_one_document(tmp_path: Path) -> None:
+    """NOTE [ One JSON document for all ranks ]: the ranks' documents, by rank, as one."""
+    proc = ckview(
+        "verify", "--plan", "all", "--steps", "1", "--timing-steps", "0", "--json", *LAUNCH,
+        SCRIPT, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # one valid document, nothing else on stdout
+    assert doc["trace"] == "distributed-verify.h5"
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    for rank, r in enumerate(doc["ranks"]):
+        assert r["trace"] == f"distributed-verify.rank{rank}.h5"
+        assert [p["plan"] for p in r["plans"]] == ["all"]
+
+
 def test_a_recorder_by_hand_names_its_rank_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -144,18 +144,20 @@ class ExtraTime:
     """Projected vs measured extra time per step (NOTE [ Extra time, like for like ]).
 
     NOTE [ Extra time, like for like ]
-        Measured: the median plain step of the plan run minus the median plain step of the
-        baseline run, with the spread from the lowest to the highest difference of single
-        steps. Plain steps are each run's unrecorded timing steps (at least 3; NOTE [ Plain
-        timing steps ] in recorder/timing.py): wall-clock time, everything the plan costs
-        included, without the recorder's per-op cost. Projected: per baseline step, the plain
-        forward time of each recomputed call (median over the baseline's timing steps, times
-        the share of it the replay runs: NOTE [ Early stop ]) plus checkpoint's fixed cost per
-        recomputed call (NOTE [ Fixed cost of a checkpoint call ]), measured on this machine.
-        Without timing steps, both sides fall back to recorded steps and recorded op times
-        (and say so). A projection is a miss when it lies outside the measured spread widened
-        by a quarter of the median and 1 ms (timings are noisy on shared CPUs, not by a
-        factor); recorded steps are never called a miss.
+        Measured: the plan run's step minus the baseline's, round by round (paired: the i-th
+        kept step of each), and the median of those differences, with its 95% confidence
+        interval as the spread (NOTE [ Enough plain steps ] in ckview/trace/precision.py).
+        Plain steps are each run's unrecorded timing steps (NOTE [ Plain timing steps ] in
+        recorder/timing.py): wall-clock time, everything the plan costs included, without the
+        recorder's per-op cost. Projected: per baseline step, the plain forward time of each
+        recomputed call (median over the baseline's timing steps, times the share of it the
+        replay runs: NOTE [ Early stop ]) plus checkpoint's fixed cost per recomputed call
+        (NOTE [ Fixed cost of a checkpoint call ]), measured on this machine. Without timing
+        steps, both sides fall back to recorded steps and recorded op times (and say so). A
+        projection is a miss when it lies outside the measured interval widened by a quarter of
+        the median and 1 ms (timings are noisy on shared CPUs, not by a factor); recorded steps
+        are never called a miss. ``rounds_needed`` says how many rounds would have measured it
+        precisely enough (NOTE [ Enough plain steps ]).
     """
 
     projected_ns: int
@@ -163,9 +165,16 @@ class ExtraTime:
     low_ns: int
     high_ns: int
     steps: int
-    """Steps in the smaller of the two runs."""
+    """Rounds both runs have (paired differences)."""
     plain: bool
     """From plain timing steps (else from recorded steps, with the recorder's cost)."""
+    rounds_needed: int = 0
+    """Rounds that would bring the interval within the target (``steps`` if it is)."""
+
+    @property
+    def precise(self) -> bool:
+        """Whether the interval is within the target (NOTE [ Enough plain steps ])."""
+        return self.rounds_needed <= self.steps
 
     @property
     def miss(self) -> bool:
@@ -182,7 +191,10 @@ class ExtraTime:
             "measured_median_ns": self.measured_ns,
             "measured_low_ns": self.low_ns,
             "measured_high_ns": self.high_ns,
+            "spread": "95% confidence interval of the median of paired step differences",
             "steps": self.steps,
+            "rounds_needed": self.rounds_needed,
+            "precise": self.precise,
             "plain_steps": self.plain,
             "miss": self.miss,
         }
@@ -209,15 +221,19 @@ def extra_time(
     plain: bool,
 ) -> ExtraTime | None:
     """NOTE [ Extra time, like for like ]: ``projected_ns`` per step against the step times of
-    the two runs; None if either has none."""
-    base, plan = np.asarray(baseline_steps), np.asarray(plan_steps)
-    if not len(base) or not len(plan):
+    the two runs, paired step by step; None if either has none."""
+    from ckview.trace.precision import median, median_interval, paired, rounds_needed
+
+    base = np.asarray(baseline_steps, dtype=np.int64).tolist()
+    interval = median_interval(paired(base, np.asarray(plan_steps, dtype=np.int64).tolist()))
+    if interval is None:
         return None
     return ExtraTime(
         projected_ns=int(projected_ns),
-        measured_ns=int(np.median(plan) - np.median(base)),
-        low_ns=int(plan.min() - base.max()),
-        high_ns=int(plan.max() - base.min()),
-        steps=int(min(len(base), len(plan))),
+        measured_ns=round(interval.median),
+        low_ns=round(interval.low),
+        high_ns=round(interval.high),
+        steps=interval.rounds,
         plain=plain,
+        rounds_needed=rounds_needed(interval, median(base)),
     )

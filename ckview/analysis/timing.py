@@ -18,6 +18,27 @@ NOTE [ Extra compute from plain times ]
     recompute replays (plus the cost per call where it was measured), and every surface says
     so. Step times, the base of every extra-compute share, come from the same source
     (``step_time_ns``), so that a share never divides plain time by recorded time.
+
+    What the model assumes, and how far it held when measured outside the recorder (issue 21;
+    CPU, OMP_NUM_THREADS=1, ckpt_runtime's plans, interleaved medians):
+    (1) a recompute costs what the same calls cost in the plain forward, and (2) a checkpointed
+    forward costs what the plain forward costs. Both hold to a few percent and err the same
+    way: on a TransformerEncoder step (4 layers) the recompute ran 3% faster than the plain
+    forward (its inputs are warm) and the checkpointed forward 5% faster (it keeps no
+    activations), so ``all`` was projected 10% too dear (55.5 ms vs 50.5); on examples/cnn.py's
+    first block, 8% too cheap (22.5 vs 24.5: its backward ran slower after the recompute).
+    (3) checkpoint's fixed cost per call, measured on one-op regions of 8 elements, stands for
+    any region. It does not where the region's tensors are large: a chain of one-op regions
+    cost 60 us per call beyond its plain forward at 8 elements, 330 us at 128 KiB and 950 us
+    at 512 KiB, per call rather than per recomputed tensor (three ops a region cost the same).
+    A profile at 512 KiB shows the recompute's ops and the unpack that runs it slower than the
+    same ops in the plain step (tanh 277 us vs 173, TanhBackward0's own time 226 us vs 49):
+    what a recompute reads is cold, and the blocks it writes are others than the plain step's;
+    raising glibc's MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ lowered the 128 KiB cost
+    (to 75 us) but not the 512 KiB one. So a plan of many small regions over large activations
+    is projected too cheap: the small loops of examples/loops miss 150-200 us per recomputed
+    call (``all`` of linear_relu.py: 1.6 ms projected, 3.3 ms measured), while layer-sized
+    regions (the transformer's) show no such cost. Not modelled yet.
 """
 
 from __future__ import annotations

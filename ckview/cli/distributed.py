@@ -14,6 +14,14 @@ writing; steps stay aligned because every rank's loop runs the same steps under 
 rule. When a rank fails, the launcher stops the others with SIGTERM and each closes its trace,
 marked incomplete. ``torchrun ... -m ckview record train.py`` (ckview inside the launcher) needs
 none of this: each rank is a plain ``ckview record`` that names its file by its rank.
+
+NOTE [ One JSON document for all ranks ]
+The ranks share the launcher's stdout, so a ``--json`` document printed by each rank would come
+out interleaved, never one valid document. Under a launch that ckview runs, each rank hands its
+document to the launcher's process instead (``print_json``: a file ``rank{R}.json`` in the
+folder that ``CKVIEW_RANK_JSON`` names), and that process prints one document once the launch
+has ended: ``{"trace": STEM, "ranks": [{"rank": R, ...that rank's document}, ...]}``, by rank,
+with the ranks that wrote none left out (their failure is on stderr, as without ``--json``).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +41,9 @@ from ckview.cli.errors import CLIError
 
 LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
 ENV = "CKVIEW_RANK_RUN"
+JSON_ENV = "CKVIEW_RANK_JSON"
+"""The folder where each rank leaves its JSON document (NOTE [ One JSON document for all
+ranks ])."""
 RANK_MODULE = "ckview.cli.rank"
 """What each rank runs (``python -m ckview.cli.rank``): named, not imported, as it imports
 every verb."""
@@ -59,13 +71,43 @@ def run_launcher(args: argparse.Namespace, default_output: Callable[[str], Path]
     started = time.time()
     os.environ[ENV] = json.dumps(_rank_config(args))
     failed: dict[int, Any] = {}
-    try:
-        torchrun.run(launcher)
-    except Exception as exc:  # ChildFailedError: one or more ranks failed
-        failed = dict(getattr(exc, "failures", None) or {-1: exc})
-    finally:
-        os.environ.pop(ENV, None)
-    return _report(stem, started, failed)
+    with tempfile.TemporaryDirectory(prefix="ckview-ranks-") as docs:
+        os.environ[JSON_ENV] = docs
+        try:
+            torchrun.run(launcher)
+        except Exception as exc:  # ChildFailedError: one or more ranks failed
+            failed = dict(getattr(exc, "failures", None) or {-1: exc})
+        finally:
+            os.environ.pop(ENV, None)
+            os.environ.pop(JSON_ENV, None)
+        exit_code = _report(stem, started, failed)
+        if getattr(args, "json", False):
+            _print_rank_docs(stem, Path(docs))
+    return exit_code
+
+
+def print_json(doc: dict[str, Any]) -> None:
+    """Print a verb's JSON document, or in a rank of a launch that ckview runs, hand it to the
+    launcher's process (NOTE [ One JSON document for all ranks ])."""
+    from ckview.trace.ranks import launcher_rank
+
+    folder, rank = os.environ.get(JSON_ENV), launcher_rank()
+    if folder and rank is not None:
+        Path(folder, f"rank{rank}.json").write_text(json.dumps(doc), encoding="utf-8")
+        return
+    json.dump(doc, sys.stdout, indent=2)
+    print()
+
+
+def _print_rank_docs(stem: Path, folder: Path) -> None:
+    """The ranks' documents as one (NOTE [ One JSON document for all ranks ])."""
+    docs = {int(p.stem.removeprefix("rank")): p for p in folder.glob("rank*.json")}
+    ranks = [
+        {"rank": rank, **json.loads(docs[rank].read_text(encoding="utf-8"))}
+        for rank in sorted(docs)
+    ]
+    json.dump({"trace": str(stem), "ranks": ranks}, sys.stdout, indent=2)
+    print()
 
 
 def _parse_launcher_args(args: argparse.Namespace) -> argparse.Namespace:

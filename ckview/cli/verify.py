@@ -18,7 +18,6 @@ plan that changes them fails verify.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any
 
 from ckview.analysis.gradients import GradientGate
 from ckview.cli import common, gradients
-from ckview.cli.distributed import is_launcher, run_launcher
+from ckview.cli.distributed import is_launcher, print_json, run_launcher
 from ckview.cli.errors import CLIError
 from ckview.cli.recording import (
     ARGS_HELP,
@@ -372,8 +371,7 @@ def _print(
             "missing_runs": list(missing),
             "gradient_gate": gate.to_json(),
         }
-        json.dump(doc, sys.stdout, indent=2)
-        print()
+        print_json(doc)  # NOTE [ One JSON document for all ranks ]
         return
     print(format_table(output, checks, baseline))
     for line in gate.lines([c.projection.plan for c in checks]):
@@ -425,6 +423,7 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
         if c.start_offset_bytes
     ]
     timed = [c.time for c in checks if c.time is not None]
+    lines += _precision_notes(checks)
     if any(not t.plain for t in timed):
         lines.append(
             "note: extra times are from recorded steps (the script ended before the timing "
@@ -437,6 +436,38 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
             "checkpoint's fixed cost per call"
         )
     return lines
+
+
+def _precision_notes(checks: Sequence[Check]) -> list[str]:
+    """One line if a plan's extra time is not measured to the stated spread (NOTE [ Enough
+    plain steps ] in ckview/trace/precision.py): how many rounds it needs, and why it has
+    fewer (the script ended, or the cap was reached on a noisy machine)."""
+    from ckview.trace.precision import FLOOR_SHARE, MAX_ROUNDS, NEEDED_CAP, TARGET_SHARE
+
+    loose = [c for c in checks if c.time is not None and c.time.plain and not c.time.precise]
+    if not loose:
+        return []
+    rounds = min(c.time.steps for c in loose)
+    needed = max(c.time.rounds_needed for c in loose)
+    about = f"{NEEDED_CAP} or more" if needed >= NEEDED_CAP else f"about {needed}"
+    target = (
+        f"within {TARGET_SHARE:.0%} of itself or {FLOOR_SHARE:.0%} of the baseline's step, at "
+        "95% confidence"
+    )
+    plans = ", ".join(c.projection.plan for c in loose)
+    if rounds >= MAX_ROUNDS:
+        return [
+            f"note: extra time of {plans} not measured {target} in {rounds} rounds of plain "
+            f"steps (the cap; {about} would do): the machine is noisy, so read the "
+            "spread beside each figure"
+        ]
+    more = (min(needed, MAX_ROUNDS) - rounds) * 2 * (1 + len(checks))
+    cap = f" (verify stops at {MAX_ROUNDS})" if needed > MAX_ROUNDS else ""
+    return [
+        f"note: the script ran too few steps to measure the extra time of {plans} {target}: "
+        f"{rounds} rounds of plain steps, {about} needed{cap}; let the script run {more} "
+        "more steps (verify ends it once done with --stop-after)"
+    ]
 
 
 def _recompute_warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
@@ -480,7 +511,7 @@ def format_table(output: Path, checks: Sequence[Check], baseline: Baseline | Non
         f"{output}: plans projected over run {BASELINE!r} (peak {fb(first.run_peak_bytes)}, "
         f"step {first.step_ns / 1e6:.1f} ms) vs measured in their own runs",
         f"{'plan':<{width}}{'projected peak':>15}{'measured peak':>15}{'error':>9}"
-        f"{'extra/step: projected':>23}{'measured (low..high)':>28}",
+        f"{'extra/step: projected':>23}{'measured (95% CI)':>28}",
     ]
     for c in checks:
         p = c.projection
