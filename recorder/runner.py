@@ -11,6 +11,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+from ckpt_runtime import PlanError
 from recorder.runs import StopScript
 
 
@@ -63,7 +64,8 @@ def run_script(target: str, args: list[str], *, module: bool = False) -> Outcome
         print("KeyboardInterrupt", file=sys.stderr)
         return Outcome(130, "KeyboardInterrupt: interrupted")
     except BaseException as exc:
-        _print_user_traceback(exc)
+        if not isinstance(exc, PlanError):  # ckpt_runtime's refusals are one line already
+            _print_user_traceback(exc)
         _release_the_script(exc)
         return Outcome(1, f"{type(exc).__name__}: {exc}")
     finally:

@@ -201,6 +201,7 @@ def test_in_place_ops_in_a_recomputed_region(tmp_path: Path) -> None:
     assert doc["plans"][0]["gradients"]["max_abs_diff"] == 0.0
     code, doc, stderr = verify(tmp_path, script, "--plan", plan, "--", "--write", "input")
     assert code != 0 and doc == {}
+    assert "Traceback" not in stderr  # a plan refused is one line, not the script's traceback
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(
         "ckview: the script failed (PlanError: op-level region '1': aten.add_.Tensor "
