@@ -337,7 +337,8 @@ def test_the_journal_rebuilds_the_same_trace(
             assert len(real.run(name).table("ops")) > (4096 if ops_per_layer > 1 else 0)
             for table in RUN_TABLES:
                 _same(real.run(name).table(table).read(), rebuilt.run(name).table(table).read())
-            assert len(rebuilt.run(name).table("timing_steps")) == 1
+            timed = len(real.run(name).table("timing_steps"))  # NOTE [ Enough plain steps ]
+            assert len(rebuilt.run(name).table("timing_steps")) == timed >= 1
             assert rebuilt.run(name).steps_recorded == 4
 
 
