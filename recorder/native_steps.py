@@ -64,7 +64,6 @@ class StepWriting:
         _stacks: Stacks | None
         _regions_at_step: int
         _name_ids: np.ndarray
-        _name_is_op: np.ndarray
         _name_is_compiled: np.ndarray
         _mem_mark: int
         _last_op: tuple[int, int, int, int] | None
@@ -219,15 +218,12 @@ class StepWriting:
         return self._name_ids[names]
 
     def _learn_names(self, count: int) -> None:
-        """Fetch the extension's op names up to index ``count`` (and which are ops)."""
+        """Fetch the extension's op names up to index ``count``."""
         known = len(self._name_ids)
         if count > known:
             texts = self._ext.names(known)
             new = [self._tables.intern(text) for text in texts]
             self._name_ids = np.concatenate([self._name_ids, np.asarray(new, np.int64)])
-            is_op = np.frombuffer(self._ext.ops_among_names(known), np.uint8).copy()
-            is_op[np.isin(texts, COMPILED_REGIONS)] = 1  # NOTE [ Compiled code on the native path ]
-            self._name_is_op = np.concatenate([self._name_is_op, is_op])
             forward = np.asarray(texts) == COMPILED_REGIONS[0]
             self._name_is_compiled = np.concatenate([self._name_is_compiled, forward])
 
