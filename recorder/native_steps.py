@@ -172,9 +172,8 @@ class StepWriting:
         kept = ops["outer"] == ops["id"]  # NOTE [ Outermost ops ] in native/attribute.py
         first = self._ops.rows
         names = self._string_ids(ops["name"][kept])
-        call = np.where(
-            ops["phase"] == Phase.RECOMPUTE, calls.row(ops["call"]), calls.row(ops["module_call"])
-        )[kept]
+        recompute = ops["phase"][kept] == Phase.RECOMPUTE
+        call = calls.row(np.where(recompute, ops["call"][kept], ops["module_call"][kept]))
         end = np.where(ops["end_ns"] < 0, now, ops["end_ns"])[kept]
         table = np.stack(
             [
@@ -191,8 +190,11 @@ class StepWriting:
         self._ops.data.frombytes(table.astype(np.int64).tobytes())
         rows = np.full(len(kept), NO_INDEX, np.int64)
         rows[kept] = np.arange(first, first + len(names))
-        outer_rows = OpMap(ops["id"], rows, ops["start_ns"]).row(ops["outer"])
-        return OpMap(ops["id"], outer_rows, ops["start_ns"])
+        ids, outer = ops["id"], ops["outer"]  # ids in order (attribute._ops)
+        at = np.minimum(np.searchsorted(ids, outer), max(len(ids) - 1, 0))
+        here = (outer >= 0) & (ids[at] == outer) if len(ids) else np.zeros(0, bool)
+        outer_rows = np.where(here, rows[at] if len(ids) else rows, NO_INDEX)
+        return OpMap(ids, outer_rows, ops["start_ns"])
 
     def _place_regions(self, ops: Columns, now: int) -> None:
         """The first and end op rows of this step's recompute regions, now that its ops are
