@@ -137,7 +137,10 @@ class MutableTable:
 # take_changes runs once per recorded step, and comparing the whole table each time would cost
 # in proportion to the run's length. A table may name a column that ends a row (a storage's
 # free_ns on the native path, where nothing writes a storage row once it is freed): such rows
-# are compared once more, at the next take, and never again.
+# are compared once more, at the next take, and never again. Module calls end so
+# (``PhaseState.close_call`` sets ``end_ns`` and ``seq_end`` together, and nothing writes the
+# row after): without it the journal compared every call of the run at every step, 0.3 ms of a
+# 6 ms small-op step after 100 steps, growing with the run.
 # The table is read through a view of ``data``, not a copy. While a buffer is exported, an
 # append raises, and a free callback (a weak reference's, run by the cyclic collector) may
 # append: the collector is off while the view lives, and nothing in between drops a reference.

@@ -270,7 +270,8 @@ class TorchHooks:
             # Inputs are noted here, where keyword arguments are seen too; they are still alive.
             ledger = self.ledger
             ledger.note_io(call, args, _INPUT_IO)
-            ledger.note_io(call, kwargs, _INPUT_IO)
+            if kwargs:
+                ledger.note_io(call, kwargs, _INPUT_IO)
             ledger.note_io(call, output, _OUTPUT_IO)
             self.phases.close_call(call)
 

@@ -44,6 +44,7 @@ from ckview.trace.schema import (
     SavedEventKind,
 )
 from recorder._torch import is_fake, local, storage_of, tensors_in
+from recorder.compiled import COMPILED_REGIONS
 from recorder.ledger import StorageLedger, StorageRef
 from recorder.native.attribute import Attribution, LayoutIds
 from recorder.native.maps import Blocks, intervals
@@ -56,6 +57,12 @@ from recorder.tables import ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables, State
 _OTHER = int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
 _COMM = int(Category.COMM_BUFFER)
+# NOTE [ Batches of the native path ]
+# A step's rows are appended to the run's row buffers with ``array.frombytes``. Past about a
+# megabyte an array's growth reallocates by copying it whole (measured: 6.6 us per step's
+# ops rows below 1 MB, 50-90 us above), so a buffer that passed it is handed to the trace
+# at the step's end, instead of every few seconds (``_FILE_FLUSH_NS`` in runs.py).
+_BATCH_VALUES = 1 << 17
 _DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
@@ -73,8 +80,8 @@ class NativeLedger(StepWriting, StorageLedger):
             int(ext.dtype_code(torch.empty(0, dtype=d))): _name(d) for d in _DTYPES
         }
         self._name_ids = np.zeros(0, np.int64)  # extension name index -> string id
-        self._name_is_op = np.zeros(0, np.uint8)  # whether it is a dispatcher op's
         self._name_is_compiled = np.zeros(0, bool)  # whether it is a compiled forward's range
+        ext.mark_ops(list(COMPILED_REGIONS))  # NOTE [ Outermost ops ] in native/attribute.py
         self._reset()
 
     def _reset(self) -> None:
@@ -262,6 +269,9 @@ class NativeLedger(StepWriting, StorageLedger):
         flags.busy = True
         try:
             self._write_step(now)
+            for buf in self._tables.appended:  # NOTE [ Batches of the native path ]
+                if len(buf.data) > _BATCH_VALUES:
+                    buf.flush()
         finally:
             flags.busy = False
 
@@ -274,7 +284,7 @@ class NativeLedger(StepWriting, StorageLedger):
         spans = [(Phase.FORWARD, forward)]
         spans.append((Phase.OPTIMIZER, intervals(self._optimizer_spans, now)))
         spans.append((Phase.RECOMPUTE, self._recompute_spans(now)))
-        facts = self._attribution.step(rows, spans, self._name_is_op)
+        facts = self._attribution.step(rows, spans, nested=True)
         self._optimizer_spans, self._backward_starts = [], []
         py_call = self._python_calls(facts)
         self._remember_last_op(facts, py_call)

@@ -64,7 +64,6 @@ class StepWriting:
         _stacks: Stacks | None
         _regions_at_step: int
         _name_ids: np.ndarray
-        _name_is_op: np.ndarray
         _name_is_compiled: np.ndarray
         _mem_mark: int
         _last_op: tuple[int, int, int, int] | None
@@ -177,9 +176,8 @@ class StepWriting:
         kept = ops["outer"] == ops["id"]  # NOTE [ Outermost ops ] in native/attribute.py
         first = self._ops.rows
         names = self._string_ids(ops["name"][kept])
-        call = np.where(
-            ops["phase"] == Phase.RECOMPUTE, calls.row(ops["call"]), calls.row(ops["module_call"])
-        )[kept]
+        recompute = ops["phase"][kept] == Phase.RECOMPUTE
+        call = calls.row(np.where(recompute, ops["call"][kept], ops["module_call"][kept]))
         end = np.where(ops["end_ns"] < 0, now, ops["end_ns"])[kept]
         table = np.stack(
             [
@@ -196,8 +194,11 @@ class StepWriting:
         self._ops.data.frombytes(table.astype(np.int64).tobytes())
         rows = np.full(len(kept), NO_INDEX, np.int64)
         rows[kept] = np.arange(first, first + len(names))
-        outer_rows = OpMap(ops["id"], rows, ops["start_ns"]).row(ops["outer"])
-        return OpMap(ops["id"], outer_rows, ops["start_ns"])
+        ids, outer = ops["id"], ops["outer"]  # ids in order (attribute._ops)
+        at = np.minimum(np.searchsorted(ids, outer), max(len(ids) - 1, 0))
+        here = (outer >= 0) & (ids[at] == outer) if len(ids) else np.zeros(0, bool)
+        outer_rows = np.where(here, rows[at] if len(ids) else rows, NO_INDEX)
+        return OpMap(ids, outer_rows, ops["start_ns"])
 
     def _place_regions(self, ops: Columns, now: int) -> None:
         """The first and end op rows of this step's recompute regions, now that its ops are
@@ -223,15 +224,12 @@ class StepWriting:
         return self._name_ids[names]
 
     def _learn_names(self, count: int) -> None:
-        """Fetch the extension's op names up to index ``count`` (and which are ops)."""
+        """Fetch the extension's op names up to index ``count``."""
         known = len(self._name_ids)
         if count > known:
             texts = self._ext.names(known)
             new = [self._tables.intern(text) for text in texts]
             self._name_ids = np.concatenate([self._name_ids, np.asarray(new, np.int64)])
-            is_op = np.frombuffer(self._ext.ops_among_names(known), np.uint8).copy()
-            is_op[np.isin(texts, COMPILED_REGIONS)] = 1  # NOTE [ Compiled code on the native path ]
-            self._name_is_op = np.concatenate([self._name_is_op, is_op])
             forward = np.asarray(texts) == COMPILED_REGIONS[0]
             self._name_is_compiled = np.concatenate([self._name_is_compiled, forward])
 

@@ -68,6 +68,7 @@ class RunTables:
         self.io = RowBuffer("module_io", sink)
         self.storages = MutableTable("storages")
         self.calls = MutableTable("module_calls")
+        self.calls.final_once_set("end_ns")  # NOTE [ Final rows ] in buffers.py
         self.steps = MutableTable("steps")
         self.regions = MutableTable("recompute_regions")
         self.st_address = array.array("q")  # data_ptr of each storage row

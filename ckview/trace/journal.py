@@ -96,20 +96,32 @@ class JournalWriter:
         self.path.unlink(missing_ok=True)
 
 
-def _write_all(fd: int, blob: bytes) -> None:
+def _write_all(fd: int, blob: bytes | bytearray) -> None:
     view = memoryview(blob)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def _frame(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+def _frame(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytearray:
+    """One record: frame, header and the arrays' bytes, each copied once into the record (a
+    step's record holds about 300 KB; joining copies cost 0.1 ms a step)."""
     arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items()}
     described = {**header, "arrays": [[n, a.dtype.str, len(a)] for n, a in arrays.items()]}
     described["stored"] = True  # not deflated (records of journals before it were)
     text = json.dumps(described, separators=(",", ":")).encode()
-    data = b"".join(a.tobytes() for a in arrays.values())
-    payload = b"".join([_HEADER.pack(len(text)), text, data])
-    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    at = _FRAME.size + _HEADER.size + len(text)
+    blob = bytearray(at + sum(a.nbytes for a in arrays.values()))
+    _HEADER.pack_into(blob, _FRAME.size, len(text))
+    blob[_FRAME.size + _HEADER.size : at] = text
+    data = np.frombuffer(blob, np.uint8)
+    for a in arrays.values():
+        data[at : at + a.nbytes] = a.reshape(-1).view(np.uint8)
+        at += a.nbytes
+    with memoryview(blob) as view:
+        crc = zlib.crc32(view[_FRAME.size :])
+    del data
+    _FRAME.pack_into(blob, 0, len(blob) - _FRAME.size, crc)
+    return blob
 
 
 def read_journal(path: Path) -> Iterator[tuple[dict[str, Any], dict[str, np.ndarray]]]:

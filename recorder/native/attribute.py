@@ -92,15 +92,16 @@ class Attribution:
         self,
         rows: Rows,
         spans: Sequence[tuple[Phase, np.ndarray]] = (),
-        name_is_op: np.ndarray | None = None,
+        nested: bool = False,
     ) -> StepFacts:
         """The facts of one drain. ``spans`` are ``(phase, (n, 2) start/end ns)`` intervals
-        (the optimizer's step, a checkpoint's recompute) whose ops take that phase;
-        ``name_is_op`` says which op names are the dispatcher's (``ops['outer']``, NOTE
-        [ Outermost ops ]); without it every range is its own outermost op."""
+        (the optimizer's step, a checkpoint's recompute) whose ops take that phase; with
+        ``nested``, ``ops['outer']`` is each range's outermost op as the extension found it
+        (NOTE [ Outermost ops ]), else every range is its own."""
         calls = self._calls(rows.modules)
         ops, late_ends = _ops(rows.ops, rows.op_ends)
-        ops["outer"] = _outermost_ops(ops, name_is_op)
+        if not nested:
+            ops["outer"] = ops["id"].copy()
         call_of_seq = self._call_of_seq(calls, spans)
         ops["phase"] = _phases(ops, spans)
         backward_call = call_of_seq(ops["seq_nr"])
@@ -170,8 +171,9 @@ class Attribution:
         self._forward_calls = now
         order = np.argsort(both["seq_begin"], kind="stable")
         begin, call = both["seq_begin"][order], both["call"][order].astype(np.int64)
-        ids = both["call"].astype(np.int64)
-        ends, parents = both["seq_end"].astype(np.int64), both["parent"].astype(np.int64)
+        by_id = np.argsort(both["call"], kind="stable")  # sorted once for every lookup below
+        ids = both["call"][by_id].astype(np.int64)
+        ends, parents = both["seq_end"][by_id].astype(np.int64), both["parent"][by_id]
 
         def call_of(seq: np.ndarray) -> np.ndarray:
             if not len(begin):
@@ -179,11 +181,11 @@ class Attribution:
             at = np.searchsorted(begin, seq, side="right") - 1
             found = np.where((at >= 0) & (seq >= 0), call[np.maximum(at, 0)], -1)
             while True:  # out of a call that ended before the number: its parent
-                end = _lookup(ids, ends, found, -1)
-                past = (found >= 0) & (end >= 0) & (seq >= end)
+                here, row = _rows_of(ids, found)
+                past = here & (found >= 0) & (ends[row] >= 0) & (seq >= ends[row])
                 if not past.any():
                     return found
-                found = np.where(past, _lookup(ids, parents, found, -1), found)
+                found = np.where(past, parents[row], found)
 
         return call_of
 
@@ -396,21 +398,8 @@ def _ops(ops: np.ndarray, ends: np.ndarray) -> tuple[Columns, Columns]:
 # ranges (backward nodes, the engine's, record_function labels) are not ops of the trace, and
 # what they hold is (a checkpoint's recompute runs inside a backward node). Every range maps to
 # its outermost dispatcher op (``outer``; -1 when none holds it), which blocks allocated in it
-# are attributed to.
-def _outermost_ops(ops: Columns, name_is_op: np.ndarray | None) -> np.ndarray:
-    ids, parent = ops["id"], ops["parent"]
-    if name_is_op is None:
-        return ids.copy()
-    is_op = name_is_op[ops["name"]].astype(bool) if len(name_is_op) else np.zeros(len(ids), bool)
-    outer = np.where(is_op, ids, -1)
-    above = parent.copy()
-    while True:  # one pass per level of nesting; a parent of an earlier drain ends the walk
-        here, row = _rows_of(ids, above)
-        here &= above >= 0
-        if not here.any():
-            return outer
-        outer = np.where(here & is_op[row], above, outer)
-        above = np.where(here, parent[row], -1)
+# are attributed to. The extension finds it when the range begins, from the thread's open
+# ranges (``on_start`` in ckrec.cpp); the compiled regions count as ops (``mark_ops``).
 
 
 def _inside(times: np.ndarray, intervals: Sequence[np.ndarray]) -> np.ndarray:

@@ -63,11 +63,17 @@ std::atomic<int64_t> next_op{0};
 std::atomic<int32_t> next_call{0};
 std::atomic<uint64_t> generation{1};  // bumped by start(): stacks of an earlier recording go
 
+struct Name {  // an interned name as a thread caches it (NOTE [ Interning op names ])
+  int32_t id;
+  bool is_op;
+  std::string text;
+};
+
 struct ThreadState {
   std::shared_ptr<Buffers> buf;
   std::vector<Frame> ops;
   std::vector<Call> calls;
-  std::unordered_map<const char*, std::pair<int32_t, std::string>> by_ptr;
+  std::unordered_map<const char*, Name> by_ptr;
   int64_t last_node_seq = -1;  // NOTE [ Engine work between nodes ]
   uint64_t generation = 0;
 };
@@ -79,6 +85,7 @@ ThreadState& state() {
     tls.ops.clear();
     tls.calls.clear();
     tls.last_node_seq = -1;
+    tls.by_ptr.clear();  // names mark_ops() made ops since
     tls.generation = g;
   }
   if (!tls.buf) {
@@ -95,15 +102,31 @@ void check_drainer(const char* what) {
               " must run on the thread that started the native recorder");
 }
 
-int32_t intern_text(const char* text, bool is_op = false) {
+// The id of `text`, interned on first sight; `is_op` says whether it names an op (the
+// dispatcher's, or one mark_ops() named).
+int32_t intern_text(const char* text, bool& is_op) {
   std::lock_guard<std::mutex> lock(registry_mu);
   auto it = name_ids.find(text);
-  if (it != name_ids.end()) return it->second;
+  if (it != name_ids.end()) {
+    is_op = name_is_op[size_t(it->second)] != 0;
+    return it->second;
+  }
   int32_t id = int32_t(names.size());
   names.emplace_back(text);
   name_is_op.push_back(is_op ? 1 : 0);
   name_ids.emplace(names.back(), id);
   return id;
+}
+
+// Ranges named `op_names` count as ops from the next start() on (the compiled regions of NOTE
+// [ Compiled code on the native path ] in recorder/compiled.py).
+void mark_ops(const std::vector<std::string>& op_names) {
+  for (const std::string& text : op_names) {
+    bool is_op = true;
+    int32_t id = intern_text(text.c_str(), is_op);
+    std::lock_guard<std::mutex> lock(registry_mu);
+    name_is_op[size_t(id)] = 1;
+  }
 }
 
 // NOTE [ Interning op names ]
@@ -123,16 +146,20 @@ std::string dispatch_name(const at::RecordFunction& fn) {
   return name + "." + (op->overload_name.empty() ? std::string("default") : op->overload_name);
 }
 
-int32_t intern(ThreadState& ts, const at::RecordFunction& fn) {
+Name intern(ThreadState& ts, const at::RecordFunction& fn) {
   const char* p = fn.name();
-  if (fn.scope() != at::RecordScope::FUNCTION) return intern_text(p);
+  bool is_op = false;
+  if (fn.scope() != at::RecordScope::FUNCTION) {
+    int32_t id = intern_text(p, is_op);
+    return Name{id, is_op, {}};
+  }
   auto it = ts.by_ptr.find(p);
-  if (it != ts.by_ptr.end() && std::strcmp(it->second.second.c_str(), p) == 0)
-    return it->second.first;
+  if (it != ts.by_ptr.end() && std::strcmp(it->second.text.c_str(), p) == 0) return it->second;
   std::string op = dispatch_name(fn);
-  int32_t id = op.empty() ? intern_text(p) : intern_text(op.c_str(), true);
-  ts.by_ptr[p] = {id, std::string(p)};
-  return id;
+  is_op = !op.empty();
+  int32_t id = intern_text(op.empty() ? p : op.c_str(), is_op);
+  Name& name = ts.by_ptr[p] = Name{id, is_op, std::string(p)};
+  return Name{name.id, name.is_op, {}};
 }
 
 inline int64_t cur_op(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().id; }
@@ -223,8 +250,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   bool in_node = node || (parent >= 0 && ts.ops.back().in_node);
   int64_t node_seq = node ? fn.seqNr() : cur_node(ts);
   if (!in_node && graph_task >= 0) node_seq = ts.last_node_seq;
-  OpRow row{id, t, -1, fn.seqNr(), parent, top, node_seq, intern(ts, fn), cur_call(ts),
-            graph_task, uint8_t(fn.scope()), 0, {0, 0}};
+  Name name = intern(ts, fn);
+  int64_t outer = parent >= 0 ? ts.ops.back().outer : -1;  // NOTE [ Outermost ops ]
+  if (outer < 0 && name.is_op) outer = id;
+  OpRow row{id,    t,       -1,         fn.seqNr(),   parent,           top, node_seq,
+            outer, name.id, cur_call(ts), graph_task, uint8_t(fn.scope()), 0, {0, 0}};
   Buffers& b = *ts.buf;
   BufferLock lock(b, drainer);
   if (node && fn.seqNr() >= 0 && ts.ops.size() == 1 && ts.ops.back().node_seq < 0) {
@@ -233,7 +263,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     int64_t i = engine.local - b.drained_ops;
     if (i >= 0 && i < int64_t(b.ops.size())) b.ops[size_t(i)].node_seq = fn.seqNr();
   }
-  ts.ops.push_back(Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, 0, in_node});
+  ts.ops.push_back(
+      Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, outer, 0, in_node});
   b.ops.push_back(row);
   return nullptr;
 }
@@ -563,13 +594,6 @@ int64_t pending_rows() {
 }
 
 // Which names from index `first` on are dispatcher ops', one byte each.
-py::bytes ops_among_names(size_t first) {
-  std::lock_guard<std::mutex> lock(registry_mu);
-  if (first >= name_is_op.size()) return py::bytes("");
-  return py::bytes(reinterpret_cast<const char*>(name_is_op.data() + first),
-                   name_is_op.size() - first);
-}
-
 std::vector<std::string> names_from(size_t first) {
   std::lock_guard<std::mutex> lock(registry_mu);
   if (first >= names.size()) return {};
@@ -834,7 +858,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("see", &see, py::arg("tensor"), py::arg("sid"));
   m.def("unsee", &unsee, py::arg("key"));
   m.def("names", &names_from, py::arg("first") = 0);
-  m.def("ops_among_names", &ops_among_names, py::arg("first") = 0);
+  m.def("mark_ops", &mark_ops);
   m.def("pending_rows", &pending_rows);
   m.def("suspend_reporter", &suspend_reporter);
   m.def("resume_reporter", &resume_reporter);

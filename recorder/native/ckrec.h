@@ -19,6 +19,7 @@ constexpr int kDims = 8;  // sizes kept per tensor row; ndim says how many were 
 #pragma pack(push, 1)
 struct OpRow {  // one RecordFunction range
   int64_t id, t0, t1, seq, parent, top, node_seq;
+  int64_t outer;  // NOTE [ Outermost ops ] in attribute.py: its outermost op, or -1
   int32_t name, call, graph_task;
   uint8_t scope, raised, pad[2];  // raised: an exception left the op (NOTE [ Op ends ])
 };
@@ -155,7 +156,7 @@ struct Buffers {
 };
 
 struct Frame {  // an open op on this thread
-  int64_t id, local, top, node_seq;
+  int64_t id, local, top, node_seq, outer;
   int64_t allocations;  // blocks allocated while it was the innermost op
   bool in_node;         // a backward node's range, or inside one
 };

@@ -27,6 +27,7 @@ OPS = np.dtype(
         ("parent", "<i8"),  # enclosing op on the thread, -1 at top level
         ("top", "<i8"),  # outermost enclosing op (itself at top level)
         ("node_seq", "<i8"),  # its backward node's seq (NOTE [ Engine work between nodes ]), or -1
+        ("outer", "<i8"),  # its outermost op, -1 if none (NOTE [ Outermost ops ] in attribute.py)
         ("name", "<i4"),  # index into the extension's names()
         ("call", "<i4"),  # innermost open module call on the thread, -1 if none
         ("graph_task", "<i4"),  # autograd graph task running on the thread, -1 if none
