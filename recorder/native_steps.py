@@ -146,12 +146,12 @@ class StepWriting:
         """The step's failing op, for ``failure`` (NOTE [ OOM capture on the native path ])."""
         ops, ooms = facts.ops, facts.ooms
         if len(ooms["t"]):  # the allocator's own row names the op it failed in
-            raised = np.flatnonzero(ops["id"] == ooms["op"][-1])
+            failed = np.flatnonzero(ops["id"] == ooms["op"][-1])
         else:
-            raised = np.flatnonzero(ops["raised"])
-        if not len(raised):
+            failed = np.flatnonzero(ops["raised"])
+        if not len(failed):
             return
-        row = int(raised[-1])  # ops come in id order: the last raised began last
+        row = int(failed[-1])  # ops come in id order: the last raised began last
         nbytes = int(ooms["bytes"][-1]) if len(ooms["t"]) else -1
         call = int(calls.row(ops["module_call"][row : row + 1])[0])
         module = NO_INDEX if call == NO_INDEX else int(self._calls.data[call * CALL_WIDTH])

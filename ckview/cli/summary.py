@@ -70,6 +70,8 @@ class _RunFigures:
     """Recompute left in a run whose checkpointing was bypassed (``_leftover``)."""
     unlike: UnlikeSteps | None
     """Recorded steps whose peaks differ (NOTE [ Steps that are not alike ])."""
+    untracked: int | None
+    """NOTE [ Allocated beyond the recorded tensors ]; None where no device sample says."""
 
     @classmethod
     def of(cls, run: Run, top: int, allocator_settings: str = "") -> _RunFigures:
@@ -82,6 +84,7 @@ class _RunFigures:
 
         t = run.tables
         summary = summarize_run(t, t["modules"], t["strings"], top=top)
+        untracked = _untracked(run, summary)
         return cls(
             run=run,
             summary=summary,
@@ -90,19 +93,12 @@ class _RunFigures:
                 t["ops"], t["memory_events"], summary.activation_peak.event
             ),
             reserved=reserved_peak(t["segments"]) or _sampled_reserved(run),
-            modelled=_modelled_reserved(t, allocator_settings, _untracked(run, summary)),
+            modelled=_modelled_reserved(t, allocator_settings, untracked),
             device=RunDevice.of(run, top),
             leftover=_leftover(run),
             unlike=unlike_steps(t["storages"], t["memory_events"], t["steps"]),
+            untracked=untracked,
         )
-
-    @property
-    def _allocated(self) -> int | None:
-        return _allocated(self.run)
-
-    @property
-    def untracked_bytes(self) -> int | None:
-        return _untracked(self.run, self.summary)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,8 +108,8 @@ class _RunFigures:
             "leftover_recompute": self.leftover and self.leftover.to_json(),
             "unlike_steps": self.unlike and self.unlike.to_json(),
             "reserved_peak_bytes": self.reserved,
-            "allocator_allocated_peak_bytes": self._allocated,
-            "untracked_bytes": self.untracked_bytes,
+            "allocator_allocated_peak_bytes": _allocated(self.run),
+            "untracked_bytes": self.untracked,
             "modelled_reserved_peak_bytes": self.modelled,
             "timeline_device": self.run.timeline_device,
             "left_out_storages": self.run.left_out,
@@ -125,10 +121,7 @@ class _RunFigures:
         name = self.run.name
         phases = (self.peak_phase, self.activation_peak_phase)
         text = _format_run(name, self.summary, *phases, snapshot=snapshot)
-        lines = [_with_reserved(text, self.reserved, self.modelled)]
-        untracked = self.untracked_bytes
-        if untracked is not None:
-            lines[0] = _insert_after_peak(lines[0], _untracked_line(untracked))
+        lines = [_with_reserved(text, self.reserved, self.modelled, self.untracked)]
         if self.run.timeline_device is not None:
             lines.append(_scope_line(self.run.timeline_device, self.run.left_out))
         if self.leftover is not None:
@@ -504,21 +497,19 @@ def _untracked_line(untracked: int) -> str:
     )
 
 
-def _insert_after_peak(text: str, line: str) -> str:
-    lines = text.split("\n")
-    lines.insert(2, line)
-    return "\n".join(lines)
-
-
-def _with_reserved(text: str, reserved: int, modelled: int | None) -> str:
-    """A run's summary with the allocator's reserved memory after its peak, recorded and as
-    the allocator model projects it from the run's allocations, where it has either."""
-    if not reserved and modelled is None:
+def _with_reserved(text: str, reserved: int, modelled: int | None, untracked: int | None) -> str:
+    """A run's summary with, after its peak, what the allocator held beyond the recorded tensors
+    and its reserved memory, recorded and as the allocator model projects it from the run's
+    allocations, where it has any."""
+    if not reserved and modelled is None and untracked is None:
         return text
     from ckview.analysis import format_bytes as fb
 
     lines = text.split("\n")
     at = 2
+    if untracked is not None:
+        lines.insert(at, _untracked_line(untracked))
+        at += 1
     if reserved:
         what = "at most (CUDA caching allocator segments)"
         lines.insert(at, f"  reserved    {fb(reserved):>11}  {what}")
