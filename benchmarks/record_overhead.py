@@ -197,11 +197,11 @@ def profiled(step: Step, n: int) -> Timing:
 def overhead(name: str, step: Step, rounds: int, n: int) -> None:
     for _ in range(3):
         step()  # warm caches, create optimizer state
-    default = f"ckview default ({default_path()})"
+    path = default_path()
     runs = {
         "plain": plain,
-        default: recorded,
-        "ckview native": recorded_native,
+        f"ckview default ({path})": recorded,
+        **({} if path == "native" else {"ckview native": recorded_native}),
         "ckview python (fallback)": recorded_python,
         "ckview --stacks": recorded_with_stacks,
         "profiler (memory)": profiled_memory,
@@ -230,7 +230,7 @@ def default_path() -> str:
     """Which recorder ``CKVIEW_RECORDER`` unset (``auto``) runs here."""
     from recorder.native import load, mode
 
-    return "native" if mode() == "native" and load().ext is not None else "python"
+    return "native" if mode() != "python" and load().ext is not None else "python"
 
 
 def recorder_bytes_per_event(step: Step, n: int) -> None:

@@ -55,7 +55,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ckpt_runtime import markers
-from ckpt_runtime.bypass import plan_region
+from ckpt_runtime.bypass import plan_region, region_bypassed
 from ckpt_runtime.checkpoint import (
     _cpu_rng_state,
     _device_rng_state,
@@ -252,12 +252,15 @@ class _RegionCall:
         module = self.module
         if not torch.is_grad_enabled():
             return type(module)._call_impl(module, *args, **kwargs)
-        self.calls += 1
-        if self.region is not None:
-            return self._op_level(self.region, args, kwargs)
+        if torch.compiler.is_compiling() and self.region is None:
+            fn = partial(_call_flat, module, tuple(kwargs))  # dynamo breaks its graph on MethodType
+            return _compiled_region(module, fn, (*args, *kwargs.values()), self.options)
         # A bound method of the module (in a partial), so that the recompute markers report
         # the module as the region's target (ckpt_runtime.markers.region_target).
         fn = partial(MethodType(_call_flat, module), tuple(kwargs))
+        self.calls += 1
+        if self.region is not None:
+            return self._op_level(self.region, args, kwargs)
         with plan_region(module):
             return checkpoint(
                 fn,
@@ -291,6 +294,19 @@ class _RegionCall:
         if self.calls == 1:
             self.group.first_call_done(self.path)
         return out
+
+
+def _compiled_region(
+    module: nn.Module, fn: Any, args: tuple[Any, ...], options: PlanOptions
+) -> Any:
+    """A module-level region while dynamo traces it (NOTE [ Checkpoint inside a compiled
+    graph ] in checkpoint.py): torch's checkpoint, with no call count or plan mark, whose reads
+    and writes dynamo would guard on and recompile for at every call."""
+    if region_bypassed(module):
+        return fn(*args)
+    return torch.utils.checkpoint.checkpoint(
+        fn, *args, use_reentrant=False, preserve_rng_state=options.preserve_rng_state
+    )
 
 
 def _run_segment(seq: nn.Sequential, start: int, stop: int, input: Any) -> Any:
@@ -345,7 +361,10 @@ class _SegmentForward:
             for i, seg in enumerate(self.segments):
                 for child in children[done : seg.start]:
                     input = child(input)
-                if grad:
+                if grad and torch.compiler.is_compiling():
+                    segment = partial(_run_segment, seq, seg.start, seg.stop)
+                    input = _compiled_region(seq, segment, (input,), self.options)
+                elif grad:
                     self.calls[i] += 1
                     with plan_region(seq):
                         input = checkpoint(
@@ -459,7 +478,8 @@ class AppliedPlan:
         """How many times each region ran checkpointed since the plan was applied.
 
         Keys are region labels (``"transformer.h.0"``, ``"blocks[0:3]"``). A region that stays
-        at 0 after a training step did not take effect (e.g. the model never calls it).
+        at 0 after a training step did not take effect (e.g. the model never calls it). Calls
+        inside a ``torch.compile``'d graph are not counted: Python does not run them.
         """
         counts: dict[str, int] = {}
         for _, _, patch in self._installed:

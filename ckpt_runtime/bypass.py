@@ -130,6 +130,13 @@ def plan_region(module: torch.nn.Module) -> Iterator[None]:
         _mark.kept = previous
 
 
+def region_bypassed(module: torch.nn.Module) -> bool:
+    """Whether a plan's region on ``module`` runs plainly: under ``bypass`` unless ``module`` is
+    kept. What ``plan_region`` and ``take_plan_mark`` decide, without the mark, for a region
+    inside a compiled graph (NOTE [ Checkpoint inside a compiled graph ] in checkpoint.py)."""
+    return is_bypassed() and id(module) not in _kept
+
+
 def take_plan_mark() -> bool:
     """Whether the checkpoint call being made is a kept plan region's; clears the mark, so that
     checkpoint calls nested in it are not exempt."""

@@ -799,6 +799,12 @@ def checkpoint(
     are handed to ``torch.utils.checkpoint.checkpoint`` as they are (without the additions above).
     Under ``torch.no_grad()`` the function simply runs.
     """
+    if torch.compiler.is_compiling():  # no plan mark: ckpt_runtime.apply decides it there
+        if is_bypassed():
+            return function(*args, **kwargs)
+        return _compiled_checkpoint(
+            function, args, kwargs, preserve_rng_state, context_fn, determinism_check
+        )
     if not take_plan_mark() and is_bypassed():
         return function(*args, **kwargs)
     if determinism_check not in ("default", "none"):
@@ -837,6 +843,36 @@ def checkpoint(
     if global_early_stop is not None:  # torch.utils.checkpoint.set_checkpoint_early_stop
         early_stop = global_early_stop
     return _checkpoint_nonreentrant(function, args, kwargs, preserve_rng_state, early_stop, check)
+
+
+# NOTE [ Checkpoint inside a compiled graph ]
+# While dynamo traces a region, the region becomes torch.utils.checkpoint's higher-order op,
+# which AOTAutograd's partitioner turns into a recompute inside the compiled backward: the
+# compiled forward saves what the partitioner decides, not what the eager region would, so this
+# module's own machinery (saved-tensor hooks comparing the recompute with the forward, the
+# running-statistics guard, markers) cannot run there and would report a false mismatch. A
+# compiled region is therefore torch's non-reentrant checkpoint, as the compiled graph runs
+# it; ``context_fn`` (op-level regions) is passed on, as torch.compile supports it.
+def _compiled_checkpoint(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    preserve_rng_state: bool,
+    context_fn: Callable[[], tuple[Any, Any]] | None,
+    determinism_check: str,
+) -> Any:
+    import torch.utils.checkpoint as tuc
+
+    extra: dict[str, Any] = {} if context_fn is None else {"context_fn": context_fn}
+    return tuc.checkpoint(
+        function,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=preserve_rng_state,
+        determinism_check=determinism_check,
+        **extra,
+        **kwargs,
+    )
 
 
 class _Segment:

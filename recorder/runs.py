@@ -199,7 +199,7 @@ class RunSequencer:
     def start_recording(self) -> None:
         """Begin the next run at a step boundary: enter its context, note what exists."""
         p = self._p
-        if p.flags.state is State.BETWEEN_RUNS:
+        if p.flags.state in (State.BETWEEN_RUNS, State.SETTLING):
             self.begin_run()
         self._enter_context(self._run_index)
         p.flags.state = State.RECORDING
@@ -244,6 +244,8 @@ class RunSequencer:
             self._next_timing_step()
         elif p.flags.state is State.RECORDING:
             self._end_recorded_step(now, counts)
+        elif p.flags.state is State.SETTLING:
+            self.start_recording()
 
     def _end_recorded_step(self, now: int, counts: StepCounts) -> None:
         p = self._p
@@ -263,7 +265,10 @@ class RunSequencer:
         self.end_run("")
         self._run_index += 1
         if self._run_index < len(self.plan.runs):
-            self.start_recording()
+            if self._runs_compiled_code():
+                self._settle()
+            else:
+                self.start_recording()
             return
         early, self._early_context = self._early_context, None  # the timing's, if any
         self.finish("")
@@ -272,6 +277,23 @@ class RunSequencer:
             self._start_timing()  # the hooks stay for the timing steps
             return
         self._all_done()
+
+    # NOTE [ Runs of compiled code ]
+    # A run's context changes the model (a plan checkpoints its modules), and compiled code
+    # recompiles for it on its first step: seconds of dynamo and inductor, their allocations
+    # and none of the step's own. Where the recorded steps ran compiled code, each run after the
+    # first therefore begins one step later: a settling step runs unrecorded in its context.
+    # The script runs one step more per such run (verify's "let the script run N more steps"
+    # counts them with the timing steps).
+
+    def _runs_compiled_code(self) -> bool:
+        return self.meta().get("compiled") == "compiled"
+
+    def _settle(self) -> None:
+        """Enter the next run's context for a settling step; its end begins the run."""
+        self._enter_context(self._run_index)
+        self._early_context, self._run_context = self._run_context, None  # for start_recording
+        self._p.flags.state = State.SETTLING
 
     def _all_done(self) -> None:
         """Recording (and timing) done: close the trace; the script runs on unrecorded, or

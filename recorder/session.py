@@ -53,7 +53,7 @@ from recorder.compiled import skip_in_dynamo
 from recorder.hooks import TorchHooks
 from recorder.ledger import StorageLedger
 from recorder.modules import ModuleRegistry
-from recorder.native import load, mode
+from recorder.native import for_recording
 from recorder.native_ledger import NativeLedger
 from recorder.phases import PhaseState
 from recorder.progress import StepProgress
@@ -259,7 +259,7 @@ class Recorder:
             "recorder": "python",  # the native source's meta says "native"
         }
         meta["rank"], meta["world_size"] = launcher_world()
-        ext = _native_extension()  # before the trace exists: a forced path that fails leaves none
+        ext = for_recording()  # before the trace exists: a forced path that fails leaves none
         flags = self._flags
         self._sink = out = TraceSink(self.path, meta, flags)
         registry = ModuleRegistry(out.intern)
@@ -369,13 +369,6 @@ class Recorder:
         assert self._parts is not None
         if self._oom.failed(exc, str(func), self._parts.phases.module_running, t0):
             self._device.oom(t0)
-
-
-def _native_extension() -> Any:
-    """The native extension when ``CKVIEW_RECORDER=native`` (NativeRecorderError, one line, if
-    it cannot load); None for ``python`` and ``auto``: the Python path stays the default until
-    the native one shows parity (docs/recording.md)."""
-    return load().ext if mode() == "native" else None
 
 
 def _forget_in_child(recorder: weakref.ref[Recorder]) -> None:

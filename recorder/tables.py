@@ -36,6 +36,7 @@ class State(Enum):
     RECORDING = "recording"
     TIMING = "timing"  # unrecorded plain steps of each run, after all are recorded (timing.py)
     BETWEEN_RUNS = "between runs"  # a run ended, the next begins at once (same step boundary)
+    SETTLING = "settling"  # unrecorded, in the next run's context (runs.py: compiled code)
     DONE = "done"
 
 

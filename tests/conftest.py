@@ -60,11 +60,15 @@ def ckview(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 # (``@pytest.mark.gui``) when only it needs the package, inside its body or a subprocess.
 # tests/test_markers.py checks that every file importing torch, the recorder, Qt or the GUI
 # carries its marker. A file that tests what the recorder records adds ``pytest.mark.recorder``
-# to the list: CI runs those files a second time with ``CKVIEW_RECORDER=native``, so both
+# to the list: CI runs those files a second time with ``CKVIEW_RECORDER=python``, so both
 # recorder paths are held to them.
 
+NATIVE = os.environ.get("CKVIEW_RECORDER", "auto").strip().lower() != "python"
+"""Whether recordings in this test run take the native path (the default, ``auto``; CI builds
+it first) or the Python recorder (``CKVIEW_RECORDER=python``)."""
+
 PYTHON_PATH_ONLY = pytest.mark.skipif(
-    os.environ.get("CKVIEW_RECORDER") == "native",
+    NATIVE,
     reason="the Python recorder's forced eager (NOTE [ torch.compile under the recorder ]); "
     "tests/test_recorder_compile_native.py holds the native path to running compiled",
 )

@@ -72,6 +72,9 @@ def _facts(path: Path) -> dict[str, Any]:
         calls = run.table("module_calls").read()
         recorder = trace.meta.recorder
         devices = {trace.strings[i] for i in np.unique(tables["storages"]["device"])}
+        ops = tables["ops"]
+        in_modules = (ops["phase"] == Phase.FORWARD) & (ops["module_call"] >= 0)
+        forward = [trace.strings[i] for i in ops["name"][in_modules]]
     assert devices == {"cpu"}
     st, ev = tables["storages"], tables["memory_events"]
     timeline = memory_timeline(st, ev)
@@ -84,6 +87,7 @@ def _facts(path: Path) -> dict[str, Any]:
         "peaks": peaks,
         "at_peak": {c: b for c, b in at_peak.items() if b},
         "ops": tables["ops"],
+        "forward_ops": forward,
         "saved": len(tables["saved_events"]["kind"]),
         "calls": len(calls["module"]),
     }
@@ -113,6 +117,9 @@ def test_native_path_matches_the_python_path(
     if not ckpt:  # inside checkpoint, its own hooks save (packs the native hooks do not see)
         assert nat["saved"] == py["saved"]
     assert (nat["ops"]["module_call"] >= 0).any()
+    # NOTE [ Ops as a dispatch mode sees them ] in ckrec.cpp: aten.addmm, not aten.linear
+    assert nat["forward_ops"] == py["forward_ops"]
+    assert "aten.addmm.default" in nat["forward_ops"]
 
 
 SCRIPT = """
@@ -163,3 +170,29 @@ def test_forced_native_path_that_cannot_build_says_so(tmp_path: Path) -> None:
     assert done.stderr.strip().count("\n") == 0, done.stderr  # one line, no traceback
     assert "CKVIEW_RECORDER=native" in done.stderr and "CXX" in done.stderr
     assert not (tmp_path / "out.h5").exists()
+
+
+def test_the_default_path_falls_back_to_the_python_recorder_in_one_line(tmp_path: Path) -> None:
+    """``auto`` (the default) records with the Python recorder where the extension cannot be
+    built, says why in one line, and the trace says which recorder ran."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("CKVIEW_RECORDER", None)
+    env.update(CXX="/nonexistent/g++", CKVIEW_CACHE=str(tmp_path / "cache"))
+    (tmp_path / "train.py").write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-m", "ckview", "record", "-o", "out.h5", "--steps=2", "train.py", "99"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    fallback = [line for line in done.stderr.splitlines() if "native recorder" in line]
+    assert fallback == [
+        "ckview: the native recorder is not available (no C++ compiler (/nonexistent/g++ not "
+        "found; install g++ or set CXX)); recording with the Python recorder (slower; "
+        "CKVIEW_RECORDER=python chooses it without this line)"
+    ]
+    with open_trace(tmp_path / "out.h5") as trace:
+        assert trace.meta.recorder == "python"

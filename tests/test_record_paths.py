@@ -76,11 +76,13 @@ def test_a_relative_output_is_where_ckview_started_when_the_script_changes_folde
 
 def test_a_second_recording_into_the_same_file_is_refused(tmp_path: Path) -> None:
     """Two recordings into one -o both said 'wrote', one trace replacing the other."""
-    (tmp_path / "slow.py").write_text(TRAIN.replace("range(4)", "range(400)"))
+    # The first recording holds its steps after the fourth until the second one is answered.
+    waits = "range(40):\n    while _ > 4 and not os.path.exists('answered'): time.sleep(0.05)"
+    (tmp_path / "slow.py").write_text("import time\n" + TRAIN.replace("range(4):", waits))
     (tmp_path / "train.py").write_text(TRAIN)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     first = subprocess.Popen(
-        [sys.executable, "-m", "ckview", "record", "-o", "same.h5", "--steps", "300", "slow.py"],
+        [sys.executable, "-m", "ckview", "record", "-o", "same.h5", "--steps", "6", "slow.py"],
         cwd=tmp_path,
         env=env,
         stderr=subprocess.PIPE,
@@ -94,10 +96,11 @@ def test_a_second_recording_into_the_same_file_is_refused(tmp_path: Path) -> Non
         second = _ckview(tmp_path, "record", "-o", "same.h5", "--steps", "2", "train.py")
         assert first.poll() is None, "the first recording ended too soon to test"
     finally:
+        (tmp_path / "answered").touch()
         _, first_err = first.communicate(timeout=300)
     assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
     assert "same.h5 is being recorded by another ckview" in second.stderr
-    assert first.returncode == 0 and "wrote same.h5 (300 steps)" in first_err
+    assert first.returncode == 0 and "wrote same.h5 (6 steps)" in first_err
 
 
 INTERRUPTED_CLOSE = """\

@@ -234,3 +234,40 @@ def test_a_compiled_function_around_the_model_is_a_forward(tmp_path: Path) -> No
     made = np.isin(st["op"], graph)
     assert (st["category"][made] == Category.ACTIVATION).any()
     assert not (st["category"][made] == Category.INPUT).any()
+
+
+PLANNED = f"""
+import sys, torch
+sys.path.insert(0, {str(ROOT / "examples" / "loops")!r})
+from compiled import MLP
+torch.manual_seed(0)
+model = MLP(16, 16, 4)
+compiled = torch.compile(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(40):
+    compiled(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_plans_on_a_compiled_model_run_and_record_no_compilation(tmp_path: Path) -> None:
+    """Plans on compiled code run as torch's checkpoint inside the graph (NOTE [ Checkpoint
+    inside a compiled graph ] in ckpt_runtime/checkpoint.py); the recompilation a plan causes
+    happens in an unrecorded settling step (NOTE [ Runs of compiled code ] in
+    recorder/runs.py), so each run's two recorded steps run the same ops."""
+    script = tmp_path / "planned.py"
+    script.write_text(PLANNED)
+    trace = tmp_path / "t.h5"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env["CKVIEW_RECORDER"] = "native"
+    cmd = [sys.executable, "-m", "ckview", "verify", "--plan", "all", "--plan", "sqrt"]
+    cmd += ["--steps", "2", "--no-grad-check", "--stop-after", "-o", str(trace), str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "promises nothing for plans over modules inside it" in done.stderr
+    for run in ("baseline", "plan:all", "plan:sqrt"):
+        tables = read_run(trace, run)
+        assert tables["meta"].compiled == "compiled"
+        per_step = np.bincount(tables["ops"]["step"])
+        assert len(per_step) == 2 and per_step[0] == per_step[1], (run, per_step)

@@ -8,9 +8,18 @@ recorded by a small C++ extension (``ckrec.cpp``) built against the running torc
 
 ``build.py`` builds and loads it (NOTE [ Native build cache ]), ``rows.py`` reads what it
 drains, ``attribute.py`` turns a step's rows into per-step facts with numpy, and ``source.py``
-wraps it as one recorder source. ``CKVIEW_RECORDER=native|python|auto`` picks the path.
+wraps it as one recorder source. ``CKVIEW_RECORDER=native|python|auto`` picks the path:
+``auto`` (the default) records with it where it loads, else with the Python recorder
+(``for_recording``).
 """
 
-from recorder.native.build import Loaded, NativeRecorderError, cache_dir, load, mode
+from recorder.native.build import (
+    Loaded,
+    NativeRecorderError,
+    cache_dir,
+    for_recording,
+    load,
+    mode,
+)
 
-__all__ = ["Loaded", "NativeRecorderError", "cache_dir", "load", "mode"]
+__all__ = ["Loaded", "NativeRecorderError", "cache_dir", "for_recording", "load", "mode"]

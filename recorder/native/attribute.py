@@ -34,10 +34,10 @@ How these map onto the trace's run tables (``ckview/trace/schema.py``):
   parameter's module) also needs those pointer sets; ``blocks.module`` is the creating call's.
 - ``ops``: ``start_ns``, ``end_ns``, ``module_call`` and ``seq_nr`` (the backward node's) are
   filled. ``name`` is the dispatcher's op and overload (``aten.mm.default``) or
-  RecordFunction's (a backward node's ``AddmmBackward0``),
-  not the dispatch mode's ``aten.mm.default``; ranges nest (``parent``, ``top``), where the
-  dispatch mode saw only the ops that reached it. ``phase`` is FORWARD, BACKWARD or OTHER:
-  OPTIMIZER and RECOMPUTE need the optimizer's and checkpoint's markers, passed in as ``spans``.
+  RecordFunction's (a backward node's ``AddmmBackward0``); ranges nest (``parent``, ``top``),
+  and ``outer`` picks the ops a dispatch mode sees (NOTE [ Outermost ops ]). ``phase`` is
+  FORWARD, BACKWARD or OTHER: OPTIMIZER and RECOMPUTE need the optimizer's and checkpoint's
+  markers, passed in as ``spans``.
 - ``memory_events``: ALLOC rows from ``blocks`` (``alloc_ns``, ``op``), FREE rows from
   ``blocks``/``late_frees`` (``free_ns``, ``free_op``); SEEN rows from ``unknown_frees``.
 - ``saved_events``: every column, from ``saved``.
@@ -394,7 +394,8 @@ def _ops(ops: np.ndarray, ends: np.ndarray) -> tuple[Columns, Columns]:
 # RecordFunction ranges nest: aten.linear holds aten.t and aten.addmm, a backward node's range
 # holds the ops it runs, Optimizer.step holds the optimizer's. The trace's ops do not nest
 # (analyses add up op times per phase and per region), so a run's ops are the outermost
-# dispatcher ops: ranges of an op the dispatcher runs with no such op around them. Other
+# dispatcher ops: ranges of an op the dispatcher runs with no such op around them, or only a
+# decomposing one (NOTE [ Ops as a dispatch mode sees them ] in ckrec.cpp). Other
 # ranges (backward nodes, the engine's, record_function labels) are not ops of the trace, and
 # what they hold is (a checkpoint's recompute runs inside a backward node). Every range maps to
 # its outermost dispatcher op (``outer``; -1 when none holds it), which blocks allocated in it

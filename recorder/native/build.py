@@ -68,6 +68,24 @@ def mode() -> str:
     return value
 
 
+def for_recording() -> ModuleType | None:
+    """The extension a recording uses: with ``auto`` (the default) and ``native``; None for
+    ``python``, and for ``auto`` where it cannot load: the Python recorder then runs, and this
+    says why in one line. With ``native`` that is a NativeRecorderError (one line)."""
+    wanted = mode()
+    if wanted == "python":
+        return None
+    loaded = load()
+    if loaded.ext is None:
+        print(
+            f"ckview: the native recorder is not available ({loaded.reason}); recording with "
+            f"the Python recorder (slower; {ENV_MODE}=python chooses it without this line)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return loaded.ext
+
+
 def cache_dir() -> Path:
     """Where the build for the running torch and Python lives (NOTE [ Native build cache ])."""
     import torch

@@ -26,6 +26,7 @@
 #include <torch/version.h>
 
 #include <ATen/SequenceNumber.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
@@ -67,6 +68,7 @@ struct Name {  // an interned name as a thread caches it (NOTE [ Interning op na
   int32_t id;
   bool is_op;
   std::string text;
+  bool decomposes = false;  // NOTE [ Ops as a dispatch mode sees them ]
 };
 
 struct ThreadState {
@@ -146,6 +148,31 @@ std::string dispatch_name(const at::RecordFunction& fn) {
   return name + "." + (op->overload_name.empty() ? std::string("default") : op->overload_name);
 }
 
+// NOTE [ Ops as a dispatch mode sees them ]
+// A TorchDispatchMode (the Python recorder's, and torch's selective checkpoint policy, which
+// op-level plans name ops for) sees the ops that reach the dispatcher's Python key, below
+// autograd. An op whose kernel for autograd is its CompositeImplicitAutograd decomposition
+// (aten.linear, aten.matmul, aten.dropout) never gets there: the ops it calls do (aten.t,
+// aten.addmm). So an op range counts as an op of the trace when no op encloses it, or when its
+// parent is such an op and decomposes; a decomposing op that called ops is then not an op of the
+// trace itself (on_end takes its `outer` back). The rule is the dispatcher's for a dense
+// tensor: a CompositeImplicitAutograd kernel is used unless the op has its own kernel for the
+// backend, for autograd or a CompositeExplicitAutograd one (CPU and CUDA are checked, so an op
+// with a CUDA kernel only counts as not decomposing on the CPU too). What the mode itself
+// changes is not reproduced: under a mode, aten.reshape calls aten.view where it otherwise calls
+// aten._reshape_alias, and autograd sums gradients with aten.add where it otherwise uses add_.
+bool decomposes(const c10::OperatorName& op) {
+  auto handle = c10::Dispatcher::singleton().findOp(op);
+  if (!handle || !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+    return false;
+  for (c10::DispatchKey key :
+       {c10::DispatchKey::CPU, c10::DispatchKey::CUDA, c10::DispatchKey::AutogradCPU,
+        c10::DispatchKey::AutogradCUDA, c10::DispatchKey::CompositeExplicitAutograd,
+        c10::DispatchKey::CompositeExplicitAutogradNonFunctional})
+    if (handle->hasKernelForDispatchKey(key)) return false;
+  return true;
+}
+
 Name intern(ThreadState& ts, const at::RecordFunction& fn) {
   const char* p = fn.name();
   bool is_op = false;
@@ -158,8 +185,9 @@ Name intern(ThreadState& ts, const at::RecordFunction& fn) {
   std::string op = dispatch_name(fn);
   is_op = !op.empty();
   int32_t id = intern_text(op.empty() ? p : op.c_str(), is_op);
-  Name& name = ts.by_ptr[p] = Name{id, is_op, std::string(p)};
-  return Name{name.id, name.is_op, {}};
+  bool decomposing = !op.empty() && decomposes(*fn.operator_name());  // not mark_ops' names
+  Name& name = ts.by_ptr[p] = Name{id, is_op, std::string(p), decomposing};
+  return Name{name.id, name.is_op, {}, name.decomposes};
 }
 
 inline int64_t cur_op(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().id; }
@@ -252,6 +280,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!in_node && graph_task >= 0) node_seq = ts.last_node_seq;
   Name name = intern(ts, fn);
   int64_t outer = parent >= 0 ? ts.ops.back().outer : -1;  // NOTE [ Outermost ops ]
+  if (parent >= 0 && name.is_op && ts.ops.back().decomposes && outer == parent) {
+    outer = id;  // NOTE [ Ops as a dispatch mode sees them ]
+    ts.ops.back().descended = true;
+  }
   if (outer < 0 && name.is_op) outer = id;
   OpRow row{id,    t,       -1,         fn.seqNr(),   parent,           top, node_seq,
             outer, name.id, cur_call(ts), graph_task, uint8_t(fn.scope()), 0, {0, 0}};
@@ -264,7 +296,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (i >= 0 && i < int64_t(b.ops.size())) b.ops[size_t(i)].node_seq = fn.seqNr();
   }
   ts.ops.push_back(
-      Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, outer, 0, in_node});
+      Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, outer, 0, in_node,
+            name.decomposes && outer == id, false});
   b.ops.push_back(row);
   return nullptr;
 }
@@ -373,6 +406,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (i >= 0 && i < int64_t(b.ops.size())) {
       b.ops[size_t(i)].t1 = t;
       b.ops[size_t(i)].raised = uint8_t(std::uncaught_exceptions() > 0);
+      if (f.descended) b.ops[size_t(i)].outer = -1;  // NOTE [ Ops as a dispatch mode sees them ]
     } else {
       b.ends.push_back(EndRow{f.id, t});
     }

@@ -159,6 +159,8 @@ struct Frame {  // an open op on this thread
   int64_t id, local, top, node_seq, outer;
   int64_t allocations;  // blocks allocated while it was the innermost op
   bool in_node;         // a backward node's range, or inside one
+  bool decomposes;      // an op of the trace that decomposes (NOTE [ Ops as a dispatch mode
+  bool descended;       // sees them ] in ckrec.cpp), and whether ops it called took its place
 };
 struct Call {  // an open module call on this thread
   int32_t call, module;
