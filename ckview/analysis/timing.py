@@ -91,6 +91,55 @@ class PlainTimes:
     step, over the timing steps that made an i-th call."""
     call_cost: Spread | None
     """Checkpoint's fixed cost per call (forward and backward), None if not measured."""
+    call_costs: CallCosts | None = None
+    """Checkpoint's cost per call by the bytes a call saves, None if not measured."""
+
+    def cost_per_call(self, saved_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(median, low, high), each (k,) int64: checkpoint's cost per call of instances saving
+        ``saved_bytes`` each (NOTE [ Checkpoint's cost grows with the data around it ] in
+        recorder/timing.py): from the cost by size where measured, else the fixed cost (zero
+        where neither was measured)."""
+        if self.call_costs is not None:
+            return self.call_costs.at(saved_bytes)
+        cost = self.call_cost or Spread(0, 0, 0, 0)
+        k = len(saved_bytes)
+        return (
+            np.full(k, cost.median_ns, dtype=np.int64),
+            np.full(k, cost.low_ns, dtype=np.int64),
+            np.full(k, cost.high_ns, dtype=np.int64),
+        )
+
+
+@dataclass(frozen=True)
+class CallCosts:
+    """Checkpoint's cost per call measured at a few sizes (NOTE [ Checkpoint's cost grows with
+    the data around it ] in recorder/timing.py)."""
+
+    nbytes: np.ndarray
+    """(n,) int64, increasing: bytes each one-op region of the measurement saved."""
+    costs: np.ndarray
+    """(3, n) int64: median, low and high cost per call at each size."""
+
+    @classmethod
+    def of(cls, rows: Any) -> CallCosts | None:
+        """From the trace's rows of (bytes, median, low, high); None without rows."""
+        table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+        if not len(table):
+            return None
+        return cls(table[:, 0], table[:, 1:].T.copy())
+
+    def at(self, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(median, low, high) cost per call of regions saving ``nbytes`` each: interpolated
+        linearly in log bytes between the measured sizes, the end values beyond them. Each
+        curve is made non-decreasing first (a cost that falls with size is noise: the caches
+        only get colder), so a larger region never projects cheaper per call."""
+        x = np.log2(np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0))
+        xp = np.log2(np.maximum(self.nbytes.astype(np.float64), 1.0))
+        out = [
+            np.round(np.interp(x, xp, np.maximum.accumulate(curve))).astype(np.int64)
+            for curve in self.costs
+        ]
+        return out[0], out[1], out[2]
 
 
 def plain_times(tables: Mapping[str, Any]) -> PlainTimes | None:
@@ -106,6 +155,7 @@ def plain_times(tables: Mapping[str, Any]) -> PlainTimes | None:
         steps_ns=durations,
         calls=_call_medians(tables["timed_calls"]),
         call_cost=_call_cost(tables.get("checkpoint_call_ns")),
+        call_costs=CallCosts.of(tables.get("checkpoint_call_by_size", ())),
     )
 
 
