@@ -79,6 +79,7 @@ def test_plain_times_take_medians_per_call() -> None:
     assert times is not None
     assert times.step == Spread(20, 10, 30, 3)
     assert times.calls[0].tolist() == [2, 200] and times.calls[1].tolist() == [7]
+    assert times.call_spread[0].tolist() == [[1, 100], [3, 300]]  # lowest, highest per call
     assert times.call_cost == Spread(50, 40, 70, 0)
     unmeasured = {**tables, "checkpoint_call_ns": np.array([-1, -1, -1])}
     assert plain_times(unmeasured).call_cost is None  # type: ignore[union-attr]
@@ -214,6 +215,9 @@ def test_extra_compute_comes_from_plain_times(timed: Path) -> None:
         expected += int(times.calls[row][0]) + cost
         assert r.compute_ns == int(times.calls[row][0]) + cost
     assert projection.extra_compute_ns == expected > 0
+    # NOTE [ How sure the extra time is ]: every call at its lowest (highest) time and cost.
+    low, high = projection.extra_compute_range_ns
+    assert 0 < low <= projection.extra_compute_ns <= high and low < high
     recorded = project(recorded_times_only(tables), blocks)
     assert not recorded.plain_times
     assert [r.instance for r in recorded.recomputes] == [r.instance for r in projection.recomputes]

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.common import read_run, times_line
+from ckview.cli.common import extra_range_text, read_run, times_line
 from ckview.cli.errors import CLIError
 
 if TYPE_CHECKING:
@@ -311,7 +311,8 @@ def _plan_lines(context: _Context, result: Any) -> list[str]:
         f"  projected peak  {fb(result.peak_bytes):>10}  ({context.change(result.peak_bytes):+.1%} "
         f"vs baseline {fb(result.baseline_peak_bytes)}; {verdict} the budget)",
         f"  extra compute   {result.extra_compute_ns / 1e6:>7.1f} ms  "
-        f"({context.share(result.extra_compute_ns):.1%} of the step)",
+        f"({context.share(result.extra_compute_ns):.1%} of the step"
+        f"{extra_range_text(result.extra_compute_range_ns)})",
     ]
     offloaded = result.plan.get("meta", {}).get("planner", {}).get("offloaded_bytes", 0)
     if offloaded:
@@ -384,6 +385,8 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             "projected_peak_bytes": result.peak_bytes,
             "best_reachable_peak_bytes": result.best_reachable_peak,
             "extra_compute_ns": result.extra_compute_ns,
+            "extra_compute_low_ns": result.extra_compute_range_ns[0],
+            "extra_compute_high_ns": result.extra_compute_range_ns[1],
             "extra_compute_percent": round(100 * context.share(result.extra_compute_ns), 3),
             "regions": context.regions(result.regions),
             "plan": result.plan,

@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.common import PlanProjection, project_over, read_plan, read_run, times_line
+from ckview.cli.common import (
+    PlanProjection,
+    extra_range_text,
+    project_over,
+    read_plan,
+    read_run,
+    times_line,
+)
 
 if TYPE_CHECKING:
     from ckview.analysis import PlanRegions
@@ -99,7 +106,7 @@ def format_projection(p: PlanProjection) -> str:
         f"  projected peak  {fb(p.peak_bytes):>11}   saves {fb(p.saving_bytes)} "
         f"({p.saving_share:.1%})",
         f"  extra compute   {p.extra_compute_ns / 1e6:>8.1f} ms   "
-        f"({p.extra_share:.1%} of the step time)",
+        f"({p.extra_share:.1%} of the step time{extra_range_text(p.extra_compute_range_ns)})",
         f"  recomputes      {n} in {len(p.recomputes)} region(s)" + (":" if n else ""),
     ]
     width = max((len(r.region) for r in p.recomputes), default=0)

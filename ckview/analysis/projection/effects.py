@@ -105,6 +105,9 @@ class InstanceEffects:
     compute_ns: np.ndarray
     """(k,) extra compute of the instance's recompute (NOTE [ Extra compute from plain times ]
     in timing.py)."""
+    compute_range_ns: np.ndarray
+    """(2, k) the lowest and highest extra compute the measurements allow (NOTE [ How sure the
+    extra time is ] in timing.py)."""
     plain_times: bool
     """``compute_ns`` comes from plain timing steps."""
     drop_instance: np.ndarray
@@ -185,12 +188,13 @@ def instance_effects(
     keep_inst, keep_storage = keep_inst[~off[keep_inst]], keep_storage[~off[keep_inst]]
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
     saved_bytes = _saved_bytes(base, len(inst), saved_inst, saved_storage)
-    compute_ns, plain = _compute_ns(tables, inst, last_op, (k_inst, k_op), saved_bytes)
-    compute_ns[off] = 0
+    compute, plain = _compute_ns(tables, inst, last_op, (k_inst, k_op), saved_bytes)
+    compute[:, off] = 0
     return base, InstanceEffects(
         instances=inst,
         **moments,
-        compute_ns=compute_ns,
+        compute_ns=compute[0],
+        compute_range_ns=compute[1:],
         plain_times=plain,
         drop_instance=np.concatenate([c_inst[drop], released[0], held[0]]),
         drop_storage=np.concatenate([c_storage[drop], released[1], held[1]]),
@@ -573,19 +577,21 @@ def _compute_ns(
     kept_ops: tuple[np.ndarray, np.ndarray],
     saved_bytes: np.ndarray,
 ) -> tuple[np.ndarray, bool]:
-    """Each instance's extra compute, and whether it comes from plain times (NOTE [ Extra
-    compute from plain times ] in timing.py); ops an op-level instance saves are not rerun."""
+    """(3, k): each instance's extra compute with the lowest and highest the measurements
+    allow, and whether it comes from plain times (NOTE [ Extra compute from plain times ] and
+    NOTE [ How sure the extra time is ] in timing.py); ops an op-level instance saves are not
+    rerun."""
     replayed = _forward_ns(tables["ops"], inst, last_op, kept_ops)
     times = plain_times(tables)
-    cost = times.cost_per_call(saved_bytes)[0] if times else 0
+    cost = np.stack(times.cost_per_call(saved_bytes)) if times else np.zeros((3, len(inst)))
     plain = None
     if times is not None:
         plain = plain_instance_ns(tables, times, inst.top_instance, inst.top_call, len(inst))
     if plain is None:
-        return replayed + cost, False
+        return (replayed + cost).astype(np.int64), False
     whole = _forward_ns(tables["ops"], inst, np.full(len(inst), np.iinfo(np.int64).max))
     share = np.divide(replayed, whole, out=np.ones(len(inst)), where=whole > 0)
-    return np.round(plain * share).astype(np.int64) + cost, True
+    return np.round(plain * share).astype(np.int64) + cost.astype(np.int64), True
 
 
 def _forward_ns(
