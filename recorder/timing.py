@@ -72,7 +72,7 @@ NOTE [ Checkpoint's cost grows with the data around it ]
     larger tensors, its plain forward subtracted) and stores the rows in the trace's optional
     meta attribute ``checkpoint_call_by_size`` (docs/trace-format.md). Projections read the
     cost per call at the bytes each instance saves for backward (ckview/analysis/timing.py,
-    ``CallCosts``). It costs under a second at the end of a recording, and 32 MiB at most.
+    ``CallCosts``). It costs about half a second at the end of a recording, and 16 MiB at most.
 """
 
 from __future__ import annotations
@@ -281,11 +281,13 @@ class CallCost:
     rounds: int
 
 
-CALIBRATION_BYTES = (32, 64 << 10, 512 << 10, 2 << 20)
+CALIBRATION_BYTES = (32, 64 << 10, 512 << 10)
 """Bytes each one-op region of the calibration saves (NOTE [ Checkpoint's cost grows with the
-data around it ]): 8 elements (the fixed cost), then sizes up to a core's L2 cache (2 MiB
-here), past which the caches are as cold as they get: larger sizes measured no dearer per call,
-only noisier (a 4 MiB tanh's own forward, subtracted, varies by more than the cost)."""
+data around it ]): 8 elements (the fixed cost), then sizes up to a quarter of a core's L2 cache
+(2 MiB here), where the cost stops growing: 2 MiB measured as dear as 512 KiB on a quiet
+machine (310-370 us against 360-380), and under load several times dearer and noisier (1-2.6 ms,
+the subtracted forward of a 2 MiB tanh varying by more than the cost), so the calibration stops
+at 512 KiB and larger regions take its cost."""
 CALIBRATION_CALLS_BYTES = 16 << 20
 """Bytes a calibration chain saves at most (its calls are fewer for larger tensors)."""
 
