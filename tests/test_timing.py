@@ -126,6 +126,10 @@ def test_the_cost_by_size_round_trips_and_damage_is_refused(tmp_path: Path) -> N
             writer.set_call_costs([(64, 1, 1, 1), (32, 1, 1, 1)])
     with open_trace(path) as trace:
         assert trace.call_costs().tolist() == [[32, 60, 50, 70], [1024, 160, 100, 400]]
+    with TraceWriter(tmp_path / "older.h5"):
+        pass  # a trace without it (older recorders): optional, no rows
+    with open_trace(tmp_path / "older.h5") as trace:
+        assert trace.call_costs().shape == (0, 4)
     with h5py.File(path, "r+") as f:
         f["meta"].attrs["checkpoint_call_by_size"] = np.zeros((3, 5), dtype=np.int64)
     with open_trace(path) as trace, pytest.raises(CorruptTraceError, match="rows of 4"):
