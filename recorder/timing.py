@@ -63,10 +63,12 @@ NOTE [ Checkpoint's cost grows with the data around it ]
     more page faults or mmap calls, and the cyclic GC changes nothing (disabled, the same
     cost); what grows is the time in the Python interpreter (+2.4 ms a step, 150 us a call):
     checkpoint's unpack, recompute and early stop run between kernels that stream the
-    region's tensors through the caches, and run on cold caches. The cost is not per recomputed
-    op: a Linear region whose recompute stops before its matmul (NOTE [ Early stop ] in
-    ckview/analysis/projection) cost 290 us a call at batch 1024 x 128, its matmul not rerun. It
-    depends on the caches of the machine, so the recorder measures it at record time:
+    region's tensors through the caches, most likely on cold caches (the growth stops past a
+    quarter of the 2 MiB L2; this VM has no hardware counters to confirm it). The cost is not
+    per recomputed op: a Linear region whose recompute stops before its matmul (NOTE [ Early
+    stop ] in ckview/analysis/projection; no addmm in its backward, checked with a dispatch
+    mode) cost 290 us a call at batch 1024 x 128. It depends on the machine, so the recorder
+    measures it at record time:
     ``plan_call_costs`` repeats the measurement of NOTE [ Fixed cost of a checkpoint call ] on
     one-op regions saving ``CALIBRATION_BYTES`` each (a fresh chain per size, fewer calls for
     larger tensors, its plain forward subtracted) and stores the rows in the trace's optional
