@@ -116,6 +116,9 @@ def test_outcome_matches_the_exact_projection(transformer: PlanSession) -> None:
         assert fast.incremental
         assert fast.peak_bytes == exact.projected_peak.bytes
         assert fast.extra_compute_ns == exact.extra_compute_ns
+        assert fast.extra_compute_range_ns == exact.extra_compute_range_ns  # How sure ...
+        low, high = fast.extra_compute_range_ns
+        assert low <= fast.extra_compute_ns <= high and low < high
         assert fast.total.max() == exact.total.max()
         assert len(fast.recomputes) == len(exact.recomputes)
     session.set_selection([])

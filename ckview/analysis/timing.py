@@ -158,6 +158,13 @@ class CallCosts:
         return out[0], out[1], out[2]
 
 
+def extra_range_text(extra: tuple[int, int]) -> str:
+    """``; timings allow LOW..HIGH ms``: the range of a projected extra compute (NOTE [ How
+    sure the extra time is ]), for the surfaces that show it; '' if there is none."""
+    low, high = extra
+    return f"; timings allow {low / 1e6:.1f}..{high / 1e6:.1f} ms" if high > low else ""
+
+
 def plain_times(tables: Mapping[str, Any]) -> PlainTimes | None:
     """The run's plain timings, None if it has no kept timing step."""
     steps = tables.get("timing_steps")

@@ -72,13 +72,6 @@ def times_line(tables: RunTables) -> str:
     return line
 
 
-def extra_range_text(extra: tuple[int, int]) -> str:
-    """``; timings allow LOW..HIGH ms``: the range of a projected extra compute (NOTE [ How
-    sure the extra time is ] in ckview/analysis/timing.py); '' if there is none."""
-    low, high = extra
-    return f"; timings allow {low / 1e6:.1f}..{high / 1e6:.1f} ms" if high > low else ""
-
-
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (for a ``CLIError`` that quotes it)."""
     return " ".join(str(exc).split())

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.common import extra_range_text, read_run, times_line
+from ckview.cli.common import read_run, times_line
 from ckview.cli.errors import CLIError
 
 if TYPE_CHECKING:
@@ -287,6 +287,7 @@ def _report(context: _Context, result: Any, front: Any) -> str:
 def _plan_lines(context: _Context, result: Any) -> list[str]:
     from ckview.analysis import budget_answer
     from ckview.analysis import format_bytes as fb
+    from ckview.analysis.timing import extra_range_text
 
     how = (
         f"exact: every plan judged, {result.evaluations} projections"

@@ -18,14 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.common import (
-    PlanProjection,
-    extra_range_text,
-    project_over,
-    read_plan,
-    read_run,
-    times_line,
-)
+from ckview.cli.common import PlanProjection, project_over, read_plan, read_run, times_line
 
 if TYPE_CHECKING:
     from ckview.analysis import PlanRegions
@@ -98,6 +91,7 @@ def _header(path: Path, run: Run) -> str:
 def format_projection(p: PlanProjection) -> str:
     """One plan's projection as indented text lines."""
     from ckview.analysis import format_bytes as fb
+    from ckview.analysis.timing import extra_range_text
 
     shown = p.plan if p.plan == p.source else f"{p.plan} ({p.source})"
     n = sum(r.count for r in p.recomputes)
