@@ -77,6 +77,14 @@ NOTE [ Checkpoint's cost grows with the data around it ]
     ``CallCosts``). Each size takes 11 interleaved rounds (7 left the median at 512 KiB
     varying by a factor of two between recordings on a loaded machine): about a second at the
     end of a recording (1.4 s on 2 loaded cores), and 16 MiB at most.
+
+    What it leaves (issue 21, measured on a quiet machine, 15 interleaved rounds): the cost
+    also depends on what the plan does to the memory around the region, which one-op regions
+    do not show. In examples/loops/linear_relu.py (batch 1024 x 128) a Linear region cost 150
+    us a call (its recompute stops before the matmul), near the calibration's 120-145 at 512
+    KiB; a ReLU region 250 us beyond its 40 us forward, 80 of them in the forward: checkpoint
+    keeps the ReLU's input, which the plain step frees at once. Under load every figure is
+    higher (the 512 KiB cost read 200-370 us), and a recording measures it under its own load.
 """
 
 from __future__ import annotations
