@@ -67,7 +67,7 @@ NOTE [ Checkpoint's cost grows with the data around it ]
     quarter of the 2 MiB L2; this VM has no hardware counters to confirm it). The cost is not
     per recomputed op: a Linear region whose recompute stops before its matmul (NOTE [ Early
     stop ] in ckview/analysis/projection; no addmm in its backward, checked with a dispatch
-    mode) cost 290 us a call at batch 1024 x 128. It depends on the machine, so the recorder
+    mode) cost 150 us a call at batch 1024 x 128. It depends on the machine, so the recorder
     measures it at record time:
     ``plan_call_costs`` repeats the measurement of NOTE [ Fixed cost of a checkpoint call ] on
     one-op regions saving ``CALIBRATION_BYTES`` each (a fresh chain per size, fewer calls for
