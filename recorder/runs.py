@@ -30,7 +30,7 @@ from recorder.stacks import Stacks
 from recorder.steady import warmup_needed
 from recorder.steps import IterationTracker, StepCounts, plural
 from recorder.tables import Flags, State
-from recorder.timing import RunTimes, StepTimer, add_round, plan_call_cost_ns, timing_schedule
+from recorder.timing import RunTimes, StepTimer, add_round, plan_call_costs, timing_schedule
 
 _FILE_FLUSH_NS = 5_000_000_000  # HDF5's flush costs ~20 ms: at most one per 5 s of steps
 
@@ -448,13 +448,16 @@ class RunSequencer:
             for name, times in timed:
                 sink.write(lambda n=name, t=times: _write_timings(writer.run(n), t))
             if timed and not error:
-                cost = plan_call_cost_ns()
+                costs = plan_call_costs()  # NOTE [ Checkpoint's cost grows with the data ...]
+                _, cost = costs[0]
                 sink.write(
                     writer.update_meta,
                     checkpoint_call_ns=cost.median_ns,
                     checkpoint_call_low_ns=cost.low_ns,
                     checkpoint_call_high_ns=cost.high_ns,
                 )
+                rows = [(n, c.median_ns, c.low_ns, c.high_ns) for n, c in costs]
+                sink.write(writer.set_call_costs, rows)
         finally:
             sink.close(error)
 

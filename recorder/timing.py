@@ -46,10 +46,45 @@ NOTE [ Fixed cost of a checkpoint call ]
     way plans checkpoint (module regions of ``apply_plan``: the region's module call, hooks
     and running-statistics guard included): the median over ``repeats`` interleaved rounds
     of (forward + backward of ``calls`` one-op modules, each a region) minus the same without
-    the plan, per call, with the spread of the rounds (benchmarks/checkpoint_runtime.py
-    compares the fixed cost of ckpt_runtime's and torch's checkpoint of a function). The
-    recorder stores it in the trace's meta (``checkpoint_call_ns``), and projections add it
-    per recomputed instance to the extra time (ckview/analysis/timing.py).
+    the plan and minus the plain forward the recompute reruns, per call, with the spread of
+    the rounds (benchmarks/checkpoint_runtime.py compares the fixed cost of ckpt_runtime's and
+    torch's checkpoint of a function). The recorder stores it, for regions of 8 elements, in
+    the trace's meta (``checkpoint_call_ns``), and projections add it per recomputed instance
+    to the extra time (ckview/analysis/timing.py) where the trace has no cost by size (next
+    NOTE).
+
+NOTE [ Checkpoint's cost grows with the data around it ]
+    Measured on one-op regions of 8 elements, the cost per call stands only for regions whose
+    tensors are tiny. On this machine (CPU, one thread, interleaved medians, issue 21) a chain
+    of one-op regions cost, per call beyond the plain forward it recomputes: 70 us at 8
+    elements, 100 us at 128 KiB, 200-370 us at 512 KiB and 2 MiB. The kernels are not what
+    grows: a profile at 512 KiB shows the recomputed tanh and its backward no slower than in
+    the plain step (perf: libtorch's time per step +0.5 ms for 16 recomputed tanh of 60 us), no
+    more page faults or mmap calls, and the cyclic GC changes nothing (disabled, the same
+    cost); what grows is the time in the Python interpreter (+2.4 ms a step, 150 us a call):
+    checkpoint's unpack, recompute and early stop run between kernels that stream the
+    region's tensors through the caches, most likely on cold caches (the growth stops past a
+    quarter of the 2 MiB L2; this VM has no hardware counters to confirm it). The cost is not
+    per recomputed op: a Linear region whose recompute stops before its matmul (NOTE [ Early
+    stop ] in ckview/analysis/projection; no addmm in its backward, checked with a dispatch
+    mode) cost 150 us a call at batch 1024 x 128. It depends on the machine, so the recorder
+    measures it at record time:
+    ``plan_call_costs`` repeats the measurement of NOTE [ Fixed cost of a checkpoint call ] on
+    one-op regions saving ``CALIBRATION_BYTES`` each (a fresh chain per size, fewer calls for
+    larger tensors, its plain forward subtracted) and stores the rows in the trace's optional
+    meta attribute ``checkpoint_call_by_size`` (docs/trace-format.md). Projections read the
+    cost per call at the bytes each instance saves for backward (ckview/analysis/timing.py,
+    ``CallCosts``). Each size takes 11 interleaved rounds (7 left the median at 512 KiB
+    varying by a factor of two between recordings on a loaded machine): about a second at the
+    end of a recording (1.4 s on 2 loaded cores), and 16 MiB at most.
+
+    What it leaves (issue 21, measured on a quiet machine, 15 interleaved rounds): the cost
+    also depends on what the plan does to the memory around the region, which one-op regions
+    do not show. In examples/loops/linear_relu.py (batch 1024 x 128) a Linear region cost 150
+    us a call (its recompute stops before the matmul), near the calibration's 120-145 at 512
+    KiB; a ReLU region 250 us beyond its 40 us forward, 80 of them in the forward: checkpoint
+    keeps the ReLU's input, which the plain step frees at once. Under load every figure is
+    higher (the 512 KiB cost read 200-370 us), and a recording measures it under its own load.
 """
 
 from __future__ import annotations
@@ -258,21 +293,48 @@ class CallCost:
     rounds: int
 
 
-def plan_call_cost_ns(calls: int = 100, repeats: int = 7) -> CallCost:
+CALIBRATION_BYTES = (32, 64 << 10, 512 << 10)
+"""Bytes each one-op region of the calibration saves (NOTE [ Checkpoint's cost grows with the
+data around it ]): 8 elements (the fixed cost), then sizes up to a quarter of a core's L2 cache
+(2 MiB here), where the cost stops growing: 2 MiB measured as dear as 512 KiB on a quiet
+machine (310-370 us against 360-380), and under load several times dearer and noisier (1-2.6 ms,
+the subtracted forward of a 2 MiB tanh varying by more than the cost), so the calibration stops
+at 512 KiB and larger regions take its cost."""
+CALIBRATION_CALLS_BYTES = 16 << 20
+"""Bytes a calibration chain saves at most (its calls are fewer for larger tensors)."""
+
+
+def plan_call_costs(
+    sizes: tuple[int, ...] = CALIBRATION_BYTES, repeats: int = 11
+) -> list[tuple[int, CallCost]]:
+    """NOTE [ Checkpoint's cost grows with the data around it ]: checkpoint's cost per call,
+    measured as NOTE [ Fixed cost of a checkpoint call ] does, on one-op regions saving each of
+    ``sizes`` bytes; one ``(bytes, cost)`` per size."""
+    return [(nbytes, plan_call_cost_ns(_calls_for(nbytes), repeats, nbytes)) for nbytes in sizes]
+
+
+def _calls_for(nbytes: int) -> int:
+    return max(8, min(100, CALIBRATION_CALLS_BYTES // max(nbytes, 1)))
+
+
+def plan_call_cost_ns(calls: int = 100, repeats: int = 7, nbytes: int = 32) -> CallCost:
     """NOTE [ Fixed cost of a checkpoint call ] for a plan's module region, the way ``ckview
-    verify`` applies plans: ``calls`` one-op modules, each a region of ``apply_plan``."""
+    verify`` applies plans: ``calls`` one-op modules, each a region of ``apply_plan`` saving
+    ``nbytes`` (float32), less the plain forward that the recompute reruns."""
     from ckpt_runtime import apply_plan
 
     model = torch.nn.Sequential(*[_Tiny() for _ in range(calls)])
-    x = torch.ones(8, requires_grad=True)
+    x = torch.ones(max(1, nbytes // 4), requires_grad=True)
     plan = {"format": "ckview-plan", "version": 1, "regions": [{"module": "*"}]}
-    plain, planned = [], []
+    plain, planned, forward = [], [], []
     with torch.enable_grad():  # called from the script's step, maybe under no_grad
         for _ in range(repeats):  # interleaved: a slow moment of the machine hits both
-            plain.append(_time(model, x))
+            f, total = _time(model, x)
+            plain.append(total)
+            forward.append(f)
             with apply_plan(model, plan):
-                planned.append(_time(model, x))
-    return _per_call(plain, planned, calls)
+                planned.append(_time(model, x)[1])
+    return _per_call(plain, planned, calls, sorted(forward)[len(forward) // 2])
 
 
 class _Tiny(torch.nn.Module):
@@ -280,15 +342,20 @@ class _Tiny(torch.nn.Module):
         return torch.tanh(t)  # saves its output: backward needs the recompute
 
 
-def _time(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:
-    """Nanoseconds for one forward and backward of ``run(x)``."""
+def _time(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[int, int]:
+    """Nanoseconds for the forward of ``run(x)``, and for its forward and backward."""
     start = perf_counter_ns()
-    run(x).sum().backward()
-    return perf_counter_ns() - start
+    y = run(x).sum()
+    forward = perf_counter_ns() - start
+    y.backward()
+    return forward, perf_counter_ns() - start
 
 
-def _per_call(plain: list[int], checked: list[int], calls: int) -> CallCost:
-    per_call = sorted((c - p) // calls for c, p in zip(sorted(checked), sorted(plain), strict=True))
+def _per_call(plain: list[int], checked: list[int], calls: int, forward: int) -> CallCost:
+    """Per call: checked minus plain (paired by rank), less the plain ``forward`` of all calls."""
+    per_call = sorted(
+        (c - p - forward) // calls for c, p in zip(sorted(checked), sorted(plain), strict=True)
+    )
     return CallCost(
         median_ns=max(0, per_call[len(per_call) // 2]),
         low_ns=max(0, per_call[0]),

@@ -565,11 +565,15 @@ def test_cli_plan_json_and_pareto(run_cli: Any) -> None:
     doc = json.loads(out)
     assert doc["run"] == "baseline" and doc["fits"] and doc["exact"]
     assert doc["projected_peak_bytes"] <= doc["budget_bytes"] == 50 * 2**20
+    # NOTE [ How sure the extra time is ]: the sample trace has plain timings, so a range.
+    assert doc["extra_compute_low_ns"] < doc["extra_compute_ns"] < doc["extra_compute_high_ns"]
     assert [p["name"] for p in doc["presets"]] == ["none", "all", "sqrt"]
     costs = [p["extra_compute_ns"] for p in doc["pareto"]]
     assert costs == sorted(costs) and doc["pareto"][0]["regions"] == []
     code, out, _ = run_cli("plan", TRANSFORMER, "--pareto")
     assert code == 0 and "peak vs extra compute" in out and "beside the presets" not in out
+    code, out, _ = run_cli("plan", TRANSFORMER, "--budget", "50MiB")
+    assert code == 0 and "of the step; timings allow" in out
 
 
 def test_cli_plan_unreachable_budget(run_cli: Any, tmp_path: Path) -> None:

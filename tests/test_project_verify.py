@@ -54,6 +54,7 @@ def test_project_all_matches_the_checkpointed_run(run_cli: Any) -> None:
     assert plan["saving_bytes"] == doc["run_peak_bytes"] - plan["projected_peak_bytes"] > 0
     assert [r["region"] for r in plan["recomputes"]] == [f"encoder.layers.{i}" for i in range(4)]
     assert plan["extra_compute_ns"] == sum(r["compute_ns"] for r in plan["recomputes"]) > 0
+    assert plan["extra_compute_low_ns"] <= plan["extra_compute_ns"] <= plan["extra_compute_high_ns"]
     assert 0 < plan["extra_compute_percent"] < 100
 
 
@@ -171,7 +172,9 @@ def test_verify_transformer_end_to_end(tmp_path: Path) -> None:
         assert timed["plain_steps"] and timed["steps"] == 2
         assert timed["measured_low_ns"] <= timed["measured_median_ns"] <= timed["measured_high_ns"]
     assert none["extra_time_per_step"]["projected_ns"] == 0
-    assert every["extra_time_per_step"]["projected_ns"] > 0
+    every_time = every["extra_time_per_step"]
+    assert every_time["projected_low_ns"] <= every_time["projected_ns"] > 0
+    assert every_time["projected_ns"] <= every_time["projected_high_ns"]
     from ckview.trace import open_trace
 
     with open_trace(out) as trace:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -15,16 +16,18 @@ from torch import nn
 from ckview.analysis import project
 from ckview.analysis.regions import ModuleRegion
 from ckview.analysis.timing import (
+    CallCosts,
     Spread,
     forward_call_order,
     plain_times,
     recorded_times_only,
     step_time_ns,
 )
-from ckview.trace import open_trace
+from ckview.trace import CorruptTraceError, TraceWriter, open_trace
+from ckview.trace.schema import SavedEventKind
 from recorder import Recorder
 from recorder.plans import plan_runs
-from recorder.timing import TimingStep, timing_schedule
+from recorder.timing import CALIBRATION_BYTES, TimingStep, plan_call_costs, timing_schedule
 from tests.factory import record_model
 
 pytestmark = pytest.mark.torch
@@ -76,10 +79,68 @@ def test_plain_times_take_medians_per_call() -> None:
     assert times is not None
     assert times.step == Spread(20, 10, 30, 3)
     assert times.calls[0].tolist() == [2, 200] and times.calls[1].tolist() == [7]
+    assert times.call_spread[0].tolist() == [[1, 100], [3, 300]]  # lowest, highest per call
     assert times.call_cost == Spread(50, 40, 70, 0)
     unmeasured = {**tables, "checkpoint_call_ns": np.array([-1, -1, -1])}
     assert plain_times(unmeasured).call_cost is None  # type: ignore[union-attr]
     assert plain_times({**tables, "timing_steps": _empty_steps()}) is None
+
+
+def test_cost_per_call_is_read_at_the_bytes_saved() -> None:
+    """NOTE [ Checkpoint's cost grows with the data around it ]: linear in log bytes between
+    the measured sizes, the end values beyond them, each curve made non-decreasing."""
+    costs = CallCosts.of([[32, 60, 50, 70], [1024, 160, 100, 400], [4096, 120, 90, 300]])
+    assert costs is not None
+    median, low, high = costs.at(np.array([1, 32, 181, 1024, 2048, 10**9]))
+    # 181 bytes is halfway between 32 and 1024 in log2 (5 -> 10: 7.5).
+    assert median.tolist() == [60, 60, 110, 160, 160, 160]  # 120 at 4096 is noise: held at 160
+    assert low.tolist() == [50, 50, 75, 100, 100, 100]
+    assert high.tolist() == [70, 70, 235, 400, 400, 400]
+    assert CallCosts.of(np.zeros((0, 4))) is None
+
+
+def test_without_cost_by_size_the_fixed_cost_stands_for_every_call() -> None:
+    tables = {
+        "timing_steps": {"round": np.array([0]), "duration_ns": np.array([10])},
+        "timed_calls": {k: np.zeros(0, np.int64) for k in ("timing_step", "module", "order")}
+        | {"duration_ns": np.zeros(0, np.int64)},
+        "checkpoint_call_ns": np.array([50, 40, 70]),
+    }
+    times = plain_times(tables)
+    assert times is not None and times.call_costs is None
+    assert [c.tolist() for c in times.cost_per_call(np.array([8, 10**6]))] == [
+        [50, 50],
+        [40, 40],
+        [70, 70],
+    ]
+    by_size = plain_times({**tables, "checkpoint_call_by_size": [[8, 5, 4, 6], [64, 9, 8, 10]]})
+    assert by_size is not None
+    assert by_size.cost_per_call(np.array([8, 64]))[0].tolist() == [5, 9]
+
+
+def test_the_cost_by_size_round_trips_and_damage_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.h5"
+    with TraceWriter(path) as writer:
+        writer.set_call_costs([(32, 60, 50, 70), (1024, 160, 100, 400)])
+        with pytest.raises(ValueError, match="increasing bytes"):
+            writer.set_call_costs([(64, 1, 1, 1), (32, 1, 1, 1)])
+    with open_trace(path) as trace:
+        assert trace.call_costs().tolist() == [[32, 60, 50, 70], [1024, 160, 100, 400]]
+    with TraceWriter(tmp_path / "older.h5"):
+        pass  # a trace without it (older recorders): optional, no rows
+    with open_trace(tmp_path / "older.h5") as trace:
+        assert trace.call_costs().shape == (0, 4)
+    with h5py.File(path, "r+") as f:
+        f["meta"].attrs["checkpoint_call_by_size"] = np.zeros((3, 5), dtype=np.int64)
+    with open_trace(path) as trace, pytest.raises(CorruptTraceError, match="rows of 4"):
+        trace.call_costs()
+
+
+def test_the_calibration_measures_every_size() -> None:
+    costs = plan_call_costs(sizes=(32, 4096), repeats=3)
+    assert [n for n, _ in costs] == [32, 4096]
+    assert all(0 <= c.low_ns <= c.median_ns <= c.high_ns and c.rounds == 3 for _, c in costs)
+    assert CALIBRATION_BYTES[0] == 32 and list(CALIBRATION_BYTES) == sorted(CALIBRATION_BYTES)
 
 
 def _empty_steps() -> dict[str, np.ndarray]:
@@ -146,20 +207,45 @@ def test_extra_compute_comes_from_plain_times(timed: Path) -> None:
     projection = project(tables, blocks)
     assert projection.plain_times
     times = plain_times(tables)
-    assert times is not None and times.call_cost is not None
-    # Each block's recompute replays it whole (tanh's saved output is its last op).
+    assert times is not None and times.call_costs is not None
+    assert times.call_costs.nbytes.tolist() == list(CALIBRATION_BYTES)
+    # Each block's recompute replays it whole (tanh's saved output is its last op), and pays
+    # checkpoint's cost per call at the bytes it saves (NOTE [ Checkpoint's cost grows ...]).
     assert len(projection.recomputes) == 6 * 2
     expected = 0
     for r in projection.recomputes:
         row = int(tables["module_calls"]["module"][r.call])
-        expected += int(times.calls[row][0]) + times.call_cost.median_ns
-        assert r.compute_ns == int(times.calls[row][0]) + times.call_cost.median_ns
+        cost = times.cost_per_call(np.array([_saved_bytes(tables, r.call)]))[0][0]
+        expected += int(times.calls[row][0]) + cost
+        assert r.compute_ns == int(times.calls[row][0]) + cost
     assert projection.extra_compute_ns == expected > 0
+    # NOTE [ How sure the extra time is ]: every call at its lowest (highest) time and cost.
+    low, high = projection.extra_compute_range_ns
+    assert 0 < low <= projection.extra_compute_ns <= high and low < high
     recorded = project(recorded_times_only(tables), blocks)
     assert not recorded.plain_times
     assert [r.instance for r in recorded.recomputes] == [r.instance for r in projection.recomputes]
     assert step_time_ns(tables) == (times.step.median_ns * 2, True)
     assert step_time_ns(recorded_times_only(tables))[1] is False
+
+
+def _saved_bytes(tables: dict[str, Any], call: int) -> int:
+    """Bytes of the distinct storages PACKed by ``call`` or a call inside it (a naive walk)."""
+    parent = tables["module_calls"]["parent"]
+
+    def inside(c: int) -> bool:
+        while c >= 0 and c != call:
+            c = int(parent[c])
+        return c == call
+
+    saved = tables["saved_events"]
+    storages = {
+        int(saved["storage"][i])
+        for i in range(len(saved["kind"]))
+        if saved["kind"][i] == SavedEventKind.PACK and inside(int(saved["module_call"][i]))
+    }
+    assert storages  # a block saves its Linear's input and weight and its tanh's output
+    return sum(int(tables["storages"]["nbytes"][s]) for s in storages)
 
 
 def test_a_script_that_ends_in_its_timing_steps_keeps_what_was_timed(tmp_path: Path) -> None:

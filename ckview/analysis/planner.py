@@ -144,6 +144,9 @@ class PlannerResult:
     """Projected peak of the plan."""
     extra_compute_ns: int
     """Summed forward time of the recomputes the plan adds."""
+    extra_compute_range_ns: tuple[int, int]
+    """The lowest and highest extra compute the measurements allow (NOTE [ How sure the extra
+    time is ] in timing.py)."""
     fits: bool
     """True if ``peak_bytes <= budget_bytes``; otherwise the plan is the lowest peak found."""
     best_reachable_peak: int
@@ -614,6 +617,7 @@ class Planner:
             plan=self.tree.plan_of(regions, name, meta).plan.to_json(),
             peak_bytes=peak,
             extra_compute_ns=extra,
+            extra_compute_range_ns=self.model.extra_compute_range_ns(chosen),
             fits=fits,
             best_reachable_peak=min(p.peak for p in self._cache.values()),
             budget_bytes=budget,

@@ -170,6 +170,10 @@ class ExtraTime:
     """From plain timing steps (else from recorded steps, with the recorder's cost)."""
     rounds_needed: int = 0
     """Rounds that would bring the interval within the target (``steps`` if it is)."""
+    projected_low_ns: int | None = None
+    projected_high_ns: int | None = None
+    """The range the projection's measurements allow, per step (NOTE [ How sure the extra
+    time is ] in timing.py); None where unknown."""
 
     @property
     def precise(self) -> bool:
@@ -188,6 +192,8 @@ class ExtraTime:
     def to_json(self) -> dict[str, Any]:
         return {
             "projected_ns": self.projected_ns,
+            "projected_low_ns": self.projected_low_ns,
+            "projected_high_ns": self.projected_high_ns,
             "measured_median_ns": self.measured_ns,
             "measured_low_ns": self.low_ns,
             "measured_high_ns": self.high_ns,
@@ -219,9 +225,11 @@ def extra_time(
     plan_steps: Sequence[int] | np.ndarray,
     projected_ns: int,
     plain: bool,
+    projected_range: tuple[int, int] | None = None,
 ) -> ExtraTime | None:
-    """NOTE [ Extra time, like for like ]: ``projected_ns`` per step against the step times of
-    the two runs, paired step by step; None if either has none."""
+    """NOTE [ Extra time, like for like ]: ``projected_ns`` per step (with the range its
+    measurements allow, if known) against the step times of the two runs, paired step by
+    step; None if either has none."""
     from ckview.trace.precision import median, median_interval, paired, rounds_needed
 
     base = np.asarray(baseline_steps, dtype=np.int64).tolist()
@@ -236,4 +244,6 @@ def extra_time(
         steps=interval.rounds,
         plain=plain,
         rounds_needed=rounds_needed(interval, median(base)),
+        projected_low_ns=None if projected_range is None else int(projected_range[0]),
+        projected_high_ns=None if projected_range is None else int(projected_range[1]),
     )

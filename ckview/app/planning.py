@@ -146,6 +146,9 @@ class PlanOutcome(PlanCost):
     host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """(c,) int64: bytes the offload regions hold in host memory at each state of the curve;
     zero-length when no region offloads (NOTE [ Host curve ] in ckview.analysis.projection)."""
+    extra_compute_range_ns: tuple[int, int] = (0, 0)
+    """The lowest and highest extra compute the measurements allow (NOTE [ How sure the extra
+    time is ] in ckview/analysis/timing.py)."""
 
     def idle_summary(self) -> str | None:
         """One line on the regions that cannot take effect, None if all can (or none)."""
@@ -481,6 +484,7 @@ class PlanSession:
             offloaded_bytes=model.offloaded_bytes(chosen),
             host_peak_bytes=int(curve.host.max(initial=0)),
             host=curve.host,
+            extra_compute_range_ns=model.extra_compute_range_ns(chosen),
         )
 
     def _exact(self, regions: Sequence[Region]) -> PlanOutcome:
@@ -513,6 +517,7 @@ class PlanSession:
             offloaded_bytes=p.offloaded_bytes,
             host_peak_bytes=p.host_peak_bytes,
             host=p.host,
+            extra_compute_range_ns=p.extra_compute_range_ns,
         )
 
     def _call_label(self, call: int) -> str:

@@ -61,7 +61,13 @@ def times_line(tables: RunTables) -> str:
         f"times: plain, median of {s.count} unrecorded steps: {s.median_ns / 1e6:.1f} ms a step "
         f"({s.low_ns / 1e6:.1f}..{s.high_ns / 1e6:.1f})"
     )
-    if cost is not None:
+    if times.call_costs is not None:
+        by_size = times.call_costs.at(times.call_costs.nbytes)[0]
+        line += (
+            f"; checkpoint's cost {by_size[0] / 1e3:.0f}..{by_size[-1] / 1e3:.0f} us a call by the "
+            "bytes it saves included"
+        )
+    elif cost is not None:
         line += f"; checkpoint's cost {cost.median_ns / 1e3:.0f} us a call included"
     return line
 
@@ -97,6 +103,9 @@ class PlanProjection:
     peak_bytes: int
     run_peak_bytes: int
     extra_compute_ns: int
+    extra_compute_range_ns: tuple[int, int]
+    """The lowest and highest extra compute the measurements allow (NOTE [ How sure the extra
+    time is ] in ckview/analysis/timing.py)."""
     step_ns: int
     """Summed time of the run's recorded steps (``Run.step_ns``)."""
     plain_times: bool
@@ -134,6 +143,8 @@ class PlanProjection:
             "saving_bytes": self.saving_bytes,
             "saving_percent": round(100 * self.saving_share, 3),
             "extra_compute_ns": self.extra_compute_ns,
+            "extra_compute_low_ns": self.extra_compute_range_ns[0],
+            "extra_compute_high_ns": self.extra_compute_range_ns[1],
             "extra_compute_percent": round(100 * self.extra_share, 3),
             "times": "plain" if self.plain_times else "recorded",
             "recomputes": [
@@ -184,6 +195,7 @@ def project_over(run: Run, plan: Any, source: str) -> PlanProjection:
         peak_bytes=int(projection.peak.bytes),
         run_peak_bytes=run.peak.bytes,
         extra_compute_ns=int(projection.extra_compute_ns),
+        extra_compute_range_ns=projection.extra_compute_range_ns,
         step_ns=run.step_ns,
         plain_times=projection.plain_times and run.plain_times,
         recomputes=_recompute_rows(projection, resolved.labels),

@@ -287,6 +287,7 @@ def _report(context: _Context, result: Any, front: Any) -> str:
 def _plan_lines(context: _Context, result: Any) -> list[str]:
     from ckview.analysis import budget_answer
     from ckview.analysis import format_bytes as fb
+    from ckview.analysis.timing import extra_range_text
 
     how = (
         f"exact: every plan judged, {result.evaluations} projections"
@@ -311,7 +312,8 @@ def _plan_lines(context: _Context, result: Any) -> list[str]:
         f"  projected peak  {fb(result.peak_bytes):>10}  ({context.change(result.peak_bytes):+.1%} "
         f"vs baseline {fb(result.baseline_peak_bytes)}; {verdict} the budget)",
         f"  extra compute   {result.extra_compute_ns / 1e6:>7.1f} ms  "
-        f"({context.share(result.extra_compute_ns):.1%} of the step)",
+        f"({context.share(result.extra_compute_ns):.1%} of the step"
+        f"{extra_range_text(result.extra_compute_range_ns)})",
     ]
     offloaded = result.plan.get("meta", {}).get("planner", {}).get("offloaded_bytes", 0)
     if offloaded:
@@ -384,6 +386,8 @@ def _document(context: _Context, result: Any, front: Any) -> dict[str, Any]:
             "projected_peak_bytes": result.peak_bytes,
             "best_reachable_peak_bytes": result.best_reachable_peak,
             "extra_compute_ns": result.extra_compute_ns,
+            "extra_compute_low_ns": result.extra_compute_range_ns[0],
+            "extra_compute_high_ns": result.extra_compute_range_ns[1],
             "extra_compute_percent": round(100 * context.share(result.extra_compute_ns), 3),
             "regions": context.regions(result.regions),
             "plan": result.plan,

@@ -91,6 +91,7 @@ def _header(path: Path, run: Run) -> str:
 def format_projection(p: PlanProjection) -> str:
     """One plan's projection as indented text lines."""
     from ckview.analysis import format_bytes as fb
+    from ckview.analysis.timing import extra_range_text
 
     shown = p.plan if p.plan == p.source else f"{p.plan} ({p.source})"
     n = sum(r.count for r in p.recomputes)
@@ -99,7 +100,7 @@ def format_projection(p: PlanProjection) -> str:
         f"  projected peak  {fb(p.peak_bytes):>11}   saves {fb(p.saving_bytes)} "
         f"({p.saving_share:.1%})",
         f"  extra compute   {p.extra_compute_ns / 1e6:>8.1f} ms   "
-        f"({p.extra_share:.1%} of the step time)",
+        f"({p.extra_share:.1%} of the step time{extra_range_text(p.extra_compute_range_ns)})",
         f"  recomputes      {n} in {len(p.recomputes)} region(s)" + (":" if n else ""),
     ]
     width = max((len(r.region) for r in p.recomputes), default=0)

@@ -307,7 +307,8 @@ def _extra_time(base: common.Tables, run: common.Tables, projection: common.Plan
     base_t, plan_t = plain_times(base), plain_times(run)
     if projection.plain_times and base_t is not None and plan_t is not None:
         projected = projection.extra_compute_ns
-        return extra_time(base_t.steps_ns, plan_t.steps_ns, projected // steps, True)
+        low, high = (n // steps for n in projection.extra_compute_range_ns)
+        return extra_time(base_t.steps_ns, plan_t.steps_ns, projected // steps, True, (low, high))
     if projection.plain_times:  # recorded steps against recorded op times
         regions = list(projection.regions.regions)
         projected = project(recorded_times_only(base), regions).extra_compute_ns
@@ -383,8 +384,11 @@ def _extra_cells(c: Check) -> str:
     if t is None:
         return f"{'-':>23}{'-':>28}"
     measured = f"{t.measured_ns / 1e6:.1f} ({t.low_ns / 1e6:.1f}..{t.high_ns / 1e6:.1f}) ms"
+    projected = f"{t.projected_ns / 1e6:.1f}"
+    if t.projected_low_ns is not None and t.projected_high_ns is not None:
+        projected += f" ({t.projected_low_ns / 1e6:.1f}..{t.projected_high_ns / 1e6:.1f})"
     flag = " MISS" if t.miss else ""
-    return f"{t.projected_ns / 1e6:>20.1f} ms{measured:>28}{flag}"
+    return f"{projected:>20} ms{measured:>28}{flag}"
 
 
 def compared(baseline: Baseline | None, checks: Sequence[Check]) -> str:

@@ -46,6 +46,7 @@ from ckview.analysis import (
     format_bytes,
     parse_budget,
 )
+from ckview.analysis.timing import extra_range_text
 from ckview.app.planning import PlanOutcome, PlanSession
 from ckview.app.style import PEAK_COLOR, PROJECTION_COLOR
 from ckview.gui.background import in_background
@@ -619,7 +620,8 @@ def readout_html(outcome: PlanOutcome, regions: int) -> str:
         f"</b></span> &nbsp; {sign}{format_bytes(abs(outcome.saving_bytes))} "
         f"({sign}{abs(outcome.saving_share):.1%} of {base})<br>"
         f"extra compute +{outcome.extra_compute_ns / 1e6:.1f} ms "
-        f"({outcome.extra_share:.1%} of the step{_times_hint(outcome)}) · {regions} region(s), "
+        f"({outcome.extra_share:.1%} of the step{_times_hint(outcome)}"
+        f"{extra_range_text(outcome.extra_compute_range_ns)}) · {regions} region(s), "
         f"{len(outcome.recomputes)} recompute(s)"
         + _offload_html(outcome)
         + idle_html(outcome, regions)

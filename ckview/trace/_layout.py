@@ -18,6 +18,10 @@ TYPE_VERSION_ATTR = "ckview_type_version"
 ORDER_ATTR = "order"  # on each run group: its position in creation order
 
 META = "meta"
+CALL_COSTS = "checkpoint_call_by_size"
+"""Optional attribute of ``/meta``: (k, 4) int64 rows (bytes saved per call, median, low, high
+ns) of checkpoint's cost per call by size (NOTE [ Checkpoint's cost grows with the data around
+it ] in recorder/timing.py); absent if not measured."""
 STRINGS = "strings"
 MODULES = "modules"  # the first of schema.ROOT_TABLES; each is a group named like the table
 RUNS = "runs"

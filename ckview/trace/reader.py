@@ -489,7 +489,8 @@ class Trace:
         """Everything the analysis of run ``name`` reads, in memory: each of its tables (a dict
         of columns, by table name), the root tables (``modules``, ``frames``, ``stacks``), the
         ``strings`` (a list) and
-        ``checkpoint_call_ns`` (median, low, high of checkpoint's cost per call; -1 unknown).
+        ``checkpoint_call_ns`` (median, low, high of checkpoint's cost per call; -1 unknown) and
+        ``checkpoint_call_by_size`` (``call_costs``).
         ``on_table(table)`` is called before each run table is read (for progress). A run on
         several devices is read on its main one, unless ``all_devices`` (NOTE [ One device per
         timeline ] in devices.py: then ``timeline_device`` names it)."""
@@ -507,8 +508,33 @@ class Trace:
             [meta.checkpoint_call_ns, meta.checkpoint_call_low_ns, meta.checkpoint_call_high_ns],
             dtype=np.int64,
         )
+        tables["checkpoint_call_by_size"] = self.call_costs()
         device = None if all_devices else main_device(tables["storages"], tables["strings"])
         return tables if device is None else on_device(tables, tables["strings"], device)
+
+    def call_costs(self) -> np.ndarray:
+        """(k, 4) int64: checkpoint's cost per call by size, rows of (bytes saved per call,
+        median, low, high ns) by increasing bytes (the optional ``/meta`` attribute
+        ``checkpoint_call_by_size``); no rows if the trace has none."""
+        with _reading(self.path):
+            attrs = _child(self._root, L.META, self.path).attrs
+            if L.CALL_COSTS not in attrs:
+                return np.zeros((0, 4), dtype=np.int64)
+            shape = attrs.get_id(L.CALL_COSTS).shape  # checked before reading: a few rows
+            small = shape[1:] == (4,) and shape[0] <= 64
+            table = np.asarray(attrs[L.CALL_COSTS]) if small else None
+        if (
+            table is None
+            or table.dtype.kind not in "iu"
+            or (table < 0).any()
+            or (np.diff(table[:, 0]) <= 0).any()
+        ):
+            raise corrupt(
+                self.path,
+                f"/meta attribute '{L.CALL_COSTS}' is not rows of 4 non-negative integers by "
+                "increasing bytes",
+            )
+        return table.astype(np.int64)
 
     def close(self) -> None:
         """Close the file; tables and runs obtained from this trace become unreadable."""

@@ -11,7 +11,7 @@ import errno
 import os
 import platform
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -520,6 +520,15 @@ class TraceWriter:
                 raise ValueError(f"meta field {key!r} is set by close()")
         encoded = {name: L.encode_meta(name, value) for name, value in fields.items()}
         self._file[L.META].attrs.update(encoded)
+
+    def set_call_costs(self, rows: Sequence[tuple[int, int, int, int]]) -> None:
+        """Store checkpoint's cost per call by size (``/meta`` attribute
+        ``checkpoint_call_by_size``): rows of (bytes, median, low, high ns), by bytes."""
+        self._check_open()
+        table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+        if (np.diff(table[:, 0]) <= 0).any() or (table < 0).any():
+            raise ValueError(f"call costs must be non-negative, by increasing bytes: {rows!r}")
+        self._file[L.META].attrs[L.CALL_COSTS] = table
 
     def flush(self) -> None:
         """Write pending strings and flush HDF5: the file on disk is then a readable trace."""

@@ -105,6 +105,9 @@ class InstanceEffects:
     compute_ns: np.ndarray
     """(k,) extra compute of the instance's recompute (NOTE [ Extra compute from plain times ]
     in timing.py)."""
+    compute_range_ns: np.ndarray
+    """(2, k) the lowest and highest extra compute the measurements allow (NOTE [ How sure the
+    extra time is ] in timing.py)."""
     plain_times: bool
     """``compute_ns`` comes from plain timing steps."""
     drop_instance: np.ndarray
@@ -184,12 +187,14 @@ def instance_effects(
     keep_inst, keep_storage = _kept_inputs(tables, inst, c_inst, c_storage)
     keep_inst, keep_storage = keep_inst[~off[keep_inst]], keep_storage[~off[keep_inst]]
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
-    compute_ns, plain = _compute_ns(tables, inst, last_op, (k_inst, k_op))
-    compute_ns[off] = 0
+    saved_bytes = _saved_bytes(base, len(inst), saved_inst, saved_storage)
+    compute, plain = _compute_ns(tables, inst, last_op, (k_inst, k_op), saved_bytes)
+    compute[:, off] = 0
     return base, InstanceEffects(
         instances=inst,
         **moments,
-        compute_ns=compute_ns,
+        compute_ns=compute[0],
+        compute_range_ns=compute[1:],
         plain_times=plain,
         drop_instance=np.concatenate([c_inst[drop], released[0], held[0]]),
         drop_storage=np.concatenate([c_storage[drop], released[1], held[1]]),
@@ -554,25 +559,39 @@ def _recompute_stop(
     return last_op, np.where(last_op >= 0, stop, 0)
 
 
+def _saved_bytes(
+    base: Baseline, instances: int, saved_inst: np.ndarray, saved_storage: np.ndarray
+) -> np.ndarray:
+    """(k,) int64: bytes of the distinct storages each instance saves for backward (PACKs
+    inside it): what checkpoint's cost per call is read at (NOTE [ Checkpoint's cost grows
+    with the data around it ] in recorder/timing.py)."""
+    known = saved_storage >= 0
+    inst, storage = _unique_pairs(saved_inst[known], saved_storage[known])
+    return np.bincount(inst, base.nbytes[storage], minlength=instances).astype(np.int64)
+
+
 def _compute_ns(
     tables: RunTables,
     inst: RegionInstances,
     last_op: np.ndarray,
     kept_ops: tuple[np.ndarray, np.ndarray],
+    saved_bytes: np.ndarray,
 ) -> tuple[np.ndarray, bool]:
-    """Each instance's extra compute, and whether it comes from plain times (NOTE [ Extra
-    compute from plain times ] in timing.py); ops an op-level instance saves are not rerun."""
+    """(3, k): each instance's extra compute with the lowest and highest the measurements
+    allow, and whether it comes from plain times (NOTE [ Extra compute from plain times ] and
+    NOTE [ How sure the extra time is ] in timing.py); ops an op-level instance saves are not
+    rerun."""
     replayed = _forward_ns(tables["ops"], inst, last_op, kept_ops)
     times = plain_times(tables)
-    cost = times.call_cost.median_ns if times and times.call_cost else 0
+    cost = np.stack(times.cost_per_call(saved_bytes)) if times else np.zeros((3, len(inst)))
     plain = None
     if times is not None:
         plain = plain_instance_ns(tables, times, inst.top_instance, inst.top_call, len(inst))
     if plain is None:
-        return replayed + cost, False
+        return (replayed + cost).astype(np.int64), False
     whole = _forward_ns(tables["ops"], inst, np.full(len(inst), np.iinfo(np.int64).max))
     share = np.divide(replayed, whole, out=np.ones(len(inst)), where=whole > 0)
-    return np.round(plain * share).astype(np.int64) + cost, True
+    return np.round(plain * share).astype(np.int64) + cost.astype(np.int64), True
 
 
 def _forward_ns(

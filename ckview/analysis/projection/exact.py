@@ -212,6 +212,7 @@ def project_active(eff: InstanceEffects, base: Baseline, active: np.ndarray) -> 
         plain_times=eff.plain_times,
         instances=eff.instances,
         checkpointed=active,
+        extra_compute_range_ns=extra_range(eff, active),
         **_offloaded(eff, base, active, events),
     )
 
@@ -262,6 +263,13 @@ def _live_at(base: Baseline, events: ProjectedEvents, after: int) -> LiveStorage
     flags = np.concatenate([np.full(int(m.sum()), bool(f)) for f, m in enumerate(live)])
     order = np.lexsort((flags, rows))
     return LiveStorages(storage=rows[order], copy=flags[order])
+
+
+def extra_range(eff: InstanceEffects, active: np.ndarray) -> tuple[int, int]:
+    """The lowest and highest extra compute of the ``active`` instances that backward reaches
+    (NOTE [ How sure the extra time is ] in timing.py)."""
+    low, high = eff.compute_range_ns[:, active & (eff.replay_key >= 0)].sum(axis=1)
+    return int(low), int(high)
 
 
 def _recomputes(

@@ -18,7 +18,7 @@ from ckview.analysis.projection.effects import (
     instance_effects,
     run_starts,
 )
-from ckview.analysis.projection.exact import Records, project_active, replay_records
+from ckview.analysis.projection.exact import Records, extra_range, project_active, replay_records
 from ckview.analysis.projection.host import host_moves
 from ckview.analysis.projection.oplevel import offloading, saved_ops
 from ckview.analysis.projection.results import (
@@ -103,6 +103,11 @@ class ProjectionModel:
         """Summed forward time of the instances the ``selected`` candidates recompute."""
         active = self.checkpointed(selected) & (self.effects.replay_key >= 0)
         return int(self.effects.compute_ns[active].sum())
+
+    def extra_compute_range_ns(self, selected: Selection) -> tuple[int, int]:
+        """The lowest and highest extra compute of the ``selected`` candidates that the
+        measurements allow (NOTE [ How sure the extra time is ] in timing.py)."""
+        return extra_range(self.effects, self.checkpointed(selected))
 
     def project(self, selected: Selection) -> Projection:
         """The exact projection of the ``selected`` candidates (see ``project``)."""

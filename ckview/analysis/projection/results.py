@@ -132,6 +132,9 @@ class Projection:
     instances: RegionInstances
     checkpointed: np.ndarray
     """(k,) bool: the instances checkpointed (the selected ones, outermost only)."""
+    extra_compute_range_ns: tuple[int, int] = (0, 0)
+    """The lowest and highest extra compute the measurements allow (NOTE [ How sure the extra
+    time is ] in timing.py)."""
     offloaded_bytes: int = 0
     """Bytes the offload regions move to host memory and back (NOTE [ Offloaded instances ])."""
     host_peak_bytes: int = 0
