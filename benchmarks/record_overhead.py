@@ -20,6 +20,7 @@ compression.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -212,6 +213,12 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
     results: dict[str, list[Timing]] = {k: [] for k in runs}
     for _ in range(rounds):
         for key, run in runs.items():
+            # What the run before left is collected here, untimed. torch.profiler's events
+            # are reference cycles: left to the collector, the next run's first collection took
+            # 0.3-1.1 s to free them (+1.5-5.5 ms all-in per small-op step for whatever ran
+            # next). A full collection in the timed region would charge every run, plain too,
+            # about 0.15 s; so the profilers' all-in leaves out freeing their events.
+            gc.collect()
             results[key].append(run(step, n))
     median = {
         k: (statistics.median(t[0] for t in v), statistics.median(t[1] for t in v))

@@ -297,6 +297,8 @@ class NativeLedger(StepWriting, StorageLedger):
         self._apply_notes(facts.notes)
         self._sort_memory_events()
         self._calls_at_step = len(self._calls)
+        freed = facts.blocks["block"][facts.blocks["free_ns"] >= 0]
+        self._blocks.forget(np.concatenate([freed, facts.late_frees["block"]]))
 
     def backward_begins(self) -> None:
         """A backward pass begins (``_torch.bracket_backward``): the forward's top-level ops

@@ -173,6 +173,26 @@ def test_a_trace_that_does_not_validate_never_replaces_a_good_one(
     assert f"does not pass ckview validate {beside}; it is kept there; {good_trace} was" in err
 
 
+def test_a_recording_with_no_trace_at_its_target_is_not_validated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [ Writing beside the target ]: with no file at the target the recording goes there
+    whatever it holds, so settling it neither validates nor opens it."""
+    import ckview.trace.staging as staging
+
+    def never(path: Any) -> Any:
+        raise AssertionError(f"{path} opened")
+
+    monkeypatch.setattr(staging, "validate_trace", never)
+    monkeypatch.setattr(staging, "open_trace", never)
+    target = tmp_path / "t.h5"
+    for good in (True, False):
+        staging.staging_path(target).write_bytes(b"recorded")
+        assert staging.settle(staging.staging_path(target), target, good) == target
+        assert target.read_bytes() == b"recorded" and not staging.staging_path(target).exists()
+        target.unlink()
+
+
 def test_a_failed_recording_takes_the_place_of_no_trace(tmp_path: Path, run_cli: Any) -> None:
     out = tmp_path / "new.h5"
     script = _script(tmp_path, 6, fail_in=3, error="RuntimeError('boom')")

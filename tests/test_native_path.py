@@ -24,14 +24,16 @@ from ckview.trace import open_trace
 from ckview.trace.schema import Category, Phase
 from recorder import Recorder
 
-pytestmark = [pytest.mark.torch, pytest.mark.recorder]
-
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "c++")) is None,
-    reason="no C++ compiler: the native recorder cannot be built here",
-)
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.recorder,
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CXX", "c++")) is None,
+        reason="no C++ compiler: the native recorder cannot be built here",
+    ),
+]
 
 
 class _Net(nn.Module):

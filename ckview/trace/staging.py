@@ -13,6 +13,9 @@ When the recorder closes:
   ``NAME.incomplete.h5`` and the target is left as it was. ``Recorder.written`` says where it
   went. (A file there that is not a trace at all is refused before recording: NOTE [ Never
   destroy a user's file ] in ckview/cli/outputs.py.)
+- With no file at the target, the recording goes there whatever it holds, so it is neither
+  validated nor opened (validating a 200-step small-op recording cost about 0.15 s at its end,
+  0.08x of its all-in time per step).
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ def incomplete_path(target: Path) -> Path:
 def settle(staging: Path, target: Path, good: bool) -> Path:
     """Move the closed recording at ``staging`` to where it belongs (NOTE [ Writing beside the
     target ]); return that path."""
+    if not target.exists():  # the recording goes there, whatever it holds: nothing to compare
+        os.replace(staging, target)
+        return target
     if good and not _is_valid(staging):
         good = False
     better_there = not good and (_is_good(target) or _steps(target) > _steps(staging))

@@ -300,15 +300,19 @@ _MIX = np.array(
 
 class LayoutIds:
     """String ids of dtype and shape texts, per row, kept across steps: most blocks of a step
-    have the layouts of the step before. A shape is found by a 64-bit hash of (ndim, dims),
-    and the dims of each distinct hash are compared with those it was first seen with, so a
-    collision falls back to ``layout_texts`` (exact)."""
+    have the layouts of the step before. A shape is found by a 64-bit hash of (ndim, dims) in a
+    sorted table of the hashes seen so far, and every row's dims are compared with those its
+    hash was first seen with, so a collision falls back to ``layout_texts`` (exact). Only new
+    hashes and dtype codes run Python code: a step's lookup is a few numpy calls, however many
+    distinct layouts it has."""
 
     def __init__(self, intern: Callable[[str], int], dtype_names: dict[int, str]) -> None:
         self._intern = intern
         self._dtype_names = dtype_names
-        self._dtypes: dict[int, int] = {}
-        self._shapes: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._dtype_ids = np.full(256, -1, np.int64)  # string id of dtype code c at c + 128
+        self._hashes = np.zeros(0, np.uint64)  # shape hashes seen, sorted
+        self._keys = np.zeros((0, DIMS + 1), np.int64)  # the (ndim, dims...) of each
+        self._ids = np.zeros(0, np.int64)  # and its string id
         self._unknown = intern("")  # a block no op output names (as the allocator source writes)
 
     def ids(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
@@ -317,28 +321,39 @@ class LayoutIds:
         key = np.concatenate([ndim[:, None].astype(np.int64), dims], axis=1)
         with np.errstate(over="ignore"):
             hashes = (key.astype(np.uint64) * _MIX).sum(axis=1, dtype=np.uint64)
-        unique, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        shape_ids = np.empty(len(unique), np.int64)
-        for i, (h, row) in enumerate(zip(unique.tolist(), first.tolist(), strict=True)):
-            shape = tuple(key[row].tolist())
-            seen = self._shapes.get(h)
-            if seen is None:
-                seen = (shape, self._intern(_shape_text(shape[0], np.asarray(shape[1:]))))
-                self._shapes[h] = seen
-            elif seen[0] != shape:
-                return self._exact(dtype, ndim, dims)
-            shape_ids[i] = seen[1]
-        codes, code_index = np.unique(dtype, return_inverse=True)
-        dtype_ids = np.asarray([self._dtype_id(int(c)) for c in codes.tolist()], np.int64)
-        d = np.where(known, dtype_ids[code_index.reshape(-1)], self._unknown)
-        s = np.where(known, shape_ids[inverse.reshape(-1)], self._unknown)
+        at = self._find(hashes)
+        new = at < 0
+        if new.any():
+            self._learn_shapes(hashes[new], key[new])
+            at = self._find(hashes)
+        if not (self._keys[at] == key).all():  # two shapes with one hash
+            return self._exact(dtype, ndim, dims)
+        code = dtype.astype(np.int64) + 128
+        if (self._dtype_ids[code] < 0).any():
+            for c in np.unique(code[self._dtype_ids[code] < 0]).tolist():
+                name = self._dtype_names.get(c - 128, f"dtype{c - 128}")
+                self._dtype_ids[c] = self._intern(name)
+        d = np.where(known, self._dtype_ids[code], self._unknown)
+        s = np.where(known, self._ids[at], self._unknown)
         return d, s
 
-    def _dtype_id(self, code: int) -> int:
-        found = self._dtypes.get(code)
-        if found is None:
-            found = self._dtypes[code] = self._intern(self._dtype_names.get(code, f"dtype{code}"))
-        return found
+    def _find(self, hashes: np.ndarray) -> np.ndarray:
+        """Row of each hash in the table, -1 where it is new."""
+        if not len(self._hashes):
+            return np.full(len(hashes), -1, np.int64)
+        at = np.minimum(np.searchsorted(self._hashes, hashes), len(self._hashes) - 1)
+        return np.where(self._hashes[at] == hashes, at, -1)
+
+    def _learn_shapes(self, hashes: np.ndarray, keys: np.ndarray) -> None:
+        """Intern the shape text of each new hash (the first row's), in hash order."""
+        unique, first = np.unique(hashes, return_index=True)
+        ids = [
+            self._intern(_shape_text(int(keys[row, 0]), keys[row, 1:])) for row in first.tolist()
+        ]
+        order = np.argsort(np.concatenate([self._hashes, unique]), kind="stable")
+        self._hashes = np.concatenate([self._hashes, unique])[order]
+        self._keys = np.concatenate([self._keys, keys[first]])[order]
+        self._ids = np.concatenate([self._ids, np.asarray(ids, np.int64)])[order]
 
     def _exact(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
         dtypes, d, shapes, s = layout_texts(dtype, ndim, dims, self._dtype_names)

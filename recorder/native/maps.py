@@ -21,8 +21,20 @@ class Blocks:
         self.rows.add(blocks["block"].astype(np.int64), sids)
 
     def sid(self, block: np.ndarray) -> np.ndarray:
-        """Storage row of each block id, -1 for a block of no step of this run."""
+        """Storage row of each block id, -1 for a block of no step of this run (or freed in an
+        earlier step, NOTE [ Freed blocks leave the map ])."""
         return self.rows.get(np.asarray(block, np.int64))
+
+    # NOTE [ Freed blocks leave the map ]
+    # A freed block's id is never named again (NOTE [ Blocks by address ] in ckrec.cpp: every
+    # allocation gets a new id), so once its step's rows are written nothing asks for its
+    # storage row: the map keeps only the blocks alive, and stays as small as they are however
+    # long the recording (issue 21, defect 6: it grew by 16 bytes per block, about 20 KiB per
+    # small-op step).
+    def forget(self, freed: np.ndarray) -> None:
+        """Drop freed block ids (NOTE [ Freed blocks leave the map ]); call it once the step's
+        rows are written."""
+        self.rows.drop(np.asarray(freed, np.int64))
 
 
 class Growing:
@@ -46,6 +58,12 @@ class Growing:
         self._data[n : n + m] = values
         self._n = n + m
 
+    def keep(self, kept: np.ndarray) -> None:
+        """Keep only the values where ``kept`` (a mask over ``values``), in order."""
+        values = self.values[kept]
+        self._n = len(values)
+        self._data[: self._n] = values
+
 
 class IdMap:
     """Sorted int keys -> values. Keys mostly come in increasing batches (block and call ids
@@ -67,6 +85,17 @@ class IdMap:
             order = np.argsort(self._keys.values, kind="stable")
             self._keys.values[:] = self._keys.values[order]
             self._values.values[:] = self._values.values[order]
+
+    def drop(self, keys: np.ndarray) -> None:
+        """Remove ``keys`` (those not added are ignored)."""
+        known = self._keys.values
+        if not len(keys) or not len(known):
+            return
+        at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
+        kept = np.ones(len(known), bool)
+        kept[at[known[at] == keys]] = False
+        self._keys.keep(kept)
+        self._values.keep(kept)
 
     def get(self, query: np.ndarray) -> np.ndarray:
         """The value of each key, NO_INDEX for a key not added (and for negative keys)."""
