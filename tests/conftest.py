@@ -11,6 +11,7 @@ import copy
 import functools
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,11 @@ def ckview(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 NATIVE = os.environ.get("CKVIEW_RECORDER", "auto").strip().lower() != "python"
 """Whether recordings in this test run take the native path (the default, ``auto``; CI builds
 it first) or the Python recorder (``CKVIEW_RECORDER=python``)."""
+
+NEEDS_COMPILER = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None,
+    reason="no C++ compiler: the native recorder cannot be built here",
+)
 
 PYTHON_PATH_ONLY = pytest.mark.skipif(
     NATIVE,

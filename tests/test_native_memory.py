@@ -3,8 +3,6 @@ behind in the ledger must not grow with the number of steps recorded."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +14,12 @@ from torch import nn
 from recorder import Recorder
 from recorder.native import attribute
 from recorder.native_ledger import NativeLedger
+from tests.conftest import NEEDS_COMPILER
 
 pytestmark = [
     pytest.mark.torch,
     pytest.mark.recorder,
-    pytest.mark.skipif(
-        shutil.which(os.environ.get("CXX", "c++")) is None,
-        reason="no C++ compiler: the native recorder cannot be built here",
-    ),
+    NEEDS_COMPILER,
 ]
 
 

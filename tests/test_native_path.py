@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,16 +22,12 @@ from ckview.analysis.timeline import find_peak, live_storages, memory_timeline
 from ckview.trace import open_trace
 from ckview.trace.schema import Category, Phase
 from recorder import Recorder
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import NEEDS_COMPILER, ROOT
 
 pytestmark = [
     pytest.mark.torch,
     pytest.mark.recorder,
-    pytest.mark.skipif(
-        shutil.which(os.environ.get("CXX", "c++")) is None,
-        reason="no C++ compiler: the native recorder cannot be built here",
-    ),
+    NEEDS_COMPILER,
 ]
 
 
