@@ -274,6 +274,7 @@ class RunSequencer:
         self.finish("")
         self._early_context = early
         if self._schedule:
+            self._p.sink.flush_file()  # a whole trace on disk while the timing steps run
             self._start_timing()  # the hooks stay for the timing steps
             return
         self._all_done()
@@ -431,7 +432,6 @@ class RunSequencer:
         if p.stacks is not None:
             p.sink.write(p.stacks.write, writer)
         p.sink.write(writer.update_meta, **self.meta())
-        p.sink.write(writer.flush)
 
     def close_trace(self, error: str) -> None:
         """Write the plain timings (NOTE [ Plain timing steps ] in timing.py), with checkpoint's
