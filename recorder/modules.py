@@ -8,7 +8,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ckpt_runtime.presets import container_kind, is_compiled_wrapper, runs_sequential_forward
+from ckpt_runtime.presets import (
+    container_kind,
+    is_compiled_wrapper,
+    runs_sequential_forward,
+    user_model,
+)
 from ckview.trace.schema import NO_INDEX
 
 
@@ -39,12 +44,16 @@ class ModuleRegistry:
         }
         self._owner = ParameterOwners()
         self._saw_wrapper = False
+        self._wrapped: list[weakref.ref[torch.nn.Module]] = []  # models torch.compile wraps
 
     def passes_through(self, module: torch.nn.Module) -> bool:
         """Whether ``module`` is ``torch.compile``'s wrapper, whose calls the trace leaves out
         (its model's calls are recorded)."""
         if is_compiled_wrapper(module):
             self._saw_wrapper = True
+            wrapped = user_model(module)
+            if all(ref() is not wrapped for ref in self._wrapped):
+                self._wrapped.append(weakref.ref(wrapped))
             return True
         return False
 
@@ -101,11 +110,18 @@ class ModuleRegistry:
         return b
 
     def main_model(self) -> torch.nn.Module:
-        """The root module with the most parameters: the script's model."""
+        """The root module with the most parameters: the script's model. A model that
+        ``torch.compile`` wraps counts too: compiled whole (an ``nn.Sequential``), none of its
+        modules runs as a module call."""
         roots = [
             (sum(p.numel() for p in m.parameters()), -row, m)
             for row, ref in enumerate(self._refs)
             if self.parents[row] == NO_INDEX and (m := ref()) is not None
+        ]
+        roots += [
+            (sum(p.numel() for p in m.parameters()), -len(self._refs) - i, m)
+            for i, ref in enumerate(self._wrapped)
+            if (m := ref()) is not None
         ]
         if not roots:
             raise RuntimeError(

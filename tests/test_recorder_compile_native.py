@@ -271,3 +271,18 @@ def test_plans_on_a_compiled_model_run_and_record_no_compilation(tmp_path: Path)
         assert tables["meta"].compiled == "compiled"
         per_step = np.bincount(tables["ops"]["step"])
         assert len(per_step) == 2 and per_step[0] == per_step[1], (run, per_step)
+
+
+def test_a_model_compiled_whole_is_the_main_model() -> None:
+    """``torch.compile(nn.Sequential(...))`` runs none of its modules as a module call: only
+    the wrapper's call is seen, and the model it wraps is the one plans apply to (before, a
+    plan said "no model found")."""
+    from recorder.modules import ModuleRegistry
+
+    registry = ModuleRegistry(lambda text: 0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    with pytest.raises(RuntimeError, match="no model found"):
+        registry.main_model()
+    assert registry.passes_through(torch.compile(model))
+    assert registry.main_model() is model
+    assert registry.saw_compiled()
