@@ -62,6 +62,7 @@ from ckpt_runtime.checkpoint import (
     _set_cpu_rng_state,
     _set_device_rng_state,
     checkpoint,
+    compiled_checkpoint,
     register_module_names,
 )
 from ckpt_runtime.oplevel import (
@@ -255,12 +256,12 @@ class _RegionCall:
         if torch.compiler.is_compiling() and self.region is None:
             fn = partial(_call_flat, module, tuple(kwargs))  # dynamo breaks its graph on MethodType
             return _compiled_region(module, fn, (*args, *kwargs.values()), self.options)
-        # A bound method of the module (in a partial), so that the recompute markers report
-        # the module as the region's target (ckpt_runtime.markers.region_target).
-        fn = partial(MethodType(_call_flat, module), tuple(kwargs))
         self.calls += 1
         if self.region is not None:
             return self._op_level(self.region, args, kwargs)
+        # A bound method of the module (in a partial), so that the recompute markers report
+        # the module as the region's target (ckpt_runtime.markers.region_target).
+        fn = partial(MethodType(_call_flat, module), tuple(kwargs))
         with plan_region(module):
             return checkpoint(
                 fn,
@@ -304,9 +305,7 @@ def _compiled_region(
     and writes dynamo would guard on and recompile for at every call."""
     if region_bypassed(module):
         return fn(*args)
-    return torch.utils.checkpoint.checkpoint(
-        fn, *args, use_reentrant=False, preserve_rng_state=options.preserve_rng_state
-    )
+    return compiled_checkpoint(fn, args, {}, options.preserve_rng_state)
 
 
 def _run_segment(seq: nn.Sequential, start: int, stop: int, input: Any) -> Any:

@@ -802,7 +802,7 @@ def checkpoint(
     if torch.compiler.is_compiling():  # no plan mark: ckpt_runtime.apply decides it there
         if is_bypassed():
             return function(*args, **kwargs)
-        return _compiled_checkpoint(
+        return compiled_checkpoint(
             function, args, kwargs, preserve_rng_state, context_fn, determinism_check
         )
     if not take_plan_mark() and is_bypassed():
@@ -853,14 +853,15 @@ def checkpoint(
 # running-statistics guard, markers) cannot run there and would report a false mismatch. A
 # compiled region is therefore torch's non-reentrant checkpoint, as the compiled graph runs
 # it; ``context_fn`` (op-level regions) is passed on, as torch.compile supports it.
-def _compiled_checkpoint(
+def compiled_checkpoint(
     function: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     preserve_rng_state: bool,
-    context_fn: Callable[[], tuple[Any, Any]] | None,
-    determinism_check: str,
+    context_fn: Callable[[], tuple[Any, Any]] | None = None,
+    determinism_check: str = "default",
 ) -> Any:
+    """A region while dynamo traces it (NOTE [ Checkpoint inside a compiled graph ])."""
     import torch.utils.checkpoint as tuc
 
     extra: dict[str, Any] = {} if context_fn is None else {"context_fn": context_fn}

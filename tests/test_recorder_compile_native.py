@@ -185,6 +185,20 @@ def test_record_and_verify_say_what_plans_promise_on_compiled_code(
     assert compiled_plans_note(ROOT / "sample_traces" / "mlp.h5") is None  # not compiled
 
 
+def _ckview_native(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m ckview ARGS`` on the native path, in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env["CKVIEW_RECORDER"] = "native"
+    return subprocess.run(
+        [sys.executable, "-m", "ckview", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+
+
 SCRIPT = """
 import torch
 from torch import nn
@@ -209,12 +223,7 @@ def test_script_that_compiles_under_ckview_record(tmp_path: Path) -> None:
     script = tmp_path / "compiled.py"
     script.write_text(SCRIPT)
     trace = tmp_path / "t.h5"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env["CKVIEW_RECORDER"] = "native"
-    cmd = [sys.executable, "-m", "ckview", "record", "-o", str(trace), "--timing-steps", "0"]
-    done = subprocess.run(
-        [*cmd, str(script)], capture_output=True, text=True, env=env, timeout=600, check=False
-    )
+    done = _ckview_native("record", "-o", str(trace), "--timing-steps", "0", str(script))
     assert done.returncode == 0, done.stderr
     assert "graph breaks 0 graphs 2" in done.stdout
     tables = read_run(trace)
@@ -277,11 +286,8 @@ def test_plans_on_a_compiled_model_run_and_record_no_compilation(tmp_path: Path)
     script = tmp_path / "planned.py"
     script.write_text(PLANNED)
     trace = tmp_path / "t.h5"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env["CKVIEW_RECORDER"] = "native"
-    cmd = [sys.executable, "-m", "ckview", "verify", "--plan", "all", "--plan", "sqrt"]
-    cmd += ["--steps", "2", "--no-grad-check", "--stop-after", "-o", str(trace), str(script)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+    plans = ("--plan", "all", "--plan", "sqrt", "--steps", "2", "--no-grad-check")
+    done = _ckview_native("verify", *plans, "--stop-after", "-o", str(trace), str(script))
     assert done.returncode == 0, done.stderr
     assert "promises nothing for plans over modules inside it" in done.stderr
     for run in ("baseline", "plan:all", "plan:sqrt"):
