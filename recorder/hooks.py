@@ -129,7 +129,8 @@ class TorchHooks:
         self._runs = runs
         self.op_failed = op_failed
         phases.on_backward_end = self._on_backward_end
-        self._handles: list[Any] = []
+        self._handles: list[Any] = []  # module pre and post hooks, then the optimizer's
+        self._module_hooks_on = True
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._observer: _OpObserver | None = None
         self._await_forward = False
@@ -140,8 +141,7 @@ class TorchHooks:
     def install(self) -> None:
         """Module and optimizer hooks, saved-tensor hooks, then the op hook."""
         self._handles = [
-            register_module_forward_pre_hook(self._pre_forward),
-            register_module_forward_hook(self._post_forward, with_kwargs=True, always_call=True),
+            *self._module_hooks(),
             register_optimizer_step_pre_hook(self._pre_optimizer),
             register_optimizer_step_post_hook(self._post_optimizer),
         ]
@@ -192,6 +192,28 @@ class TorchHooks:
         if self._observer is not None and dispatch_mode() is self._observer:
             self._observer.__exit__(None, None, None)
             self._observer = None
+
+    def quiet_for_timing(self, calls: bool) -> None:
+        """A plain timing step begins (NOTE [ Quiet timing steps ] in timing.py): the
+        saved-tensor hooks come off, and the module hooks stay on only where the step times its
+        module calls or ends at a top-level forward."""
+        if self._saved_hooks is not None and saved_tensors_hooks_on_top(self._pack):
+            self._saved_hooks.__exit__()
+            self._saved_hooks = None
+        on = calls or self._tracker.ends_at_forward()
+        if on == self._module_hooks_on or not self._handles:
+            return
+        self._module_hooks_on = on
+        for handle in self._handles[:2]:
+            handle.remove()
+        if on:
+            self._handles[:2] = self._module_hooks()
+
+    def _module_hooks(self) -> list[Any]:
+        return [
+            register_module_forward_pre_hook(self._pre_forward),
+            register_module_forward_hook(self._post_forward, with_kwargs=True, always_call=True),
+        ]
 
     def op_hook_to_pause(self) -> Any:
         """The op hook timing steps take off; None in backward's callback, where it cannot be

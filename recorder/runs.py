@@ -25,7 +25,7 @@ from recorder.modules import ModuleRegistry
 from recorder.phases import OTHER, PhaseState
 from recorder.progress import StepProgress
 from recorder.sink import TraceSink
-from recorder.sources.base import Source
+from recorder.sources.base import HooksEveryCall, Source
 from recorder.stacks import Stacks
 from recorder.steady import warmup_needed
 from recorder.steps import IterationTracker, StepCounts, plural
@@ -89,7 +89,8 @@ class RunSequencer:
 
     ``owner`` is what run contexts receive (the Recorder); ``done()`` removes the recorder's
     hooks once everything is recorded and timed; ``op_hook()`` is the op hook that timing steps
-    take off, None if it must stay (NOTE [ A forward without modules ] in hooks.py).
+    take off, None if it must stay (NOTE [ A forward without modules ] in hooks.py);
+    ``quiet(calls)`` leaves on only the hooks a timing step needs (NOTE [ Quiet timing steps ]).
     """
 
     def __init__(
@@ -99,12 +100,14 @@ class RunSequencer:
         owner: object,
         done: Callable[[], None],
         op_hook: Callable[[], Any],
+        quiet: Callable[[bool], None],
     ) -> None:
         self.plan = plan
         self._p = parts
         self._owner = owner
         self._done = done
         self._op_hook = op_hook
+        self._quiet = quiet
         self.timer = StepTimer(plan.timing_steps)  # NOTE [ Plain timing steps ] in timing.py
         self._schedule = timing_schedule(len(plan.runs), plan.timing_steps)
         self._timing_pos = -1  # entry of the schedule under way
@@ -313,6 +316,9 @@ class RunSequencer:
     def _start_timing(self) -> None:
         self._p.flags.state = State.TIMING
         self.timer.begin(self._op_hook())
+        for source in self._p.sources:  # NOTE [ Quiet timing steps ] in timing.py
+            if isinstance(source, HooksEveryCall):
+                source.quiet()
         self._next_timing_step()
 
     def _next_timing_step(self) -> None:
@@ -331,7 +337,8 @@ class RunSequencer:
             self._leave_context()
             self._enter_context(entry.run)
             self._timing_run = entry.run
-        self.timer.start_step(self.plan.runs[entry.run].name, entry.keep, entry.round)
+        self._quiet(entry.keep and entry.calls)
+        self.timer.start_step(self.plan.runs[entry.run].name, entry.keep, entry.round, entry.calls)
 
     def _more_rounds_if_needed(self) -> None:
         """The schedule's last step ended: add a round unless the rounds so far are precise

@@ -291,6 +291,7 @@ class Recorder:
             owner=self,
             done=lambda: self._uninstall(keep_optimizer_hooks=True),
             op_hook=lambda: self._installed_hooks.op_hook_to_pause(),
+            quiet=lambda calls: self._installed_hooks.quiet_for_timing(calls),
         )
         self._hooks = TorchHooks(
             flags, phases, ledger, registry, self._tracker, self._runs, self._on_op_failed

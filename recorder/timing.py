@@ -6,8 +6,8 @@ NOTE [ Plain timing steps ]
     ops themselves, and it is paid again by every recomputed op: times from recorded steps
     inflate both the step and its extra compute, unevenly. So with ``timing_steps=k``, once
     every run is recorded, each run's context (a plan applied, or checkpointing bypassed) is
-    entered again for unrecorded steps with the op hook taken off the dispatch stack: only the
-    global module hooks remain, which take a ``perf_counter_ns`` pair per forward call.
+    entered again for unrecorded steps with the op hook taken off the dispatch stack (and the
+    other per-call hooks: NOTE [ Quiet timing steps ]).
     ``timing_schedule`` orders them in k rounds, each run in turn: a machine that slows down for
     a while (other processes, frequency scaling) then slows every run alike instead of biasing
     one run against another. After the k rounds asked for, the recorder adds one round at a time
@@ -26,6 +26,23 @@ NOTE [ Plain timing steps ]
     recorder learned in warmup that there is no optimizer). If the op hook is not on top of the
     dispatch stack (another mode above it), it stays and runs its fast path; the timings then
     still carry one Python call per op.
+
+NOTE [ Quiet timing steps ]
+    A hook on every module call or saved tensor is not free: the recorder's module hooks cost
+    10-20 us a call in Python, its saved-tensor hooks a Python call per saved tensor, and a
+    global module hook sends every module call through torch's slow path. Left on, they made
+    plain timing steps of a 4-layer TransformerEncoder step (37 module calls, 5.5 ms, CPU)
+    read 1.10-1.21x the step without ckview, 1.17-1.47x on an H200, where the step waits on its
+    launches; and in a run that checkpoints, every recomputed module call pays them again, so
+    they inflate the measured extra time too. So once every run is recorded, the sources whose
+    hooks run per call take them off (``HooksEveryCall.quiet``), the recorder's saved-tensor
+    hooks come off, and its module hooks are on only in the steps that time module calls: the
+    step times come from steps that run as the script does without ckview (the optimizer hooks
+    that find the step's end remain). Each turn of the rounds asked for is a warm-up where the
+    run changes, a kept step timed whole, then a step that times the run's module calls, whose
+    durations carry the hooks of the calls nested in them; rounds added for precision (NOTE
+    [ Enough plain steps ]) time the step only. A loop whose steps end where its next forward
+    begins (no optimizer) keeps the module pre-hook in every step: it finds the boundary.
 
 NOTE [ Times on an accelerator ]
     On CUDA an op returns once its kernel is queued, so host clocks around a step or a module
@@ -102,29 +119,35 @@ from recorder._torch import dispatch_mode
 
 @dataclass(frozen=True)
 class TimingStep:
-    """One entry of the timing schedule: a step of run ``run`` (its index), kept or warm-up."""
+    """One entry of the timing schedule: a step of run ``run`` (its index), kept or warm-up;
+    a kept step times either the step or its module calls (NOTE [ Quiet timing steps ])."""
 
     run: int
     keep: bool
     round: int
+    calls: bool = False
 
 
 def timing_schedule(runs: int, rounds: int) -> list[TimingStep]:
     """NOTE [ Plain timing steps ]: ``rounds`` rounds of the runs in turn, each turn a warm-up
-    step then a kept one; a run that follows itself (a single run) needs no new warm-up."""
+    step, a kept one, then one that times the module calls (NOTE [ Quiet timing steps ]); a run
+    that follows itself (a single run) needs no new warm-up."""
     schedule: list[TimingStep] = []
     for _ in range(rounds):
-        add_round(schedule, runs)
+        add_round(schedule, runs, calls=True)
     return schedule
 
 
-def add_round(schedule: list[TimingStep], runs: int) -> None:
-    """Append one more round of the runs to ``schedule`` (see ``timing_schedule``)."""
+def add_round(schedule: list[TimingStep], runs: int, calls: bool = False) -> None:
+    """Append one more round of the runs to ``schedule`` (see ``timing_schedule``); with
+    ``calls``, each turn ends with a step that times the module calls."""
     r = schedule[-1].round + 1 if schedule else 0
     for run in range(runs):
         if not schedule or schedule[-1].run != run:
             schedule.append(TimingStep(run, False, r))
         schedule.append(TimingStep(run, True, r))
+        if calls:
+            schedule.append(TimingStep(run, True, r, calls=True))
 
 
 @dataclass
@@ -221,6 +244,8 @@ class StepTimer:
         self._observer: Any = None
         self.forwards = 0
         """Top-level forwards begun in the current timing step."""
+        self.timing_calls = False
+        """Whether the current timing step times module calls (NOTE [ Quiet timing steps ])."""
 
     @property
     def active(self) -> bool:
@@ -234,10 +259,11 @@ class StepTimer:
         if self.clock is None:
             self.clock = clock_for()
 
-    def start_step(self, run: str, keep: bool, round: int) -> None:
-        """A timing step of ``run`` begins now (kept, or a warm-up)."""
+    def start_step(self, run: str, keep: bool, round: int, calls: bool = False) -> None:
+        """A timing step of ``run`` begins now (kept, or a warm-up); with ``calls`` it times the
+        module calls, else the step (NOTE [ Quiet timing steps ])."""
         self._run = self.runs.setdefault(run, RunTimes())
-        self._keep, self._round = keep, round
+        self._keep, self._round, self.timing_calls = keep, round, calls
         self._calls = {}
         self._open.clear()
         self.forwards = 0
@@ -246,12 +272,14 @@ class StepTimer:
     def end_step(self) -> None:
         """The timing step ended: keep its duration and calls if it is a kept step."""
         now = self._clock.step_time()
-        if self._run is not None and self._keep:
-            self._run.rounds.append(self._round)
-            self._run.steps_ns.append(now - self._start)
+        run = self._run
+        if run is not None and self._keep and self.timing_calls:
             durations = self._clock.durations
-            self._run.calls_ns.append({row: durations(p) for row, p in self._calls.items()})
-        self.current, self._run = self._run, None
+            run.calls_ns.append({row: durations(p) for row, p in self._calls.items()})
+        elif run is not None and self._keep:
+            run.rounds.append(self._round)
+            run.steps_ns.append(now - self._start)
+        self.current, self._run = run, None
 
     @property
     def _clock(self) -> HostClock | CudaClock:
@@ -274,7 +302,8 @@ class StepTimer:
             observer.__enter__()
 
     def call_begin(self, row: int) -> None:
-        self._open.append((row, self._clock.mark()))
+        if self.timing_calls:
+            self._open.append((row, self._clock.mark()))
 
     def call_end(self, row: int) -> None:
         if not self._open or self._open[-1][0] != row or self._run is None:

@@ -34,26 +34,32 @@ pytestmark = pytest.mark.torch
 
 
 def test_runs_are_timed_in_turn_each_turn_warmed_up() -> None:
-    """Round-robin: a slow moment of the machine falls on every run alike."""
+    """Round-robin: a slow moment of the machine falls on every run alike. Each turn times the
+    step, then the module calls in a step of their own (NOTE [ Quiet timing steps ])."""
     schedule = timing_schedule(runs=2, rounds=2)
     assert schedule == [
         TimingStep(0, False, 0),
         TimingStep(0, True, 0),
+        TimingStep(0, True, 0, calls=True),
         TimingStep(1, False, 0),
         TimingStep(1, True, 0),
+        TimingStep(1, True, 0, calls=True),
         TimingStep(0, False, 1),
         TimingStep(0, True, 1),
+        TimingStep(0, True, 1, calls=True),
         TimingStep(1, False, 1),
         TimingStep(1, True, 1),
+        TimingStep(1, True, 1, calls=True),
     ]
 
 
 def test_a_single_run_warms_up_once() -> None:
-    assert timing_schedule(runs=1, rounds=3) == [
+    assert timing_schedule(runs=1, rounds=2) == [
         TimingStep(0, False, 0),
         TimingStep(0, True, 0),
+        TimingStep(0, True, 0, calls=True),
         TimingStep(0, True, 1),
-        TimingStep(0, True, 2),
+        TimingStep(0, True, 1, calls=True),
     ]
     assert timing_schedule(runs=3, rounds=0) == []
 
@@ -177,7 +183,7 @@ def _record(path: Path, timing_steps: int, script_steps: int) -> None:
 def timed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A recording with 3 rounds of timing steps, shared by the tests that only read it."""
     path = tmp_path_factory.mktemp("timed") / "t.h5"
-    _record(path, timing_steps=3, script_steps=1 + 2 + 4)
+    _record(path, timing_steps=3, script_steps=1 + 2 + 1 + 2 * 3)
     return path
 
 
@@ -280,7 +286,7 @@ def test_plan_runs_are_timed_in_their_own_context(tmp_path: Path) -> None:
     runs = plan_runs(load_plans(["all"]), baseline=True, checkpointed=False)
     path = tmp_path / "p.h5"
     with Recorder(path, steps=1, warmup=1, runs=runs, progress=False, timing_steps=2):
-        for _ in range(1 + 2 + 2 * 2 * 2):
+        for _ in range(1 + 2 + 2 * 3 * 2):
             model(torch.randn(32, 64)).sum().backward()
             opt.step()
             opt.zero_grad()
@@ -313,3 +319,44 @@ def test_a_script_that_fails_in_its_timing_steps_leaves_a_complete_trace(tmp_pat
     with open_trace(path) as trace:
         assert trace.meta.complete and trace.meta.error == ""
         assert len(trace.run("main").table("timing_steps")) == 1
+
+
+class _HookProbe(nn.Module):
+    """Notes, at each forward, how many global module hooks and whether saved-tensor hooks
+    are installed (torch's own registries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.seen: list[tuple[int, bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.nn.modules import module as nn_module
+
+        saved = torch._C._autograd._top_saved_tensors_default_hooks(True) is not None
+        self.seen.append((len(nn_module._global_forward_pre_hooks), saved))
+        return torch.tanh(self.fc(x))
+
+
+def test_timed_steps_run_without_the_recorders_per_call_hooks(tmp_path: Path) -> None:
+    """NOTE [ Quiet timing steps ]: the kept steps that time the step run with no module or
+    saved-tensor hook of the recorder; the steps that time module calls have its module
+    pre-hook alone; both paths."""
+    torch.manual_seed(0)
+    model = _HookProbe()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(tmp_path / "q.h5", steps=1, warmup=1, progress=False, timing_steps=2):
+        for _ in range(1 + 1 + 1 + 2 * 2):  # warmup, recorded, then W P C P C
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    seen = model.seen
+    recorded, warm_up, timed, calls = seen[1], seen[2], seen[3::2], seen[4::2]
+    assert recorded[0] >= 1 and recorded[1]  # recording: module and saved-tensor hooks
+    assert warm_up == (0, False)
+    assert timed == [(0, False)] * 2
+    assert calls == [(1, False)] * 2
+    with open_trace(tmp_path / "q.h5") as trace:
+        tables = trace.read_run("main")
+    assert tables["timing_steps"]["round"].tolist() == [0, 1]
+    assert tables["timed_calls"]["timing_step"].tolist() == [0, 0, 1, 1]  # the probe and fc

@@ -212,9 +212,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _timing(args: argparse.Namespace) -> int:
-    """Unrecorded steps per run: a kept and a warm-up step per timing round (one warm-up in
-    all with a single run: NOTE [ Plain timing steps ] in recorder/timing.py)."""
-    return 2 * args.timing_steps
+    """Unrecorded steps per run: a warm-up, a kept step and one that times module calls per
+    timing round (one warm-up in all with a single run: NOTE [ Plain timing steps ] and NOTE
+    [ Quiet timing steps ] in recorder/timing.py)."""
+    return 3 * args.timing_steps
 
 
 def _check_args(args: argparse.Namespace) -> None:

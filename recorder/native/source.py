@@ -39,6 +39,8 @@ class NativeSource:
         self._outputs = outputs
         self._attribution = Attribution()
         self._running = False
+        self._hooks: list[Any] = []
+        self._saved: Any = None
         self.yielded = 0  # times the reporter stepped aside for the script's profiler
 
     def install(self) -> Callable[[], None]:
@@ -48,12 +50,12 @@ class NativeSource:
 
         ext = self._ext
         _inert_in_forked_children(ext)
-        hooks = [
+        self._hooks = [
             nn_module.register_module_forward_pre_hook(ext.pre_hook),
             nn_module.register_module_forward_hook(ext.post_hook, always_call=True),
         ]
-        saved = torch.autograd.graph.saved_tensors_hooks(ext.pack, ext.unpack)
-        saved.__enter__()
+        self._saved = torch.autograd.graph.saved_tensors_hooks(ext.pack, ext.unpack)
+        self._saved.__enter__()
         undo_profiler = self._yield_to_profiler()
 
         def undo() -> None:
@@ -61,11 +63,21 @@ class NativeSource:
                 self._ext.stop()
                 self._running = False
             undo_profiler()
-            saved.__exit__(None, None, None)
-            for hook in hooks:
-                hook.remove()
+            self.quiet()
 
         return undo
+
+    def quiet(self) -> None:
+        """Take the module and saved-tensor hooks off: every run is recorded (NOTE [ Quiet
+        timing steps ] in recorder/timing.py). Saved-tensor hooks that others stacked on top of
+        stay, inert (the extension is stopped)."""
+        from recorder._torch import saved_tensors_hooks_on_top
+
+        if self._saved is not None and saved_tensors_hooks_on_top(self._ext.pack):
+            self._saved.__exit__(None, None, None)
+            self._saved = None
+        for hook in self._hooks:
+            hook.remove()
 
     def begin_run(self) -> None:
         self._ext.start(ops=True, memory=True, outputs=self._outputs)

@@ -8,15 +8,17 @@ removed); ``begin_run`` when a run's tables are fresh; ``step_begins`` and ``ste
 recorded step's boundaries; ``end_run`` when the run is written (it returns the run's tables and
 attributes the source adds); ``meta`` for the trace's meta fields, journaled with each step and
 written when recording ends. A new source needs no edit in the Recorder: pass it in
-``Recorder(sources=...)``. Per-op work stays out of the protocol (the hot path calls what it
-needs directly: NOTE [ Hot-path buffers ] in recorder/buffers.py).
+``Recorder(sources=...)``. A source whose hooks run on every module call or saved tensor also
+has ``quiet`` (``HooksEveryCall``), called once every run is recorded (NOTE [ Quiet timing
+steps ] in recorder/timing.py). Per-op work stays out of the protocol (the hot path calls what
+it needs directly: NOTE [ Hot-path buffers ] in recorder/buffers.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -51,6 +53,14 @@ class Source(Protocol):
     def meta(self) -> dict[str, Any]:
         """The trace's meta fields this source fills."""
         ...
+
+
+@runtime_checkable
+class HooksEveryCall(Protocol):
+    """A source whose hooks run on every module call or saved tensor: they come off when the
+    plain timing steps begin (NOTE [ Quiet timing steps ] in recorder/timing.py)."""
+
+    def quiet(self) -> None: ...
 
 
 def nothing_to_undo() -> None:

@@ -35,6 +35,9 @@ class NativeRowsSource:
     def install(self) -> Callable[[], None]:
         return self._native.install()
 
+    def quiet(self) -> None:
+        self._native.quiet()
+
     def begin_run(self, run: RunTables) -> None:
         self._native.begin_run()
 
