@@ -88,6 +88,12 @@ class ModuleRegistry:
     def parameters(self) -> list[torch.Tensor]:
         return self._owner.parameters()
 
+    def buffers(self) -> list[torch.Tensor]:
+        """The registered modules' own buffers (BatchNorm's running statistics...)."""
+        return [
+            b for ref in self._refs if (m := ref()) is not None for b in m.buffers(recurse=False)
+        ]
+
     def owner(self, parameter: torch.Tensor) -> int:
         """Row of the module that owns ``parameter``, -1 if it is not a known parameter."""
         return self._owner.get(parameter)
