@@ -132,9 +132,10 @@ class NativeLedger(StepWriting, StorageLedger):
             self._optimizer_spans.append([perf_counter_ns(), -1])
             self._pause_inputs()
         owner = self._registry.owner
-        grads, modules = [], []
-        for p in self.parameters():
-            if p.grad is not None:
+        grads, modules, seen = [], [], set()
+        for p in self.parameters():  # a module's parameter is the optimizer's too: once
+            if p.grad is not None and id(p) not in seen:
+                seen.add(id(p))
                 grads.append(p.grad)
                 modules.append(owner(p))
         self._note(grads, 0, int(Category.GRADIENT), modules)
