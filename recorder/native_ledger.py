@@ -97,6 +97,7 @@ class NativeLedger(StepWriting, StorageLedger):
         self._mem_mark = 0  # memory rows before the step under way (absolute)
         self._last_op: tuple[int, int, int, int] | None = None  # NOTE [ OOM capture on the ...
         self._calls_t, self._calls_stack = array("q"), array("q")  # NOTE [ Stacks on the ...
+        self._python_sids: tuple[np.ndarray, np.ndarray] | None = None  # see _python_sid
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
@@ -229,11 +230,17 @@ class NativeLedger(StepWriting, StorageLedger):
         (NOTE [ Notes ] in ckrec.cpp)."""
         sid = super()._add_storage(t, st, nbytes, category, op, call, now)
         self._seen_keys[sid] = self._ext.see(t, sid)
+        self._python_sids = None
         return sid
 
     def _on_free(self, ref: StorageRef) -> None:
         self._ext.unsee(self._seen_keys.pop(ref.sid, 0))
+        self._python_sids = None
         super()._on_free(ref)
+
+    def forget(self) -> None:
+        super().forget()
+        self._python_sids = None
 
     def _apply_python(self, sid: int, what: int, value: int, module: int) -> None:
         if what >= 2:

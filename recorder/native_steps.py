@@ -70,6 +70,7 @@ class StepWriting:
         _calls_t: array[int]
         _calls_stack: array[int]
         _sources: dict[int, list[int]]
+        _python_sids: tuple[np.ndarray, np.ndarray] | None
 
         def _apply_python(self, sid: int, what: int, value: int, module: int) -> None: ...
 
@@ -353,13 +354,17 @@ class StepWriting:
         self._promote_all(sids[category != _OTHER], _ACTIVATION)
 
     def _python_sid(self, ptr: np.ndarray) -> np.ndarray:
-        """Storage rows the Python ledger registered (alive), by data pointer; -1 if none."""
-        sids = np.fromiter((r.sid for r in self._known.values() if r.sid >= 0), np.int64)
+        """Storage rows the Python ledger registered (alive), by data pointer; -1 if none.
+        Their sorted addresses are kept (``_python_sids``) until it registers or lets go of a
+        storage: most steps register none (a step saves its parameters again)."""
+        if self._python_sids is None:
+            sids = np.fromiter((r.sid for r in self._known.values() if r.sid >= 0), np.int64)
+            address = np.frombuffer(self._tables.st_address, np.int64)[sids]
+            order = np.argsort(address)
+            self._python_sids = address[order], sids[order]
+        address, sids = self._python_sids
         if not len(ptr) or not len(sids):
             return np.full(len(ptr), -1, np.int64)
-        address = np.frombuffer(self._tables.st_address, np.int64)[sids]
-        order = np.argsort(address)
-        address, sids = address[order], sids[order]
         at = np.minimum(np.searchsorted(address, ptr), len(address) - 1)
         return np.where(address[at] == ptr, sids[at], -1)
 
