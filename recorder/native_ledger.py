@@ -151,6 +151,10 @@ class NativeLedger(StepWriting, StorageLedger):
             for param, state in opt.state.items():
                 module = owner(param)
                 for value in state.values():  # tensors, or lists of them (L-BFGS's history)
+                    if isinstance(value, torch.Tensor):  # the common case, without a generator
+                        found.append(value)
+                        modules.append(module)
+                        continue
                     for tensor in tensors_in(value):
                         found.append(tensor)
                         modules.append(module)
@@ -201,7 +205,7 @@ class NativeLedger(StepWriting, StorageLedger):
         if not self._deferring:
             super().note_io(call, value, kind)
             return
-        found = list(tensors_in(value))
+        found = [value] if isinstance(value, torch.Tensor) else list(tensors_in(value))
         self._note(found, 2 + kind, call, [NO_INDEX] * len(found))
 
     def _note(self, tensors: list[torch.Tensor], what: int, value: int, modules: list[int]) -> None:
