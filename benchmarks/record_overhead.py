@@ -15,6 +15,7 @@ stop). Then it measures the recorder's memory per event and the trace writer's t
 compression.
 
     OMP_NUM_THREADS=1 python benchmarks/record_overhead.py [--rounds 3] [--steps 200]
+        [--case small-op|compute-bound]
 """
 
 from __future__ import annotations
@@ -275,14 +276,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="recorded steps a small-op run")
     parser.add_argument("--compute-steps", type=int, default=4, help="a compute-bound run")
     parser.add_argument("--write-rows", type=int, default=5_000_000)
+    parser.add_argument(
+        "--case",
+        choices=("small-op", "compute-bound"),
+        help="time only this step (and skip the memory and trace-writing figures)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier timings on a shared 2-core machine
-    compute = compute_bound_step()
-    small = small_op_step()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}")
-    overhead("compute-bound", compute, args.rounds, args.compute_steps)
-    overhead("small-op", small, args.rounds, args.steps)
-    recorder_bytes_per_event(small, 100)
+    if args.case in (None, "compute-bound"):
+        overhead("compute-bound", compute_bound_step(), args.rounds, args.compute_steps)
+    if args.case in (None, "small-op"):
+        overhead("small-op", small_op_step(), args.rounds, args.steps)
+    if args.case is not None:
+        return
+    recorder_bytes_per_event(small_op_step(), 100)
     w = measure_write(args.write_rows)
     print(
         f"trace writing: {w['events_per_s'] / 1e6:.2f} M events/s, "

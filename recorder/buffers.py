@@ -35,20 +35,24 @@ class RowBuffer:
         self.data = array.array("q")
         self._sink = sink
         self._flushed = 0
+        self._taken = 0  # rows handed to take_rows
+        self._held: list[np.ndarray] = []  # rows flushed since, not taken yet
 
     @property
     def rows(self) -> int:
         return self._flushed + len(self.data) // self.width
 
-    def unflushed(self, start: int) -> dict[str, np.ndarray]:
-        """A copy of the rows not handed to the sink yet, from row ``start`` on (the journal's,
-        NOTE [ The recording journal ] in ckview/trace/journal.py). Slicing copies just those
-        rows and exports no buffer, so a free callback may append meanwhile."""
-        first = max(start - self._flushed, 0) * self.width
+    def take_rows(self) -> np.ndarray:
+        """The rows appended since the last call, raw (int64, row-major; the journal's, NOTE
+        [ Raw rows in the journal ] in ckview/trace/journal.py), flushed or not. Slicing copies
+        just those rows and exports no buffer, so a free callback may append meanwhile."""
+        first = max(self._taken - self._flushed, 0) * self.width
         tail = self.data[first:]
         count = len(tail) // self.width
-        rows = np.frombuffer(tail, dtype=np.int64, count=count * self.width)
-        return _columns(self.columns, rows.reshape(count, self.width))
+        rows = np.frombuffer(tail, np.int64, count * self.width)
+        held, self._held = self._held, []
+        self._taken = self._flushed + first // self.width + count
+        return np.concatenate([*held, rows]) if held else rows
 
     def flush(self) -> None:
         """Hand the buffered rows to the sink and start a new batch."""
@@ -60,6 +64,9 @@ class RowBuffer:
             return
         rows = np.frombuffer(data, dtype=np.int64, count=count * self.width)
         rows = rows.reshape(count, self.width)
+        untaken = max(self._taken - self._flushed, 0)
+        if untaken < count:  # kept for take_rows (a step's rows: it runs at every step's end)
+            self._held.append(rows[untaken:].reshape(-1).copy())
         self._flushed += count
         self._sink(self.table, _columns(self.columns, rows))
 
@@ -106,9 +113,10 @@ class MutableTable:
         """Rows whose ``column`` is set (>= 0) no longer change (NOTE [ Final rows ])."""
         self._final = self._index[column]
 
-    def take_changes(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """The rows added or changed since the last call (their indices, then their columns),
-        for the recording journal (NOTE [ The recording journal ] in ckview/trace/journal.py).
+    def take_changes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows added or changed since the last call (their indices, then the rows, raw:
+        NOTE [ Raw rows in the journal ] in ckview/trace/journal.py), for the recording
+        journal (NOTE [ The recording journal ]).
         The hot path writes ``data`` directly, so changes are found by comparing with a copy
         kept from the last call, of the rows that were not final then (NOTE [ Final rows ])."""
         count = len(self)
@@ -118,14 +126,14 @@ class MutableTable:
             table = table.reshape(count, self.width)
             changed = self._open[(table[self._open] != self._taken).any(axis=1)]
             rows = np.concatenate((changed, new))
-            columns = _columns(self.columns, table[rows])
+            values = table[rows].reshape(-1)
             candidates = np.concatenate((self._open, new))
             if self._final is not None:
                 candidates = candidates[table[candidates, self._final] < 0]
             self._open, self._taken = candidates, table[candidates]
             del table
         self._seen = count
-        return rows, columns
+        return rows, values
 
     def as_columns(self) -> dict[str, np.ndarray]:
         count = len(self)

@@ -97,6 +97,7 @@ class NativeLedger(StepWriting, StorageLedger):
         self._mem_mark = 0  # memory rows before the step under way (absolute)
         self._last_op: tuple[int, int, int, int] | None = None  # NOTE [ OOM capture on the ...
         self._calls_t, self._calls_stack = array("q"), array("q")  # NOTE [ Stacks on the ...
+        self._python_sids: tuple[np.ndarray, np.ndarray] | None = None  # see _python_sid
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
@@ -132,9 +133,10 @@ class NativeLedger(StepWriting, StorageLedger):
             self._optimizer_spans.append([perf_counter_ns(), -1])
             self._pause_inputs()
         owner = self._registry.owner
-        grads, modules = [], []
-        for p in self.parameters():
-            if p.grad is not None:
+        grads, modules, seen = [], [], set()
+        for p in self.parameters():  # a module's parameter is the optimizer's too: once
+            if p.grad is not None and id(p) not in seen:
+                seen.add(id(p))
                 grads.append(p.grad)
                 modules.append(owner(p))
         self._note(grads, 0, int(Category.GRADIENT), modules)
@@ -149,6 +151,10 @@ class NativeLedger(StepWriting, StorageLedger):
             for param, state in opt.state.items():
                 module = owner(param)
                 for value in state.values():  # tensors, or lists of them (L-BFGS's history)
+                    if isinstance(value, torch.Tensor):  # the common case, without a generator
+                        found.append(value)
+                        modules.append(module)
+                        continue
                     for tensor in tensors_in(value):
                         found.append(tensor)
                         modules.append(module)
@@ -199,7 +205,7 @@ class NativeLedger(StepWriting, StorageLedger):
         if not self._deferring:
             super().note_io(call, value, kind)
             return
-        found = list(tensors_in(value))
+        found = [value] if isinstance(value, torch.Tensor) else list(tensors_in(value))
         self._note(found, 2 + kind, call, [NO_INDEX] * len(found))
 
     def _note(self, tensors: list[torch.Tensor], what: int, value: int, modules: list[int]) -> None:
@@ -228,11 +234,17 @@ class NativeLedger(StepWriting, StorageLedger):
         (NOTE [ Notes ] in ckrec.cpp)."""
         sid = super()._add_storage(t, st, nbytes, category, op, call, now)
         self._seen_keys[sid] = self._ext.see(t, sid)
+        self._python_sids = None
         return sid
 
     def _on_free(self, ref: StorageRef) -> None:
         self._ext.unsee(self._seen_keys.pop(ref.sid, 0))
+        self._python_sids = None
         super()._on_free(ref)
+
+    def forget(self) -> None:
+        super().forget()
+        self._python_sids = None
 
     def _apply_python(self, sid: int, what: int, value: int, module: int) -> None:
         if what >= 2:

@@ -70,6 +70,7 @@ class StepWriting:
         _calls_t: array[int]
         _calls_stack: array[int]
         _sources: dict[int, list[int]]
+        _python_sids: tuple[np.ndarray, np.ndarray] | None
 
         def _apply_python(self, sid: int, what: int, value: int, module: int) -> None: ...
 
@@ -191,7 +192,7 @@ class StepWriting:
             ],
             axis=1,
         )
-        self._ops.data.frombytes(table.astype(np.int64).tobytes())
+        _append(self._ops.data, table)
         rows = np.full(len(kept), NO_INDEX, np.int64)
         rows[kept] = np.arange(first, first + len(names))
         ids, outer = ops["id"], ops["outer"]  # ids in order (attribute._ops)
@@ -260,8 +261,8 @@ class StepWriting:
             ],
             axis=1,
         ).astype(np.int64)
-        self._st_data.frombytes(table.tobytes())
-        self._tables.st_address.frombytes(blocks["ptr"].astype(np.int64).tobytes())
+        _append(self._st_data, table)
+        _append(self._tables.st_address, blocks["ptr"])
         self._blocks.add(blocks, sids)
         events = [np.stack([np.full(n, _ALLOC), sids, op, blocks["alloc_ns"]], axis=1)]
         freed = blocks["free_ns"] >= 0
@@ -281,7 +282,7 @@ class StepWriting:
                 [np.full(known.sum(), _FREE), late_sid[known], late_op, late["free_ns"][known]], 1
             )
         )
-        self._mem.data.frombytes(np.concatenate(events).astype(np.int64).tobytes())
+        _append(self._mem.data, np.concatenate(events))
         saved = np.concatenate([sids[blocks["saved"]], self._blocks.sid(facts.late_saved)])
         return saved[saved >= 0]  # promoted once the step's op inputs are known
 
@@ -341,7 +342,7 @@ class StepWriting:
             ],
             axis=1,
         )[keep]
-        self._saved.data.frombytes(table.astype(np.int64).tobytes())
+        _append(self._saved.data, table)
         self._promote_saved(np.unique(sid[keep & pack]))
 
     def _promote_saved(self, sids: np.ndarray) -> None:
@@ -353,13 +354,17 @@ class StepWriting:
         self._promote_all(sids[category != _OTHER], _ACTIVATION)
 
     def _python_sid(self, ptr: np.ndarray) -> np.ndarray:
-        """Storage rows the Python ledger registered (alive), by data pointer; -1 if none."""
-        sids = np.fromiter((r.sid for r in self._known.values() if r.sid >= 0), np.int64)
+        """Storage rows the Python ledger registered (alive), by data pointer; -1 if none.
+        Their sorted addresses are kept (``_python_sids``) until it registers or lets go of a
+        storage: most steps register none (a step saves its parameters again)."""
+        if self._python_sids is None:
+            sids = np.fromiter((r.sid for r in self._known.values() if r.sid >= 0), np.int64)
+            address = np.frombuffer(self._tables.st_address, np.int64)[sids]
+            order = np.argsort(address)
+            self._python_sids = address[order], sids[order]
+        address, sids = self._python_sids
         if not len(ptr) or not len(sids):
             return np.full(len(ptr), -1, np.int64)
-        address = np.frombuffer(self._tables.st_address, np.int64)[sids]
-        order = np.argsort(address)
-        address, sids = address[order], sids[order]
         at = np.minimum(np.searchsorted(address, ptr), len(address) - 1)
         return np.where(address[at] == ptr, sids[at], -1)
 
@@ -385,7 +390,7 @@ class StepWriting:
         io = rest & (what >= 2)
         if io.any():
             rows = np.stack([value[io], sid[io], what[io].astype(np.int64) - 2], axis=1)
-            self._io.data.frombytes(rows.astype(np.int64).tobytes())
+            _append(self._io.data, rows)
         self._promote_all(sid[rest & (what == 1)], _ACTIVATION)
         marks = rest & (what == 0)
         for category in np.unique(value[marks]).tolist():
@@ -402,11 +407,11 @@ class StepWriting:
         while True:
             count = len(mem.data)
             tail = np.frombuffer(mem.data[first:], np.int64).reshape(-1, mem.width)
-            ordered = tail[np.argsort(tail[:, mem.width - 1], kind="stable")].tobytes()
+            ordered = tail[np.argsort(tail[:, mem.width - 1], kind="stable")]
             if len(mem.data) == count:  # no free callback appended meanwhile
                 break
         del mem.data[first:]
-        mem.data.frombytes(ordered)
+        _append(mem.data, ordered)
         self._mem_mark = mem.rows
 
     def _promote_all(self, sids: np.ndarray, category: int) -> None:
@@ -436,6 +441,8 @@ class StepWriting:
         return self._layout_ids_of.ids(dtype, ndim, dims)
 
     def _device_ids(self, device_type: np.ndarray, index: np.ndarray) -> np.ndarray:
+        if not device_type.any() and (index == -1).all():  # all on the CPU: the common case
+            return np.full(len(index), self._cpu_id, np.int64)
         key = device_type.astype(np.int64) * 65536 + index.astype(np.int64) + 1  # index -1: CPU
         unique, inverse = np.unique(key, return_inverse=True)
         ids = []
@@ -446,6 +453,12 @@ class StepWriting:
                 self.saw_cuda = True
             ids.append(self._cpu_id if kind == 0 else self._tables.intern(f"cuda:{i}"))
         return np.asarray(ids, np.int64)[inverse.reshape(-1)]
+
+
+def _append(buffer: array[int], rows: np.ndarray) -> None:
+    """Append ``rows`` (any integer dtype) to an int64 row buffer: one copy, through a view."""
+    if rows.size:
+        buffer.frombytes(np.ascontiguousarray(rows, np.int64).data.cast("B"))
 
 
 def _rows_from(table: MutableTable, first: int) -> np.ndarray:

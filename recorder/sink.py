@@ -20,12 +20,17 @@ import numpy as np
 
 from ckview.trace import TraceWriter
 from ckview.trace.errors import TraceError
-from ckview.trace.journal import ROWS, JournalWriter, journal_path, recover_journal, room_for
+from ckview.trace.journal import (
+    RAW,
+    ROWS,
+    JournalWriter,
+    journal_path,
+    recover_journal,
+    room_for,
+)
 from ckview.trace.staging import settle, staging_path
 from recorder.tables import Flags, RunTables
 
-_APPENDED = ("ops", "memory_events", "saved_events", "module_io")
-"""The run tables written in batches as they fill (RowBuffer), journaled as appended rows."""
 _WRITE_ERRORS = (OSError, RuntimeError, TraceError)
 """What writing the trace raises when the disk is full or the file was closed under it."""
 Columns = dict[str, np.ndarray]
@@ -59,9 +64,6 @@ class TraceSink:
             raise
         self._tables: RunTables | None = None
         self._run: Any = None
-        self._batches: list[tuple[str, Columns]] = []  # written, not journaled yet
-        self._journaled: dict[str, int] = {}  # rows of each appended table in the journal
-        self._sunk: dict[str, int] = {}  # rows of each appended table handed to the writer
         self._journal_strings = 0
         self._journal_modules: Columns = {}
 
@@ -74,7 +76,6 @@ class TraceSink:
         assert self.writer is not None
         self._run = self.writer.run(name)
         self._tables = RunTables(name, self.sink, self.intern)
-        self._batches, self._journaled, self._sunk = [], {}, {}
 
     @property
     def tables(self) -> RunTables:
@@ -84,9 +85,6 @@ class TraceSink:
     def sink(self, table: str, columns: Columns) -> None:
         """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
         self._since_start(columns)
-        if table in _APPENDED and self._journal is not None:
-            self._batches.append((table, columns))
-            self._sunk[table] = self._sunk.get(table, 0) + _length(columns)
         self.write(self._run.append, table, columns)
 
     def _since_start(self, columns: Columns) -> None:
@@ -129,19 +127,24 @@ class TraceSink:
 
     def journal_step(self, modules: Columns, attrs: dict[str, Any], meta: dict[str, Any]) -> None:
         """Append the step that just ended to the journal (NOTE [ The recording journal ]):
-        the run's rows since the last record, the ``modules`` table's changes, new strings."""
+        the run's rows since the last record, raw (NOTE [ Raw rows in the journal ]), the
+        ``modules`` table's changes, new strings."""
         journal, writer, tables = self._journal, self.writer, self.tables
-        if journal is None or writer is None:
+        appended = {buf.table: buf.take_rows() for buf in tables.appended}  # taken also
+        if journal is None or writer is None:  # without a journal: they are not kept then
             return
         blocks: dict[str, str] = {}
         arrays: Columns = {}
-        for table, columns in self._appended_since_journal().items():
-            blocks[table] = "append"
-            arrays.update({f"{table}/{name}": col for name, col in columns.items()})
+        for table, raw in appended.items():
+            if len(raw):
+                blocks[table] = "append-raw"
+                arrays[f"{table}/{RAW}"] = raw
         for mutable in tables.editable:
-            rows, columns = mutable.take_changes()
-            self._since_start(columns)
-            _add_rows(blocks, arrays, mutable.table, rows, columns)
+            rows, raw = mutable.take_changes()
+            if len(rows):
+                blocks[mutable.table] = "rows-raw"
+                arrays[f"{mutable.table}/{ROWS}"] = rows
+                arrays[f"{mutable.table}/{RAW}"] = raw
         _add_rows(blocks, arrays, "modules", *_changed(self._journal_modules, modules))
         self._journal_modules = modules
         strings = writer.strings_since(self._journal_strings)
@@ -149,6 +152,7 @@ class TraceSink:
         header = {
             "kind": "step",
             "run": tables.name,
+            "t0": tables.t0,
             "attrs": attrs,
             "meta": meta,
             "strings": strings,
@@ -162,29 +166,6 @@ class TraceSink:
             self._journal = None
             self.write_error = _describe_write_error(exc)
             writer.abandon()
-
-    def _appended_since_journal(self) -> dict[str, Columns]:
-        """Per appended table, its rows since the last journal record: from the batches
-        written since (their rows not in the journal yet) and from the buffer, unwritten."""
-        batches, self._batches = self._batches, []
-        found = {}
-        for buf in self.tables.appended:
-            table, start = buf.table, self._journaled.get(buf.table, 0)
-            end = self._sunk.get(table, 0)
-            parts = []
-            for name, columns in reversed(batches):
-                if name == table and end > start:
-                    size = _length(columns)
-                    parts.append({c: a[max(start - (end - size), 0) :] for c, a in columns.items()})
-                    end -= size
-            parts.reverse()
-            rest = buf.unflushed(start)
-            self._since_start(rest)
-            parts.append(rest)
-            if buf.rows > start:
-                found[table] = {c: np.concatenate([p[c] for p in parts]) for c in rest}
-            self._journaled[table] = buf.rows
-        return found
 
     def journal_timing(self, run: str, tables: dict[str, dict[str, list[int]]]) -> None:
         """Put a run's kept timing steps in the journal, whole (a few rows), so that a recording

@@ -342,6 +342,32 @@ def test_the_journal_rebuilds_the_same_trace(
             assert rebuilt.run(name).steps_recorded == 4
 
 
+def test_the_journal_takes_each_buffered_row_once() -> None:
+    """NOTE [ Raw rows in the journal ]: a record takes the rows appended since the last one,
+    also those a flush handed to the trace meanwhile, each once."""
+    from recorder.buffers import RowBuffer
+
+    buf = RowBuffer("memory_events", lambda table, columns: None)
+    width = buf.width
+
+    def append(first: int, count: int) -> None:
+        buf.data.extend(range(first * width, (first + count) * width))
+
+    def taken() -> list[int]:
+        return (buf.take_rows().reshape(-1, width)[:, 0] // width).tolist()
+
+    append(0, 3)
+    assert taken() == [0, 1, 2]
+    append(3, 2)
+    assert taken() == [3, 4]
+    append(5, 1)
+    buf.flush()  # rows 3 and 4 were taken: only 5 is held for the next record
+    append(6, 1)
+    assert taken() == [5, 6]
+    buf.flush()
+    assert taken() == [] and buf.rows == 7
+
+
 def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
     assert a.keys() == b.keys()
     for name in a:

@@ -517,6 +517,38 @@ def test_interrupted_append_keeps_columns_equal(
     assert {name: len(values) for name, values in read.items()} == dict.fromkeys(batch, 1)
 
 
+def test_chunks_compressed_meanwhile_survive_an_interrupted_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [ Chunks compressed while the caller runs on ]: a batch's whole chunks are written
+    at the next append; Ctrl-C while writing them leaves the columns equal, the next append is
+    not made, and closing the file writes them."""
+    path = tmp_path / "later.h5"
+    rows = 20  # two whole chunks of 8 rows, and 4 in the tail
+    first = {"kind": [0] * rows, "storage": list(range(rows)), "op": [1] * rows}
+    first["time_ns"] = list(range(100, 100 + rows))
+    original = h5py.Dataset.resize
+    calls = []
+
+    def interrupt_second_column(self: h5py.Dataset, *args: Any, **kwargs: Any) -> None:
+        calls.append(args)
+        if len(calls) == 2:  # the first column is resized for the chunks, then Ctrl-C
+            raise KeyboardInterrupt
+        original(self, *args, **kwargs)
+
+    with pytest.raises(KeyboardInterrupt), TraceWriter(path, chunk_rows=8, threads=2) as w:
+        run = w.run("main")
+        run.append("memory_events", first)
+        monkeypatch.setattr(h5py.Dataset, "resize", interrupt_second_column)
+        run.append("memory_events", {name: values[:1] for name, values in first.items()})
+    monkeypatch.undo()
+    with open_trace(path) as t:
+        assert t.meta.error == "KeyboardInterrupt"
+        read = t.run("main").table("memory_events").read(check=False)  # raises if lengths differ
+    for name, values in first.items():
+        np.testing.assert_array_equal(read[name], values, err_msg=name)
+
+
 def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
     w = TraceWriter(tmp_path / "c.h5")
     run = w.run("main")

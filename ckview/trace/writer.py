@@ -12,7 +12,7 @@ import os
 import platform
 import zlib
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import TracebackType
@@ -147,10 +147,17 @@ class _ChunkCompressor:
         self._level = level
         self._pool = ThreadPoolExecutor(threads, "ckview-compress") if threads > 1 else None
 
-    def compress(self, chunks: list[np.ndarray]) -> list[bytes]:
-        if self._pool is None:
-            return [self._one(chunk) for chunk in chunks]
-        return list(self._pool.map(self._one, chunks))
+    def start(self, chunks: list[np.ndarray]) -> list[Future[bytes]]:
+        """Compress ``chunks`` on the pool's threads (NOTE [ Chunks compressed while the
+        caller runs on ]); without a pool, here and now."""
+        if self._pool is not None:
+            return [self._pool.submit(self._one, chunk) for chunk in chunks]
+        done = []
+        for chunk in chunks:
+            future: Future[bytes] = Future()
+            future.set_result(self._one(chunk))
+            done.append(future)
+        return done
 
     def _one(self, chunk: np.ndarray) -> bytes:
         return zlib.compress(_shuffle(chunk), self._level)
@@ -195,12 +202,14 @@ class _TableWriter:
         self.rows = 0  # rows appended
         self._stored = 0  # rows in whole chunks written directly (compressor only)
         self._extent = 0  # length of the datasets on disk
+        self._compressing: list[tuple[str, int, Future[bytes]]] = []  # (column, row, chunk)
 
     def append(self, data: Mapping[str, ColumnData]) -> None:
         """Append one batch: every column, equal lengths (ValueError otherwise)."""
         arrays = self._convert(data)
         if len(arrays[self._columns[0].name]) == 0:
             return
+        self._write_compressed()
         extent = self._extent
         try:
             if self._compressor is None:
@@ -215,7 +224,9 @@ class _TableWriter:
             raise
 
     def flush(self) -> None:
-        """Write the rows still waiting in the partial last chunk."""
+        """Write the chunks compressed meanwhile and the rows still waiting in the partial last
+        chunk."""
+        self._write_compressed()
         if self._extent == self.rows:
             return
         self._resize(self.rows)
@@ -235,19 +246,46 @@ class _TableWriter:
         merged = {name: np.concatenate((self._tail[name], arr)) for name, arr in arrays.items()}
         size = self._chunk_rows
         full = len(merged[self._columns[0].name]) // size * size
+        compressing = []
         if full:
             jobs = [(name, start) for name in merged for start in range(0, full, size)]
             chunks = [merged[name][start : start + size] for name, start in jobs]
-            blobs = compressor.compress(chunks)
-            end = self._stored + full
-            if end > self._extent:
-                self._resize(end)
-            for (name, start), blob in zip(jobs, blobs, strict=True):
-                self._datasets[name].id.write_direct_chunk((self._stored + start,), blob)
-            self._stored = end
-            self._extent = max(self._extent, end)
+            blobs = compressor.start(chunks)
+            compressing = [
+                (name, self._stored + start, blob)
+                for (name, start), blob in zip(jobs, blobs, strict=True)
+            ]
+        self._compressing, self._stored = compressing, self._stored + full
         self._tail = {name: arr[full:].copy() for name, arr in merged.items()}
         self.rows = self._stored + len(self._tail[self._columns[0].name])
+
+    # NOTE [ Chunks compressed while the caller runs on ]
+    # Compressing a batch's whole chunks takes milliseconds (level 1, 64 Ki rows a column), on
+    # the compressor's threads. The caller (the recorder, at a step's end) does not wait for
+    # them: they are written to the file by the next append to the table, its flush or the
+    # file's close, by when they are done. Until then the rows count as stored (``rows``), and
+    # a reader of the file sees them only after a flush, as it sees any batch (HDF5 is
+    # flushed at ``TraceWriter.flush``). A failure while writing them (a full disk, Ctrl-C)
+    # leaves every column at the length before, and keeps them for a retry.
+    def _write_compressed(self) -> None:
+        """Write the chunks started by the last append (NOTE [ Chunks compressed while the
+        caller runs on ])."""
+        if not self._compressing:
+            return
+        extent = self._extent
+        end = max(row for _, row, _ in self._compressing) + self._chunk_rows
+        try:
+            if end > extent:
+                self._resize(end)
+            for name, row, blob in self._compressing:
+                self._datasets[name].id.write_direct_chunk((row,), blob.result())
+        except BaseException:
+            for dataset in self._datasets.values():
+                with contextlib.suppress(Exception):
+                    dataset.resize((extent,))
+            raise
+        self._extent = max(extent, end)
+        self._compressing = []
 
     def _resize(self, rows: int) -> None:
         for dataset in self._datasets.values():

@@ -319,8 +319,7 @@ class LayoutIds:
         """(dtype string id, shape string id) of each row; the empty string's where unknown."""
         known = ndim >= 0
         key = np.concatenate([ndim[:, None].astype(np.int64), dims], axis=1)
-        with np.errstate(over="ignore"):
-            hashes = (key.astype(np.uint64) * _MIX).sum(axis=1, dtype=np.uint64)
+        hashes = key.view(np.uint64) @ _MIX  # wraps mod 2^64, as intended (no warning)
         at = self._find(hashes)
         new = at < 0
         if new.any():
