@@ -196,11 +196,17 @@ class TorchHooks:
     def quiet_for_timing(self, calls: bool) -> None:
         """A plain timing step begins (NOTE [ Quiet timing steps ] in timing.py): the
         saved-tensor hooks come off, and the module hooks stay on only where the step times its
-        module calls or ends at a top-level forward."""
-        if self._saved_hooks is not None and saved_tensors_hooks_on_top(self._pack):
-            self._saved_hooks.__exit__()
+        module calls. A loop whose steps end at a top-level forward keeps both: the module
+        pre-hook finds that forward, and the unpack hook sees backward begin, where the next
+        run's context is entered (NOTE [ Early run context ] in runs.py)."""
+        at_forward = self._tracker.ends_at_forward()
+        saved = self._saved_hooks
+        if at_forward or self._in_backward_callback:  # thread-local: restored when backward ends
+            saved = None
+        if saved is not None and saved_tensors_hooks_on_top(self._pack):
+            saved.__exit__()
             self._saved_hooks = None
-        on = calls or self._tracker.ends_at_forward()
+        on = calls or at_forward
         if on == self._module_hooks_on or not self._handles:
             return
         self._module_hooks_on = on

@@ -42,7 +42,9 @@ NOTE [ Quiet timing steps ]
     run changes, a kept step timed whole, then a step that times the run's module calls, whose
     durations carry the hooks of the calls nested in them; rounds added for precision (NOTE
     [ Enough plain steps ]) time the step only. A loop whose steps end where its next forward
-    begins (no optimizer) keeps the module pre-hook in every step: it finds the boundary.
+    begins (no optimizer) keeps the module pre-hook in every step, which finds the boundary,
+    and the Python path's saved-tensor hooks, whose unpack sees backward begin (NOTE [ Early
+    run context ] in runs.py).
 
 NOTE [ Times on an accelerator ]
     On CUDA an op returns once its kernel is queued, so host clocks around a step or a module
