@@ -149,7 +149,7 @@ def test_verify_transformer_end_to_end(tmp_path: Path) -> None:
         "2",
         str(EXAMPLES / "transformer.py"),
         "--steps",
-        "17",  # 1 warmup + 3 runs + 2 rounds x 3 runs x (warm-up + timed)
+        "21",  # 1 warmup + 3 runs + 2 rounds x (3 runs + plan all's timing) x (warm-up + timed)
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

@@ -161,7 +161,8 @@ def verify(model: nn.Module, shape: tuple[int, ...], path: Path, optimizer: bool
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a segment that does not take effect warns
         with recorder:
-            train(model, shape, 1 + len(runs) * (1 + 2 * TIMING_STEPS) + 1, optimizer)
+            # each run and plan all's timing steps (NOTE [ Timing steps under plan all ])
+            train(model, shape, 1 + len(runs) + (len(runs) + 1) * 2 * TIMING_STEPS + 1, optimizer)
     assert_timed(path, [r.name for r in runs])
     checks, missing, _ = _verify(path, plans)
     assert not missing

@@ -45,6 +45,8 @@ NOTE [ Extra compute from plain times ]
     keep the fixed cost. (Six small loops of examples/loops run side by side with the fixed
     cost and with this: median error 64% and 39% of the measured extra time, 9 and 4 plans
     more than 30% outside the measured spread; they are still projected too cheap, by 30-50%.)
+    Where the trace has timing steps under plan all, NOTE [ Extra time measured under plan all ]
+    replaces assumptions (1)-(3) with what those steps measured.
 
 NOTE [ How sure the extra time is ]
     A projected extra time carries the range its measurements allow: per instance, the sum of
@@ -53,7 +55,32 @@ NOTE [ How sure the extra time is ]
     instances recomputed. It says how far the timings themselves reach, with every call at its
     extreme at once (wide: an upper bound of the measurement noise), not the model's own error
     (a recompute as dear as the plain forward: within about 10% where measured). ``verify``,
-    ``project`` and ``plan`` show it beside the number, in text and JSON.
+    ``project`` and ``plan`` show it beside the number, in text and JSON. Where the trace has
+    timing steps under plan all, the range is the next NOTE's instead.
+
+NOTE [ Extra time measured under plan all ]
+    Where the recorder took timing steps under the preset plan ``all`` (NOTE [ Timing steps
+    under plan all ] in recorder/calibration.py), the costs the model above assumes are
+    measured on the script's own step instead: per round, paired with the projected run's
+    timing step of the same round, the step's extra time E under ``all`` and the summed time
+    R of its recomputes (by ckpt_runtime's recompute markers). Over the instances of ``all``
+    in this run (C: the sum of their plain recompute times as above, n: their number, both
+    per step), two figures follow, each with a named cause:
+        - rho = R / C, how fast a recompute runs against the plain forward it replays (0.8-0.9
+          on a transformer layer: its inputs are warm; above 1 where its tensors are cold);
+        - o = (E - R) / n, what a checkpointed call costs besides its recompute: checkpoint's
+          own work in forward and backward, less what the forward saves by keeping no
+          activations (negative on a transformer, whose checkpointed forward runs ~10%
+          faster; 150-250 us on a loop of small Linear/ReLU regions).
+    An instance of any plan is then projected at rho x (its plain recompute time) + o,
+    composed per instance: a segment of several blocks takes its blocks' plain times, which
+    its recompute replays in full up to the early stop, and one call's o. Each round gives one
+    (rho, o); the figure is the median over rounds and its range the lowest (highest) over
+    rounds with the instance's lowest (highest) plain times. An instance is never projected
+    below zero (a recompute costs time; a negative figure is o's noise on a small region).
+    Without these rows, or without a round paired with the run, the model above holds; so it
+    does for runs whose model differs from the calibration's (no ``all`` instance, or C = 0
+    makes rho 1).
 """
 
 from __future__ import annotations
@@ -65,6 +92,9 @@ from typing import Any
 import numpy as np
 
 from ckview.trace.schema import Phase
+
+PLAN_ALL_TIMES = "plan_all_times"
+"""The key of the trace's timing steps under plan all among a run's tables (``read_run``)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +140,8 @@ class PlainTimes:
     """Checkpoint's fixed cost per call (forward and backward), None if not measured."""
     call_costs: CallCosts | None = None
     """Checkpoint's cost per call by the bytes a call saves, None if not measured."""
+    plan_all: PlanAllTimes | None = None
+    """The timing steps under plan all paired with this run's, None if not measured."""
 
     def cost_per_call(self, saved_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(median, low, high), each (k,) int64: checkpoint's cost per call of instances saving
@@ -159,6 +191,47 @@ class CallCosts:
         return out[0], out[1], out[2]
 
 
+@dataclass(frozen=True)
+class PlanAllTimes:
+    """What the timing steps under plan all measured, by round paired with the run's timing
+    steps (NOTE [ Extra time measured under plan all ])."""
+
+    extra_ns: np.ndarray
+    """(r,) int64: the step under plan all less the run's step of the same round."""
+    recompute_ns: np.ndarray
+    """(r,) int64: the summed time of that step's recomputes."""
+
+    @classmethod
+    def of(cls, rows: Any, run_steps: Mapping[str, Any]) -> PlanAllTimes | None:
+        """From the trace's ``plan_all_times`` rows and the run's ``timing_steps``; None
+        without a round in both."""
+        table = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        run_round = np.asarray(run_steps["round"], dtype=np.int64)
+        run_ns = np.asarray(run_steps["duration_ns"], dtype=np.int64)
+        extra, recompute = [], []
+        for rnd, ns in table[table[:, 1] < 0][:, [0, 2]].tolist():
+            mine = run_ns[run_round == rnd]
+            if mine.size:
+                extra.append(ns - int(mine[0]))
+                in_step = (table[:, 0] == rnd) & (table[:, 1] >= 0)
+                recompute.append(int(table[in_step, 2].sum()))
+        if not extra:
+            return None
+        return cls(np.asarray(extra, dtype=np.int64), np.asarray(recompute, dtype=np.int64))
+
+    def compose(self, plain: np.ndarray, compute_all: float, calls_all: float) -> np.ndarray:
+        """(3, k) int64: median, lowest and highest extra time of instances whose plain
+        recompute times are ``plain`` ((3, k): median, lowest, highest), given the summed plain
+        recompute time ``compute_all`` and the number ``calls_all`` of the instances of plan
+        all per step (NOTE [ Extra time measured under plan all ])."""
+        rounds = len(self.extra_ns)
+        rho = self.recompute_ns / compute_all if compute_all > 0 else np.ones(rounds)
+        other = (self.extra_ns - self.recompute_ns) / max(calls_all, 1.0)
+        per_round = rho[:, None] * plain.astype(np.float64)[:, None, :] + other[:, None]
+        out = np.stack([np.median(per_round[0], 0), per_round[1].min(0), per_round[2].max(0)])
+        return np.maximum(np.round(out), 0).astype(np.int64)
+
+
 def extra_range_text(extra: tuple[int, int]) -> str:
     """``; timings allow LOW..HIGH ms``: the range of a projected extra compute (NOTE [ How
     sure the extra time is ]), for the surfaces that show it; '' if there is none."""
@@ -182,6 +255,7 @@ def plain_times(tables: Mapping[str, Any]) -> PlainTimes | None:
         call_spread={row: s[1:] for row, s in stats.items()},
         call_cost=_call_cost(tables.get("checkpoint_call_ns")),
         call_costs=CallCosts.of(tables.get("checkpoint_call_by_size", ())),
+        plan_all=PlanAllTimes.of(tables.get(PLAN_ALL_TIMES, ()), steps),
     )
 
 
