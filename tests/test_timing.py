@@ -273,14 +273,31 @@ def test_extra_time_is_composed_from_the_timing_steps_under_plan_all(timed: Path
         r.instance for r in old.recomputes
     ]
     plain = np.zeros((3, len(old.recomputes)), dtype=np.int64)
+    saved = np.array([_saved_bytes(tables, r.call) for r in old.recomputes])
     for i, r in enumerate(old.recomputes):
-        costs = times.cost_per_call(np.array([_saved_bytes(tables, r.call)]))
+        costs = times.cost_per_call(saved[i : i + 1])
         plain[0, i] = r.compute_ns - costs[0][0]  # the old model adds the cost per call
     plain[1:] = plain[0]  # (the ranges are checked below, on the sums)
-    expected = times.plan_all.compose(plain, plain[0].sum() / 2, len(blocks))
+    per_step = (plain[0].sum() / 2, len(blocks), saved.sum() / 2)
+    expected = times.plan_all.compose(plain, saved, per_step)
     assert [r.compute_ns for r in new.recomputes] == expected[0].tolist()
     low, high = new.extra_compute_range_ns
     assert 0 <= low <= new.extra_compute_ns <= high
+
+
+def test_no_timing_steps_under_plan_all_without_blocks(tmp_path: Path) -> None:
+    """NOTE [ Timing steps under plan all ]: a model without a chain of blocks has no plan all
+    to time: the run's timing steps follow each other as before, and projections keep the
+    model of NOTE [ Extra compute from plain times ]."""
+    path = record_model(
+        tmp_path / "t.h5", nn.Linear(16, 16), (8, 16), iterations=1 + 1 + 4, timing_steps=3
+    )
+    with open_trace(path) as trace:
+        assert trace.plan_all_times().shape == (0, 3)
+        tables = trace.read_run("main")
+    assert tables["timing_steps"]["round"].tolist() == [0, 1, 2]
+    times = plain_times(tables)
+    assert times is not None and times.plan_all is None
 
 
 def test_plan_all_times_pair_rounds_and_compose() -> None:
@@ -293,15 +310,21 @@ def test_plan_all_times_pair_rounds_and_compose() -> None:
     measured = PlanAllTimes.of(rows, steps)
     assert measured is not None
     assert measured.extra_ns.tolist() == [50, 60] and measured.recompute_ns.tolist() == [80, 90]
-    # Two instances of plan all per step, 100 ns of plain recompute: rho 0.8 and 0.9, o -15.
-    plain = np.array([[50, 50, 2], [40, 40, 2], [60, 60, 2]])
-    out = measured.compose(plain, compute_all=100.0, calls_all=2.0)
+    # Per step, plan all has two instances saving 100 bytes each and replaying 100 ns of plain
+    # recompute: rho 0.8 and 0.9; O = E - R = -30, -15 per 100 saved bytes.
+    plain = np.array([[50, 50, 2, 50], [40, 40, 2, 50], [60, 60, 2, 50]])
+    saved = np.array([100, 100, 100, 200])
+    out = measured.compose(plain, saved, (100.0, 2.0, 200.0))
     assert out[:, 0].tolist() == [28, 17, 39]  # median of 25 and 30; 0.8*40-15; 0.9*60-15
     assert out[:, 2].tolist() == [0, 0, 0]  # 0.8*2-15 < 0: never below zero
+    assert out[0, 3] == 12  # twice the bytes, twice O's share: median of 10 and 15
     one_round = PlanAllTimes.of(rows[:3], steps)
     assert one_round is not None  # plan all's own instances add up to its measured extra time
-    assert one_round.compose(plain[:, :2], 100.0, 2.0)[0].sum() == 50
-    assert one_round.compose(plain[:, :1], 0.0, 2.0)[0].tolist() == [35]  # no compute: rho 1
+    assert one_round.compose(plain[:, :2], saved[:2], (100.0, 2.0, 200.0))[0].sum() == 50
+    no_compute = one_round.compose(plain[:, :1], saved[:1], (0.0, 2.0, 200.0))
+    assert no_compute[0].tolist() == [35]  # rho 1
+    nothing_saved = one_round.compose(plain[:, :1], np.zeros(1), (100.0, 2.0, 0.0))
+    assert nothing_saved[0].tolist() == [25]  # O per call
     assert PlanAllTimes.of(rows, {"round": np.array([5]), "duration_ns": np.array([1])}) is None
 
 

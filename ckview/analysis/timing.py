@@ -64,23 +64,37 @@ NOTE [ Extra time measured under plan all ]
     measured on the script's own step instead: per round, paired with the projected run's
     timing step of the same round, the step's extra time E under ``all`` and the summed time
     R of its recomputes (by ckpt_runtime's recompute markers). Over the instances of ``all``
-    in this run (C: the sum of their plain recompute times as above, n: their number, both
-    per step), two figures follow, each with a named cause:
+    in this run (C: the sum of their plain recompute times as above, n: their number, B: the
+    bytes they save for backward, all per step), two figures follow, each with a named cause:
         - rho = R / C, how fast a recompute runs against the plain forward it replays (0.8-0.9
           on a transformer layer: its inputs are warm; above 1 where its tensors are cold);
-        - o = (E - R) / n, what a checkpointed call costs besides its recompute: checkpoint's
-          own work in forward and backward, less what the forward saves by keeping no
-          activations (negative on a transformer, whose checkpointed forward runs ~10%
-          faster; 150-250 us on a loop of small Linear/ReLU regions).
-    An instance of any plan is then projected at rho x (its plain recompute time) + o,
-    composed per instance: a segment of several blocks takes its blocks' plain times, which
-    its recompute replays in full up to the early stop, and one call's o. Each round gives one
-    (rho, o); the figure is the median over rounds and its range the lowest (highest) over
-    rounds with the instance's lowest (highest) plain times. An instance is never projected
-    below zero (a recompute costs time; a negative figure is o's noise on a small region).
-    Without these rows, or without a round paired with the run, the model above holds; so it
-    does for runs whose model differs from the calibration's (no ``all`` instance, or C = 0
-    makes rho 1).
+        - O = E - R, what checkpointing costs besides the recomputes: checkpoint's own work in
+          forward and backward, less what the forward saves by keeping no activations
+          (negative on a transformer, whose checkpointed forward runs ~10% faster; 150-250 us
+          a call on a loop of small Linear/ReLU regions). Both parts grow with the data a
+          call saves for backward (NOTE [ Checkpoint's cost grows with the data around it ]
+          in recorder/timing.py; the activations a forward no longer keeps are those bytes),
+          so each instance takes the share of O that its saved bytes are of the saved bytes
+          B of plan all's instances (per call where B is 0).
+    An instance of any plan is then projected at rho x (its plain recompute time) + O x (its
+    saved bytes) / B, composed per instance: a segment of several blocks takes its blocks'
+    plain times, which its recompute replays in full up to the early stop, and the bytes it
+    saves. Each round gives one (rho, O); the figure is the median over rounds and its range
+    the lowest (highest) over rounds with the instance's lowest (highest) plain times. An
+    instance is never projected below zero (a recompute costs time; a negative figure is O's
+    noise on a small region). Without these rows, or without a round paired with the run, the
+    model above holds; C = 0 (nothing replayed) makes rho 1.
+
+    Measured (issue 21, the loop corpus, benchmarks/projection_accuracy.py with 5 plain timing
+    steps, one set of traces projected three ways): O shared by saved bytes gave a median
+    error of 7.9% over 74 plans, none more than 30% of its measured extra time outside the
+    measured spread; O shared per call 8.6% and 1 (a sqrt plan: segments save more than one
+    block, and cost more); checkpoint's fixed cost per call plus the rest by bytes 8.8% and 1.
+    What it still misses: on small flat loops (ddp, manual_sgd: Linear/ReLU blocks of 1024 x
+    128) a segment's recompute runs slower per replayed op than the single blocks' under
+    ``all`` (sqrt projected 25-60% too cheap there, within the measured spread's reach), and a
+    Linear block's recompute under ``all`` stops before its matmul where the op records say it
+    replays it (its measured recompute is half its plain forward), which rho averages away.
 """
 
 from __future__ import annotations
@@ -219,15 +233,22 @@ class PlanAllTimes:
             return None
         return cls(np.asarray(extra, dtype=np.int64), np.asarray(recompute, dtype=np.int64))
 
-    def compose(self, plain: np.ndarray, compute_all: float, calls_all: float) -> np.ndarray:
+    def compose(
+        self, plain: np.ndarray, saved_bytes: np.ndarray, per_step: tuple[float, float, float]
+    ) -> np.ndarray:
         """(3, k) int64: median, lowest and highest extra time of instances whose plain
-        recompute times are ``plain`` ((3, k): median, lowest, highest), given the summed plain
-        recompute time ``compute_all`` and the number ``calls_all`` of the instances of plan
-        all per step (NOTE [ Extra time measured under plan all ])."""
-        rounds = len(self.extra_ns)
-        rho = self.recompute_ns / compute_all if compute_all > 0 else np.ones(rounds)
-        other = (self.extra_ns - self.recompute_ns) / max(calls_all, 1.0)
-        per_round = rho[:, None] * plain.astype(np.float64)[:, None, :] + other[:, None]
+        recompute times are ``plain`` ((3, k): median, lowest, highest) and that save
+        ``saved_bytes`` (k,) each for backward, given per step the summed plain recompute time,
+        the number and the summed saved bytes of the instances of plan all (NOTE [ Extra time
+        measured under plan all ])."""
+        compute_all, calls_all, bytes_all = per_step
+        rho = self.recompute_ns / compute_all if compute_all > 0 else np.ones(len(self.extra_ns))
+        rest = (self.extra_ns - self.recompute_ns).astype(np.float64)
+        share = np.asarray(saved_bytes, dtype=np.float64) / bytes_all if bytes_all > 0 else None
+        if share is None:  # nothing saved by plan all: per call
+            share = np.full(len(saved_bytes), 1.0 / max(calls_all, 1.0))
+        other = rest[:, None] * share[None, :]
+        per_round = rho[:, None] * plain.astype(np.float64)[:, None, :] + other[None, :, :]
         out = np.stack([np.median(per_round[0], 0), per_round[1].min(0), per_round[2].max(0)])
         return np.maximum(np.round(out), 0).astype(np.int64)
 

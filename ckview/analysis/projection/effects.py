@@ -592,7 +592,7 @@ def _compute_ns(
     if times.plan_all is not None:
         per_step = _plan_all_per_step(base, tables, times)
         if per_step is not None:
-            return times.plan_all.compose(recompute, *per_step), True
+            return times.plan_all.compose(recompute, saved_bytes, per_step), True
     return recompute + np.stack(times.cost_per_call(saved_bytes)).astype(np.int64), True
 
 
@@ -619,10 +619,10 @@ def _recompute_ns(
 
 def _plan_all_per_step(
     base: Baseline, tables: RunTables, times: PlainTimes
-) -> tuple[float, float] | None:
-    """The summed plain recompute time and the number of the instances of plan all in this run,
-    per recorded step (NOTE [ Extra time measured under plan all ] in timing.py); None where
-    plan all has no instance here or a call has no plain time."""
+) -> tuple[float, float, float] | None:
+    """The summed plain recompute time, the number and the summed saved bytes of the instances
+    of plan all in this run, per recorded step (NOTE [ Extra time measured under plan all ] in
+    timing.py); None where plan all has no instance here or a call has no plain time."""
     from ckview.analysis.plans import resolve_on_trace
     from ckview.analysis.recompute import step_durations
 
@@ -639,7 +639,8 @@ def _plan_all_per_step(
     if recompute is None:
         return None
     steps = max(len(step_durations(tables["steps"])), 1)
-    return float(recompute[0].sum()) / steps, len(inst) / steps
+    saved = _saved_bytes(base, len(inst), *_saved_pairs(tables["saved_events"], inst))
+    return float(recompute[0].sum()) / steps, len(inst) / steps, float(saved.sum()) / steps
 
 
 def _forward_ns(
