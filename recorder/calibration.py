@@ -16,12 +16,13 @@ NOTE [ Timing steps under plan all ]
     So where timing steps run, the recorder measures those costs on the script's own step:
     once every run is recorded, a timing-only run under the preset plan ``all`` (every
     candidate block checkpointed, as ``ckpt_runtime`` resolves it on the main model) takes its
-    turn in each round asked for (``--timing-steps``), after the recorded runs (NOTE [ Plain
-    timing steps ] in timing.py: a warm-up step, then a kept one), but not in the rounds the
-    recorder adds until the runs' own extra times are precise (NOTE [ Enough plain steps ] in
-    ckview/trace/precision.py): with it in every round, a single run's steps, each now after a
-    switch of context, stayed too noisy to settle before the cap (15 rounds instead of 5-11 for
-    examples/transformer.py, three times the recording's all-in time). In its kept steps a recompute
+    turn in every round of the timing schedule, after the recorded runs (NOTE [ Plain timing
+    steps ] in timing.py: a warm-up step, then a kept one), those the recorder adds until the
+    runs' extra times are precise included (NOTE [ Enough plain steps ] in
+    ckview/trace/precision.py; its own precision does not hold them up). In the rounds asked
+    for only (5 in the benchmark), a loaded machine left the medians of its rounds off by up to
+    a factor of two (examples/transformer.py: 124 ms projected for 63 measured; with 15 rounds
+    in the same benchmark, 53 for 53). In its kept steps a recompute
     listener (ckpt_runtime's markers) times every recompute, by the region's module, with the
     timing steps' clock. The trace keeps, in the optional ``/meta`` attribute
     ``plan_all_times`` (docs/trace-format.md), one row per kept step (round, -1, duration) and
@@ -30,7 +31,7 @@ NOTE [ Timing steps under plan all ]
     them (NOTE [ Extra time measured under plan all ] in ckview/analysis/timing.py). No
     calibration runs where ``all`` does not resolve on the model (no chain of blocks, no
     module), where the step runs compiled code (each plan would recompile it), or without
-    timing steps. It costs two steps of the script per round asked for, and nothing is
+    timing steps. It costs two steps of the script per round, and nothing is
     journaled: a recovered trace has no calibration and keeps the model without it. What it
     adds to a recording, all-in: docs/recording.md "Timing steps".
 """

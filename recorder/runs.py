@@ -388,8 +388,7 @@ class RunSequencer:
         rounds = self._schedule[-1].round + 1
         names = [spec.name for spec in self.plan.runs]
         if rounds < MAX_ROUNDS and not self.timer.precise_enough(names):
-            add_round(self._schedule, len(self.plan.runs))  # not plan all's: its rounds are
-            # the ones asked for (NOTE [ Timing steps under plan all ] in calibration.py)
+            add_round(self._schedule, len(self._specs))
 
     def stop_timing(self) -> None:
         """The script ended during the timing steps: keep what was timed."""

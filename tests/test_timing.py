@@ -27,6 +27,7 @@ from ckview.analysis.timing import (
 from ckview.trace import CorruptTraceError, TraceWriter, open_trace
 from ckview.trace.schema import SavedEventKind
 from recorder import Recorder
+from recorder.calibration import RecomputeTimes, calibration_rows
 from recorder.plans import plan_runs
 from recorder.timing import CALIBRATION_BYTES, TimingStep, plan_call_costs, timing_schedule
 from tests.factory import record_model
@@ -298,6 +299,38 @@ def test_no_timing_steps_under_plan_all_without_blocks(tmp_path: Path) -> None:
     assert tables["timing_steps"]["round"].tolist() == [0, 1, 2]
     times = plain_times(tables)
     assert times is not None and times.plan_all is None
+
+
+def test_recomputes_are_timed_only_in_kept_steps_under_plan_all() -> None:
+    """RecomputeTimes (NOTE [ Timing steps under plan all ]): a recompute of a known module in
+    a kept step under plan all gives one row; outside such a step, or of a region that is no
+    module of the model, none."""
+
+    class Ticks:  # a clock whose marks count up by 10
+        now = 0
+
+        def mark(self) -> int:
+            self.now += 10
+            return self.now
+
+        def durations(self, pairs: list[tuple[int, int]]) -> list[int]:
+            return [end - start for start, end in pairs]
+
+    block, stranger = object(), object()
+    times = RecomputeTimes(lambda target: 4 if target is block else None, Ticks())
+    times.on_recompute_begin(1, block)  # not in a kept step under plan all
+    times.on_recompute_end(1, block)
+    times.start_step(2)
+    times.on_recompute_begin(2, block)
+    times.on_recompute_begin(3, stranger)
+    times.on_recompute_end(3, stranger)
+    times.on_recompute_end(2, block)
+    times.end_step()
+    times.on_recompute_begin(4, block)  # the step ended: not timed
+    times.on_recompute_end(4, block)
+    times.end_step()
+    assert times.rows == [(2, 4, 20)]  # marks 10 and 30 (the stranger took 20)
+    assert calibration_rows([2], [500], [*times.rows, (7, 4, 1)]) == [(2, -1, 500), (2, 4, 20)]
 
 
 def test_plan_all_times_pair_rounds_and_compose() -> None:

@@ -466,7 +466,9 @@ def _precision_notes(checks: Sequence[Check]) -> list[str]:
             f"steps (the cap; {about} would do): the machine is noisy, so read the "
             "spread beside each figure"
         ]
-    more = (min(needed, MAX_ROUNDS) - rounds) * 2 * (1 + len(checks))
+    # per round: the baseline, each plan and the steps under plan all (NOTE [ Timing steps
+    # under plan all ] in recorder/calibration.py), a warm-up and a kept step each
+    more = (min(needed, MAX_ROUNDS) - rounds) * 2 * (2 + len(checks))
     cap = f" (verify stops at {MAX_ROUNDS})" if needed > MAX_ROUNDS else ""
     return [
         f"note: the script ran too few steps to measure the extra time of {plans} {target}: "
