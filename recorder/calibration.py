@@ -31,14 +31,17 @@ NOTE [ Timing steps under plan all ]
     them (NOTE [ Extra time measured under plan all ] in ckview/analysis/timing.py). No
     calibration runs where ``all`` does not resolve on the model (no chain of blocks, no
     module), where the step runs compiled code (each plan would recompile it), or without
-    timing steps. It costs two steps of the script per round, and nothing is
+    timing steps; where plan all, resolved when the timing begins, cannot be applied when a step
+    begins, that step runs plain and the calibration is void (``Calibration``): the script
+    never fails for it. It costs two steps of the script per round, and nothing is
     journaled: a recovered trace has no calibration and keeps the model without it. What it
     adds to a recording, all-in: docs/recording.md "Timing steps".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from recorder.plan_context import plan_context
@@ -47,7 +50,7 @@ CALIBRATION_RUN = "calibration:all"
 """The timing-only run's name in the timing schedule; it is never a run of the trace."""
 
 
-def calibration_context(model: Any) -> Callable[[Any], Any] | None:
+def calibration_context(model: Any) -> Calibration | None:
     """The context of the timing-only run under plan ``all`` (NOTE [ Timing steps under plan
     all ]), None if the preset resolves to no region on ``model`` (or there is no model)."""
     from ckpt_runtime import PlanError, resolve_plan
@@ -59,7 +62,26 @@ def calibration_context(model: Any) -> Callable[[Any], Any] | None:
             return None
     except (PlanError, RuntimeError, TypeError):
         return None
-    return plan_context(plan)
+    return Calibration(plan)
+
+
+class Calibration:
+    """The context of the timing-only run under plan all, which never fails the script: where
+    the plan cannot be applied when a step begins, the step runs plain and the calibration is
+    void (``failed``: nothing of it is written)."""
+
+    def __init__(self, plan: Any) -> None:
+        self._context = plan_context(plan)
+        self.failed = False
+
+    @contextlib.contextmanager
+    def __call__(self, recorder: Any) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._context(recorder))
+            except (ValueError, RuntimeError, TypeError):  # a PlanError is a ValueError
+                self.failed = True
+            yield None
 
 
 class RecomputeTimes:

@@ -22,6 +22,7 @@ from typing import Any
 from ckview.trace.precision import MAX_ROUNDS
 from recorder.calibration import (
     CALIBRATION_RUN,
+    Calibration,
     RecomputeTimes,
     calibration_context,
     calibration_rows,
@@ -117,6 +118,7 @@ class RunSequencer:
         """The runs the timing steps take turns in: the recorded ones, then the calibration
         run under plan all where it applies (NOTE [ Timing steps under plan all ])."""
         self._recomputes: RecomputeTimes | None = None
+        self._calibration: Calibration | None = None
         self._listening: Any = None  # the recompute listener's handle while timing
         self._timing_pos = -1  # entry of the schedule under way
         self._timing_run: int | None = None  # the run whose context the timing step is in
@@ -340,7 +342,7 @@ class RunSequencer:
             model = self._p.registry.main_model()
         except RuntimeError:  # no module ran forward
             return
-        context = calibration_context(model)
+        context = self._calibration = calibration_context(model)
         if context is None:
             return
         from ckpt_runtime import markers
@@ -350,6 +352,10 @@ class RunSequencer:
         assert self.timer.clock is not None  # chosen by timer.begin
         self._recomputes = RecomputeTimes(self._p.registry.row, self.timer.clock)
         self._listening = markers.add_listener(self._recomputes)
+
+    def _calibrated(self) -> bool:
+        """Whether every step under plan all ran with it applied."""
+        return self._calibration is not None and not self._calibration.failed
 
     def _stop_listening(self) -> None:
         listening, self._listening = self._listening, None
@@ -508,7 +514,7 @@ class RunSequencer:
                 )
                 rows = [(n, c.median_ns, c.low_ns, c.high_ns) for n, c in costs]
                 sink.write(writer.set_call_costs, rows)
-            if timed and calibration and self._recomputes is not None:
+            if timed and calibration and self._recomputes is not None and self._calibrated():
                 all_times = calibration_rows(
                     calibration[0].rounds, calibration[0].steps_ns, self._recomputes.rows
                 )

@@ -333,6 +333,27 @@ def test_recomputes_are_timed_only_in_kept_steps_under_plan_all() -> None:
     assert calibration_rows([2], [500], [*times.rows, (7, 4, 1)]) == [(2, -1, 500), (2, 4, 20)]
 
 
+def test_a_plan_all_that_cannot_be_applied_never_fails_the_script(monkeypatch: Any) -> None:
+    """NOTE [ Timing steps under plan all ]: where plan all cannot be applied when a step
+    begins, the step runs plain and the calibration is void, instead of an error in the
+    script."""
+    from ckpt_runtime import PlanError
+    from recorder import calibration
+
+    def refuse(plan: Any) -> Any:
+        def enter(recorder: Any) -> Any:
+            raise PlanError("a module region cannot be checkpointed")
+
+        return enter
+
+    monkeypatch.setattr(calibration, "plan_context", refuse)
+    context = calibration.calibration_context(nn.Sequential(Block(4), Block(4)))
+    assert context is not None and not context.failed
+    with context(None) as value:
+        assert value is None
+    assert context.failed
+
+
 def test_plan_all_times_pair_rounds_and_compose() -> None:
     """NOTE [ Extra time measured under plan all ], on arrays: rounds pair by number (one the
     run lacks is left out); rho and o per round; the median over rounds, the range from the
