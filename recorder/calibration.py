@@ -21,8 +21,8 @@ NOTE [ Timing steps under plan all ]
     runs' extra times are precise included (NOTE [ Enough plain steps ] in
     ckview/trace/precision.py; its own precision does not hold them up). In the rounds asked
     for only (5 in the benchmark), a loaded machine left the medians of its rounds off by up to
-    a factor of two (examples/transformer.py: 124 ms projected for 63 measured; with 15 rounds
-    in the same benchmark, 53 for 53). In its kept steps a recompute
+    a factor of two (examples/transformer.py, plan all: 124 ms projected for 63 measured; with
+    15 rounds, in an earlier run of the benchmark, 53 for 53). In its kept steps a recompute
     listener (ckpt_runtime's markers) times every recompute, by the region's module, with the
     timing steps' clock. The trace keeps, in the optional ``/meta`` attribute
     ``plan_all_times`` (docs/trace-format.md), one row per kept step (round, -1, duration) and

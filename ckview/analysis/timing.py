@@ -86,10 +86,17 @@ NOTE [ Extra time measured under plan all ]
     model above holds; C = 0 (nothing replayed) makes rho 1.
 
     Measured (issue 21, the loop corpus, benchmarks/projection_accuracy.py with 5 plain timing
-    steps, one set of traces projected three ways): O shared by saved bytes gave a median
-    error of 7.9% over 74 plans, none more than 30% of its measured extra time outside the
-    measured spread; O shared per call 8.6% and 1 (a sqrt plan: segments save more than one
-    block, and cost more); checkpoint's fixed cost per call plus the rest by bytes 8.8% and 1.
+    steps asked, OMP_NUM_THREADS=1 on 2 shared cores under load; each set of traces also
+    projected with the model above): over 74 plans, median error 7.9% (the model above on the
+    same traces 20.4%) with no plan more than 30% of its measured extra time outside the
+    measured spread (4), and in a later run 11.0% (15.0%) with 2 (8): a transformer plan whose
+    measured extra time was itself an outlier (3 ms, spread -6..11, for one layer measured at
+    9-11 ms in the other runs), and lightning_residual's sqrt (12 ms projected, 60 measured:
+    its steps vary by +-200 ms from round to round, and the median of 15 rounds under plan all
+    is no firmer). Sharing O per call instead gave 8.6% and 1 plan outside on the first set,
+    checkpoint's fixed cost per call plus the rest by bytes 8.8% and 1. With plan all in the
+    rounds asked for only (5), a loaded run gave 24.8% and 4 (the model above 19.1% and 6):
+    hence every round.
     What it still misses: on small flat loops (ddp, manual_sgd: Linear/ReLU blocks of 1024 x
     128) a segment's recompute runs slower per replayed op than the single blocks' under
     ``all`` (sqrt projected 25-60% too cheap there, within the measured spread's reach), and a
