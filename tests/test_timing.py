@@ -380,6 +380,16 @@ def test_plan_all_times_pair_rounds_and_compose() -> None:
     nothing_saved = one_round.compose(plain[:, :1], np.zeros(1), (100.0, 2.0, 0.0))
     assert nothing_saved[0].tolist() == [25]  # O per call
     assert PlanAllTimes.of(rows, {"round": np.array([5]), "duration_ns": np.array([1])}) is None
+    # With 9 rounds the range is the 95% interval of the median (ranks 1 and 7, NOTE [ Enough
+    # plain steps ]), not the extremes: one round slowed by the machine does not stretch it.
+    calm = [(r, -1, 200 + r) for r in range(9)] + [(r, 3, 100) for r in range(9)]
+    slow = [(8, -1, 10_000) if row == (8, -1, 208) else row for row in calm]
+    nine = {"round": np.arange(9), "duration_ns": np.full(9, 100)}
+    for measured_rows, high in ((calm, 107), (slow, 107)):
+        nine_rounds = PlanAllTimes.of(measured_rows, nine)
+        assert nine_rounds is not None
+        out = nine_rounds.compose(np.full((3, 1), 100), np.array([100]), (100.0, 1.0, 100.0))
+        assert out[:, 0].tolist() == [104, 101, high]  # E - R + R: 100 + r; median r = 4
 
 
 def test_plan_all_times_round_trip_and_damage_is_refused(tmp_path: Path) -> None:
