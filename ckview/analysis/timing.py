@@ -96,7 +96,10 @@ NOTE [ Extra time measured under plan all ]
     measured extra time was itself an outlier (3 ms, spread -6..11, for one layer measured at
     9-11 ms in the other runs), and lightning_residual's sqrt (12 ms projected, 60 measured:
     its steps vary by +-200 ms from round to round, and the median of 15 rounds under plan all
-    is no firmer). Sharing O per call instead gave 8.6% and 1 plan outside on the first set,
+    is no firmer); a third run 8.6% (13.6%) with 2 (2): ddp's sqrt (2.2 ms projected, 4.2
+    measured, 3.9..5.5: see below) and lightning_residual's sqrt again (24.7 for 43.4). The
+    target (none outside) is not met. Sharing O per call instead gave 8.6% and 1 plan outside
+    on the first set,
     checkpoint's fixed cost per call plus the rest by bytes 8.8% and 1. With plan all in the
     rounds asked for only (5), a loaded run gave 24.8% and 4 (the model above 19.1% and 6):
     hence every round.
