@@ -20,6 +20,13 @@ from time import perf_counter_ns
 from typing import Any
 
 from ckview.trace.precision import MAX_ROUNDS
+from recorder.calibration import (
+    CALIBRATION_RUN,
+    Calibration,
+    RecomputeTimes,
+    calibration_context,
+    calibration_rows,
+)
 from recorder.ledger import StorageLedger
 from recorder.modules import ModuleRegistry
 from recorder.phases import OTHER, PhaseState
@@ -110,6 +117,12 @@ class RunSequencer:
         self._quiet = quiet
         self.timer = StepTimer(plan.timing_steps)  # NOTE [ Plain timing steps ] in timing.py
         self._schedule = timing_schedule(len(plan.runs), plan.timing_steps)
+        self._specs: tuple[RunSpec, ...] = plan.runs
+        """The runs the timing steps take turns in: the recorded ones, then the calibration
+        run under plan all where it applies (NOTE [ Timing steps under plan all ])."""
+        self._recomputes: RecomputeTimes | None = None
+        self._calibration: Calibration | None = None
+        self._listening: Any = None  # the recompute listener's handle while timing
         self._timing_pos = -1  # entry of the schedule under way
         self._timing_run: int | None = None  # the run whose context the timing step is in
         self._run_index = 0
@@ -135,7 +148,7 @@ class RunSequencer:
 
     def _enter_context(self, index: int) -> None:
         """Be in run ``index``'s context: the one entered early for it, or enter it now."""
-        spec = self.plan.runs[index]
+        spec = self._specs[index]
         self._run_context, self._early_context = self._early_context, None
         if spec.context is not None and self._run_context is None:
             self._run_context = spec.context(self._owner)
@@ -157,7 +170,7 @@ class RunSequencer:
         context ])."""
         if self._early_context is not None or not self._next_boundary_starts_run():
             return
-        spec = self.plan.runs[self._next_run_index()]
+        spec = self._specs[self._next_run_index()]
         if spec.context is None:
             return
         self._leave_context()
@@ -243,6 +256,8 @@ class RunSequencer:
                 self.start_recording()
         elif p.flags.state is State.TIMING:
             self.timer.end_step()
+            if self._recomputes is not None:
+                self._recomputes.end_step()
             self._journal_timing()
             self._next_timing_step()
         elif p.flags.state is State.RECORDING:
@@ -319,7 +334,41 @@ class RunSequencer:
         for source in self._p.sources:  # NOTE [ Quiet timing steps ] in timing.py
             if isinstance(source, HooksEveryCall):
                 source.quiet()
+        self._calibrate()
         self._next_timing_step()
+
+    def _calibrate(self) -> None:
+        """Add the timing-only run under plan all to the rounds, with its recompute listener,
+        where it applies (NOTE [ Timing steps under plan all ] in calibration.py). The
+        schedule's first entries (the first run's) stay as they were, so a context entered
+        early for them still holds."""
+        if self._runs_compiled_code():
+            return
+        try:
+            model = self._p.registry.main_model()
+        except RuntimeError:  # no module ran forward
+            return
+        context = self._calibration = calibration_context(model)
+        if context is None:
+            return
+        from ckpt_runtime import markers
+
+        self._specs = (*self.plan.runs, RunSpec(CALIBRATION_RUN, context, checkpointing="plan"))
+        calibration = len(self.plan.runs)  # its steps time no module calls: none is stored
+        schedule = timing_schedule(len(self._specs), self.plan.timing_steps)
+        self._schedule = [e for e in schedule if not (e.calls and e.run == calibration)]
+        assert self.timer.clock is not None  # chosen by timer.begin
+        self._recomputes = RecomputeTimes(self._p.registry.row, self.timer.clock)
+        self._listening = markers.add_listener(self._recomputes)
+
+    def _calibrated(self) -> bool:
+        """Whether every step under plan all ran with it applied."""
+        return self._calibration is not None and not self._calibration.failed
+
+    def _stop_listening(self) -> None:
+        listening, self._listening = self._listening, None
+        if listening is not None:
+            listening.remove()
 
     def _next_timing_step(self) -> None:
         """Begin the schedule's next step, in its run's context; the last one done, close."""
@@ -328,6 +377,7 @@ class RunSequencer:
             self._more_rounds_if_needed()
         if self._timing_pos >= len(self._schedule):
             self.timer.stop()
+            self._stop_listening()
             self._leave_context()
             self._timing_run = None
             self._all_done()
@@ -337,8 +387,12 @@ class RunSequencer:
             self._leave_context()
             self._enter_context(entry.run)
             self._timing_run = entry.run
+        spec = self._specs[entry.run]
         self._quiet(entry.keep and entry.calls)
-        self.timer.start_step(self.plan.runs[entry.run].name, entry.keep, entry.round, entry.calls)
+        self.timer.start_step(spec.name, entry.keep, entry.round, entry.calls)
+        if self._recomputes is not None:
+            calibrating = entry.keep and not entry.calls and spec.name == CALIBRATION_RUN
+            self._recomputes.start_step(entry.round if calibrating else -1)
 
     def _more_rounds_if_needed(self) -> None:
         """The schedule's last step ended: add a round unless the rounds so far are precise
@@ -349,11 +403,12 @@ class RunSequencer:
         rounds = self._schedule[-1].round + 1
         names = [spec.name for spec in self.plan.runs]
         if rounds < MAX_ROUNDS and not self.timer.precise_enough(names):
-            add_round(self._schedule, len(self.plan.runs))
+            add_round(self._schedule, len(self._specs))
 
     def stop_timing(self) -> None:
         """The script ended during the timing steps: keep what was timed."""
         self.timer.stop()
+        self._stop_listening()
         self._leave_context()
         self._drop_early_context()
         self._p.flags.state = State.DONE
@@ -372,9 +427,9 @@ class RunSequencer:
 
     def _journal_timing(self) -> None:
         run = self.timer.current
-        if run is None or not run.steps_ns:
-            return
-        name = self.plan.runs[self._schedule[self._timing_pos].run].name
+        name = self._specs[self._schedule[self._timing_pos].run].name
+        if run is None or not run.steps_ns or name == CALIBRATION_RUN:
+            return  # NOTE [ Timing steps under plan all ]: not journaled
         tables = {"timing_steps": run.step_columns(), "timed_calls": run.call_columns()}
         self._p.sink.journal_timing(name, tables)
 
@@ -445,13 +500,16 @@ class RunSequencer:
         cost per call unless the script failed, close the trace and settle it (NOTE [ Writing
         beside the target ]). Call with every hook removed: the cost is measured on a model of
         its own."""
+        self._stop_listening()
         sink = self._p.sink
         writer = sink.writer
         if writer is None:
             return
         error = self.failure(error)
         try:
-            timed = [(name, t) for name, t in self.timer.runs.items() if t.steps_ns]
+            timed = [(n, t) for n, t in self.timer.runs.items() if t.steps_ns]
+            calibration = [t for n, t in timed if n == CALIBRATION_RUN]
+            timed = [(n, t) for n, t in timed if n != CALIBRATION_RUN]
             for name, times in timed:
                 sink.write(lambda n=name, t=times: _write_timings(writer.run(n), t))
             if timed and not error:
@@ -465,6 +523,11 @@ class RunSequencer:
                 )
                 rows = [(n, c.median_ns, c.low_ns, c.high_ns) for n, c in costs]
                 sink.write(writer.set_call_costs, rows)
+            if timed and calibration and self._recomputes is not None and self._calibrated():
+                all_times = calibration_rows(
+                    calibration[0].rounds, calibration[0].steps_ns, self._recomputes.rows
+                )
+                sink.write(writer.set_plan_all_times, all_times)
         finally:
             sink.close(error)
 

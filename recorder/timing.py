@@ -104,6 +104,9 @@ NOTE [ Checkpoint's cost grows with the data around it ]
     KiB; a ReLU region 250 us beyond its 40 us forward, 80 of them in the forward: checkpoint
     keeps the ReLU's input, which the plain step frees at once. Under load every figure is
     higher (the 512 KiB cost read 200-370 us), and a recording measures it under its own load.
+    Where the model has a chain of blocks, the recorder now measures these costs on the
+    script's own step instead (NOTE [ Timing steps under plan all ] in recorder/calibration.py),
+    and projections use the cost by size only without them.
 """
 
 from __future__ import annotations

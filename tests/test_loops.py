@@ -23,7 +23,7 @@ and patches as it found them (``test_recorder_leaves_nothing_behind``). The loop
 ``OWN_PROCESS`` keep ``python -m ckview`` subprocesses, started first, running meanwhile. Each
 verify lets the script run exactly the steps it needs (``--stop-after``): a warmup step, the
 recorded step of each run, then ``TIMING_STEPS`` rounds of a warm-up and a plain timing step
-per run.
+per run and under plan all.
 
 CI runs ``CI_LOOPS``: every pattern of issue 9 at least once (the loops left out repeat a
 pattern: BERT and the HF Trainer beside Llama, blocks ending in ReLU and GELU beside Tanh, the
@@ -159,9 +159,10 @@ class Job:
     def script_steps(self) -> int:
         """Iterations the script needs: a warmup step, then per run (baseline or compared
         run, and one per plan) its recorded step and ``TIMING_STEPS`` rounds of a warm-up and a
-        plain timing step; one more as a margin (``--stop-after`` ends the script)."""
+        plain timing step, and as many under plan all (NOTE [ Timing steps under plan all ] in
+        recorder/calibration.py); one more as a margin (``--stop-after`` ends the script)."""
         runs = 2 if self.kind == "compare" else 1 + len(LOOPS[self.loop].plans)
-        return 1 + runs * (1 + 2 * TIMING_STEPS) + 1
+        return 1 + runs * (1 + 2 * TIMING_STEPS) + 2 * TIMING_STEPS + 1
 
     def command(self) -> str:
         """The command to rerun by hand, for failure messages."""

@@ -149,7 +149,7 @@ def test_verify_transformer_end_to_end(tmp_path: Path) -> None:
         "2",
         str(EXAMPLES / "transformer.py"),
         "--steps",
-        "22",  # 1 warmup + 3 runs + 2 rounds x 3 runs x (warm-up + timed + calls timed)
+        "26",  # 1 warmup + 3 runs + 2 rounds x (3 runs x 3 steps + plan all's warm-up + timed)
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

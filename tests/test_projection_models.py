@@ -162,7 +162,9 @@ def verify(model: nn.Module, shape: tuple[int, ...], path: Path, optimizer: bool
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a segment that does not take effect warns
         with recorder:
-            train(model, shape, 1 + len(runs) * (1 + 3 * TIMING_STEPS) + 1, optimizer)
+            # each run's timing steps, and plan all's (NOTE [ Timing steps under plan all ])
+            steps = 1 + len(runs) * (1 + 3 * TIMING_STEPS) + 2 * TIMING_STEPS + 1
+            train(model, shape, steps, optimizer)
     assert_timed(path, [r.name for r in runs])
     checks, missing, _ = _verify(path, plans)
     assert not missing

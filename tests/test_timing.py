@@ -17,6 +17,7 @@ from ckview.analysis import project
 from ckview.analysis.regions import ModuleRegion
 from ckview.analysis.timing import (
     CallCosts,
+    PlanAllTimes,
     Spread,
     forward_call_order,
     plain_times,
@@ -26,6 +27,7 @@ from ckview.analysis.timing import (
 from ckview.trace import CorruptTraceError, TraceWriter, open_trace
 from ckview.trace.schema import SavedEventKind
 from recorder import Recorder
+from recorder.calibration import RecomputeTimes, calibration_rows
 from recorder.plans import plan_runs
 from recorder.timing import CALIBRATION_BYTES, TimingStep, plan_call_costs, timing_schedule
 from tests.factory import record_model
@@ -181,9 +183,12 @@ def _record(path: Path, timing_steps: int, script_steps: int) -> None:
 
 @pytest.fixture(scope="module")
 def timed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A recording with 3 rounds of timing steps, shared by the tests that only read it."""
+    """A recording with 3 rounds of timing steps, shared by the tests that only read it: each
+    round a warm-up and a kept step of the run, then of plan all (NOTE [ Timing steps under
+    plan all ] in recorder/calibration.py)."""
     path = tmp_path_factory.mktemp("timed") / "t.h5"
-    _record(path, timing_steps=3, script_steps=1 + 2 + 1 + 2 * 3)
+    # each round: the run's warm-up, kept and calls steps, then plan all's warm-up and kept
+    _record(path, timing_steps=3, script_steps=1 + 2 + 3 * (3 + 2))
     return path
 
 
@@ -206,10 +211,7 @@ def test_extra_compute_comes_from_plain_times(timed: Path) -> None:
     """NOTE [ Extra compute from plain times ]: per recomputed block, its plain forward time
     (median over the timing steps) plus checkpoint's cost per call; without timing steps, the
     recorded op times."""
-    with open_trace(timed) as trace:
-        tables = trace.read_run("main")
-        paths = [trace.strings[int(p)] for p in tables["modules"]["path"]]
-    blocks = [ModuleRegion(paths.index(str(i))) for i in range(6)]
+    tables, blocks = _without_plan_all(timed)
     projection = project(tables, blocks)
     assert projection.plain_times
     times = plain_times(tables)
@@ -233,6 +235,189 @@ def test_extra_compute_comes_from_plain_times(timed: Path) -> None:
     assert [r.instance for r in recorded.recomputes] == [r.instance for r in projection.recomputes]
     assert step_time_ns(tables) == (times.step.median_ns * 2, True)
     assert step_time_ns(recorded_times_only(tables))[1] is False
+
+
+def _without_plan_all(path: Path) -> tuple[dict[str, Any], list[ModuleRegion]]:
+    """The run 'main' without its timing steps under plan all (the model of NOTE [ Extra
+    compute from plain times ]), and the regions of its six blocks."""
+    with open_trace(path) as trace:
+        tables = trace.read_run("main")
+        paths = [trace.strings[int(p)] for p in tables["modules"]["path"]]
+    tables["plan_all_times"] = np.zeros((0, 3), dtype=np.int64)
+    return tables, [ModuleRegion(paths.index(str(i))) for i in range(6)]
+
+
+def test_timing_steps_under_plan_all_time_every_recompute(timed: Path) -> None:
+    """NOTE [ Timing steps under plan all ]: one kept step a round under plan all, and in it
+    one recompute per block, by the block's module row; the run's own timing steps are as many
+    as without them."""
+    with open_trace(timed) as trace:
+        rows = trace.plan_all_times()
+        tables = trace.read_run("main")
+        paths = [trace.strings[int(p)] for p in tables["modules"]["path"]]
+    assert tables["timing_steps"]["round"].tolist() == [0, 1, 2]
+    steps = rows[rows[:, 1] == -1]
+    assert steps[:, 0].tolist() == [0, 1, 2] and (steps[:, 2] > 0).all()
+    recomputes = rows[rows[:, 1] >= 0]
+    blocks = sorted(paths.index(str(i)) for i in range(6))
+    for r in range(3):
+        assert sorted(recomputes[recomputes[:, 0] == r, 1].tolist()) == blocks
+    assert (recomputes[:, 2] > 0).all()
+
+
+def test_extra_time_is_composed_from_the_timing_steps_under_plan_all(timed: Path) -> None:
+    """NOTE [ Extra time measured under plan all ]: each block's instance is projected at rho x
+    its plain recompute time + o, rho and o from the rounds under plan all over this run's
+    instances of plan all (the six blocks, twice: two recorded steps)."""
+    old_tables, blocks = _without_plan_all(timed)
+    with open_trace(timed) as trace:
+        tables = trace.read_run("main")
+    times = plain_times(tables)
+    assert times is not None and times.plan_all is not None
+    assert len(times.plan_all.extra_ns) == 3  # every round paired with the run's
+    old = project(old_tables, blocks)
+    new = project(tables, blocks)
+    assert new.plain_times and [r.instance for r in new.recomputes] == [
+        r.instance for r in old.recomputes
+    ]
+    plain = np.zeros((3, len(old.recomputes)), dtype=np.int64)
+    saved = np.array([_saved_bytes(tables, r.call) for r in old.recomputes])
+    for i, r in enumerate(old.recomputes):
+        costs = times.cost_per_call(saved[i : i + 1])
+        plain[0, i] = r.compute_ns - costs[0][0]  # the old model adds the cost per call
+    plain[1:] = plain[0]  # (the ranges are checked below, on the sums)
+    per_step = (plain[0].sum() / 2, len(blocks), saved.sum() / 2)
+    expected = times.plan_all.compose(plain, saved, per_step)
+    assert [r.compute_ns for r in new.recomputes] == expected[0].tolist()
+    low, high = new.extra_compute_range_ns
+    assert 0 <= low <= new.extra_compute_ns <= high
+
+
+def test_no_timing_steps_under_plan_all_without_blocks(tmp_path: Path) -> None:
+    """NOTE [ Timing steps under plan all ]: a model without a chain of blocks has no plan all
+    to time: the run's timing steps follow each other as before, and projections keep the
+    model of NOTE [ Extra compute from plain times ]."""
+    path = record_model(
+        tmp_path / "t.h5", nn.Linear(16, 16), (8, 16), iterations=1 + 1 + 1 + 2 * 3, timing_steps=3
+    )
+    with open_trace(path) as trace:
+        assert trace.plan_all_times().shape == (0, 3)
+        tables = trace.read_run("main")
+    assert tables["timing_steps"]["round"].tolist() == [0, 1, 2]
+    times = plain_times(tables)
+    assert times is not None and times.plan_all is None
+
+
+def test_recomputes_are_timed_only_in_kept_steps_under_plan_all() -> None:
+    """RecomputeTimes (NOTE [ Timing steps under plan all ]): a recompute of a known module in
+    a kept step under plan all gives one row; outside such a step, or of a region that is no
+    module of the model, none."""
+
+    class Ticks:  # a clock whose marks count up by 10
+        now = 0
+
+        def mark(self) -> int:
+            self.now += 10
+            return self.now
+
+        def durations(self, pairs: list[tuple[int, int]]) -> list[int]:
+            return [end - start for start, end in pairs]
+
+    block, stranger = object(), object()
+    times = RecomputeTimes(lambda target: 4 if target is block else None, Ticks())
+    times.on_recompute_begin(1, block)  # not in a kept step under plan all
+    times.on_recompute_end(1, block)
+    times.start_step(2)
+    times.on_recompute_begin(2, block)
+    times.on_recompute_begin(3, stranger)
+    times.on_recompute_end(3, stranger)
+    times.on_recompute_end(2, block)
+    times.end_step()
+    times.on_recompute_begin(4, block)  # the step ended: not timed
+    times.on_recompute_end(4, block)
+    times.end_step()
+    assert times.rows == [(2, 4, 20)]  # marks 10 and 30 (the stranger took 20)
+    assert calibration_rows([2], [500], [*times.rows, (7, 4, 1)]) == [(2, -1, 500), (2, 4, 20)]
+
+
+def test_a_plan_all_that_cannot_be_applied_never_fails_the_script(monkeypatch: Any) -> None:
+    """NOTE [ Timing steps under plan all ]: where plan all cannot be applied when a step
+    begins, the step runs plain and the calibration is void, instead of an error in the
+    script."""
+    from ckpt_runtime import PlanError
+    from recorder import calibration
+
+    def refuse(plan: Any) -> Any:
+        def enter(recorder: Any) -> Any:
+            raise PlanError("a module region cannot be checkpointed")
+
+        return enter
+
+    monkeypatch.setattr(calibration, "plan_context", refuse)
+    context = calibration.calibration_context(nn.Sequential(Block(4), Block(4)))
+    assert context is not None and not context.failed
+    with context(None) as value:
+        assert value is None
+    assert context.failed
+
+
+def test_plan_all_times_pair_rounds_and_compose() -> None:
+    """NOTE [ Extra time measured under plan all ], on arrays: rounds pair by number (one the
+    run lacks is left out); rho and o per round; the median over rounds, the range from the
+    extremes; never below zero."""
+    rows = [(0, -1, 150), (0, 3, 40), (0, 4, 40), (1, -1, 170), (1, 3, 50), (1, 4, 40)]
+    rows += [(2, -1, 999), (2, 3, 1)]
+    steps = {"round": np.array([1, 0]), "duration_ns": np.array([110, 100])}
+    measured = PlanAllTimes.of(rows, steps)
+    assert measured is not None
+    assert measured.extra_ns.tolist() == [50, 60] and measured.recompute_ns.tolist() == [80, 90]
+    # Per step, plan all has two instances saving 100 bytes each and replaying 100 ns of plain
+    # recompute: rho 0.8 and 0.9; O = E - R = -30, -15 per 100 saved bytes.
+    plain = np.array([[50, 50, 2, 50], [40, 40, 2, 50], [60, 60, 2, 50]])
+    saved = np.array([100, 100, 100, 200])
+    out = measured.compose(plain, saved, (100.0, 2.0, 200.0))
+    assert out[:, 0].tolist() == [28, 17, 39]  # median of 25 and 30; 0.8*40-15; 0.9*60-15
+    assert out[:, 2].tolist() == [0, 0, 0]  # 0.8*2-15 < 0: never below zero
+    assert out[0, 3] == 12  # twice the bytes, twice O's share: median of 10 and 15
+    one_round = PlanAllTimes.of(rows[:3], steps)
+    assert one_round is not None  # plan all's own instances add up to its measured extra time
+    assert one_round.compose(plain[:, :2], saved[:2], (100.0, 2.0, 200.0))[0].sum() == 50
+    no_compute = one_round.compose(plain[:, :1], saved[:1], (0.0, 2.0, 200.0))
+    assert no_compute[0].tolist() == [35]  # rho 1
+    nothing_saved = one_round.compose(plain[:, :1], np.zeros(1), (100.0, 2.0, 0.0))
+    assert nothing_saved[0].tolist() == [25]  # O per call
+    assert PlanAllTimes.of(rows, {"round": np.array([5]), "duration_ns": np.array([1])}) is None
+    # With 9 rounds the range is the 95% interval of the median (ranks 1 and 7, NOTE [ Enough
+    # plain steps ]), not the extremes: one round slowed by the machine does not stretch it.
+    calm = [(r, -1, 200 + r) for r in range(9)] + [(r, 3, 100) for r in range(9)]
+    slow = [(8, -1, 10_000) if row == (8, -1, 208) else row for row in calm]
+    nine = {"round": np.arange(9), "duration_ns": np.full(9, 100)}
+    for measured_rows, high in ((calm, 107), (slow, 107)):
+        nine_rounds = PlanAllTimes.of(measured_rows, nine)
+        assert nine_rounds is not None
+        out = nine_rounds.compose(np.full((3, 1), 100), np.array([100]), (100.0, 1.0, 100.0))
+        assert out[:, 0].tolist() == [104, 101, high]  # E - R + R: 100 + r; median r = 4
+
+
+def test_plan_all_times_round_trip_and_damage_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.h5"
+    with TraceWriter(path) as writer:
+        writer.set_plan_all_times([(0, -1, 100), (0, 0, 30)])
+        with pytest.raises(ValueError, match="module row"):
+            writer.set_plan_all_times([(0, -2, 100)])
+    with open_trace(path) as trace:
+        assert trace.plan_all_times().tolist() == [[0, -1, 100], [0, 0, 30]]
+        with pytest.raises(CorruptTraceError, match="module row outside"):
+            trace.plan_all_times(modules=0)  # no module 0 in a model without modules
+    for damaged in (np.zeros((2, 4), dtype=np.int64), np.array([[0, -1, -5]])):
+        with h5py.File(path, "r+") as f:
+            f["meta"].attrs["plan_all_times"] = damaged
+        with open_trace(path) as trace, pytest.raises(CorruptTraceError, match="plan_all_times"):
+            trace.plan_all_times()
+    with TraceWriter(tmp_path / "older.h5"):
+        pass  # optional: a trace without it has no rows
+    with open_trace(tmp_path / "older.h5") as trace:
+        assert trace.plan_all_times().shape == (0, 3)
 
 
 def _saved_bytes(tables: dict[str, Any], call: int) -> int:
@@ -286,7 +471,7 @@ def test_plan_runs_are_timed_in_their_own_context(tmp_path: Path) -> None:
     runs = plan_runs(load_plans(["all"]), baseline=True, checkpointed=False)
     path = tmp_path / "p.h5"
     with Recorder(path, steps=1, warmup=1, runs=runs, progress=False, timing_steps=2):
-        for _ in range(1 + 2 + 2 * 3 * 2):
+        for _ in range(1 + 2 + 2 * (2 * 3 + 2)):  # 2 rounds: 2 runs x 3 steps, plan all's 2
             model(torch.randn(32, 64)).sum().backward()
             opt.step()
             opt.zero_grad()

@@ -61,7 +61,12 @@ def times_line(tables: RunTables) -> str:
         f"times: plain, median of {s.count} unrecorded steps: {s.median_ns / 1e6:.1f} ms a step "
         f"({s.low_ns / 1e6:.1f}..{s.high_ns / 1e6:.1f})"
     )
-    if times.call_costs is not None:
+    if times.plan_all is not None:  # NOTE [ Extra time measured under plan all ]
+        line += (
+            f"; recompute speed and checkpoint's cost measured in {len(times.plan_all.extra_ns)} "
+            "steps under plan all"
+        )
+    elif times.call_costs is not None:
         by_size = times.call_costs.at(times.call_costs.nbytes)[0]
         line += (
             f"; checkpoint's cost {by_size[0] / 1e3:.0f}..{by_size[-1] / 1e3:.0f} us a call by the "

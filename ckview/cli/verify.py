@@ -334,12 +334,13 @@ def _missing_note(missing: Sequence[str], args: argparse.Namespace) -> str:
     from ckview.analysis.units import plural
 
     runs = 1 + len(args.plan)
+    timed = runs + 1  # and the timing steps under plan all (NOTE [ Timing steps under plan all ])
     target = f"-m {args.target}" if args.module else args.target
     return (
         f"ckview: the script ended before {plural(len(missing), 'run')} "
         f"({', '.join(missing)}) {'was' if len(missing) == 1 else 'were'} recorded; verify needs "
         f"{plural(args.warmup, 'warmup step')} + {runs} x {plural(args.steps, 'step')} (and "
-        f"{runs} x {_timing(args)} more for the timing): let the script run more steps, e.g. "
+        f"{timed} x {_timing(args)} more for the timing): let the script run more steps, e.g. "
         f"ckview verify [OPTIONS] {target} --steps N, if the script takes --steps"
     )
 
@@ -466,7 +467,9 @@ def _precision_notes(checks: Sequence[Check]) -> list[str]:
             f"steps (the cap; {about} would do): the machine is noisy, so read the "
             "spread beside each figure"
         ]
-    more = (min(needed, MAX_ROUNDS) - rounds) * 2 * (1 + len(checks))
+    # per round: the baseline, each plan and the steps under plan all (NOTE [ Timing steps
+    # under plan all ] in recorder/calibration.py), a warm-up and a kept step each
+    more = (min(needed, MAX_ROUNDS) - rounds) * 2 * (2 + len(checks))
     cap = f" (verify stops at {MAX_ROUNDS})" if needed > MAX_ROUNDS else ""
     return [
         f"note: the script ran too few steps to measure the extra time of {plans} {target}: "

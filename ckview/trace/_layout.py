@@ -22,6 +22,12 @@ CALL_COSTS = "checkpoint_call_by_size"
 """Optional attribute of ``/meta``: (k, 4) int64 rows (bytes saved per call, median, low, high
 ns) of checkpoint's cost per call by size (NOTE [ Checkpoint's cost grows with the data around
 it ] in recorder/timing.py); absent if not measured."""
+PLAN_ALL_TIMES = "plan_all_times"
+"""Optional attribute of ``/meta``: (k, 3) int64 rows (round, module row or -1, ns) of the timing
+steps under plan all (NOTE [ Timing steps under plan all ] in recorder/calibration.py): -1 rows
+are kept steps, the others recomputes in them; absent if not measured."""
+PLAN_ALL_ROWS = 100_000
+"""The most rows ``plan_all_times`` may have (15 rounds of a step with thousands of regions)."""
 STRINGS = "strings"
 MODULES = "modules"  # the first of schema.ROOT_TABLES; each is a group named like the table
 RUNS = "runs"
@@ -163,3 +169,18 @@ def encode_run_name(name: str) -> str:
         raise ValueError(f"a run name must be a non-empty str, got {name!r}")
     link = name.replace("%", "%25").replace("/", "%2F")
     return "%2E" + link[1:] if link.startswith(".") else link
+
+
+def plan_all_damage(table: np.ndarray, modules: int | None = None) -> str:
+    """What is wrong with rows of ``plan_all_times`` (``PLAN_ALL_TIMES``), '' if nothing: the
+    shape, a negative round or time, a module row below -1 (or not below ``modules``)."""
+    if table.ndim != 2 or table.shape[1] != 3 or table.dtype.kind not in "iu":
+        return "not rows of 3 integers"
+    if len(table) > PLAN_ALL_ROWS:
+        return f"more than {PLAN_ALL_ROWS} rows"
+    top = modules if modules is not None else np.iinfo(np.int64).max
+    if (table[:, 0] < 0).any() or (table[:, 2] < 0).any():
+        return "a negative round or time"
+    if (table[:, 1] < -1).any() or (table[:, 1] >= top).any():
+        return "a module row outside the model"
+    return ""

@@ -68,10 +68,15 @@ def median_interval(values: Sequence[float]) -> Interval | None:
     n = len(v)
     if not n:
         return None
-    reach = 0.98 * math.sqrt(n)
-    low = max(0, math.floor(n / 2 - reach))
-    high = min(n - 1, math.ceil(n / 2 + reach) - 1)
+    low, high = interval_ranks(n)
     return Interval(median(v), float(v[low]), float(v[high]), n)
+
+
+def interval_ranks(n: int) -> tuple[int, int]:
+    """The ranks (0-based, in sorted order) that bound the 95% interval of the median of ``n``
+    values (NOTE [ Enough plain steps ]); ``n`` is at least 1."""
+    reach = 0.98 * math.sqrt(n)
+    return max(0, math.floor(n / 2 - reach)), min(n - 1, math.ceil(n / 2 + reach) - 1)
 
 
 def paired(base: Sequence[float], run: Sequence[float]) -> list[float]:

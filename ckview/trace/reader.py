@@ -509,6 +509,7 @@ class Trace:
             dtype=np.int64,
         )
         tables["checkpoint_call_by_size"] = self.call_costs()
+        tables[L.PLAN_ALL_TIMES] = self.plan_all_times(len(tables["modules"]["parent"]))
         device = None if all_devices else main_device(tables["storages"], tables["strings"])
         return tables if device is None else on_device(tables, tables["strings"], device)
 
@@ -534,6 +535,27 @@ class Trace:
                 f"/meta attribute '{L.CALL_COSTS}' is not rows of 4 non-negative integers by "
                 "increasing bytes",
             )
+        return table.astype(np.int64)
+
+    def plan_all_times(self, modules: int | None = None) -> np.ndarray:
+        """(k, 3) int64: the timing steps under plan all, rows of (round, -1, step ns) and
+        (round, module row, recompute ns) (the optional ``/meta`` attribute ``plan_all_times``,
+        NOTE [ Timing steps under plan all ] in recorder/calibration.py); no rows if the trace
+        has none. ``modules`` (the model's module count) bounds the module rows."""
+        with _reading(self.path):
+            attrs = _child(self._root, L.META, self.path).attrs
+            if L.PLAN_ALL_TIMES not in attrs:
+                return np.zeros((0, 3), dtype=np.int64)
+            shape = attrs.get_id(L.PLAN_ALL_TIMES).shape  # checked before reading
+            small = len(shape) == 2 and shape[0] <= L.PLAN_ALL_ROWS
+            table = np.asarray(attrs[L.PLAN_ALL_TIMES]) if small else None
+        damage = "too many rows" if table is None else L.plan_all_damage(table, modules)
+        if damage:
+            raise corrupt(
+                self.path,
+                f"/meta attribute '{L.PLAN_ALL_TIMES}': {damage}",
+            )
+        assert table is not None
         return table.astype(np.int64)
 
     def close(self) -> None:

@@ -568,6 +568,16 @@ class TraceWriter:
             raise ValueError(f"call costs must be non-negative, by increasing bytes: {rows!r}")
         self._file[L.META].attrs[L.CALL_COSTS] = table
 
+    def set_plan_all_times(self, rows: Sequence[tuple[int, int, int]]) -> None:
+        """Store the timing steps under plan all (``/meta`` attribute ``plan_all_times``): rows
+        of (round, -1, step ns) and (round, module row, recompute ns)."""
+        self._check_open()
+        table = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        damage = L.plan_all_damage(table)
+        if damage:
+            raise ValueError(f"plan-all times: {damage}")
+        self._file[L.META].attrs[L.PLAN_ALL_TIMES] = table
+
     def flush(self) -> None:
         """Write pending strings and flush HDF5: the file on disk is then a readable trace."""
         self._check_open()

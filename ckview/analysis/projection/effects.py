@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ckview.analysis.regions import RegionInstances
-from ckview.analysis.timing import plain_instance_ns, plain_times
+from ckview.analysis.regions import RegionInstances, region_instances
+from ckview.analysis.timing import PlainTimes, plain_instance_ns, plain_times
 from ckview.analysis.types import RunTables, Table
 from ckview.trace.schema import Category, IOKind, MemoryEventKind, Phase, SavedEventKind
 
@@ -188,7 +188,7 @@ def instance_effects(
     keep_inst, keep_storage = keep_inst[~off[keep_inst]], keep_storage[~off[keep_inst]]
     release_key, release_ns = moments.pop("release_key"), moments.pop("release_ns")
     saved_bytes = _saved_bytes(base, len(inst), saved_inst, saved_storage)
-    compute, plain = _compute_ns(tables, inst, last_op, (k_inst, k_op), saved_bytes)
+    compute, plain = _compute_ns(base, tables, inst, last_op, (k_inst, k_op), saved_bytes)
     compute[:, off] = 0
     return base, InstanceEffects(
         instances=inst,
@@ -571,6 +571,7 @@ def _saved_bytes(
 
 
 def _compute_ns(
+    base: Baseline,
     tables: RunTables,
     inst: RegionInstances,
     last_op: np.ndarray,
@@ -578,20 +579,68 @@ def _compute_ns(
     saved_bytes: np.ndarray,
 ) -> tuple[np.ndarray, bool]:
     """(3, k): each instance's extra compute with the lowest and highest the measurements
-    allow, and whether it comes from plain times (NOTE [ Extra compute from plain times ] and
-    NOTE [ How sure the extra time is ] in timing.py); ops an op-level instance saves are not
-    rerun."""
-    replayed = _forward_ns(tables["ops"], inst, last_op, kept_ops)
+    allow, and whether it comes from plain times (NOTE [ Extra compute from plain times ],
+    NOTE [ How sure the extra time is ] and NOTE [ Extra time measured under plan all ] in
+    timing.py); ops an op-level instance saves are not rerun."""
     times = plain_times(tables)
-    cost = np.stack(times.cost_per_call(saved_bytes)) if times else np.zeros((3, len(inst)))
-    plain = None
-    if times is not None:
-        plain = plain_instance_ns(tables, times, inst.top_instance, inst.top_call, len(inst))
-    if plain is None:
+    recompute = _recompute_ns(tables, times, inst, last_op, kept_ops)
+    if recompute is None:
+        replayed = _forward_ns(tables["ops"], inst, last_op, kept_ops)
+        cost = np.stack(times.cost_per_call(saved_bytes)) if times else np.zeros((3, len(inst)))
         return (replayed + cost).astype(np.int64), False
+    assert times is not None
+    if times.plan_all is not None:
+        per_step = _plan_all_per_step(base, tables, times)
+        if per_step is not None:
+            return times.plan_all.compose(recompute, saved_bytes, per_step), True
+    return recompute + np.stack(times.cost_per_call(saved_bytes)).astype(np.int64), True
+
+
+def _recompute_ns(
+    tables: RunTables,
+    times: PlainTimes | None,
+    inst: RegionInstances,
+    last_op: np.ndarray,
+    kept_ops: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray | None:
+    """(3, k) int64: the plain time of what each instance's recompute replays (median, lowest,
+    highest: NOTE [ Extra compute from plain times ] in timing.py), None without plain times
+    for every call."""
+    if times is None:
+        return None
+    plain = plain_instance_ns(tables, times, inst.top_instance, inst.top_call, len(inst))
+    if plain is None:
+        return None
+    replayed = _forward_ns(tables["ops"], inst, last_op, kept_ops)
     whole = _forward_ns(tables["ops"], inst, np.full(len(inst), np.iinfo(np.int64).max))
     share = np.divide(replayed, whole, out=np.ones(len(inst)), where=whole > 0)
-    return np.round(plain * share).astype(np.int64) + cost.astype(np.int64), True
+    return np.round(plain * share).astype(np.int64)
+
+
+def _plan_all_per_step(
+    base: Baseline, tables: RunTables, times: PlainTimes
+) -> tuple[float, float, float] | None:
+    """The summed plain recompute time, the number and the summed saved bytes of the instances
+    of plan all in this run, per recorded step (NOTE [ Extra time measured under plan all ] in
+    timing.py); None where plan all has no instance here or a call has no plain time."""
+    from ckview.analysis.plans import resolve_on_trace
+    from ckview.analysis.recompute import step_durations
+
+    try:
+        regions = resolve_on_trace("all", tables["modules"], tables["strings"]).regions
+        inst = region_instances(tables["module_calls"], tables["modules"], tables["strings"],
+                                list(regions))  # fmt: skip
+    except ValueError:  # no chain of blocks, no module
+        return None
+    if not len(inst):
+        return None
+    last_op, _ = _recompute_stop(base, tables, inst)
+    recompute = _recompute_ns(tables, times, inst, last_op)
+    if recompute is None:
+        return None
+    steps = max(len(step_durations(tables["steps"])), 1)
+    saved = _saved_bytes(base, len(inst), *_saved_pairs(tables["saved_events"], inst))
+    return float(recompute[0].sum()) / steps, len(inst) / steps, float(saved.sum()) / steps
 
 
 def _forward_ns(
