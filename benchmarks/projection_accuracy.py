@@ -55,12 +55,13 @@ def script_steps(n_plans: int, timing_steps: int = TIMING_STEPS) -> int:
     """Iterations a script may run under verify (``--stop-after`` ends it once all are recorded
     and timed): a warmup step, then per run (the baseline and one per plan) the recorded step
     and up to ``MAX_ROUNDS`` rounds (at least ``timing_steps``) of a warm-up and a plain timing
-    step (NOTE [ Enough plain steps ]), and as many under plan all (NOTE [ Timing steps under
-    plan all ]); one more as a margin."""
+    step (NOTE [ Enough plain steps ]), with one more that times module calls in each of the
+    ``timing_steps`` rounds asked for (NOTE [ Quiet timing steps ]), and as many under plan all
+    (NOTE [ Timing steps under plan all ]); one more as a margin."""
     from ckview.trace.precision import MAX_ROUNDS
 
     rounds = max(timing_steps, MAX_ROUNDS)
-    return 1 + (1 + n_plans) * (1 + 2 * rounds) + 2 * rounds + 1
+    return 1 + (1 + n_plans) * (1 + 2 * rounds + timing_steps) + 2 * rounds + 1
 
 
 def load_corpus() -> Any:
