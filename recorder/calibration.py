@@ -124,6 +124,45 @@ class RecomputeTimes:
             self._pairs.append((begun[0], begun[1], self._clock.mark()))
 
 
+class PlanAllTiming:
+    """The timing-only run under plan all while the timing steps run (NOTE [ Timing steps
+    under plan all ]): its context and its recompute listener, from ``start`` to ``stop``;
+    before ``start`` (or where no calibration applies) every method does nothing."""
+
+    def __init__(self) -> None:
+        self._context: Calibration | None = None
+        self._recomputes: RecomputeTimes | None = None
+        self._listening: Any = None  # the recompute listener's handle
+
+    def start(self, context: Calibration, recomputes: RecomputeTimes) -> None:
+        from ckpt_runtime import markers
+
+        self._context, self._recomputes = context, recomputes
+        self._listening = markers.add_listener(recomputes)
+
+    def start_step(self, round: int) -> None:
+        """A timing step begins: a kept calibration step of ``round``, or another (-1)."""
+        if self._recomputes is not None:
+            self._recomputes.start_step(round)
+
+    def end_step(self) -> None:
+        if self._recomputes is not None:
+            self._recomputes.end_step()
+
+    def stop(self) -> None:
+        """Stop listening (timing is over, or the script ended)."""
+        listening, self._listening = self._listening, None
+        if listening is not None:
+            listening.remove()
+
+    def rows(self, rounds: list[int], steps_ns: list[int]) -> list[tuple[int, int, int]] | None:
+        """The rows of ``plan_all_times`` for the kept calibration steps ``rounds`` and
+        ``steps_ns``; None where no calibration ran or it is void (``Calibration.failed``)."""
+        if self._context is None or self._context.failed or self._recomputes is None:
+            return None
+        return calibration_rows(rounds, steps_ns, self._recomputes.rows)
+
+
 def calibration_rows(
     rounds: list[int], steps_ns: list[int], recomputes: list[tuple[int, int, int]]
 ) -> list[tuple[int, int, int]]:

@@ -22,10 +22,9 @@ from typing import Any
 from ckview.trace.precision import MAX_ROUNDS
 from recorder.calibration import (
     CALIBRATION_RUN,
-    Calibration,
+    PlanAllTiming,
     RecomputeTimes,
     calibration_context,
-    calibration_rows,
 )
 from recorder.ledger import StorageLedger
 from recorder.modules import ModuleRegistry
@@ -120,9 +119,7 @@ class RunSequencer:
         self._specs: tuple[RunSpec, ...] = plan.runs
         """The runs the timing steps take turns in: the recorded ones, then the calibration
         run under plan all where it applies (NOTE [ Timing steps under plan all ])."""
-        self._recomputes: RecomputeTimes | None = None
-        self._calibration: Calibration | None = None
-        self._listening: Any = None  # the recompute listener's handle while timing
+        self._plan_all = PlanAllTiming()  # NOTE [ Timing steps under plan all ]
         self._timing_pos = -1  # entry of the schedule under way
         self._timing_run: int | None = None  # the run whose context the timing step is in
         self._run_index = 0
@@ -256,8 +253,7 @@ class RunSequencer:
                 self.start_recording()
         elif p.flags.state is State.TIMING:
             self.timer.end_step()
-            if self._recomputes is not None:
-                self._recomputes.end_step()
+            self._plan_all.end_step()
             self._journal_timing()
             self._next_timing_step()
         elif p.flags.state is State.RECORDING:
@@ -348,27 +344,15 @@ class RunSequencer:
             model = self._p.registry.main_model()
         except RuntimeError:  # no module ran forward
             return
-        context = self._calibration = calibration_context(model)
+        context = calibration_context(model)
         if context is None:
             return
-        from ckpt_runtime import markers
-
         self._specs = (*self.plan.runs, RunSpec(CALIBRATION_RUN, context, checkpointing="plan"))
         calibration = len(self.plan.runs)  # its steps time no module calls: none is stored
         schedule = timing_schedule(len(self._specs), self.plan.timing_steps)
         self._schedule = [e for e in schedule if not (e.calls and e.run == calibration)]
         assert self.timer.clock is not None  # chosen by timer.begin
-        self._recomputes = RecomputeTimes(self._p.registry.row, self.timer.clock)
-        self._listening = markers.add_listener(self._recomputes)
-
-    def _calibrated(self) -> bool:
-        """Whether every step under plan all ran with it applied."""
-        return self._calibration is not None and not self._calibration.failed
-
-    def _stop_listening(self) -> None:
-        listening, self._listening = self._listening, None
-        if listening is not None:
-            listening.remove()
+        self._plan_all.start(context, RecomputeTimes(self._p.registry.row, self.timer.clock))
 
     def _next_timing_step(self) -> None:
         """Begin the schedule's next step, in its run's context; the last one done, close."""
@@ -377,7 +361,7 @@ class RunSequencer:
             self._more_rounds_if_needed()
         if self._timing_pos >= len(self._schedule):
             self.timer.stop()
-            self._stop_listening()
+            self._plan_all.stop()
             self._leave_context()
             self._timing_run = None
             self._all_done()
@@ -390,9 +374,8 @@ class RunSequencer:
         spec = self._specs[entry.run]
         self._quiet(entry.keep and entry.calls)
         self.timer.start_step(spec.name, entry.keep, entry.round, entry.calls)
-        if self._recomputes is not None:
-            calibrating = entry.keep and not entry.calls and spec.name == CALIBRATION_RUN
-            self._recomputes.start_step(entry.round if calibrating else -1)
+        calibrating = entry.keep and not entry.calls and spec.name == CALIBRATION_RUN
+        self._plan_all.start_step(entry.round if calibrating else -1)
 
     def _more_rounds_if_needed(self) -> None:
         """The schedule's last step ended: add a round unless the rounds so far are precise
@@ -408,7 +391,7 @@ class RunSequencer:
     def stop_timing(self) -> None:
         """The script ended during the timing steps: keep what was timed."""
         self.timer.stop()
-        self._stop_listening()
+        self._plan_all.stop()
         self._leave_context()
         self._drop_early_context()
         self._p.flags.state = State.DONE
@@ -500,7 +483,7 @@ class RunSequencer:
         cost per call unless the script failed, close the trace and settle it (NOTE [ Writing
         beside the target ]). Call with every hook removed: the cost is measured on a model of
         its own."""
-        self._stop_listening()
+        self._plan_all.stop()
         sink = self._p.sink
         writer = sink.writer
         if writer is None:
@@ -523,10 +506,10 @@ class RunSequencer:
                 )
                 rows = [(n, c.median_ns, c.low_ns, c.high_ns) for n, c in costs]
                 sink.write(writer.set_call_costs, rows)
-            if timed and calibration and self._recomputes is not None and self._calibrated():
-                all_times = calibration_rows(
-                    calibration[0].rounds, calibration[0].steps_ns, self._recomputes.rows
-                )
+            all_times = calibration and self._plan_all.rows(
+                calibration[0].rounds, calibration[0].steps_ns
+            )
+            if timed and all_times:
                 sink.write(writer.set_plan_all_times, all_times)
         finally:
             sink.close(error)
