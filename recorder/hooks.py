@@ -186,9 +186,7 @@ class TorchHooks:
         self._handles = keep
         if self._in_backward_callback:
             return
-        if self._saved_hooks is not None and saved_tensors_hooks_on_top(self._pack):
-            self._saved_hooks.__exit__()
-            self._saved_hooks = None
+        self._take_off_saved_hooks()
         if self._observer is not None and dispatch_mode() is self._observer:
             self._observer.__exit__(None, None, None)
             self._observer = None
@@ -200,12 +198,8 @@ class TorchHooks:
         pre-hook finds that forward, and the unpack hook sees backward begin, where the next
         run's context is entered (NOTE [ Early run context ] in runs.py)."""
         at_forward = self._tracker.ends_at_forward()
-        saved = self._saved_hooks
-        if at_forward or self._in_backward_callback:  # thread-local: restored when backward ends
-            saved = None
-        if saved is not None and saved_tensors_hooks_on_top(self._pack):
-            saved.__exit__()
-            self._saved_hooks = None
+        if not (at_forward or self._in_backward_callback):  # thread-local: restored after it
+            self._take_off_saved_hooks()
         on = calls or at_forward
         if on == self._module_hooks_on or not self._handles:
             return
@@ -214,6 +208,12 @@ class TorchHooks:
             handle.remove()
         if on:
             self._handles[:2] = self._module_hooks()
+
+    def _take_off_saved_hooks(self) -> None:
+        """Leave our saved-tensor hooks, unless others were stacked on top (then they stay)."""
+        if self._saved_hooks is not None and saved_tensors_hooks_on_top(self._pack):
+            self._saved_hooks.__exit__()
+            self._saved_hooks = None
 
     def _module_hooks(self) -> list[Any]:
         return [
