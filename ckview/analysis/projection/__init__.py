@@ -179,6 +179,9 @@ NOTE [ What the projection leaves out ]
     ``aten.view``, ``aten.t``) keeps that storage alive through the policy's cache; the trace
     does not say which storage a view aliases, so the projection does not hold it (an
     under-estimate; the planner never saves such ops, NOTE [ Op-level search space ]).
+    The replay runs the baseline's ops; under the selective checkpoint's dispatch mode torch's
+    composite ops may run others (``aten.add`` for ``aten.add_``), which a save entry can catch
+    (NOTE [ Out-of-place under the policy's mode ] in ``ckview/analysis/planner_ops.py``).
 """
 
 from ckview.analysis.projection.effects import InstanceEffects
