@@ -192,6 +192,24 @@ def test_every_block_of_the_step_is_freed_once_and_attributed(small_op: Any) -> 
     assert (ops["parent"][i] == -1).all(), "a top-level op has no parent"
 
 
+def test_every_op_a_row_names_is_drained_and_no_other_nested_range(small_op: Any) -> None:
+    """NOTE [ Nested ranges that leave no row ] in ckrec.cpp: the ops that blocks, frees,
+    saved tensors, outputs and nested ranges name are all in the drain; of the nested ranges
+    that are not ops of the trace, only those named or telling something of their own stay."""
+    _, rows, _ = small_op
+    ops = rows.ops
+    ids = set(ops["id"].tolist())
+    named = {*rows.memory["op"].tolist(), *rows.saved["op"].tolist(), *rows.outputs["op"].tolist()}
+    named |= set(ops["parent"].tolist())
+    assert named - {-1} <= ids
+    assert len(set(ops["outer"].tolist()) - {-1} - ids) == 0
+    nested_other = (ops["parent"] >= 0) & (ops["outer"] != ops["id"]) & (ops["scope"] == 0)
+    nested_other &= ops["seq"] < 0
+    unnamed = [i for i in ops["id"][nested_other].tolist() if i not in named]
+    assert not unnamed, f"{len(unnamed)} nested ranges left a row no other row names"
+    assert nested_other.sum() < (ops["outer"] == ops["id"]).sum()  # most kernels are gone
+
+
 def _module_types(model: torch.nn.Module, facts: StepFacts) -> dict[int, str]:
     by_address = {id(m): type(m).__name__ for m in model.modules()}
     calls = facts.calls

@@ -64,18 +64,27 @@ std::atomic<int64_t> next_op{0};
 std::atomic<int32_t> next_call{0};
 std::atomic<uint64_t> generation{1};  // bumped by start(): stacks of an earlier recording go
 
-struct Name {  // an interned name as a thread caches it (NOTE [ Interning op names ])
+struct Name {  // an interned name (NOTE [ Interning op names ])
   int32_t id;
   bool is_op;
-  std::string text;
   bool decomposes = false;  // NOTE [ Ops as a dispatch mode sees them ]
 };
+struct CachedName {  // a thread's cache entry: the text the pointer held when it was cached
+  std::string text;
+  Name name;
+};
+struct RecentName {  // a direct-mapped slot in front of the cache (NOTE [ Interning op names ])
+  const char* ptr = nullptr;
+  const CachedName* entry = nullptr;
+};
+constexpr size_t kRecentNames = 1024;
 
 struct ThreadState {
   std::shared_ptr<Buffers> buf;
   std::vector<Frame> ops;
   std::vector<Call> calls;
-  std::unordered_map<const char*, Name> by_ptr;
+  std::unordered_map<const char*, CachedName> by_ptr;  // its values never move: node-based
+  std::vector<RecentName> recent = std::vector<RecentName>(kRecentNames);
   int64_t last_node_seq = -1;  // NOTE [ Engine work between nodes ]
   uint64_t generation = 0;
 };
@@ -88,6 +97,7 @@ ThreadState& state() {
     tls.calls.clear();
     tls.last_node_seq = -1;
     tls.by_ptr.clear();  // names mark_ops() made ops since
+    tls.recent.assign(kRecentNames, RecentName{});
     tls.generation = g;
   }
   if (!tls.buf) {
@@ -138,7 +148,9 @@ void mark_ops(const std::vector<std::string>& op_names) {
 // script's ``record_function`` label). FUNCTION-scope names point into the op's schema and
 // live as long as it, so a thread caches them by pointer; the cached text is compared too,
 // because a name built at run time may free its string and a later one reuse the address.
-// Backward node names die with their range: looked up by text.
+// A direct-mapped slot per pointer sits in front of the cache: a hit costs a compare and no
+// hashing (the map's lookup was most of a range's cost). Backward node names die with their
+// range: looked up by text.
 std::string dispatch_name(const at::RecordFunction& fn) {
   auto op = fn.operator_name();
   if (!op) return "";
@@ -178,19 +190,31 @@ Name intern(ThreadState& ts, const at::RecordFunction& fn) {
   bool is_op = false;
   if (fn.scope() != at::RecordScope::FUNCTION) {
     int32_t id = intern_text(p, is_op);
-    return Name{id, is_op, {}};
+    return Name{id, is_op};
   }
+  RecentName& slot = ts.recent[(reinterpret_cast<uintptr_t>(p) >> 3) & (kRecentNames - 1)];
+  if (slot.ptr == p && std::strcmp(slot.entry->text.c_str(), p) == 0) return slot.entry->name;
   auto it = ts.by_ptr.find(p);
-  if (it != ts.by_ptr.end() && std::strcmp(it->second.text.c_str(), p) == 0) return it->second;
-  std::string op = dispatch_name(fn);
-  is_op = !op.empty();
-  int32_t id = intern_text(op.empty() ? p : op.c_str(), is_op);
-  bool decomposing = !op.empty() && decomposes(*fn.operator_name());  // not mark_ops' names
-  Name& name = ts.by_ptr[p] = Name{id, is_op, std::string(p), decomposing};
-  return Name{name.id, name.is_op, {}, name.decomposes};
+  if (it == ts.by_ptr.end() || std::strcmp(it->second.text.c_str(), p) != 0) {
+    std::string op = dispatch_name(fn);
+    is_op = !op.empty();
+    int32_t id = intern_text(op.empty() ? p : op.c_str(), is_op);
+    bool decomposing = !op.empty() && decomposes(*fn.operator_name());  // not mark_ops' names
+    it = ts.by_ptr.insert_or_assign(p, CachedName{std::string(p), Name{id, is_op, decomposing}})
+             .first;
+  }
+  slot = RecentName{p, &it->second};
+  return it->second.name;
 }
 
 inline int64_t cur_op(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().id; }
+// The innermost open op, for a row that names it: its own row stays (NOTE [ Nested ranges that
+// leave no row ]).
+inline int64_t named_op(ThreadState& ts) {
+  if (ts.ops.empty()) return -1;
+  ts.ops.back().named = true;
+  return ts.ops.back().id;
+}
 inline int64_t cur_top(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().top; }
 inline int64_t cur_node(const ThreadState& ts) {
   return ts.ops.empty() ? -1 : ts.ops.back().node_seq;
@@ -297,7 +321,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   ts.ops.push_back(
       Frame{id, b.drained_ops + int64_t(b.ops.size()), top, node_seq, outer, 0, in_node,
-            name.decomposes && outer == id, false});
+            name.decomposes && outer == id, false, false});
   b.ops.push_back(row);
   return nullptr;
 }
@@ -390,6 +414,21 @@ void pause_inputs(bool pause) {
 // A range also ends when an exception leaves its op (RecordFunction ends in its destructor):
 // the row's `raised` says so (NOTE [ OOM capture on the native path ] in native_ledger.py);
 // an EndRow does not carry it.
+// NOTE [ Nested ranges that leave no row ]
+// Most ranges of a step are nested in an op of the trace (the kernels aten.addmm or an
+// optimizer's op call): three of four on the small-op step. Python needs such a row only when
+// another row names it (a block allocated or freed in it, a tensor saved or unpacked in it:
+// `named`), when it is an op of the trace or held one (`outer`, `descended`), or when it says
+// something itself (a backward node's range, a sequence number, an exception leaving it). Any
+// other range closes as its buffer's last row (ranges close innermost first, so no row of a
+// range it held is left behind it) and is taken back: the drain and the attribution, which
+// cost per row, shrink by as much, and every row left names only rows that are there.
+bool leaves_no_row(const Frame& f, const OpRow& row, size_t i, const Buffers& b) {
+  return i + 1 == b.ops.size() && !f.named && !f.descended && f.allocations == 0 &&
+         row.parent >= 0 && row.outer != row.id && row.seq < 0 && row.raised == 0 &&
+         row.scope == uint8_t(at::RecordScope::FUNCTION);
+}
+
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (off()) return;
   ThreadState& ts = state();
@@ -404,9 +443,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     BufferLock lock(b, drainer);
     int64_t i = f.local - b.drained_ops;
     if (i >= 0 && i < int64_t(b.ops.size())) {
-      b.ops[size_t(i)].t1 = t;
-      b.ops[size_t(i)].raised = uint8_t(std::uncaught_exceptions() > 0);
-      if (f.descended) b.ops[size_t(i)].outer = -1;  // NOTE [ Ops as a dispatch mode sees them ]
+      OpRow& row = b.ops[size_t(i)];
+      row.t1 = t;
+      row.raised = uint8_t(std::uncaught_exceptions() > 0);
+      if (f.descended) row.outer = -1;  // NOTE [ Ops as a dispatch mode sees them ]
+      if (leaves_no_row(f, row, size_t(i), b)) b.ops.pop_back();
     } else {
       b.ends.push_back(EndRow{f.id, t});
     }
@@ -444,7 +485,7 @@ struct Reporter final : prof::ProfilerStateBase {
     int64_t block = on_block(addr(ptr), bytes, d);
     if (bytes > 0 && !ts.ops.empty()) ++ts.ops.back().allocations;
     MemRow row{t,           addr(ptr),  bytes,         block,
-               cur_op(ts),  cur_top(ts), cur_node(ts), int64_t(allocated),
+               named_op(ts), cur_top(ts), cur_node(ts), int64_t(allocated),
                int64_t(reserved), cur_call(ts), int16_t(d.type()), int16_t(d.index())};
     BufferLock lock(*ts.buf, drainer);
     ts.buf->mems.push_back(row);
@@ -455,7 +496,7 @@ struct Reporter final : prof::ProfilerStateBase {
     if (off()) return;
     int64_t t = now_ns();
     ThreadState& ts = state();
-    OomRow row{t, bytes, int64_t(allocated), int64_t(reserved), cur_op(ts), cur_top(ts),
+    OomRow row{t, bytes, int64_t(allocated), int64_t(reserved), named_op(ts), cur_top(ts),
                cur_call(ts), int16_t(d.type()), int16_t(d.index())};
     BufferLock lock(*ts.buf, drainer);
     ts.buf->ooms.push_back(row);
@@ -688,7 +729,7 @@ void saved_row(PyObject* obj, uint8_t kind) {
   ThreadState& ts = state();
   const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   SavedRow row{now_ns(), addr(s->data_ptr().get()), block_of(t), int64_t(s->nbytes()),
-               int64_t(t.numel()) * int64_t(t.element_size()), cur_op(ts), cur_top(ts),
+               int64_t(t.numel()) * int64_t(t.element_size()), named_op(ts), cur_top(ts),
                cur_call(ts), kind, {0, 0, 0}, {}};
   describe(t, row.tensor);
   BufferLock lock(*ts.buf, drainer);

@@ -161,6 +161,7 @@ struct Frame {  // an open op on this thread
   bool in_node;         // a backward node's range, or inside one
   bool decomposes;      // an op of the trace that decomposes (NOTE [ Ops as a dispatch mode
   bool descended;       // sees them ] in ckrec.cpp), and whether ops it called took its place
+  bool named;           // a row names it (NOTE [ Nested ranges that leave no row ] in ckrec.cpp)
 };
 struct Call {  // an open module call on this thread
   int32_t call, module;
