@@ -52,7 +52,7 @@ def measure(path: str, steps: int, marks: tuple[int, ...], top: int) -> None:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if i in marks:  # step i - 1 was journaled at this step's first op
+            if i in marks:  # after step i (its boundary came at opt.step)
                 seen[i] = (tracemalloc.get_traced_memory()[0] // KIB, rss_kib())
                 if i in marks[-2:]:
                     snapshots[i] = tracemalloc.take_snapshot()

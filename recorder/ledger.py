@@ -274,10 +274,13 @@ class StorageLedger:
         storage it was made from (NOTE [ Inputs and their sources ])."""
         data, todo = self._st_data, [sid]
         while todo:
-            at = todo.pop() * ST_WIDTH + ST_CATEGORY
+            row = todo.pop()
+            at = row * ST_WIDTH + ST_CATEGORY
             if data[at] == _OTHER_CAT:
                 data[at] = _INPUT
-                todo += self._sources.pop(at // ST_WIDTH, ())
+                todo += self._sources.pop(row, ())
+                if data[row * ST_WIDTH + ST_FREE_NS] >= 0:  # a source freed before
+                    self._tables.storages.rewritten(row)  # NOTE [ Final rows ] in buffers.py
 
     def _see_input(self, t: torch.Tensor, phase: int, now: int) -> None:
         try:

@@ -101,7 +101,6 @@ class NativeLedger(StepWriting, StorageLedger):
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
-        tables.storages.final_once_set("free_ns")  # NOTE [ Final rows ] in buffers.py
         self._layout_ids_of = LayoutIds(tables.intern, self._dtype_names)
         self._reset()
 

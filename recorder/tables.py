@@ -68,6 +68,7 @@ class RunTables:
         self.saved = RowBuffer("saved_events", sink)
         self.io = RowBuffer("module_io", sink)
         self.storages = MutableTable("storages")
+        self.storages.final_once_set("free_ns")  # NOTE [ Final rows ] in buffers.py
         self.calls = MutableTable("module_calls")
         self.calls.final_once_set("end_ns")  # NOTE [ Final rows ] in buffers.py
         self.steps = MutableTable("steps")
