@@ -127,24 +127,31 @@ class MutableTable:
         kept from the last call, of the rows that were not final then (NOTE [ Final rows ])."""
         count = len(self)
         new = np.arange(self._seen, count)
+        slots = self._slots
         with _no_collection():
-            table = np.frombuffer(self.data, np.int64, count * self.width)
-            table = table.reshape(count, self.width)
-            changed = self._open[(table[self._open] != self._taken).any(axis=1)]
+            resident = len(self.data) // self.width
+            table = np.frombuffer(self.data, np.int64, resident * self.width)
+            table = table.reshape(resident, self.width)
+            changed = self._open[(table[slots(self._open)] != self._taken).any(axis=1)]
             if self._rewritten:
                 late = np.frombuffer(self._rewritten, np.int64)
                 changed = np.union1d(changed, late[late < self._seen])
                 del late
                 del self._rewritten[:]
             rows = np.concatenate((changed, new))
-            values = table[rows].reshape(-1)
+            values = table[slots(rows)].reshape(-1)
             candidates = np.concatenate((self._open, new))
             if self._final is not None:
-                candidates = candidates[table[candidates, self._final] < 0]
-            self._open, self._taken = candidates, table[candidates]
+                candidates = candidates[table[slots(candidates), self._final] < 0]
+            self._open, self._taken = candidates, table[slots(candidates)]
             del table
         self._seen = count
         return rows, values
+
+    def _slots(self, rows: np.ndarray) -> np.ndarray:
+        """Where ``rows`` are in ``data``: here, every row at its index (not so in
+        recorder/storage_rows.py)."""
+        return rows
 
     def as_columns(self) -> dict[str, np.ndarray]:
         count = len(self)

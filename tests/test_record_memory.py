@@ -12,8 +12,11 @@ import pytest
 import torch
 from torch import nn
 
+from ckview.trace import open_trace
+from ckview.trace.schema import RUN_TABLES
 from recorder import Recorder
 from recorder.buffers import MutableTable
+from recorder.storage_rows import StorageRows
 from tests.conftest import NEEDS_COMPILER
 
 pytestmark = [pytest.mark.torch, pytest.mark.recorder]
@@ -80,8 +83,10 @@ def test_journal_takes_rebuild_the_storages(
         rows, values = take(self)
         if self.table == "storages":
             copy.update(zip(rows.tolist(), values.reshape(-1, self.width), strict=True))
+            assert isinstance(self, StorageRows)
             table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
-            have = np.stack([copy[r] for r in range(len(table))]) if len(table) else table
+            rows_here = [*sorted(self.kept), *range(self.base, len(self))]
+            have = np.stack([copy[r] for r in rows_here]) if rows_here else table
             if not np.array_equal(have, table):
                 mismatches.append(np.flatnonzero((have != table).any(axis=1)))
             del table
@@ -96,3 +101,41 @@ def test_journal_takes_rebuild_the_storages(
     _record(tmp_path, 6, prefetch=True)
     assert late, "no source was freed before its product became an input"
     assert not mismatches, mismatches
+    # The trace holds the rows the journal took last, written as they went and kept ones
+    # again at the end (NOTE [ Kept storage rows ]); times in it are since the run's start.
+    with open_trace(tmp_path / "t.h5") as trace:
+        written = trace.run("main").table("storages").read()
+    taken = np.stack([copy[r] for r in range(len(copy))])
+    assert len(written["nbytes"]) == len(taken)
+    t0 = None
+    for i, column in enumerate(RUN_TABLES["storages"]):
+        values = written[column.name].astype(np.int64)
+        if column.name.endswith("_ns"):
+            set_ = taken[:, i] >= 0
+            t0 = t0 if t0 is not None else int((taken[:, i] - values)[set_][0])
+            assert np.array_equal(values[set_], taken[set_, i] - t0), column.name
+            assert (values[~set_] == taken[~set_, i]).all(), column.name
+        else:
+            assert np.array_equal(values, taken[:, i]), column.name
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_resident_storage_rows_do_not_grow_with_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """NOTE [ Kept storage rows ]: after each step, the storage rows in memory are the kept
+    ones and the last step's, as many after 24 steps as after 4 (some 60 rows a step)."""
+    monkeypatch.setenv("CKVIEW_RECORDER", path)
+    resident: list[int] = []
+    take = StorageRows.take_changes
+
+    def counted(self: StorageRows) -> tuple[np.ndarray, np.ndarray]:
+        taken = take(self)
+        resident.append(len(self.data) // self.width)
+        return taken
+
+    monkeypatch.setattr(StorageRows, "take_changes", counted)
+    steps = 24
+    _record(tmp_path, steps)
+    assert len(resident) == steps
+    assert max(resident[4:]) <= resident[3] + 4, resident
