@@ -13,6 +13,7 @@ step 200 and the last (a tracemalloc snapshot diff).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import os
 import resource
@@ -28,13 +29,16 @@ from recorder import Recorder
 KIB = 1024
 
 
-def rss_kib() -> int:
-    """The process's resident set now (Linux /proc), in KiB."""
+def rss_kib(trim: bool = False) -> int:
+    """The process's resident set now (Linux /proc), in KiB; with ``trim``, after glibc gave
+    back the free memory it can (``malloc_trim``), which tells growth from fragmentation."""
+    if trim:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() // KIB
 
 
-def measure(path: str, steps: int, marks: tuple[int, ...], top: int) -> None:
+def measure(path: str, steps: int, marks: tuple[int, ...], top: int, trim: bool) -> None:
     """Record ``steps`` steps on recorder ``path``; print memory at each of ``marks``."""
     os.environ["CKVIEW_RECORDER"] = path
     torch.manual_seed(0)
@@ -53,7 +57,7 @@ def measure(path: str, steps: int, marks: tuple[int, ...], top: int) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
             if i in marks:  # after step i (its boundary came at opt.step)
-                seen[i] = (tracemalloc.get_traced_memory()[0] // KIB, rss_kib())
+                seen[i] = (tracemalloc.get_traced_memory()[0] // KIB, rss_kib(trim))
                 if i in marks[-2:]:
                     snapshots[i] = tracemalloc.take_snapshot()
     tracemalloc.stop()
@@ -76,10 +80,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--path", choices=("native", "python"), action="append")
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--trim", action="store_true", help="malloc_trim before reading RSS")
     args = parser.parse_args()
     marks = tuple(sorted({m for m in (20, 200, args.steps) if m <= args.steps}))
     for path in args.path or ("native", "python"):
-        measure(path, args.steps, marks, args.top)
+        measure(path, args.steps, marks, args.top, args.trim)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,21 @@
 
 NOTE [ Kept storage rows ]
 A long recording must not grow with its steps, and a storage row is some 100 bytes, a step
-makes hundreds. Once the journal has taken a step (``take_changes``), the rows made before the
-step before it are appended to the trace as they are, and dropped from memory, except the rows
-that can still change, which are *kept*: rows not final yet (NOTE [ Final rows ] in
-buffers.py: parameters, optimizer state, anything alive), and rows ``pinned`` as the sources of
-a storage made between steps (NOTE [ Inputs and their sources ] in ledger.py: a freed source
-still becomes an input with its product). Kept rows stay until the run ends, when they are
-written again in place (``finish``); a row's index in the trace never changes, other tables
-refer to storage rows by it.
+makes hundreds. When the journal takes a step (``take_changes``), the rows made before the step
+it takes (up to the take before) are appended to the trace as they are, and dropped from
+memory, except the rows that can still change, which are *kept*: rows not final yet (NOTE
+[ Final rows ] in buffers.py: parameters, optimizer state, anything alive), and rows ``pinned``
+as the sources of a storage made between steps (NOTE [ Inputs and their sources ] in
+ledger.py: a freed source still becomes an input with its product). Kept rows stay until the
+run ends, when they are written again in place (``finish``); a row's index in the trace never
+changes, other tables refer to storage rows by it.
 The rows of the last step stay as they are: most rows alive at a step boundary (the batch, the
-gradients until ``zero_grad``) are freed in the next step, and so never need a rewrite.
+gradients until ``zero_grad``) are freed in the next step, and so never need a rewrite. Rows
+go in batches of ``BATCH_ROWS`` at least: a write to the trace per step cost the native path's
+small-op step 5% (the writer copies its partial chunk at each append).
 In memory, ``data`` holds the kept rows first, in row order, then every row from ``base`` on:
 row ``r`` is at slot ``r + shift`` when ``r >= base``, else at slot ``kept[r]``. The hot path
-addresses a row through ``slot``, or the same expression inline; a dropped row has no slot
+addresses a row through ``slot`` (``slots`` for an array of rows); a dropped row has no slot
 (``kept[r]`` raises KeyError, ``slots`` asserts).
 On CUDA the device samples place each step's peak on the recorded storages at the run's end
 (recorder/sources/device.py): ``keep_device_columns`` then keeps the four columns that needs of
@@ -31,6 +33,9 @@ import numpy as np
 from recorder.buffers import MutableTable, _columns, _no_collection
 
 Columns = dict[str, np.ndarray]
+BATCH_ROWS = 1 << 12
+"""Rows dropped together (NOTE [ Kept storage rows ]): some 400 KiB of rows in memory at most,
+for one write to the trace and one copy of the kept rows every few thousand rows."""
 Sink = Callable[[str, Columns], None]
 Patch = Callable[[str, np.ndarray, Columns], None]
 """Write rows of a table again: the table, the rows (in order), their columns."""
@@ -97,7 +102,7 @@ class StorageRows(MutableTable):
         go to the trace, and leave memory unless kept (NOTE [ Kept storage rows ])."""
         taken = super().take_changes()
         cut, self._previous = self._previous, len(self)
-        if cut > self.base:
+        if cut - self.base >= BATCH_ROWS:
             self._drop_below(cut)
         return taken
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from ckview.trace import open_trace
 from ckview.trace.schema import RUN_TABLES
-from recorder import Recorder
+from recorder import Recorder, storage_rows
 from recorder.buffers import MutableTable
 from recorder.storage_rows import StorageRows
 from tests.conftest import NEEDS_COMPILER
@@ -74,6 +74,7 @@ def test_journal_takes_rebuild_the_storages(
     when a storage freed at an earlier step becomes an input later (a prefetched batch's
     source: NOTE [ Inputs and their sources ] in recorder/ledger.py)."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
+    monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
     take, rewritten = MutableTable.take_changes, MutableTable.rewritten
     copy: dict[int, np.ndarray] = {}
     late: list[int] = []
@@ -126,6 +127,7 @@ def test_resident_storage_rows_do_not_grow_with_steps(
     """NOTE [ Kept storage rows ]: after each step, the storage rows in memory are the kept
     ones and the last step's, as many after 24 steps as after 4 (some 60 rows a step)."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
+    monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
     resident: list[int] = []
     take = StorageRows.take_changes
 
