@@ -5,9 +5,16 @@ Records one plain MLP (Linear+ReLU blocks, Adam) for ``--steps`` steps on each r
 last, the Python-side memory (tracemalloc: array.array and numpy buffers are traced too) and
 the process's RSS. It prints KiB per extra recorded step between those points (near 0 means
 bounded: what is journaled is not kept), and the lines whose allocations grew most between
-step 200 and the last (a tracemalloc snapshot diff).
+step 200 and the last (a tracemalloc snapshot diff). RSS also counts memory that glibc keeps
+free after the script and the writer freed it: ``--trim`` reads it after ``malloc_trim``.
+
+On a 2-core CPU machine (torch 2.13), KiB per step between steps 200 and 1000, traced / RSS:
+main: native 15.9 / 52, python 31.3 / 61; now: native 3.5 / 33 (5.8 with --trim; 2.0 / 13.7
+over 3000 steps), python 1.6 / 2.8. What is left: module-call rows and the writer's partial
+chunk (bounded by a chunk).
 
     OMP_NUM_THREADS=1 python benchmarks/record_memory.py [--steps 1000] [--path native|python]
+        [--trim]
 """
 
 from __future__ import annotations
