@@ -90,6 +90,7 @@ class MutableTable:
         self._seen = 0  # rows at the last take_changes
         self._open = np.zeros(0, np.int64)  # rows that were not final then
         self._taken = np.empty((0, self.width), np.int64)  # and their values then
+        self._rewritten = array.array("q")  # final rows written since (NOTE [ Final rows ])
 
     def __len__(self) -> int:
         return len(self.data) // self.width
@@ -113,6 +114,11 @@ class MutableTable:
         """Rows whose ``column`` is set (>= 0) no longer change (NOTE [ Final rows ])."""
         self._final = self._index[column]
 
+    def rewritten(self, row: int) -> None:
+        """Row ``row`` was written after it was final (NOTE [ Final rows ]): the next
+        :meth:`take_changes` reports it."""
+        self._rewritten.append(row)
+
     def take_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows added or changed since the last call (their indices, then the rows, raw:
         NOTE [ Raw rows in the journal ] in ckview/trace/journal.py), for the recording
@@ -121,19 +127,31 @@ class MutableTable:
         kept from the last call, of the rows that were not final then (NOTE [ Final rows ])."""
         count = len(self)
         new = np.arange(self._seen, count)
+        slots = self._slots
         with _no_collection():
-            table = np.frombuffer(self.data, np.int64, count * self.width)
-            table = table.reshape(count, self.width)
-            changed = self._open[(table[self._open] != self._taken).any(axis=1)]
+            resident = len(self.data) // self.width
+            table = np.frombuffer(self.data, np.int64, resident * self.width)
+            table = table.reshape(resident, self.width)
+            changed = self._open[(table[slots(self._open)] != self._taken).any(axis=1)]
+            if self._rewritten:
+                late = np.frombuffer(self._rewritten, np.int64)
+                changed = np.union1d(changed, late[late < self._seen])
+                del late
+                del self._rewritten[:]
             rows = np.concatenate((changed, new))
-            values = table[rows].reshape(-1)
+            values = table[slots(rows)].reshape(-1)
             candidates = np.concatenate((self._open, new))
             if self._final is not None:
-                candidates = candidates[table[candidates, self._final] < 0]
-            self._open, self._taken = candidates, table[candidates]
+                candidates = candidates[table[slots(candidates), self._final] < 0]
+            self._open, self._taken = candidates, table[slots(candidates)]
             del table
         self._seen = count
         return rows, values
+
+    def _slots(self, rows: np.ndarray) -> np.ndarray:
+        """Where ``rows`` are in ``data``: here, every row at its index (not so in
+        recorder/storage_rows.py)."""
+        return rows
 
     def as_columns(self) -> dict[str, np.ndarray]:
         count = len(self)
@@ -143,12 +161,20 @@ class MutableTable:
 
 # NOTE [ Final rows ]
 # take_changes runs once per recorded step, and comparing the whole table each time would cost
-# in proportion to the run's length. A table may name a column that ends a row (a storage's
-# free_ns on the native path, where nothing writes a storage row once it is freed): such rows
-# are compared once more, at the next take, and never again. Module calls end so
-# (``PhaseState.close_call`` sets ``end_ns`` and ``seq_end`` together, and nothing writes the
-# row after): without it the journal compared every call of the run at every step, 0.3 ms of a
-# 6 ms small-op step after 100 steps, growing with the run.
+# in proportion to the run's length, in time and in the copy it keeps of the rows it compares.
+# A table may name a column that ends a row: such rows are compared once more, at the next
+# take, and never again. A storage ends at its free_ns, on both recorder paths:
+# - native: nothing writes a storage row once it is freed;
+# - Python: the free's weak-reference callback sets free_ns, and the allocator's merge refines
+#   it (with nbytes and alloc_ns) when the step's window closes, which is before the step's take
+#   (``RunSequencer._end_recorded_step``: the sources' ``step_ends``, then the journal).
+# On both, a storage that the step's forward uses as an input makes the storages it was made
+# from between steps inputs too (NOTE [ Inputs and their sources ] in ledger.py), freed or not:
+# that write names the row (``rewritten``), and the next take reports it.
+# Module calls end so (``PhaseState.close_call`` sets ``end_ns`` and ``seq_end`` together, and
+# nothing writes the row after): without it the journal compared every call of the run at
+# every step, 0.3 ms of a 6 ms small-op step after 100 steps, growing with the run.
+# tests/test_record_memory.py holds the copy bounded, and the takes whole, on both paths.
 # The table is read through a view of ``data``, not a copy. While a buffer is exported, an
 # append raises, and a free callback (a weak reference's, run by the cyclic collector) may
 # append: the collector is off while the view lives, and nothing in between drops a reference.

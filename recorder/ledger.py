@@ -152,6 +152,7 @@ class StorageLedger:
         self._tables = tables
         self._ops, self._mem, self._saved, self._io = tables.appended
         self._st_data = tables.storages.data
+        self._st = tables.storages  # rows by slot: NOTE [ Kept storage rows ]
         self._calls = tables.calls
         self._op_stacks = tables.op_stacks
         self._cpu_id = tables.intern("cpu")
@@ -263,6 +264,7 @@ class StorageLedger:
         for sid in made:
             if sid not in sources:
                 self._sources.setdefault(sid, []).extend(sources)
+        self._st.pinned.update(sources)  # NOTE [ Kept storage rows ] in storage_rows.py
 
     def _sid_of(self, t: torch.Tensor) -> int | None:
         st = storage_of(t)
@@ -272,12 +274,16 @@ class StorageLedger:
     def _promote_input(self, sid: int) -> None:
         """An OTHER storage used by the step's forward is an input, and so is every OTHER
         storage it was made from (NOTE [ Inputs and their sources ])."""
-        data, todo = self._st_data, [sid]
+        data, storages, todo = self._st_data, self._st, [sid]
         while todo:
-            at = todo.pop() * ST_WIDTH + ST_CATEGORY
-            if data[at] == _OTHER_CAT:
-                data[at] = _INPUT
-                todo += self._sources.pop(at // ST_WIDTH, ())
+            row = todo.pop()
+            at = storages.slot(row) * ST_WIDTH
+            storages.pinned.discard(row)
+            if data[at + ST_CATEGORY] == _OTHER_CAT:
+                data[at + ST_CATEGORY] = _INPUT
+                todo += self._sources.pop(row, ())
+                if data[at + ST_FREE_NS] >= 0:  # a source freed before
+                    storages.rewritten(row)  # NOTE [ Final rows ] in buffers.py
 
     def _see_input(self, t: torch.Tensor, phase: int, now: int) -> None:
         try:
@@ -288,7 +294,7 @@ class StorageLedger:
         ref = self._known.get(st._cdata)
         if ref is None:
             self._register_existing(t, st, phase, now)
-        elif phase == FORWARD and self._st_data[ref.sid * ST_WIDTH + ST_CATEGORY] == _OTHER_CAT:
+        elif phase == FORWARD and self._category(ref.sid) == _OTHER_CAT:
             self._promote_input(ref.sid)  # made outside the forward (a batch), used by it
 
     def _see_output(self, t: torch.Tensor, op: int, call: int, phase: int, now: int) -> None:
@@ -329,10 +335,8 @@ class StorageLedger:
         dtype_id, shape_id = self.layout_ids(t)
         device_id = self._cpu_id if t.is_cpu else self._device_id(t)
         module = self._calls.data[call * CALL_WIDTH] if call != NO_INDEX else NO_INDEX
-        sid = len(self._st_data) // ST_WIDTH
         row = (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now)
-        self._st_data.extend((*row, -1, self._tables.stack_of(op)))
-        self._tables.st_address.append(st.data_ptr())
+        sid = self._st.add((*row, -1, self._tables.stack_of(op)), st.data_ptr())
         ref = StorageRef(st, self._on_free)
         ref.sid = sid
         ref.key = st._cdata
@@ -345,12 +349,15 @@ class StorageLedger:
         if self._flags.state is not State.RECORDING or ref.sid < 0:
             return  # sid -1: freed already by a resize (NOTE [ FSDP's storages ])
         now = perf_counter_ns()
-        self._st_data[ref.sid * ST_WIDTH + ST_FREE_NS] = now
+        self._st_data[self._st.slot(ref.sid) * ST_WIDTH + ST_FREE_NS] = now
         self._mem.data.extend((_FREE, ref.sid, self.last_op, now))
+
+    def _category(self, sid: int) -> int:
+        return self._st_data[self._st.slot(sid) * ST_WIDTH + ST_CATEGORY]
 
     def _promote(self, sid: int, category: int) -> None:
         """Give storage ``sid`` ``category`` unless it already has a stronger one."""
-        at = sid * ST_WIDTH + ST_CATEGORY
+        at = self._st.slot(sid) * ST_WIDTH + ST_CATEGORY
         if _RANK[category] < _RANK[self._st_data[at]]:
             self._st_data[at] = category
 
@@ -376,7 +383,7 @@ class StorageLedger:
         if category == _PARAMETER and local(t) is not t:
             category = _SHARDED  # NOTE [ FSDP's storages ]
         self._promote(sid, category)
-        at = sid * ST_WIDTH + ST_MODULE
+        at = self._st.slot(sid) * ST_WIDTH + ST_MODULE
         if self._st_data[at] == NO_INDEX:
             self._st_data[at] = self._registry.owner(owner if owner is not None else t)
 
@@ -424,7 +431,7 @@ class StorageLedger:
         if sid is None:
             return  # an empty storage
         # Made outside the step's forward (a batch from the data loader) and saved: an input.
-        if self._st_data[sid * ST_WIDTH + ST_CATEGORY] == _OTHER_CAT:
+        if self._category(sid) == _OTHER_CAT:
             self._promote_input(sid)
         else:
             self._promote(sid, _ACTIVATION)
@@ -473,7 +480,7 @@ class StorageLedger:
                 sid = ref.sid
                 self._promote(sid, _UNSHARDED)
             if module is not None:
-                self._st_data[sid * ST_WIDTH + ST_MODULE] = module
+                self._st_data[self._st.slot(sid) * ST_WIDTH + ST_MODULE] = module
 
     # ------------------------------------------------------------------------- string ids
 

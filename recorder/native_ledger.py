@@ -52,7 +52,7 @@ from recorder.native.rows import drain
 from recorder.native_steps import StepWriting
 from recorder.oom import OomNote, requested_bytes, says_allocation_failed
 from recorder.phases import FORWARD, OTHER
-from recorder.tables import ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables, State
+from recorder.tables import ST_MODULE, ST_WIDTH, RunTables, State
 
 _OTHER = int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
@@ -101,7 +101,6 @@ class NativeLedger(StepWriting, StorageLedger):
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
-        tables.storages.final_once_set("free_ns")  # NOTE [ Final rows ] in buffers.py
         self._layout_ids_of = LayoutIds(tables.intern, self._dtype_names)
         self._reset()
 
@@ -249,14 +248,14 @@ class NativeLedger(StepWriting, StorageLedger):
     def _apply_python(self, sid: int, what: int, value: int, module: int) -> None:
         if what >= 2:
             self._io.data.extend((value, sid, what - 2))
-            if what == 2 and self._st_data[sid * ST_WIDTH + ST_CATEGORY] == _OTHER:
+            if what == 2 and self._category(sid) == _OTHER:
                 self._promote_input(sid)
             return
-        if what == 1 and self._st_data[sid * ST_WIDTH + ST_CATEGORY] == _OTHER:
+        if what == 1 and self._category(sid) == _OTHER:
             self._promote_input(sid)  # saved, made outside the forward: as on_saved does
             return
         self._promote(sid, value)
-        at = sid * ST_WIDTH + ST_MODULE
+        at = self._st.slot(sid) * ST_WIDTH + ST_MODULE
         if what == 0 and self._st_data[at] == NO_INDEX:
             self._st_data[at] = module
 

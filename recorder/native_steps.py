@@ -238,7 +238,8 @@ class StepWriting:
         """Write the step's blocks; returns the storage rows autograd saved."""
         blocks = facts.blocks
         n = len(blocks["block"])
-        first = len(self._st_data) // ST_WIDTH
+        storages = self._tables.storages
+        first = len(storages)
         sids = np.arange(first, first + n)
         recompute = blocks["phase"] == Phase.RECOMPUTE
         call = calls.row(np.where(recompute, blocks["call"], blocks["module_call"]))
@@ -261,8 +262,8 @@ class StepWriting:
             ],
             axis=1,
         ).astype(np.int64)
-        _append(self._st_data, table)
-        _append(self._tables.st_address, blocks["ptr"])
+        _append(storages.data, table)
+        _append(storages.address, blocks["ptr"])
         self._blocks.add(blocks, sids)
         events = [np.stack([np.full(n, _ALLOC), sids, op, blocks["alloc_ns"]], axis=1)]
         freed = blocks["free_ns"] >= 0
@@ -313,9 +314,10 @@ class StepWriting:
                 sources = sid[between & (inputs["op"] == op)].tolist()
                 for out in made[facts.blocks["top_op"] == op].tolist():
                     self._sources.setdefault(out, []).extend(s for s in sources if s != out)
+                self._tables.storages.pinned.update(sources)  # NOTE [ Kept storage rows ]
         forward = np.unique(sid[(phase == Phase.FORWARD) & (sid >= 0)])
         view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
-        other = forward[view[forward, ST_CATEGORY] == _OTHER].tolist()
+        other = forward[view[self._slots(forward), ST_CATEGORY] == _OTHER].tolist()
         del view
         for s in other:
             self._promote_input(s)
@@ -348,7 +350,8 @@ class StepWriting:
     def _promote_saved(self, sids: np.ndarray) -> None:
         """Saved by autograd: an activation; made outside the forward (a batch), an input
         (``StorageLedger.on_saved``)."""
-        category = np.frombuffer(self._st_data, np.int64)[sids * ST_WIDTH + ST_CATEGORY]
+        at = self._slots(sids) * ST_WIDTH + ST_CATEGORY
+        category = np.frombuffer(self._st_data, np.int64)[at]
         for sid in sids[category == _OTHER].tolist():
             self._promote_input(sid)
         self._promote_all(sids[category != _OTHER], _ACTIVATION)
@@ -359,7 +362,7 @@ class StepWriting:
         storage: most steps register none (a step saves its parameters again)."""
         if self._python_sids is None:
             sids = np.fromiter((r.sid for r in self._known.values() if r.sid >= 0), np.int64)
-            address = np.frombuffer(self._tables.st_address, np.int64)[sids]
+            address = np.frombuffer(self._tables.storages.address, np.int64)[self._slots(sids)]
             order = np.argsort(address)
             self._python_sids = address[order], sids[order]
         address, sids = self._python_sids
@@ -382,7 +385,7 @@ class StepWriting:
             notes["module"][keep].astype(np.int64),
         )
         view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
-        other = view[sid, ST_CATEGORY] == _OTHER
+        other = view[self._slots(sid), ST_CATEGORY] == _OTHER
         del view
         for row in np.flatnonzero(other).tolist():
             self._apply_python(int(sid[row]), int(what[row]), int(value[row]), int(module[row]))
@@ -418,24 +421,29 @@ class StepWriting:
         if not len(sids):
             return
         view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
-        current = view[sids, ST_CATEGORY]
-        stronger = _RANK[category] < _RANK[current]
-        view[sids[stronger], ST_CATEGORY] = category
-        del view, current
+        slots = self._slots(sids)
+        stronger = _RANK[category] < _RANK[view[slots, ST_CATEGORY]]
+        view[slots[stronger], ST_CATEGORY] = category
+        del view
 
     def _set_modules(self, sids: np.ndarray, modules: np.ndarray) -> None:
         """Give each storage its module where it has none."""
         if len(sids):
             view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
-            empty = view[sids, ST_MODULE] == NO_INDEX
-            view[sids[empty], ST_MODULE] = modules[empty]
+            slots = self._slots(sids)
+            empty = view[slots, ST_MODULE] == NO_INDEX
+            view[slots[empty], ST_MODULE] = modules[empty]
             del view, empty
 
     def _set_storages(self, sids: np.ndarray, column: str, values: np.ndarray) -> None:
         if len(sids):
             view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
-            view[sids, self._tables.storages.index(column)] = values
+            view[self._slots(sids), self._tables.storages.index(column)] = values
             del view
+
+    def _slots(self, sids: np.ndarray) -> np.ndarray:
+        """Where storage rows ``sids`` are in ``_st_data`` (NOTE [ Kept storage rows ])."""
+        return self._tables.storages.slots(sids)
 
     def _layout_ids(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
         return self._layout_ids_of.ids(dtype, ndim, dims)

@@ -444,7 +444,8 @@ class RunSequencer:
             for part in parts:
                 for name, columns in part.tables.items():
                     sink.sink(name, columns)
-            for table in tables.editable:
+            tables.storages.finish()  # NOTE [ Kept storage rows ] in storage_rows.py
+            for table in tables.written_at_end:
                 sink.sink(table.table, table.as_columns())
             attrs = {
                 "steps_recorded": self._steps_in_run,

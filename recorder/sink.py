@@ -75,7 +75,7 @@ class TraceSink:
         """The trace's run ``name`` begins; :meth:`tables` hold its rows."""
         assert self.writer is not None
         self._run = self.writer.run(name)
-        self._tables = RunTables(name, self.sink, self.intern)
+        self._tables = RunTables(name, self.sink, self.intern, self.patch)
 
     @property
     def tables(self) -> RunTables:
@@ -86,6 +86,12 @@ class TraceSink:
         """Write a batch, turning absolute ``perf_counter_ns`` times into times since start."""
         self._since_start(columns)
         self.write(self._run.append, table, columns)
+
+    def patch(self, table: str, rows: np.ndarray, columns: Columns) -> None:
+        """Write rows ``rows`` of ``table`` again (NOTE [ Kept storage rows ] in
+        recorder/storage_rows.py)."""
+        self._since_start(columns)
+        self.write(self._run.patch, table, rows, columns)
 
     def _since_start(self, columns: Columns) -> None:
         t0 = self.tables.t0

@@ -12,6 +12,7 @@ from enum import Enum
 
 from ckview.trace.schema import NO_INDEX, RUN_TABLES
 from recorder.buffers import MutableTable, RowBuffer, Sink
+from recorder.storage_rows import Patch, StorageRows
 
 
 def _index(table: str, name: str) -> int:
@@ -59,7 +60,7 @@ class RunTables:
     stay editable until the run ends (MutableTable); every run is self-contained (rows index
     its own tables)."""
 
-    def __init__(self, name: str, sink: Sink, intern: Callable[[str], int]) -> None:
+    def __init__(self, name: str, sink: Sink, intern: Callable[[str], int], patch: Patch) -> None:
         self.name = name
         self.intern = intern
         """String ids of the trace's string table."""
@@ -67,12 +68,11 @@ class RunTables:
         self.mem = RowBuffer("memory_events", sink)
         self.saved = RowBuffer("saved_events", sink)
         self.io = RowBuffer("module_io", sink)
-        self.storages = MutableTable("storages")
+        self.storages = StorageRows(sink, patch)  # NOTE [ Kept storage rows ]
         self.calls = MutableTable("module_calls")
         self.calls.final_once_set("end_ns")  # NOTE [ Final rows ] in buffers.py
         self.steps = MutableTable("steps")
         self.regions = MutableTable("recompute_regions")
-        self.st_address = array.array("q")  # data_ptr of each storage row
         self.op_stacks = array.array("q")  # the stack of each buffered op, with --stacks
         self.step = 0
         """The run's step under way."""
@@ -85,7 +85,14 @@ class RunTables:
 
     @property
     def editable(self) -> tuple[MutableTable, ...]:
+        """The tables whose rows change after they are appended (the journal compares them)."""
         return (self.storages, self.calls, self.steps, self.regions)
+
+    @property
+    def written_at_end(self) -> tuple[MutableTable, ...]:
+        """The editable tables written whole when the run ends (``storages`` is written as it
+        goes: NOTE [ Kept storage rows ] in storage_rows.py)."""
+        return (self.calls, self.steps, self.regions)
 
     def stack_of(self, op: int) -> int:
         """The stack row of buffered op ``op`` (-1 without --stacks or for an older op)."""

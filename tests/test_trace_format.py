@@ -238,6 +238,34 @@ def test_every_table_round_trips(
                     np.testing.assert_array_equal(read[name], values)
 
 
+@pytest.mark.parametrize("threads", [None, 0])
+@pytest.mark.parametrize("flush_between", [False, True])
+def test_patched_rows_read_back(tmp_path: Path, threads: int | None, flush_between: bool) -> None:
+    """RunWriter.patch writes rows appended before again, wherever they are: in whole chunks on
+    disk, in the partial last chunk in memory, or in one flushed (NOTE [ Kept storage rows ] in
+    recorder/storage_rows.py)."""
+    columns = RUN_TABLES["storages"]
+    data = {c.name: np.arange(20, dtype=c.dtype) for c in columns}
+    rows = np.array([0, 6, 9, 17, 19])
+    new = {c.name: np.full(len(rows), 7, dtype=c.dtype) for c in columns}
+    path = tmp_path / "t.h5"
+    with TraceWriter(path, chunk_rows=8, threads=threads) as w:
+        run = w.run("main")
+        for batch in batches(data, [7]):
+            run.append("storages", batch)
+            if flush_between:
+                w.flush()
+        run.patch("storages", rows, new)
+        with pytest.raises(ValueError, match="beyond"):
+            run.patch("storages", np.array([20]), {c.name: [1] for c in columns})
+    with open_trace(path) as t:
+        read = t.run("main").table("storages").read(check=False)
+    for c in columns:
+        expected = data[c.name].copy()
+        expected[rows] = 7
+        np.testing.assert_array_equal(read[c.name], expected)
+
+
 def test_many_chunks_round_trip(tmp_path: Path) -> None:
     """Full 64 Ki-row chunks (compressed on threads) and a partial one, in odd-sized batches."""
     rng = np.random.default_rng(0)

@@ -234,6 +234,24 @@ class _TableWriter:
             dataset[self._stored : self.rows] = self._tail[name]
         self._extent = self.rows
 
+    def patch(self, rows: np.ndarray, data: Mapping[str, ColumnData]) -> None:
+        """Write rows ``rows`` (increasing, each appended before) again: every column."""
+        arrays = self._convert(data)
+        if not len(rows):
+            return
+        if rows[-1] >= self.rows:
+            raise ValueError(f"{self.name}: row {rows[-1]} is beyond its {self.rows} rows")
+        self._write_compressed()
+        # Rows may be on disk (whole chunks, or a partial chunk flushed), in the partial last
+        # chunk in memory (with a compressor: rows from ``_stored`` on), or both.
+        on_disk = rows < self._extent
+        in_tail = rows >= self._stored if self._compressor is not None else ~on_disk
+        for name, values in arrays.items():
+            if on_disk.any():
+                self._datasets[name][rows[on_disk]] = values[on_disk]
+            if in_tail.any():
+                self._tail[name][rows[in_tail] - self._stored] = values[in_tail]
+
     def _write_rows(self, arrays: dict[str, np.ndarray]) -> None:
         end = self.rows + len(arrays[self._columns[0].name])
         for name, arr in arrays.items():
@@ -340,6 +358,15 @@ class RunWriter:
         if table not in self._tables:
             raise ValueError(f"unknown table {table!r}; run tables: {', '.join(RUN_TABLES)}")
         self._tables[table].append(columns)
+
+    def patch(self, table: str, rows: np.ndarray, columns: Mapping[str, ColumnData]) -> None:
+        """Write rows ``rows`` (increasing) of ``table``, appended before, again: a recorder
+        writes a storage row when the row can no longer change, or early and again at the
+        run's end (NOTE [ Kept storage rows ] in recorder/storage_rows.py)."""
+        self._check_open()
+        if table not in self._tables:
+            raise ValueError(f"unknown table {table!r}; run tables: {', '.join(RUN_TABLES)}")
+        self._tables[table].patch(np.asarray(rows, np.int64), columns)
 
     def set_attrs(self, **attrs: int | str) -> None:
         """Set run attributes other than ``name`` and ``complete``: integers

@@ -115,10 +115,12 @@ class AllocatorSource:
         first_op = ops.rows - len(op_rows)
         # Gathered for the window's rows alone (fancy indexing copies): a cost per window that
         # does not grow with the run. No view outlives this line (``_add_workspaces`` appends).
-        st_data = run.storages.data
-        sids = events[:, 1]
-        address = np.frombuffer(run.st_address, dtype=np.int64)[sids]
-        nbytes = np.frombuffer(st_data, dtype=np.int64)[sids * ST_WIDTH + ST_NBYTES]
+        storages = run.storages
+        st_data = storages.data
+        slots = storages.slots(events[:, 1])  # NOTE [ Kept storage rows ] in storage_rows.py
+        address = np.frombuffer(storages.address, dtype=np.int64)[slots]
+        nbytes = np.frombuffer(st_data, dtype=np.int64)[slots * ST_WIDTH + ST_NBYTES]
+        del slots
 
         def workspaces(blocks: list[Block], ops: np.ndarray) -> int:
             local = ops - first_op
@@ -130,7 +132,7 @@ class AllocatorSource:
         merged = self._merge.merge(window, events, address, nbytes, start, first_op, workspaces)
         mem.data = array.array("q", merged.tobytes()) + mem.data[taken:]
         for block in self._merge.touched:
-            at = block.storage * ST_WIDTH
+            at = storages.slot(block.storage) * ST_WIDTH
             if block.alloc_ns >= 0 and st_data[at + ST_ALLOC_NS] >= 0:  # an ALLOC's block
                 st_data[at + ST_NBYTES] = block.nbytes
                 st_data[at + ST_ALLOC_NS] = block.alloc_ns
@@ -143,8 +145,8 @@ class AllocatorSource:
     ) -> int:
         """Storage rows for memory only the allocator saw (NOTE [ Matching blocks ]): temporaries
         of the op running when each block was allocated. Returns the first row."""
-        st_data = run.storages.data
-        first = len(st_data) // ST_WIDTH
+        storages = run.storages
+        first = len(storages)
         call_module = np.frombuffer(run.calls.data, dtype=np.int64)[::CALL_WIDTH]
         modules = np.full(len(calls), NO_INDEX, dtype=np.int64)
         in_call = calls >= 0
@@ -161,6 +163,6 @@ class AllocatorSource:
         rows[:, ST_FREE_NS] = [block.free_ns for block in blocks]
         stacks = [run.stack_of(int(op)) for op in ops] if self._stacks else NO_INDEX
         rows[:, ST_STACK] = stacks
-        st_data.frombytes(rows.tobytes())
-        run.st_address.frombytes(np.array([b.address for b in blocks], np.int64).tobytes())
+        storages.data.frombytes(rows.tobytes())
+        storages.address.frombytes(np.array([b.address for b in blocks], np.int64).tobytes())
         return first

@@ -18,15 +18,18 @@ class DeviceSource:
 
     def __init__(self, intern: Callable[[str], int]) -> None:
         self._sampler = DeviceSampler(intern)
+        self._run: RunTables | None = None
 
     def install(self) -> Callable[[], None]:
         return nothing_to_undo
 
     def begin_run(self, run: RunTables) -> None:
-        pass
+        self._run = run
 
     def step_begins(self, now: int) -> None:
         self._sampler.step_begins(now)
+        if self._run is not None and self._sampler.devices():  # peaks to place at the run's end
+            self._run.storages.keep_device_columns = True  # NOTE [ Kept storage rows ]
 
     def step_ends(self, now: int) -> None:
         self._sampler.step_ends(now)
@@ -36,7 +39,7 @@ class DeviceSource:
         has none); peaks placed on the recorded storages."""
         last = len(run.steps) - 1
         self._sampler.run_ends(run.steps.get(last, "end_ns") if last >= 0 else now)
-        storages = run.storages.as_columns()
+        storages = run.storages.device_columns()
 
         def peak_time(device: str, start: int, end: int) -> int:
             return recorded_peak_time(storages, run.intern(device), start, end)

@@ -1,0 +1,153 @@
+"""The run's storage rows, of which only those that can still change stay in memory.
+
+NOTE [ Kept storage rows ]
+A long recording must not grow with its steps, and a storage row is some 100 bytes, a step
+makes hundreds. When the journal takes a step (``take_changes``), the rows made before the step
+it takes (up to the take before) are appended to the trace as they are, and dropped from
+memory, except the rows that can still change, which are *kept*: rows not final yet (NOTE
+[ Final rows ] in buffers.py: parameters, optimizer state, anything alive), and rows ``pinned``
+as the sources of a storage made between steps (NOTE [ Inputs and their sources ] in
+ledger.py: a freed source still becomes an input with its product). Kept rows stay until the
+run ends, when they are written again in place (``finish``); a row's index in the trace never
+changes, other tables refer to storage rows by it.
+The rows of the last step stay as they are: most rows alive at a step boundary (the batch, the
+gradients until ``zero_grad``) are freed in the next step, and so never need a rewrite. Rows
+go in batches of ``BATCH_ROWS`` at least: a write to the trace per step cost the native path's
+small-op step 5% (the writer copies its partial chunk at each append).
+In memory, ``data`` holds the kept rows first, in row order, then every row from ``base`` on:
+row ``r`` is at slot ``r + shift`` when ``r >= base``, else at slot ``kept[r]``. The hot path
+addresses a row through ``slot`` (``slots`` for an array of rows); a dropped row has no slot
+(``kept[r]`` raises KeyError, ``slots`` asserts).
+On CUDA the device samples place each step's peak on the recorded storages at the run's end
+(recorder/sources/device.py): ``keep_device_columns`` then keeps the four columns that needs of
+each dropped row (32 bytes a row instead of 96).
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Callable
+
+import numpy as np
+
+from recorder.buffers import MutableTable, _columns, _no_collection
+
+Columns = dict[str, np.ndarray]
+BATCH_ROWS = 1 << 12
+"""Rows dropped together (NOTE [ Kept storage rows ]): some 400 KiB of rows in memory at most,
+for one write to the trace and one copy of the kept rows every few thousand rows."""
+Sink = Callable[[str, Columns], None]
+Patch = Callable[[str, np.ndarray, Columns], None]
+"""Write rows of a table again: the table, the rows (in order), their columns."""
+_DEVICE_COLUMNS = ("nbytes", "device", "alloc_ns", "free_ns")
+
+
+class StorageRows(MutableTable):
+    """The ``storages`` table (NOTE [ Kept storage rows ]): ``sink`` appends rows to the trace,
+    ``patch`` writes rows written before again."""
+
+    def __init__(self, sink: Sink, patch: Patch) -> None:
+        super().__init__("storages")
+        self.final_once_set("free_ns")  # NOTE [ Final rows ] in buffers.py
+        self.address = array.array("q")
+        """The ``data_ptr`` of each row in memory, by slot."""
+        self.base = 0
+        self.shift = 0
+        self.kept: dict[int, int] = {}
+        self.pinned: set[int] = set()
+        """Rows kept even once final: sources an input may still promote."""
+        self.keep_device_columns = False
+        self._sink, self._patch = sink, patch
+        self._kept_rows = np.zeros(0, np.int64)  # the keys of ``kept``, in order
+        self._previous = 0  # the row count at the take before the last
+        self._dropped: list[np.ndarray] = []  # with keep_device_columns: their columns
+
+    def __len__(self) -> int:
+        return len(self.data) // self.width - self.shift
+
+    def slot(self, row: int) -> int:
+        return row + self.shift if row >= self.base else self.kept[row]
+
+    def _slots(self, rows: np.ndarray) -> np.ndarray:
+        old = rows < self.base
+        if not old.any():
+            return rows + self.shift
+        at = np.searchsorted(self._kept_rows, rows[old])
+        assert (self._kept_rows[np.minimum(at, len(self._kept_rows) - 1)] == rows[old]).all(), (
+            "a storage row dropped from memory was addressed (NOTE [ Kept storage rows ])"
+        )
+        slots = rows + self.shift
+        slots[old] = at
+        return slots
+
+    def slots(self, rows: np.ndarray) -> np.ndarray:
+        """The slots of ``rows`` (int64), each in memory."""
+        return self._slots(np.asarray(rows, np.int64))
+
+    def add(self, values: tuple[int, ...], address: int) -> int:
+        """Append one row and its storage's address; return the row."""
+        row = len(self)
+        self.data.extend(values)
+        self.address.append(address)
+        return row
+
+    def get(self, row: int, name: str) -> int:
+        return self.data[self.slot(row) * self.width + self.index(name)]
+
+    def set(self, row: int, name: str, value: int) -> None:
+        self.data[self.slot(row) * self.width + self.index(name)] = value
+
+    def take_changes(self) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`MutableTable.take_changes`; then the rows made before the previous take
+        go to the trace, and leave memory unless kept (NOTE [ Kept storage rows ])."""
+        taken = super().take_changes()
+        cut, self._previous = self._previous, len(self)
+        if cut - self.base >= BATCH_ROWS:
+            self._drop_below(cut)
+        return taken
+
+    def _drop_below(self, cut: int) -> None:
+        with _no_collection():
+            table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
+            first = self.base + self.shift
+            passing = table[first : cut + self.shift]
+            self._sink(self.table, _columns(self.columns, passing))
+            rows = np.arange(self.base, cut)
+            keep = passing[:, self.index("free_ns")] < 0
+            if self.pinned:
+                keep |= np.isin(rows, np.fromiter(self.pinned, np.int64, len(self.pinned)))
+            if self.keep_device_columns:
+                self._dropped.append(self._device_part(passing[~keep]))
+            order = np.concatenate((np.arange(len(self.kept)), first + np.flatnonzero(keep)))
+            rest = table[cut + self.shift :]
+            data = np.concatenate((table[order], rest)).reshape(-1)
+            address = np.frombuffer(self.address, np.int64)
+            address = np.concatenate((address[order], address[cut + self.shift :]))
+            del table, passing, rest
+        self._kept_rows = np.concatenate((self._kept_rows, rows[keep]))
+        self.kept = {row: slot for slot, row in enumerate(self._kept_rows.tolist())}
+        self.base, self.shift = cut, len(self._kept_rows) - cut
+        self.data[:] = array.array("q", data.tobytes())
+        self.address[:] = array.array("q", address.tobytes())
+
+    def _device_part(self, rows: np.ndarray) -> np.ndarray:
+        return rows[:, [self.index(name) for name in _DEVICE_COLUMNS]].copy()
+
+    def finish(self) -> None:
+        """The run ends: append the rows not written yet, and write the kept rows again."""
+        with _no_collection():
+            table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
+            self._sink(self.table, _columns(self.columns, table[self.base + self.shift :]))
+            kept = _columns(self.columns, table[: len(self._kept_rows)])
+            del table
+        if len(self._kept_rows):
+            self._patch(self.table, self._kept_rows, kept)
+
+    def device_columns(self) -> Columns:
+        """``nbytes``, ``device``, ``alloc_ns`` and ``free_ns`` of every row of the run, in no
+        particular order: those in memory, and with ``keep_device_columns`` those dropped."""
+        with _no_collection():
+            table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
+            rows = np.concatenate([*self._dropped, self._device_part(table)])
+            del table
+        return {name: rows[:, i] for i, name in enumerate(_DEVICE_COLUMNS)}

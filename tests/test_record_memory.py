@@ -1,0 +1,143 @@
+"""The recorder's memory over a long recording (issue 21, defect 6), on both recorder paths:
+what the journal compares at each step must not grow with the steps recorded, and what it takes
+must rebuild the tables (NOTE [ Final rows ] in recorder/buffers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ckview.trace import open_trace
+from ckview.trace.schema import RUN_TABLES
+from recorder import Recorder, storage_rows
+from recorder.buffers import MutableTable
+from recorder.storage_rows import StorageRows
+from tests.conftest import NEEDS_COMPILER
+
+pytestmark = [pytest.mark.torch, pytest.mark.recorder]
+
+PATHS = [pytest.param("native", marks=NEEDS_COMPILER), "python"]
+
+
+def _record(tmp_path: Path, steps: int, prefetch: bool = False) -> None:
+    """An MLP with Adam; with ``prefetch``, each step's batch is made from a temporary between
+    steps (after backward), freed before the next step's forward makes it an input."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(4)))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = torch.randn(16, 32)
+    with Recorder(tmp_path / "t.h5", steps=steps, warmup=1, progress=False, timing_steps=0):
+        for _ in range(steps + 1):
+            model(batch).square().mean().backward()
+            if prefetch:
+                raw = torch.randn(16, 32) * 2
+                batch = raw + 1
+                del raw
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_journal_compares_only_rows_still_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The storage rows the journal keeps a copy of, to find what changed, are the rows still
+    open (parameters, optimizer state, gradients): as many after 24 steps as after 3. Before,
+    the Python path kept every storage row of the run (some 60 a step here)."""
+    monkeypatch.setenv("CKVIEW_RECORDER", path)
+    kept: list[int] = []
+    take = MutableTable.take_changes
+
+    def counted(self: MutableTable) -> tuple[np.ndarray, np.ndarray]:
+        taken = take(self)
+        if self.table == "storages":
+            kept.append(len(self._taken))
+        return taken
+
+    monkeypatch.setattr(MutableTable, "take_changes", counted)
+    steps = 24
+    _record(tmp_path, steps)
+    assert len(kept) == steps
+    assert max(kept[3:]) <= kept[2] + 4, kept
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_journal_takes_rebuild_the_storages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Applying each take's changed rows to a copy gives the table as it is at that take, also
+    when a storage freed at an earlier step becomes an input later (a prefetched batch's
+    source: NOTE [ Inputs and their sources ] in recorder/ledger.py)."""
+    monkeypatch.setenv("CKVIEW_RECORDER", path)
+    monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
+    take, rewritten = MutableTable.take_changes, MutableTable.rewritten
+    copy: dict[int, np.ndarray] = {}
+    late: list[int] = []
+    mismatches: list[Any] = []
+
+    def checked(self: MutableTable) -> tuple[np.ndarray, np.ndarray]:
+        rows, values = take(self)
+        if self.table == "storages":
+            copy.update(zip(rows.tolist(), values.reshape(-1, self.width), strict=True))
+            assert isinstance(self, StorageRows)
+            table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
+            rows_here = [*sorted(self.kept), *range(self.base, len(self))]
+            have = np.stack([copy[r] for r in rows_here]) if rows_here else table
+            if not np.array_equal(have, table):
+                mismatches.append(np.flatnonzero((have != table).any(axis=1)))
+            del table
+        return rows, values
+
+    def noted(self: MutableTable, row: int) -> None:
+        late.append(row)
+        rewritten(self, row)
+
+    monkeypatch.setattr(MutableTable, "take_changes", checked)
+    monkeypatch.setattr(MutableTable, "rewritten", noted)
+    _record(tmp_path, 6, prefetch=True)
+    assert late, "no source was freed before its product became an input"
+    assert not mismatches, mismatches
+    # The trace holds the rows the journal took last, written as they went and kept ones
+    # again at the end (NOTE [ Kept storage rows ]); times in it are since the run's start.
+    with open_trace(tmp_path / "t.h5") as trace:
+        written = trace.run("main").table("storages").read()
+    taken = np.stack([copy[r] for r in range(len(copy))])
+    assert len(written["nbytes"]) == len(taken)
+    t0 = None
+    for i, column in enumerate(RUN_TABLES["storages"]):
+        values = written[column.name].astype(np.int64)
+        if column.name.endswith("_ns"):
+            set_ = taken[:, i] >= 0
+            t0 = t0 if t0 is not None else int((taken[:, i] - values)[set_][0])
+            assert np.array_equal(values[set_], taken[set_, i] - t0), column.name
+            assert (values[~set_] == taken[~set_, i]).all(), column.name
+        else:
+            assert np.array_equal(values, taken[:, i]), column.name
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_resident_storage_rows_do_not_grow_with_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """NOTE [ Kept storage rows ]: after each step, the storage rows in memory are the kept
+    ones and the last step's, as many after 24 steps as after 4 (some 60 rows a step)."""
+    monkeypatch.setenv("CKVIEW_RECORDER", path)
+    monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
+    resident: list[int] = []
+    take = StorageRows.take_changes
+
+    def counted(self: StorageRows) -> tuple[np.ndarray, np.ndarray]:
+        taken = take(self)
+        resident.append(len(self.data) // self.width)
+        return taken
+
+    monkeypatch.setattr(StorageRows, "take_changes", counted)
+    steps = 24
+    _record(tmp_path, steps)
+    assert len(resident) == steps
+    assert max(resident[4:]) <= resident[3] + 4, resident
