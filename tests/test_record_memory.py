@@ -71,26 +71,29 @@ def test_journal_compares_only_rows_still_open(
 def test_journal_takes_rebuild_the_storages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    """Applying each take's changed rows to a copy gives the table as it is at that take, also
-    when a storage freed at an earlier step becomes an input later (a prefetched batch's
-    source: NOTE [ Inputs and their sources ] in recorder/ledger.py)."""
+    """Applying each take's changed rows to a copy gives the table as it is at that take (the
+    storages, and the module calls), also when a storage freed at an earlier step becomes an
+    input later (a prefetched batch's source: NOTE [ Inputs and their sources ] in
+    recorder/ledger.py)."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
     monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
     take, rewritten = MutableTable.take_changes, MutableTable.rewritten
-    copy: dict[int, np.ndarray] = {}
+    copies: dict[str, dict[int, np.ndarray]] = {"storages": {}, "module_calls": {}}
+    copy = copies["storages"]
     late: list[int] = []
     mismatches: list[Any] = []
 
     def checked(self: MutableTable) -> tuple[np.ndarray, np.ndarray]:
         rows, values = take(self)
-        if self.table == "storages":
-            copy.update(zip(rows.tolist(), values.reshape(-1, self.width), strict=True))
-            assert isinstance(self, StorageRows)
+        if self.table in copies:  # the tables whose rows leave memory (NOTE [ Kept rows ])
+            mine = copies[self.table]
+            mine.update(zip(rows.tolist(), values.reshape(-1, self.width), strict=True))
+            assert isinstance(self, KeptRows)
             table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
             rows_here = [*sorted(self.kept), *range(self.base, len(self))]
-            have = np.stack([copy[r] for r in rows_here]) if rows_here else table
+            have = np.stack([mine[r] for r in rows_here]) if rows_here else table
             if not np.array_equal(have, table):
-                mismatches.append(np.flatnonzero((have != table).any(axis=1)))
+                mismatches.append((self.table, np.flatnonzero((have != table).any(axis=1))))
             del table
         return rows, values
 
@@ -107,6 +110,13 @@ def test_journal_takes_rebuild_the_storages(
     # again at the end (NOTE [ Kept rows ]); times in it are since the run's start.
     with open_trace(tmp_path / "t.h5") as trace:
         written = trace.run("main").table("storages").read()
+        called = trace.run("main").table("module_calls").read()
+    calls = copies["module_calls"]
+    taken_calls = np.stack([calls[r] for r in range(len(calls))])
+    for i, column in enumerate(RUN_TABLES["module_calls"]):
+        if not column.name.endswith("_ns"):
+            values = called[column.name].astype(np.int64)
+            assert np.array_equal(values, taken_calls[:, i]), column.name
     taken = np.stack([copy[r] for r in range(len(copy))])
     assert len(written["nbytes"]) == len(taken)
     t0 = None
