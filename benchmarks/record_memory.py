@@ -9,9 +9,10 @@ step 200 and the last (a tracemalloc snapshot diff). RSS also counts memory that
 free after the script and the writer freed it: ``--trim`` reads it after ``malloc_trim``.
 
 On a 2-core CPU machine (torch 2.13), KiB per step between steps 200 and 1000, traced / RSS:
-main: native 15.9 / 52, python 31.3 / 61; now: native 3.5 / 33 (5.8 with --trim; 2.0 / 13.7
-over 3000 steps), python 1.6 / 2.8. What is left: module-call rows and the writer's partial
-chunk (bounded by a chunk).
+before issue 21's fixes: native 15.9 / 52, python 31.3 / 61; storage rows leaving memory:
+native 3.5 / 33 (5.8 with --trim; 2.0 / 13.7 over 3000 steps), python 1.6 / 2.8; module-call
+rows leaving too: native 1.8 / 32, python 0.14 (RSS within noise: -13 to +6 on reruns). What is
+left: the writer's partial chunk (bounded by a chunk) and the ``steps`` table (64 B a step).
 
     OMP_NUM_THREADS=1 python benchmarks/record_memory.py [--steps 1000] [--path native|python]
         [--trim]

@@ -152,7 +152,7 @@ class StorageLedger:
         self._tables = tables
         self._ops, self._mem, self._saved, self._io = tables.appended
         self._st_data = tables.storages.data
-        self._st = tables.storages  # rows by slot: NOTE [ Kept storage rows ]
+        self._st = tables.storages  # rows by slot: NOTE [ Kept rows ]
         self._calls = tables.calls
         self._op_stacks = tables.op_stacks
         self._cpu_id = tables.intern("cpu")
@@ -264,7 +264,7 @@ class StorageLedger:
         for sid in made:
             if sid not in sources:
                 self._sources.setdefault(sid, []).extend(sources)
-        self._st.pinned.update(sources)  # NOTE [ Kept storage rows ] in storage_rows.py
+        self._st.pinned.update(sources)  # NOTE [ Kept rows ] in storage_rows.py
 
     def _sid_of(self, t: torch.Tensor) -> int | None:
         st = storage_of(t)
@@ -334,7 +334,8 @@ class StorageLedger:
     ) -> int:
         dtype_id, shape_id = self.layout_ids(t)
         device_id = self._cpu_id if t.is_cpu else self._device_id(t)
-        module = self._calls.data[call * CALL_WIDTH] if call != NO_INDEX else NO_INDEX
+        calls = self._calls
+        module = calls.data[calls.slot(call) * CALL_WIDTH] if call != NO_INDEX else NO_INDEX
         row = (nbytes, device_id, category, dtype_id, shape_id, op, call, module, now)
         sid = self._st.add((*row, -1, self._tables.stack_of(op)), st.data_ptr())
         ref = StorageRef(st, self._on_free)

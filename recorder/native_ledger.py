@@ -103,6 +103,12 @@ class NativeLedger(StepWriting, StorageLedger):
         super().begin_run(tables)
         self._layout_ids_of = LayoutIds(tables.intern, self._dtype_names)
         self._reset()
+        tables.calls.on_drop.append(self._forget_calls)
+
+    def _forget_calls(self) -> None:
+        """Call rows left memory (NOTE [ Kept rows ] in storage_rows.py): the native call ids
+        that name them leave the map (a step's ids name that step's rows)."""
+        self._blocks.calls.keep_values(self._calls.resident)
 
     # ------------------------------------------------------------------ what Python sees
 

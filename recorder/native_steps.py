@@ -19,14 +19,14 @@ from ckview.trace.schema import (
     Phase,
     SavedEventKind,
 )
-from recorder.buffers import MutableTable
 from recorder.compiled import COMPILED_REGIONS
 from recorder.ledger import StorageRef
 from recorder.native.attribute import Columns, LayoutIds, StepFacts
 from recorder.native.maps import Blocks, CallMap, OpMap
 from recorder.native.rows import Rows
 from recorder.phases import FORWARD, OTHER
-from recorder.tables import CALL_WIDTH, ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
+from recorder.storage_rows import KeptRows
+from recorder.tables import ST_CATEGORY, ST_MODULE, ST_WIDTH, RunTables
 
 if TYPE_CHECKING:
     from recorder.buffers import RowBuffer
@@ -54,7 +54,7 @@ class StepWriting:
         _mem: RowBuffer
         _saved: RowBuffer
         _io: RowBuffer
-        _calls: MutableTable
+        _calls: KeptRows
         _known: dict[int, StorageRef]
         _blocks: Blocks
         _backward_starts: list[int]
@@ -139,9 +139,7 @@ class StepWriting:
         at = np.searchsorted(starts, native["start_ns"], side="right") - 1
         rows = np.where(at >= 0, at + first, NO_INDEX)
         self._blocks.calls.add(native["call"].astype(np.int64), rows)
-        modules = self._blocks.call_modules
-        modules.extend(_rows_from(self._calls, len(modules))[:, 0])
-        return CallMap(self._blocks.calls, modules.values)
+        return CallMap(self._blocks.calls, self._calls)
 
     def _remember_last_op(self, facts: StepFacts, calls: CallMap) -> None:
         """The step's failing op, for ``failure`` (NOTE [ OOM capture on the native path ])."""
@@ -155,7 +153,7 @@ class StepWriting:
         row = int(failed[-1])  # ops come in id order: the last raised began last
         nbytes = int(ooms["bytes"][-1]) if len(ooms["t"]) else -1
         call = int(calls.row(ops["module_call"][row : row + 1])[0])
-        module = NO_INDEX if call == NO_INDEX else int(self._calls.data[call * CALL_WIDTH])
+        module = NO_INDEX if call == NO_INDEX else self._calls.get(call, "module")
         self._last_op = (int(ops["name"][row]), module, int(ops["start_ns"][row]), nbytes)
 
     def _stacks_at(self, t: np.ndarray) -> np.ndarray:
@@ -314,7 +312,7 @@ class StepWriting:
                 sources = sid[between & (inputs["op"] == op)].tolist()
                 for out in made[facts.blocks["top_op"] == op].tolist():
                     self._sources.setdefault(out, []).extend(s for s in sources if s != out)
-                self._tables.storages.pinned.update(sources)  # NOTE [ Kept storage rows ]
+                self._tables.storages.pinned.update(sources)  # NOTE [ Kept rows ]
         forward = np.unique(sid[(phase == Phase.FORWARD) & (sid >= 0)])
         view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
         other = forward[view[self._slots(forward), ST_CATEGORY] == _OTHER].tolist()
@@ -442,7 +440,7 @@ class StepWriting:
             del view
 
     def _slots(self, sids: np.ndarray) -> np.ndarray:
-        """Where storage rows ``sids`` are in ``_st_data`` (NOTE [ Kept storage rows ])."""
+        """Where storage rows ``sids`` are in ``_st_data`` (NOTE [ Kept rows ])."""
         return self._tables.storages.slots(sids)
 
     def _layout_ids(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
@@ -469,8 +467,10 @@ def _append(buffer: array[int], rows: np.ndarray) -> None:
         buffer.frombytes(np.ascontiguousarray(rows, np.int64).data.cast("B"))
 
 
-def _rows_from(table: MutableTable, first: int) -> np.ndarray:
-    """A copy of ``table``'s rows from row ``first`` on (slicing the array copies just them and
-    exports no buffer, so a free callback may append meanwhile)."""
-    tail = table.data[first * table.width :]
+def _rows_from(table: KeptRows, first: int) -> np.ndarray:
+    """A copy of ``table``'s rows from row ``first`` on, all in memory (NOTE [ Kept rows ]:
+    the current step's rows are); slicing the array copies just them and exports no buffer,
+    so a free callback may append meanwhile."""
+    assert first >= table.base, "rows dropped from memory were asked for"
+    tail = table.data[table.slot(first) * table.width :]
     return np.frombuffer(tail, np.int64).reshape(-1, table.width)

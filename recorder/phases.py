@@ -27,10 +27,12 @@ from bisect import bisect_right
 from collections.abc import Callable
 from time import perf_counter_ns
 
+import numpy as np
+
 from ckview.trace.schema import NO_INDEX, Phase
 from recorder._torch import current_node_seq, queue_backward_callback, sequence_nr
 from recorder.modules import ModuleRegistry
-from recorder.tables import CALL_WIDTH, Flags, RunTables, State
+from recorder.tables import Flags, RunTables, State
 
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = (int(p) for p in Phase)
 _NODE_BUDGET = 8192  # NOTE [ Autograd nodes stay unwrapped ]: 5x below the crash depth
@@ -65,6 +67,7 @@ class PhaseState:
     def begin_run(self, tables: RunTables) -> None:
         """A run's fresh tables: module calls open now have no row in them."""
         self._tables = tables
+        tables.calls.on_drop.append(self._forget_calls)
         self._fw_seq_begin, self._fw_calls = [], []
         self.last_seq, self.last_seq_call = -2, NO_INDEX
         self.stack = [(row, NO_INDEX) for row, _ in self.stack]
@@ -109,8 +112,28 @@ class PhaseState:
             if end == -1 or seq < end:
                 break
             call = calls.get(call, "parent")
+            if call != NO_INDEX and not calls.holds(call):
+                call = NO_INDEX  # NOTE [ Forward calls of past steps ]
         self.last_seq, self.last_seq_call = seq, call
         return call
+
+    # NOTE [ Forward calls of past steps ]
+    # A backward looks up the forward calls of its own step, or the step before at most (a
+    # backward after the step's boundary), and those stay in memory (NOTE [ Kept rows ] in
+    # storage_rows.py): when call rows leave memory, they leave the lookup too, which so
+    # stays as long as a step or two whatever the run's length (issue 21, defect 6). A node
+    # made earlier than that (a graph kept across steps) finds no call. So does a node made in
+    # a call that spans steps after a child call returned, once the call returned and left
+    # memory; while it runs, it is kept.
+    def _forget_calls(self) -> None:
+        """Call rows left memory: forget them (NOTE [ Forward calls of past steps ])."""
+        calls = self._run.calls
+        rows = np.asarray(self._fw_calls, np.int64)
+        kept = calls.resident(rows)
+        self._fw_calls = rows[kept].tolist()
+        self._fw_seq_begin = np.asarray(self._fw_seq_begin, np.int64)[kept].tolist()
+        if self.last_seq_call != NO_INDEX and not calls.holds(self.last_seq_call):
+            self.last_seq, self.last_seq_call = -2, NO_INDEX
 
     @property
     def _run(self) -> RunTables:
@@ -147,7 +170,7 @@ class PhaseState:
         last attributed node), '' if none."""
         if self.in_backward and not self.recompute_depth:
             call = self.last_seq_call
-            row = NO_INDEX if call == NO_INDEX else self._run.calls.data[call * CALL_WIDTH]
+            row = NO_INDEX if call == NO_INDEX else self._run.calls.get(call, "module")
         else:
             row = self.stack[-1][0] if self.stack else NO_INDEX
         return "" if row == NO_INDEX else self._registry.display(row)

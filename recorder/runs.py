@@ -444,7 +444,8 @@ class RunSequencer:
             for part in parts:
                 for name, columns in part.tables.items():
                     sink.sink(name, columns)
-            tables.storages.finish()  # NOTE [ Kept storage rows ] in storage_rows.py
+            for kept in tables.written_as_they_go:
+                kept.finish()  # NOTE [ Kept rows ] in storage_rows.py
             for table in tables.written_at_end:
                 sink.sink(table.table, table.as_columns())
             attrs = {

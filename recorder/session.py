@@ -10,7 +10,8 @@ The Recorder builds its parts and installs them; each part has one job:
 * ``phases.py``: where the step is (forward, backward, recompute, optimizer; the module call).
 * ``ledger.py``: the per-op rows, storages, frees, categories, saved tensors.
 * ``runs.py``: warmup, the runs and the timing steps, one after another at step boundaries.
-* ``sink.py``: the trace and the journal; ``storage_rows.py``: the storage rows still in memory.
+* ``sink.py``: the trace and the journal; ``storage_rows.py``: the storage and module-call
+  rows still in memory.
 * ``sources/``: event sources behind one protocol (NOTE [ Sources ] in sources/base.py): the
   allocator's events, device samples, OOM capture, ``torch.compile``, FSDP's resizes, and any
   given in ``Recorder(sources=...)``.

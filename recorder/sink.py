@@ -88,7 +88,7 @@ class TraceSink:
         self.write(self._run.append, table, columns)
 
     def patch(self, table: str, rows: np.ndarray, columns: Columns) -> None:
-        """Write rows ``rows`` of ``table`` again (NOTE [ Kept storage rows ] in
+        """Write rows ``rows`` of ``table`` again (NOTE [ Kept rows ] in
         recorder/storage_rows.py)."""
         self._since_start(columns)
         self.write(self._run.patch, table, rows, columns)

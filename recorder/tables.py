@@ -12,7 +12,7 @@ from enum import Enum
 
 from ckview.trace.schema import NO_INDEX, RUN_TABLES
 from recorder.buffers import MutableTable, RowBuffer, Sink
-from recorder.storage_rows import Patch, StorageRows
+from recorder.storage_rows import KeptRows, Patch, StorageRows
 
 
 def _index(table: str, name: str) -> int:
@@ -68,9 +68,8 @@ class RunTables:
         self.mem = RowBuffer("memory_events", sink)
         self.saved = RowBuffer("saved_events", sink)
         self.io = RowBuffer("module_io", sink)
-        self.storages = StorageRows(sink, patch)  # NOTE [ Kept storage rows ]
-        self.calls = MutableTable("module_calls")
-        self.calls.final_once_set("end_ns")  # NOTE [ Final rows ] in buffers.py
+        self.storages = StorageRows(sink, patch)  # NOTE [ Kept rows ]
+        self.calls = KeptRows("module_calls", "end_ns", sink, patch)  # NOTE [ Kept rows ]
         self.steps = MutableTable("steps")
         self.regions = MutableTable("recompute_regions")
         self.op_stacks = array.array("q")  # the stack of each buffered op, with --stacks
@@ -89,10 +88,15 @@ class RunTables:
         return (self.storages, self.calls, self.steps, self.regions)
 
     @property
+    def written_as_they_go(self) -> tuple[KeptRows, ...]:
+        """The editable tables written as rows become final (NOTE [ Kept rows ] in
+        storage_rows.py): ``finish`` them when the run ends."""
+        return (self.storages, self.calls)
+
+    @property
     def written_at_end(self) -> tuple[MutableTable, ...]:
-        """The editable tables written whole when the run ends (``storages`` is written as it
-        goes: NOTE [ Kept storage rows ] in storage_rows.py)."""
-        return (self.calls, self.steps, self.regions)
+        """The editable tables written whole when the run ends."""
+        return (self.steps, self.regions)
 
     def stack_of(self, op: int) -> int:
         """The stack row of buffered op ``op`` (-1 without --stacks or for an older op)."""

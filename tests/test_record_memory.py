@@ -16,7 +16,8 @@ from ckview.trace import open_trace
 from ckview.trace.schema import RUN_TABLES
 from recorder import Recorder, storage_rows
 from recorder.buffers import MutableTable
-from recorder.storage_rows import StorageRows
+from recorder.phases import PhaseState
+from recorder.storage_rows import KeptRows, StorageRows
 from tests.conftest import NEEDS_COMPILER
 
 pytestmark = [pytest.mark.torch, pytest.mark.recorder]
@@ -70,26 +71,29 @@ def test_journal_compares_only_rows_still_open(
 def test_journal_takes_rebuild_the_storages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    """Applying each take's changed rows to a copy gives the table as it is at that take, also
-    when a storage freed at an earlier step becomes an input later (a prefetched batch's
-    source: NOTE [ Inputs and their sources ] in recorder/ledger.py)."""
+    """Applying each take's changed rows to a copy gives the table as it is at that take (the
+    storages, and the module calls), also when a storage freed at an earlier step becomes an
+    input later (a prefetched batch's source: NOTE [ Inputs and their sources ] in
+    recorder/ledger.py)."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
     monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
     take, rewritten = MutableTable.take_changes, MutableTable.rewritten
-    copy: dict[int, np.ndarray] = {}
+    copies: dict[str, dict[int, np.ndarray]] = {"storages": {}, "module_calls": {}}
+    copy = copies["storages"]
     late: list[int] = []
     mismatches: list[Any] = []
 
     def checked(self: MutableTable) -> tuple[np.ndarray, np.ndarray]:
         rows, values = take(self)
-        if self.table == "storages":
-            copy.update(zip(rows.tolist(), values.reshape(-1, self.width), strict=True))
-            assert isinstance(self, StorageRows)
+        if self.table in copies:  # the tables whose rows leave memory (NOTE [ Kept rows ])
+            mine = copies[self.table]
+            mine.update(zip(rows.tolist(), values.reshape(-1, self.width), strict=True))
+            assert isinstance(self, KeptRows)
             table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
             rows_here = [*sorted(self.kept), *range(self.base, len(self))]
-            have = np.stack([copy[r] for r in rows_here]) if rows_here else table
+            have = np.stack([mine[r] for r in rows_here]) if rows_here else table
             if not np.array_equal(have, table):
-                mismatches.append(np.flatnonzero((have != table).any(axis=1)))
+                mismatches.append((self.table, np.flatnonzero((have != table).any(axis=1))))
             del table
         return rows, values
 
@@ -103,9 +107,16 @@ def test_journal_takes_rebuild_the_storages(
     assert late, "no source was freed before its product became an input"
     assert not mismatches, mismatches
     # The trace holds the rows the journal took last, written as they went and kept ones
-    # again at the end (NOTE [ Kept storage rows ]); times in it are since the run's start.
+    # again at the end (NOTE [ Kept rows ]); times in it are since the run's start.
     with open_trace(tmp_path / "t.h5") as trace:
         written = trace.run("main").table("storages").read()
+        called = trace.run("main").table("module_calls").read()
+    calls = copies["module_calls"]
+    taken_calls = np.stack([calls[r] for r in range(len(calls))])
+    for i, column in enumerate(RUN_TABLES["module_calls"]):
+        if not column.name.endswith("_ns"):
+            values = called[column.name].astype(np.int64)
+            assert np.array_equal(values, taken_calls[:, i]), column.name
     taken = np.stack([copy[r] for r in range(len(copy))])
     assert len(written["nbytes"]) == len(taken)
     t0 = None
@@ -124,7 +135,7 @@ def test_journal_takes_rebuild_the_storages(
 def test_resident_storage_rows_do_not_grow_with_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    """NOTE [ Kept storage rows ]: after each step, the storage rows in memory are the kept
+    """NOTE [ Kept rows ]: after each step, the storage rows in memory are the kept
     ones and the last step's, as many after 24 steps as after 4 (some 60 rows a step)."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
     monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
@@ -141,3 +152,43 @@ def test_resident_storage_rows_do_not_grow_with_steps(
     _record(tmp_path, steps)
     assert len(resident) == steps
     assert max(resident[4:]) <= resident[3] + 4, resident
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_resident_call_rows_do_not_grow_with_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """NOTE [ Kept rows ]: after each step, the module-call rows in memory (13 calls a step
+    here), the forward calls a backward looks up (NOTE [ Forward calls of past steps ] in
+    recorder/phases.py) and the native path's call id map are as many after 24 steps as after
+    4; the trace still holds every call, each ended. Before, all three grew by 13 a step."""
+    monkeypatch.setenv("CKVIEW_RECORDER", path)
+    monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
+    sizes: list[tuple[int, ...]] = []
+    take = KeptRows.take_changes
+
+    def counted(self: KeptRows) -> tuple[np.ndarray, np.ndarray]:
+        taken = take(self)
+        if self.table == "module_calls":
+            owners = [forget.__self__ for forget in self.on_drop]  # type: ignore[attr-defined]
+            sizes.append((len(self.data) // self.width, *map(_call_index_size, owners)))
+        return taken
+
+    monkeypatch.setattr(KeptRows, "take_changes", counted)
+    steps = 24
+    _record(tmp_path, steps)
+    assert len(sizes) == steps
+    assert len(sizes[0]) == (3 if path == "native" else 2), sizes[0]
+    for i in range(len(sizes[0])):
+        assert max(size[i] for size in sizes[4:]) <= sizes[3][i] + 2, sizes
+    with open_trace(tmp_path / "t.h5") as trace:
+        calls = trace.run("main").table("module_calls").read()
+    assert (calls["end_ns"] >= 0).all()
+    assert np.array_equal(np.bincount(calls["step"]), np.full(steps, 13))  # 1 + 4 * (1 + 2)
+
+
+def _call_index_size(owner: object) -> int:
+    """How many call rows ``owner`` indexes beside the call table."""
+    if isinstance(owner, PhaseState):
+        return len(owner._fw_calls)
+    return len(owner._blocks.calls._keys)  # type: ignore[attr-defined]

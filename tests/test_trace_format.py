@@ -242,7 +242,7 @@ def test_every_table_round_trips(
 @pytest.mark.parametrize("flush_between", [False, True])
 def test_patched_rows_read_back(tmp_path: Path, threads: int | None, flush_between: bool) -> None:
     """RunWriter.patch writes rows appended before again, wherever they are: in whole chunks on
-    disk, in the partial last chunk in memory, or in one flushed (NOTE [ Kept storage rows ] in
+    disk, in the partial last chunk in memory, or in one flushed (NOTE [ Kept rows ] in
     recorder/storage_rows.py)."""
     columns = RUN_TABLES["storages"]
     data = {c.name: np.arange(20, dtype=c.dtype) for c in columns}

@@ -362,7 +362,7 @@ class RunWriter:
     def patch(self, table: str, rows: np.ndarray, columns: Mapping[str, ColumnData]) -> None:
         """Write rows ``rows`` (increasing) of ``table``, appended before, again: a recorder
         writes a storage row when the row can no longer change, or early and again at the
-        run's end (NOTE [ Kept storage rows ] in recorder/storage_rows.py)."""
+        run's end (NOTE [ Kept rows ] in recorder/storage_rows.py)."""
         self._check_open()
         if table not in self._tables:
             raise ValueError(f"unknown table {table!r}; run tables: {', '.join(RUN_TABLES)}")

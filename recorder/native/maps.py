@@ -4,9 +4,12 @@ rows."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ckview.trace.schema import NO_INDEX
+from recorder.storage_rows import KeptRows
 
 
 class Blocks:
@@ -15,7 +18,6 @@ class Blocks:
     def __init__(self) -> None:
         self.rows = IdMap()
         self.calls = IdMap()
-        self.call_modules = Growing()  # module of each Python call row
 
     def add(self, blocks: dict[str, np.ndarray], sids: np.ndarray) -> None:
         self.rows.add(blocks["block"].astype(np.int64), sids)
@@ -86,6 +88,12 @@ class IdMap:
             self._keys.values[:] = self._keys.values[order]
             self._values.values[:] = self._values.values[order]
 
+    def keep_values(self, kept: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Keep only the keys whose values ``kept`` (values -> a mask) keeps."""
+        mask = kept(self._values.values)
+        self._keys.keep(mask)
+        self._values.keep(mask)
+
     def drop(self, keys: np.ndarray) -> None:
         """Remove ``keys`` (those not added are ignored)."""
         known = self._keys.values
@@ -107,19 +115,21 @@ class IdMap:
 
 
 class CallMap:
-    """Native call ids -> Python call rows, and the rows' modules."""
+    """Native call ids -> Python call rows, and the rows' modules (from the run's call table,
+    where the rows a step names are in memory: NOTE [ Kept rows ] in storage_rows.py)."""
 
-    def __init__(self, calls: IdMap, modules: np.ndarray) -> None:
+    def __init__(self, calls: IdMap, table: KeptRows) -> None:
         self._calls = calls
-        self._modules = modules
+        self._table = table
 
     def row(self, native: np.ndarray) -> np.ndarray:
         return self._calls.get(np.asarray(native, np.int64))
 
     def module(self, row: np.ndarray) -> np.ndarray:
-        if not len(self._modules):
-            return np.full(len(row), NO_INDEX, np.int64)
-        return np.where(row >= 0, self._modules[np.maximum(row, 0)], NO_INDEX)
+        modules = np.full(len(row), NO_INDEX, np.int64)
+        known = row >= 0
+        modules[known] = self._table.column(row[known], "module")
+        return modules
 
 
 class OpMap:

@@ -14,7 +14,6 @@ from ckview.trace.schema import NO_INDEX, Category
 from recorder.allocations import AllocatorEvents, AllocatorMerge, AllocatorWindow, Block
 from recorder.sources.base import RunPart
 from recorder.tables import (
-    CALL_WIDTH,
     OP_CALL,
     OP_START,
     ST_ALLOC_NS,
@@ -117,7 +116,7 @@ class AllocatorSource:
         # does not grow with the run. No view outlives this line (``_add_workspaces`` appends).
         storages = run.storages
         st_data = storages.data
-        slots = storages.slots(events[:, 1])  # NOTE [ Kept storage rows ] in storage_rows.py
+        slots = storages.slots(events[:, 1])  # NOTE [ Kept rows ] in storage_rows.py
         address = np.frombuffer(storages.address, dtype=np.int64)[slots]
         nbytes = np.frombuffer(st_data, dtype=np.int64)[slots * ST_WIDTH + ST_NBYTES]
         del slots
@@ -147,10 +146,9 @@ class AllocatorSource:
         of the op running when each block was allocated. Returns the first row."""
         storages = run.storages
         first = len(storages)
-        call_module = np.frombuffer(run.calls.data, dtype=np.int64)[::CALL_WIDTH]
         modules = np.full(len(calls), NO_INDEX, dtype=np.int64)
         in_call = calls >= 0
-        modules[in_call] = call_module[calls[in_call]]
+        modules[in_call] = run.calls.column(calls[in_call], "module")  # NOTE [ Kept rows ]
         devices = {name: run.intern(name) for name in {block.device for block in blocks}}
         unknown = run.intern("")
         rows = np.empty((len(blocks), ST_WIDTH), dtype=np.int64)

@@ -29,7 +29,7 @@ class DeviceSource:
     def step_begins(self, now: int) -> None:
         self._sampler.step_begins(now)
         if self._run is not None and self._sampler.devices():  # peaks to place at the run's end
-            self._run.storages.keep_device_columns = True  # NOTE [ Kept storage rows ]
+            self._run.storages.keep_device_columns = True  # NOTE [ Kept rows ]
 
     def step_ends(self, now: int) -> None:
         self._sampler.step_ends(now)
