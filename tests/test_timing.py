@@ -266,9 +266,10 @@ def test_timing_steps_under_plan_all_time_every_recompute(timed: Path) -> None:
 
 
 def test_extra_time_is_composed_from_the_timing_steps_under_plan_all(timed: Path) -> None:
-    """NOTE [ Extra time measured under plan all ]: each block's instance is projected at rho x
-    its plain recompute time + o, rho and o from the rounds under plan all over this run's
-    instances of plan all (the six blocks, twice: two recorded steps)."""
+    """NOTE [ Extra time measured under plan all ]: each block's instance is projected at the
+    recompute's shape (a + b x its plain recompute time, scaled per round) + o, from the rounds
+    under plan all over this run's instances of plan all (the six blocks, twice: two recorded
+    steps)."""
     old_tables, blocks = _without_plan_all(timed)
     with open_trace(timed) as trace:
         tables = trace.read_run("main")
@@ -287,7 +288,11 @@ def test_extra_time_is_composed_from_the_timing_steps_under_plan_all(timed: Path
         plain[0, i] = r.compute_ns - costs[0][0]  # the old model adds the cost per call
     plain[1:] = plain[0]  # (the ranges are checked below, on the sums)
     per_step = (plain[0].sum() / 2, len(blocks), saved.sum() / 2)
-    expected = times.plan_all.compose(plain, saved, per_step)
+    module = np.array([tables["module_calls"]["module"][r.call] for r in old.recomputes])
+    calls = {int(m): 1.0 for m in module}  # each block once a step
+    compute = {int(m): plain[0][module == m].sum() / 2 for m in module}
+    shape = times.plan_all.recompute_shape(calls, compute)
+    expected = times.plan_all.compose(plain, saved, per_step, shape)
     assert [r.compute_ns for r in new.recomputes] == expected[0].tolist()
     low, high = new.extra_compute_range_ns
     assert 0 <= low <= new.extra_compute_ns <= high
