@@ -590,9 +590,13 @@ def test_the_recompute_shape_fits_a_cost_per_recompute() -> None:
     calls = {1: 1.0, 2: 1.0, 3: 1.0}
     a, b = measured.recompute_shape(calls, {1: 0.0, 2: 100.0, 3: 0.0})
     assert (round(a), round(b, 6)) == (140, 1.0)
-    # Alike per call: no slope to fit; a fit with a negative part: proportional.
-    assert measured.recompute_shape(calls, {1: 100.0, 2: 110.0, 3: 100.0}) == (0.0, 1.0)
-    assert measured.recompute_shape(calls, {1: 100.0, 2: 0.0, 3: 100.0}) == (0.0, 1.0)
+    # Alike per call (no slope to fit), or a fit with a negative part or a slope out of
+    # SLOPE_RANGE: the replay at its plain time and the rest per recompute ((520 - 310) / 3)
+    # where the recomputes took more than their plain time, else proportional (520 / 650).
+    assert measured.recompute_shape(calls, {1: 100.0, 2: 110.0, 3: 100.0}) == (70.0, 1.0)
+    assert measured.recompute_shape(calls, {1: 100.0, 2: 0.0, 3: 100.0}) == (320 / 3, 1.0)
+    assert measured.recompute_shape(calls, {1: 0.0, 2: 10.0, 3: 0.0}) == (170.0, 1.0)  # b 10
+    assert measured.recompute_shape(calls, {1: 200.0, 2: 250.0, 3: 200.0}) == (0.0, 0.8)
     # Composed: per round the shape scaled to R (520 = 3 x 140 + 100); a segment that replays
     # two modules (200 ns of plain time) is one recompute: 140 + 200 = 340, plus its share by
     # saved bytes of O = E - R = 500 - 520 (half: -10).
