@@ -128,11 +128,12 @@ NOTE [ Extra time measured under plan all ]
     With the recompute's shape (a, b) and the early stop in time, the same three sets of
     traces (first, later, third) projected again (``benchmarks/projection_accuracy.py
     --reproject``; the model before it in brackets): 7.8% (7.9%) and 0 (0) outside; 9.9%
-    (11.0%) and 2 (2); 7.9% (8.6%) and 0 (2); and a fourth run, on a machine loaded more (load 4
-    on 2 cores), 18.3% (17.4%) and 1 (2).
+    (11.0%) and 2 (2); 7.9% (8.6%) and 0 (2); a fourth run, on a machine loaded more (load 4 on
+    2 cores), 18.3% (17.4%) and 1 (2); a fifth (load 2.4), 5.8% (6.8%) and 0 (1: manual_sgd's
+    sqrt, 2.0 ms for 4.0, now 3.1).
     ddp's sqrt now reads 3.8-4.5 ms for 3.6-5.0 measured (1.8-3.0 before), manual_sgd's 2.9-3.5
     for 4.4-5.1 (2.1-2.7), lightning_residual's 22.9-34.4 for 43-60 (12-25).
-    What it still misses: lightning_residual's sqrt in one of these four runs (22.9 ms for 60,
+    What it still misses: lightning_residual's sqrt in one of these five runs (22.9 ms for 60,
     spread 50..90: the same run measured its plan all at 25, 8..64, and its steps swing by +-100
     ms; the recorded steps give sqrt's recompute 1.56x all's, about 43 ms in all, so the
     measurement, not the model, is off: verify stopped at its 15 rounds, short of the precision
