@@ -4,6 +4,7 @@ the training loops of ``examples/loops`` (issue 9's corpus).
     python benchmarks/projection_accuracy.py [--examples mlp cnn ...] [--loops gan lbfgs ...]
                                              [--quick] [--random 3] [--seed 0] [--jobs 1]
                                              [--timing-steps 5] [--keep DIR]
+    python benchmarks/projection_accuracy.py --reproject DIR
 
 Per bundled example: record one plain step (``ckview record``) to learn the model's chain of
 blocks, write the plans to test as plan files (``random-i``: seeded random subsets of the chain's
@@ -20,7 +21,9 @@ spread, MISS where verify flags the projection; noisy on shared CPUs); then the 
 line per verify that failed, with its error. ``--examples`` or
 ``--loops`` alone runs only that group; neither runs both. ``--quick`` runs the loops at the
 small sizes the tests use. ``--keep DIR`` keeps the traces and verify's JSON there (to look
-into a miss).
+into a miss); ``--reproject DIR`` projects the plans of the traces kept there again with this
+checkout's model and prints the same table, running nothing (a model change, measured on the
+same traces as the model before it).
 """
 
 from __future__ import annotations
@@ -234,6 +237,25 @@ def example_case(
 # ----------------------------------------------------------------------------- the table
 
 
+def reproject(folder: Path) -> list[Outcome]:
+    """Each verify trace kept in ``folder`` (``--keep``), its plans projected again with this
+    checkout's model against the runs it recorded."""
+    from ckview.cli.recording import load_plans
+    from ckview.cli.verify import _verify  # what verify compares, without recording
+
+    outcomes = []
+    for trace in sorted(folder.glob("*-verify.h5")):
+        label = trace.stem.removesuffix("-verify").replace("_", " ")
+        text = trace.with_suffix(".json").read_text(encoding="utf-8")
+        sources = [p["source"] for p in json.loads(text or "{}").get("plans", [])]
+        if not sources:
+            outcomes.append(Outcome(label, [], "no plan in its JSON"))
+            continue
+        checks, _, _ = _verify(trace, load_plans(sources))
+        outcomes.append(Outcome(label, [c.to_json() for c in checks], ""))
+    return outcomes
+
+
 def extra_cells(p: dict[str, Any]) -> tuple[str, str]:
     """Projected and measured extra time per step in ms (verify's ``extra_time_per_step``:
     NOTE [ Extra time, like for like ]): the measured median with its spread (lowest..highest
@@ -344,7 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         "--timing-steps", type=int, default=TIMING_STEPS, help="plain timing steps per run"
     )
     parser.add_argument("--keep", type=Path, help="keep the traces and verify's JSON here")
+    parser.add_argument(
+        "--reproject", type=Path, help="project the traces kept in this folder again; run nothing"
+    )
     args = parser.parse_args(argv)
+    if args.reproject is not None:
+        return report(reproject(args.reproject), {})
     both = args.examples is None and args.loops is None
     examples = list(EXAMPLES) if both else args.examples or []
     loops = loop_names if both else args.loops or []

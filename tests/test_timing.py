@@ -266,9 +266,10 @@ def test_timing_steps_under_plan_all_time_every_recompute(timed: Path) -> None:
 
 
 def test_extra_time_is_composed_from_the_timing_steps_under_plan_all(timed: Path) -> None:
-    """NOTE [ Extra time measured under plan all ]: each block's instance is projected at rho x
-    its plain recompute time + o, rho and o from the rounds under plan all over this run's
-    instances of plan all (the six blocks, twice: two recorded steps)."""
+    """NOTE [ Extra time measured under plan all ]: each block's instance is projected at the
+    recompute's shape (a + b x its plain recompute time, scaled per round) + o, from the rounds
+    under plan all over this run's instances of plan all (the six blocks, twice: two recorded
+    steps)."""
     old_tables, blocks = _without_plan_all(timed)
     with open_trace(timed) as trace:
         tables = trace.read_run("main")
@@ -287,7 +288,11 @@ def test_extra_time_is_composed_from_the_timing_steps_under_plan_all(timed: Path
         plain[0, i] = r.compute_ns - costs[0][0]  # the old model adds the cost per call
     plain[1:] = plain[0]  # (the ranges are checked below, on the sums)
     per_step = (plain[0].sum() / 2, len(blocks), saved.sum() / 2)
-    expected = times.plan_all.compose(plain, saved, per_step)
+    module = np.array([tables["module_calls"]["module"][r.call] for r in old.recomputes])
+    calls = {int(m): 1.0 for m in module}  # each block once a step
+    compute = {int(m): plain[0][module == m].sum() / 2 for m in module}
+    shape = times.plan_all.recompute_shape(calls, compute)
+    expected = times.plan_all.compose(plain, saved, per_step, shape)
     assert [r.compute_ns for r in new.recomputes] == expected[0].tolist()
     low, high = new.extra_compute_range_ns
     assert 0 <= low <= new.extra_compute_ns <= high
@@ -545,3 +550,55 @@ def test_timed_steps_run_without_the_recorders_per_call_hooks(tmp_path: Path) ->
         tables = trace.read_run("main")
     assert tables["timing_steps"]["round"].tolist() == [0, 1]
     assert tables["timed_calls"]["timing_step"].tolist() == [0, 0, 1, 1]  # the probe and fc
+
+
+def test_a_recompute_stops_before_an_op_whose_inputs_it_saves_last() -> None:
+    """NOTE [ Early stop, in time ] in projection/, on arrays: the recompute of a Linear ends
+    once addmm's inputs are saved again (addmm never runs); one whose last PACK is the op's own
+    output (tanh) or comes late in the op (relu_ saves its result in place) runs that op; one
+    without a PACK keeps its last op (an upper bound)."""
+    from ckview.analysis.projection.effects import _last_op_run
+    from ckview.analysis.regions import RegionInstances
+
+    pack = int(SavedEventKind.PACK)
+    tables = {
+        # ops: 0 t, 1 addmm (call 0); 2 tanh (call 1); 3 relu_ (call 2); 4 add (call 3)
+        "ops": {"start_ns": np.array([0, 10, 200, 300, 400]),
+                "end_ns": np.array([5, 110, 250, 350, 450])},
+        "storages": {"op": np.array([-1, 0, 2, -1])},  # 0 a weight, 1 t's, 2 tanh's
+        "saved_events": {"kind": np.full(4, pack), "storage": np.array([3, 1, 2, 2]),
+                         "op": np.array([1, 1, 2, 3]), "module_call": np.array([0, 0, 1, 2]),
+                         "time_ns": np.array([12, 13, 249, 349])},
+    }  # fmt: skip
+    calls = np.arange(4)
+    inst = RegionInstances(
+        region=calls, first_call=calls, call_stop=calls + 1, last_call=calls,
+        start_ns=calls, end_ns=calls, top_instance=calls, top_call=calls,
+    )  # fmt: skip
+    last_op = np.array([1, 2, 3, 4])
+    assert _last_op_run(tables, inst, last_op).tolist() == [0, 2, 3, 4]
+
+
+def test_the_recompute_shape_fits_a_cost_per_recompute() -> None:
+    """NOTE [ Extra time measured under plan all ]: a module that replays nothing (a Linear
+    stopped before its matmul) still costs a recompute's own time a; the fit finds it and the
+    slope b from modules that replay unlike amounts, and is proportional (0, 1) otherwise."""
+    rows = [(0, -1, 1000), (0, 1, 140), (0, 2, 240), (0, 3, 140)]
+    steps = {"round": np.array([0]), "duration_ns": np.array([500])}
+    measured = PlanAllTimes.of(rows, steps)
+    assert measured is not None and measured.module_ns == {1: 140.0, 2: 240.0, 3: 140.0}
+    calls = {1: 1.0, 2: 1.0, 3: 1.0}
+    a, b = measured.recompute_shape(calls, {1: 0.0, 2: 100.0, 3: 0.0})
+    assert (round(a), round(b, 6)) == (140, 1.0)
+    # Alike per call (no slope to fit), or a fit with a negative part or a slope out of
+    # SLOPE_RANGE: the replay at its plain time and the rest per recompute ((520 - 310) / 3)
+    # where the recomputes took more than their plain time, else proportional (520 / 650).
+    assert measured.recompute_shape(calls, {1: 100.0, 2: 110.0, 3: 100.0}) == (70.0, 1.0)
+    assert measured.recompute_shape(calls, {1: 100.0, 2: 0.0, 3: 100.0}) == (320 / 3, 1.0)
+    assert measured.recompute_shape(calls, {1: 0.0, 2: 10.0, 3: 0.0}) == (170.0, 1.0)  # b 10
+    assert measured.recompute_shape(calls, {1: 200.0, 2: 250.0, 3: 200.0}) == (0.0, 0.8)
+    # Composed: per round the shape scaled to R (520 = 3 x 140 + 100); a segment that replays
+    # two modules (200 ns of plain time) is one recompute: 140 + 200 = 340, plus its share by
+    # saved bytes of O = E - R = 500 - 520 (half: -10).
+    out = measured.compose(np.full((3, 1), 200), np.array([50]), (100.0, 3.0, 100.0), (a, b))
+    assert out[:, 0].tolist() == [330] * 3

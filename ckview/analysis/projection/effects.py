@@ -559,6 +559,31 @@ def _recompute_stop(
     return last_op, np.where(last_op >= 0, stop, 0)
 
 
+def _last_op_run(tables: RunTables, inst: RegionInstances, last_op: np.ndarray) -> np.ndarray:
+    """(k,) int64: the last op each instance's recompute runs to its end, for its time (NOTE
+    [ Early stop, in time ]): ``last_op`` where it packs a tensor it made or a PACK stamped with
+    it comes in its second half (it ran: in place), else the op before it."""
+    saved = tables["saved_events"]
+    owner, rows = _calls_in(
+        saved["module_call"], np.asarray(saved["kind"]) == SavedEventKind.PACK, inst
+    )
+    op = np.asarray(saved["op"], dtype=np.int64)[rows]
+    mine = (op >= 0) & (op == last_op[owner])
+    owner, rows, op = owner[mine], rows[mine], op[mine]
+    storage = np.asarray(saved["storage"], dtype=np.int64)[rows]
+    made_by = np.asarray(tables["storages"]["op"], dtype=np.int64)
+    made = (storage >= 0) & (made_by[np.maximum(storage, 0)] == op)
+    ops = tables["ops"]
+    at = np.asarray(saved["time_ns"], dtype=np.int64)[rows]
+    start = np.asarray(ops["start_ns"], dtype=np.int64)[op]
+    end = np.asarray(ops["end_ns"], dtype=np.int64)[op]
+    ran = np.zeros(len(inst), dtype=bool)
+    ran[owner[made | (at - start > end - at)]] = True
+    packed = np.zeros(len(inst), dtype=bool)
+    packed[owner] = True
+    return np.where(packed & ~ran, last_op - 1, last_op)
+
+
 def _saved_bytes(
     base: Baseline, instances: int, saved_inst: np.ndarray, saved_storage: np.ndarray
 ) -> np.ndarray:
@@ -583,6 +608,7 @@ def _compute_ns(
     NOTE [ How sure the extra time is ] and NOTE [ Extra time measured under plan all ] in
     timing.py); ops an op-level instance saves are not rerun."""
     times = plain_times(tables)
+    last_op = _last_op_run(tables, inst, last_op)
     recompute = _recompute_ns(tables, times, inst, last_op, kept_ops)
     if recompute is None:
         replayed = _forward_ns(tables["ops"], inst, last_op, kept_ops)
@@ -590,9 +616,9 @@ def _compute_ns(
         return (replayed + cost).astype(np.int64), False
     assert times is not None
     if times.plan_all is not None:
-        per_step = _plan_all_per_step(base, tables, times)
-        if per_step is not None:
-            return times.plan_all.compose(recompute, saved_bytes, per_step), True
+        basis = _plan_all_per_step(base, tables, times)
+        if basis is not None:
+            return times.plan_all.compose(recompute, saved_bytes, *basis), True
     return recompute + np.stack(times.cost_per_call(saved_bytes)).astype(np.int64), True
 
 
@@ -619,10 +645,11 @@ def _recompute_ns(
 
 def _plan_all_per_step(
     base: Baseline, tables: RunTables, times: PlainTimes
-) -> tuple[float, float, float] | None:
+) -> tuple[tuple[float, float, float], tuple[float, float]] | None:
     """The summed plain recompute time, the number and the summed saved bytes of the instances
-    of plan all in this run, per recorded step (NOTE [ Extra time measured under plan all ] in
-    timing.py); None where plan all has no instance here or a call has no plain time."""
+    of plan all in this run, per recorded step, and the recompute's shape fitted over them by
+    module (NOTE [ Extra time measured under plan all ] in timing.py); None where plan all has
+    no instance here or a call has no plain time."""
     from ckview.analysis.plans import resolve_on_trace
     from ckview.analysis.recompute import step_durations
 
@@ -635,12 +662,19 @@ def _plan_all_per_step(
     if not len(inst):
         return None
     last_op, _ = _recompute_stop(base, tables, inst)
-    recompute = _recompute_ns(tables, times, inst, last_op)
+    recompute = _recompute_ns(tables, times, inst, _last_op_run(tables, inst, last_op))
     if recompute is None:
         return None
     steps = max(len(step_durations(tables["steps"])), 1)
     saved = _saved_bytes(base, len(inst), *_saved_pairs(tables["saved_events"], inst))
-    return float(recompute[0].sum()) / steps, len(inst) / steps, float(saved.sum()) / steps
+    per_step = float(recompute[0].sum()) / steps, len(inst) / steps, float(saved.sum()) / steps
+    module = np.zeros(len(inst), dtype=np.int64)
+    module[inst.top_instance] = np.asarray(tables["module_calls"]["module"])[inst.top_call]
+    rows = np.unique(module[saved > 0]).tolist()  # without a PACK, its replay is a guess
+    calls = {m: float((module == m).sum()) / steps for m in rows}
+    compute = {m: float(recompute[0][module == m].sum()) / steps for m in rows}
+    assert times.plan_all is not None
+    return per_step, times.plan_all.recompute_shape(calls, compute)
 
 
 def _forward_ns(
