@@ -43,6 +43,23 @@ def _record(tmp_path: Path, steps: int, prefetch: bool = False) -> None:
             opt.zero_grad()
 
 
+def _at_each_take(
+    monkeypatch: pytest.MonkeyPatch, cls: type[MutableTable], table: str, measure: Any
+) -> list[Any]:
+    """What ``measure(table)`` gives after each journal take of ``table`` (a step's end)."""
+    seen: list[Any] = []
+    take = cls.take_changes
+
+    def measured(self: MutableTable) -> tuple[np.ndarray, np.ndarray]:
+        taken = take(self)
+        if self.table == table:
+            seen.append(measure(self))
+        return taken
+
+    monkeypatch.setattr(cls, "take_changes", measured)
+    return seen
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_journal_compares_only_rows_still_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
@@ -51,16 +68,7 @@ def test_journal_compares_only_rows_still_open(
     open (parameters, optimizer state, gradients): as many after 24 steps as after 3. Before,
     the Python path kept every storage row of the run (some 60 a step here)."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
-    kept: list[int] = []
-    take = MutableTable.take_changes
-
-    def counted(self: MutableTable) -> tuple[np.ndarray, np.ndarray]:
-        taken = take(self)
-        if self.table == "storages":
-            kept.append(len(self._taken))
-        return taken
-
-    monkeypatch.setattr(MutableTable, "take_changes", counted)
+    kept = _at_each_take(monkeypatch, MutableTable, "storages", lambda t: len(t._taken))
     steps = 24
     _record(tmp_path, steps)
     assert len(kept) == steps
@@ -139,15 +147,7 @@ def test_resident_storage_rows_do_not_grow_with_steps(
     ones and the last step's, as many after 24 steps as after 4 (some 60 rows a step)."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
     monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
-    resident: list[int] = []
-    take = StorageRows.take_changes
-
-    def counted(self: StorageRows) -> tuple[np.ndarray, np.ndarray]:
-        taken = take(self)
-        resident.append(len(self.data) // self.width)
-        return taken
-
-    monkeypatch.setattr(StorageRows, "take_changes", counted)
+    resident = _at_each_take(monkeypatch, StorageRows, "storages", lambda t: len(t.data) // t.width)
     steps = 24
     _record(tmp_path, steps)
     assert len(resident) == steps
@@ -164,17 +164,7 @@ def test_resident_call_rows_do_not_grow_with_steps(
     4; the trace still holds every call, each ended. Before, all three grew by 13 a step."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
     monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
-    sizes: list[tuple[int, ...]] = []
-    take = KeptRows.take_changes
-
-    def counted(self: KeptRows) -> tuple[np.ndarray, np.ndarray]:
-        taken = take(self)
-        if self.table == "module_calls":
-            owners = [forget.__self__ for forget in self.on_drop]  # type: ignore[attr-defined]
-            sizes.append((len(self.data) // self.width, *map(_call_index_size, owners)))
-        return taken
-
-    monkeypatch.setattr(KeptRows, "take_changes", counted)
+    sizes = _at_each_take(monkeypatch, KeptRows, "module_calls", _call_sizes)
     steps = 24
     _record(tmp_path, steps)
     assert len(sizes) == steps
@@ -185,6 +175,12 @@ def test_resident_call_rows_do_not_grow_with_steps(
         calls = trace.run("main").table("module_calls").read()
     assert (calls["end_ns"] >= 0).all()
     assert np.array_equal(np.bincount(calls["step"]), np.full(steps, 13))  # 1 + 4 * (1 + 2)
+
+
+def _call_sizes(calls: KeptRows) -> tuple[int, ...]:
+    """The call rows in memory, then how many each index beside the table holds."""
+    owners = [forget.__self__ for forget in calls.on_drop]  # type: ignore[attr-defined]
+    return (len(calls.data) // calls.width, *map(_call_index_size, owners))
 
 
 def _call_index_size(owner: object) -> int:
