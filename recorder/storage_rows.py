@@ -177,8 +177,7 @@ class StorageRows(KeptRows):
 
     def add(self, values: tuple[int, ...], address: int) -> int:
         """Append one row and its storage's address; return the row."""
-        row = len(self)
-        self.data.extend(values)
+        row = self.append(values)
         self.address.append(address)
         return row
 
