@@ -290,6 +290,38 @@ def test_many_chunks_round_trip(tmp_path: Path) -> None:
         np.testing.assert_array_equal(read[name], values)
 
 
+def test_chunks_fit_a_table_first_written_at_close(tmp_path: Path) -> None:
+    """NOTE [ Datasets made when first written ]: a table that reaches the disk only when the
+    file closes gets chunks that fit its rows; one with a whole chunk written during the run,
+    or flushed while the run goes on, the usual 64 Ki rows. Every column of every table is a
+    dataset in the closed file, empty tables too."""
+    events = {"kind": np.zeros(70_000, np.int64), "storage": np.arange(70_000)}
+    events |= {"op": np.arange(70_000), "time_ns": np.arange(70_000)}
+    steps = {c.name: np.arange(3, dtype=c.dtype) for c in RUN_TABLES["steps"]}
+    calls = {c.name: np.arange(1500, dtype=c.dtype) for c in RUN_TABLES["module_calls"]}
+    with TraceWriter(tmp_path / "t.h5") as w:
+        early = w.run("early")
+        early.append("module_calls", calls)
+        w.flush()
+        early.append("module_calls", calls)
+        run = w.run("main")
+        run.append("memory_events", events)
+        run.append("steps", steps)
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        main, early_run = f["runs"]["main"], f["runs"]["early"]
+        assert main["memory_events"]["op"].chunks == (65536,)
+        assert main["steps"]["step"].chunks == (1024,)
+        assert early_run["module_calls"]["module"].chunks == (65536,)
+        assert len(early_run["module_calls"]["module"]) == 3000
+        for run_group in (main, early_run):
+            for table, columns in RUN_TABLES.items():
+                assert set(run_group[table]) == {c.name for c in columns}, table
+        assert main["ops"]["name"].shape == (0,)
+    with open_trace(tmp_path / "t.h5") as t:
+        read = t.run("main").table("memory_events").read(check=False)
+    np.testing.assert_array_equal(read["time_ns"], events["time_ns"])
+
+
 def test_file_is_plain_hdf5_with_documented_layout(valid_trace: Path) -> None:
     with h5py.File(valid_trace, "r") as f:
         assert f.attrs["format"] == FORMAT_NAME

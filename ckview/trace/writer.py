@@ -130,6 +130,15 @@ def _storage(chunk_rows: int, filters: Mapping[str, Any] | None, threads: int | 
     return _Storage(chunk_rows, filters, compressor)
 
 
+_MIN_CHUNK_ROWS = 1024
+
+
+def _fitting_chunk(rows: int, most: int) -> int:
+    """Chunk rows for a table of ``rows`` rows that takes no more (NOTE [ Datasets made when
+    first written ]): the power of two that holds them, within [_MIN_CHUNK_ROWS, ``most``]."""
+    return min(most, max(_MIN_CHUNK_ROWS, 1 << max(rows - 1, 0).bit_length()))
+
+
 def _shuffle(chunk: np.ndarray) -> bytes:
     """HDF5's shuffle filter: all first bytes of the elements, then all second bytes..."""
     return chunk.view(np.uint8).reshape(-1, chunk.itemsize).T.tobytes()
@@ -173,6 +182,8 @@ class _TableWriter:
     With a compressor, full chunks go straight to disk pre-compressed and the rows of the last,
     partial chunk wait in ``_tail`` until the next append fills it or ``flush`` writes it through
     HDF5 (it is rewritten whole once full). Without one, HDF5 compresses every append itself.
+    The column datasets are created when rows first go to disk (NOTE [ Datasets made when
+    first written ]).
     """
 
     def __init__(
@@ -184,20 +195,12 @@ class _TableWriter:
     ) -> None:
         _mark(group, "modules" if name == "modules" else "table")
         self.name = name
+        self._group = group
         self._columns = columns
         self._chunk_rows = storage.chunk_rows
+        self._filters = storage.filters
         self._compressor = storage.compressor
-        self._datasets = {
-            c.name: group.create_dataset(
-                c.name,
-                shape=(0,),
-                maxshape=(None,),
-                dtype=c.dtype,
-                chunks=(storage.chunk_rows,),
-                **storage.filters,
-            )
-            for c in columns
-        }
+        self._datasets: dict[str, h5py.Dataset] = {}  # made when first written
         self._tail = {c.name: np.empty(0, c.dtype) for c in columns}
         self.rows = 0  # rows appended
         self._stored = 0  # rows in whole chunks written directly (compressor only)
@@ -223,10 +226,23 @@ class _TableWriter:
                     dataset.resize((extent,))
             raise
 
-    def flush(self) -> None:
+    # NOTE [ Datasets made when first written ]
+    # A column's chunk size is fixed when its dataset is made, and HDF5 compresses a partial
+    # last chunk whole: 64 Ki rows of int64 are 512 KB to deflate (0.7 ms) even for 10 rows.
+    # Made at the file's start, the 91 datasets of a run cost 12-30 ms, and their partial
+    # chunks 35 ms at its close: a tenth of a 300 ms step, for a short recording. So a table
+    # makes its datasets when rows first go to disk: at a whole chunk or a flush during the
+    # run, with the usual chunk size (the table may grow); at the file's close (``final``),
+    # with chunks that fit the rows it has (a power of two, at least ``_MIN_CHUNK_ROWS``).
+    # Before then the table exists in the file as an empty group; nothing reads the file then
+    # (a recording's journal holds the rows).
+    def flush(self, final: bool = False) -> None:
         """Write the chunks compressed meanwhile and the rows still waiting in the partial last
-        chunk."""
+        chunk; ``final``: the file is closing, no row comes after (NOTE [ Datasets made when
+        first written ])."""
         self._write_compressed()
+        if not self._datasets:
+            self._create(_fitting_chunk(self.rows, self._chunk_rows) if final else self._chunk_rows)
         if self._extent == self.rows:
             return
         self._resize(self.rows)
@@ -252,7 +268,22 @@ class _TableWriter:
             if in_tail.any():
                 self._tail[name][rows[in_tail] - self._stored] = values[in_tail]
 
+    def _create(self, chunk_rows: int) -> None:
+        self._datasets = {
+            c.name: self._group.create_dataset(
+                c.name,
+                shape=(self._extent,),
+                maxshape=(None,),
+                dtype=c.dtype,
+                chunks=(chunk_rows,),
+                **self._filters,
+            )
+            for c in self._columns
+        }
+
     def _write_rows(self, arrays: dict[str, np.ndarray]) -> None:
+        if not self._datasets:
+            self._create(self._chunk_rows)
         end = self.rows + len(arrays[self._columns[0].name])
         for name, arr in arrays.items():
             dataset = self._datasets[name]
@@ -290,6 +321,8 @@ class _TableWriter:
         caller runs on ])."""
         if not self._compressing:
             return
+        if not self._datasets:
+            self._create(self._chunk_rows)
         extent = self._extent
         end = max(row for _, row, _ in self._compressing) + self._chunk_rows
         try:
@@ -392,9 +425,9 @@ class RunWriter:
         self._group.attrs["complete"] = bool(complete)
         self.closed = True
 
-    def _flush(self) -> None:
+    def _flush(self, final: bool = False) -> None:
         for table in self._tables.values():
-            table.flush()
+            table.flush(final)
 
     def _check_open(self) -> None:
         self._trace._check_open()
@@ -620,7 +653,7 @@ class TraceWriter:
             return
         self.closed = True
         try:
-            self._write_pending()
+            self._write_pending(final=True)
             for run in self._runs.values():
                 run.close(complete=False)
             self._file[L.META].attrs["complete"] = bool(complete)
@@ -647,8 +680,9 @@ class TraceWriter:
             error = f"{exc_type.__name__}: {message}" if message else exc_type.__name__
             self.close(complete=False, error=error)
 
-    def _write_pending(self) -> None:
-        """Write new strings and the partial last chunk of every table."""
+    def _write_pending(self, final: bool = False) -> None:
+        """Write new strings and the partial last chunk of every table; ``final`` when the file
+        closes (NOTE [ Datasets made when first written ])."""
         if self._pending:
             # Offset from the ids, not the dataset length, so a retry after a failure is exact.
             n = len(self._strings) - len(self._pending)
@@ -656,9 +690,9 @@ class TraceWriter:
             self._string_ds[n:] = np.array(self._pending, dtype=object)
             self._pending.clear()
         for table in self._root_tables.values():
-            table.flush()
+            table.flush(final)
         for run in self._runs.values():
-            run._flush()
+            run._flush(final)
 
     def _check_open(self) -> None:
         if self.closed:
