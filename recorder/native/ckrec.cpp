@@ -17,9 +17,9 @@
 //   allocates or frees. It must be a ProfilerStateBase: torch static_casts what sits in that
 //   slot (profilerEnabled(), _profiler_type()). Torch's profiler refuses to start while the slot
 //   is taken, so suspend_reporter()/resume_reporter() let a script's own profiler run.
-// - At an allocation the thread's op stack is known, so a memory row carries its innermost op,
-//   its top-level op and the sequence number of the enclosing backward node: no parent walk is
-//   needed afterwards.
+// - At an allocation the thread's op stack is known, so a memory row carries its op of the
+//   trace, its top-level op and the sequence number of the enclosing backward node: no parent
+//   walk is needed afterwards.
 // - Module calls and saved tensors: global module forward hooks and saved_tensors_hooks whose
 //   callables are these C++ functions (no Python frame runs).
 #include <torch/extension.h>
@@ -214,6 +214,18 @@ inline int64_t named_op(ThreadState& ts) {
   if (ts.ops.empty()) return -1;
   ts.ops.back().named = true;
   return ts.ops.back().id;
+}
+// The op of the trace that holds the innermost open range (NOTE [ Outermost ops ] in
+// attribute.py), or that range where none holds it, for a row that names it: Python maps a
+// block to its outermost op anyway, and a range nested in an op then stays unnamed (NOTE
+// [ Nested ranges that leave no row ]). An outermost op's row always stays: its `outer` is
+// its own id when it ends, or it held ops of the trace (`descended`).
+inline int64_t named_outer(ThreadState& ts) {
+  if (ts.ops.empty()) return -1;
+  Frame& f = ts.ops.back();
+  if (f.outer >= 0 && f.outer != f.id) return f.outer;
+  f.named = true;
+  return f.id;
 }
 inline int64_t cur_top(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().top; }
 inline int64_t cur_node(const ThreadState& ts) {
@@ -416,16 +428,18 @@ void pause_inputs(bool pause) {
 // an EndRow does not carry it.
 // NOTE [ Nested ranges that leave no row ]
 // Most ranges of a step are nested in an op of the trace (the kernels aten.addmm or an
-// optimizer's op call): three of four on the small-op step. Python needs such a row only when
-// another row names it (a block allocated or freed in it, a tensor saved or unpacked in it:
-// `named`), when it is an op of the trace or held one (`outer`, `descended`), or when it says
-// something itself (a backward node's range, a sequence number, an exception leaving it). Any
+// optimizer's op call runs, the `aten.to` -> `aten._to_copy` -> `aten.empty_strided` of a
+// scalar's type promotion): three of four on the small-op step. Python needs such a row only
+// when another row names it (`named`), when it is an op of the trace or held one (`outer`,
+// `descended`), or when it says something itself (a backward node's range, a sequence number,
+// an exception leaving it). Blocks and saved tensors name the op of the trace that holds
+// their range (named_outer()), so a nested range is named only by an out-of-memory row. Any
 // other range closes as its buffer's last row (ranges close innermost first, so no row of a
 // range it held is left behind it) and is taken back: the drain and the attribution, which
 // cost per row, shrink by as much, and every row left names only rows that are there.
 bool leaves_no_row(const Frame& f, const OpRow& row, size_t i, const Buffers& b) {
-  return i + 1 == b.ops.size() && !f.named && !f.descended && f.allocations == 0 &&
-         row.parent >= 0 && row.outer != row.id && row.seq < 0 && row.raised == 0 &&
+  return i + 1 == b.ops.size() && !f.named && !f.descended && row.parent >= 0 &&
+         row.outer != row.id && row.seq < 0 && row.raised == 0 &&
          row.scope == uint8_t(at::RecordScope::FUNCTION);
 }
 
@@ -456,12 +470,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   // returned on it, which the op that allocated it returns; ops that allocated nothing return
   // views of blocks that already have one, and are skipped (most ops of a step).
   if (!want_outputs.load(std::memory_order_relaxed) || f.allocations == 0) return;
+  int64_t op = f.outer >= 0 && f.outer != f.id ? f.outer : f.id;  // as named_outer() names it
   for (const c10::IValue& v : fn.outputs()) {
     if (!v.isTensor()) continue;
     const at::Tensor& out = v.toTensor();
     if (!out.defined() || !out.has_storage()) continue;
     const c10::StorageImpl* s = out.storage().unsafeGetStorageImpl();
-    OutRow row{t, f.id, addr(s->data_ptr().get()), block_of(out), int64_t(s->nbytes()), {}};
+    OutRow row{t, op, addr(s->data_ptr().get()), block_of(out), int64_t(s->nbytes()), {}};
     describe(out, row.tensor);
     BufferLock lock(b, drainer);
     b.outs.push_back(row);
@@ -485,7 +500,7 @@ struct Reporter final : prof::ProfilerStateBase {
     int64_t block = on_block(addr(ptr), bytes, d);
     if (bytes > 0 && !ts.ops.empty()) ++ts.ops.back().allocations;
     MemRow row{t,           addr(ptr),  bytes,         block,
-               named_op(ts), cur_top(ts), cur_node(ts), int64_t(allocated),
+               named_outer(ts), cur_top(ts), cur_node(ts), int64_t(allocated),
                int64_t(reserved), cur_call(ts), int16_t(d.type()), int16_t(d.index())};
     BufferLock lock(*ts.buf, drainer);
     ts.buf->mems.push_back(row);
@@ -729,7 +744,7 @@ void saved_row(PyObject* obj, uint8_t kind) {
   ThreadState& ts = state();
   const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   SavedRow row{now_ns(), addr(s->data_ptr().get()), block_of(t), int64_t(s->nbytes()),
-               int64_t(t.numel()) * int64_t(t.element_size()), named_op(ts), cur_top(ts),
+               int64_t(t.numel()) * int64_t(t.element_size()), named_outer(ts), cur_top(ts),
                cur_call(ts), kind, {0, 0, 0}, {}};
   describe(t, row.tensor);
   BufferLock lock(*ts.buf, drainer);

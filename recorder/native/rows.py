@@ -42,7 +42,7 @@ MEMORY = np.dtype(
         ("ptr", "<i8"),
         ("bytes", "<i8"),  # > 0 allocation, < 0 free
         ("block", "<i8"),  # block id (NOTE [ Blocks by address ] in ckrec.cpp); -1: unknown free
-        ("op", "<i8"),  # innermost open op, -1 if none
+        ("op", "<i8"),  # its op of the trace, else the innermost open range, -1 if none
         ("top", "<i8"),
         ("node_seq", "<i8"),
         ("allocated", "<i8"),  # the allocator's total after the event (0 on the CPU)
@@ -58,7 +58,7 @@ OOMS = np.dtype(
         ("bytes", "<i8"),  # what the failed allocation asked for
         ("allocated", "<i8"),
         ("reserved", "<i8"),
-        ("op", "<i8"),
+        ("op", "<i8"),  # the innermost open range
         ("top", "<i8"),
         ("call", "<i4"),
         ("device_type", "<i2"),
@@ -72,7 +72,7 @@ SAVED = np.dtype(
         ("block", "<i8"),  # the block it lives in, -1 if allocated before recording
         ("storage_nbytes", "<i8"),
         ("nbytes", "<i8"),  # numel * element size of the saved view
-        ("op", "<i8"),
+        ("op", "<i8"),  # as a memory row's
         ("top", "<i8"),
         ("call", "<i4"),
         ("kind", "u1"),  # SavedEventKind: 0 pack, 1 unpack
@@ -83,7 +83,7 @@ SAVED = np.dtype(
 OUTPUTS = np.dtype(
     [
         ("t", "<i8"),
-        ("op", "<i8"),
+        ("op", "<i8"),  # as a memory row's
         ("ptr", "<i8"),
         ("block", "<i8"),
         ("storage_nbytes", "<i8"),
