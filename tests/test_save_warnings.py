@@ -187,3 +187,14 @@ def test_the_explorer_warns_of_a_loaded_plan_not_of_its_groups(
     session.set_selection([ModuleRegion(row)])
     session.set_saved(row, [g.packet for g in session.op_groups(row)])  # every group ticked
     assert session.outcome().warnings == ()
+
+
+def test_export_warns_and_still_writes_the_plan(
+    recorded: tuple[Path, list[Path], str], tmp_path: Path
+) -> None:
+    trace, (_, view), _ = recorded
+    csv = tmp_path / "curves.csv"
+    out = ckview("export", str(trace), "--run", "baseline", "--plan", str(view), "--csv", str(csv))
+    assert out.returncode == 0, out.stderr
+    assert warnings_of(out.stderr) == [VIEW_LINE]
+    assert "plan:save-view over" in csv.read_text(encoding="utf-8")

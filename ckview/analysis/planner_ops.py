@@ -47,9 +47,10 @@ NOTE [ Saves the projection cannot hold ]
     policy's mode ]). ``unsaveable_calls`` is that rule, once, read from the trace (the block's
     op names and storage rows): ``op_groups`` leaves their packets out, so the planner never
     writes such an entry, and ``save_warnings`` warns, one line per save entry, when a
-    hand-written plan's save list catches one (``ckview project``, ``verify``, ``record
-    --compare --plan``, the explorer's readout). A warning, not an error: the plan still runs,
-    and the projection may still be right (a mode turns only some in-place calls out of place).
+    hand-written plan's save list catches one (``ckview project``, ``verify``, ``export``,
+    ``record --compare --plan``, the explorer's readout). A warning, not an error: the plan
+    still runs, and the projection may still be right (a mode turns only some in-place calls
+    out of place).
     The out-of-place form of ``aten.add_.Tensor`` in ``layers.0.self_attn`` is caught by an
     entry matching ``aten.add``, ``aten.add.Tensor`` or one of the auto-names ``add_<k>`` it may
     take in that module's call (k below that call's count of ``add`` and ``add_`` calls).
