@@ -1,7 +1,7 @@
 """Hand-written op-level plans whose save lists the projection cannot hold (NOTE [ Saves the
-projection cannot hold ] in ckview/analysis/planner_ops.py): ``ckview record``, ``project`` and
-``verify`` and the explorer's plan session warn, one line per save entry, and still run the plan;
-a plan the op-level planner writes gets no warning."""
+projection cannot hold ] in ckview/analysis/planner_ops.py): ``ckview record``, ``project``,
+``verify`` and ``export`` and the explorer's plan session warn, one line per save entry, and
+still run the plan; a plan the op-level planner writes gets no warning."""
 
 from __future__ import annotations
 

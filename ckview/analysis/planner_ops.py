@@ -38,7 +38,8 @@ NOTE [ Out-of-place under the policy's mode ]
     prefixes in time-per-byte order, so a slow ``aten.add`` in the recorded step put it in a
     variant). The trace cannot say which in-place call turns out-of-place under a mode, so a
     packet whose in-place form runs in the block is not a group: the planner never saves it,
-    and the explorer does not offer it.
+    the explorer does not offer it, and a hand-written plan that saves it is warned of
+    (NOTE [ Saves the projection cannot hold ]).
 
 NOTE [ Saves the projection cannot hold ]
     Two kinds of call in a block make a save entry that catches them project low: a call that
