@@ -99,6 +99,25 @@ def test_a_loaded_op_level_plan_shows_ticked(
     assert window.timeline.outcome is not None and window.timeline.outcome.peak_bytes == peak
 
 
+def test_a_loaded_plan_saving_a_view_is_applied_with_a_warning(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """NOTE [ Saves the projection cannot hold ] in ckview/analysis/planner_ops.py: the readout
+    says which save entry projects low, and the plan is selected all the same."""
+    session = opened(qtbot, window)
+    row = session.chain.blocks[2] if session.chain else -1
+    region = {"module": "encoder.layers.2", "save": ["aten.addmm", "aten.view"]}
+    plan = {"format": "ckview-plan", "version": 2, "name": "view", "regions": [region]}
+    path = tmp_path / "view.json"
+    path.write_text(json.dumps(plan))
+    window.plan.load_plan(str(path))
+    assert window.last_error is None
+    assert session.selection == {ModuleRegion(row, ("aten.addmm", "aten.view"))}
+    text = window.plan.readout.text()
+    assert "The projection can be low" in text
+    assert "block encoder.layers.2 saves aten.view, which is a view in the recorded step" in text
+
+
 def test_export_writes_a_format_2_plan_that_reloads(
     qtbot: QtBot, window: MainWindow, tmp_path: Path
 ) -> None:

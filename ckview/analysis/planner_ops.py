@@ -38,23 +38,51 @@ NOTE [ Out-of-place under the policy's mode ]
     prefixes in time-per-byte order, so a slow ``aten.add`` in the recorded step put it in a
     variant). The trace cannot say which in-place call turns out-of-place under a mode, so a
     packet whose in-place form runs in the block is not a group: the planner never saves it,
-    and the explorer does not offer it.
+    the explorer does not offer it, and a hand-written plan that saves it is warned of
+    (NOTE [ Saves the projection cannot hold ]).
+
+NOTE [ Saves the projection cannot hold ]
+    Two kinds of call in a block make a save entry that catches them project low: a call that
+    makes no storage of its own (a view: NOTE [ Op-level search space ]), and the out-of-place
+    form of a call that runs in place in the recorded step (NOTE [ Out-of-place under the
+    policy's mode ]). ``unsaveable_calls`` is that rule, once, read from the trace (the block's
+    op names and storage rows): ``op_groups`` leaves their packets out, so the planner never
+    writes such an entry, and ``save_warnings`` warns, one line per save entry, when a
+    hand-written plan's save list catches one (``ckview project``, ``verify``, ``export``,
+    ``record --compare --plan``, the explorer's readout). A warning, not an error: the plan
+    still runs, and the projection may still be right (a mode turns only some in-place calls
+    out of place).
+    The out-of-place form of ``aten.add_.Tensor`` in ``layers.0.self_attn`` is caught by an
+    entry matching ``aten.add``, ``aten.add.Tensor`` or one of the auto-names ``add_<k>`` it may
+    take in that module's call (k below that call's count of ``add`` and ``add_`` calls).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any, Literal
 
 import numpy as np
 
+from ckpt_runtime.plan import match_op, op_auto_name
 from ckview.analysis.projection.oplevel import OpNames
 from ckview.analysis.regions import ModuleRegion, Region, region_instances
 from ckview.analysis.types import RunTables
 from ckview.trace.schema import MemoryEventKind, Phase
 
-__all__ = ["MAX_VARIANTS", "OpGroup", "op_groups", "op_variants"]
+__all__ = [
+    "MAX_VARIANTS",
+    "OpGroup",
+    "SaveWarning",
+    "Unsaveable",
+    "op_groups",
+    "op_variants",
+    "save_warnings",
+    "unsaveable_calls",
+]
 
 MAX_VARIANTS = 4
 """Most op-level variants per block (NOTE [ Op-level search space ])."""
@@ -79,34 +107,21 @@ def op_groups(
 ) -> list[OpGroup]:
     """The saved-tensor groups of the first forward call of ``region``'s module, best first
     (time spared per byte kept; NOTE [ Op-level search space ])."""
-    inst = region_instances(
-        tables["module_calls"], tables["modules"], tables["strings"], [ModuleRegion(region.module)]
-    )
-    if not len(inst):
+    inside = _first_call_ops(tables, region.module)
+    if not len(inside):
         return []
     names = names if names is not None else OpNames(tables)
     ops, storages = tables["ops"], tables["storages"]
-    call = np.asarray(ops["module_call"], dtype=np.int64)
-    inside = np.flatnonzero(
-        (np.asarray(ops["phase"]) == Phase.FORWARD)
-        & (call >= inst.first_call[0])
-        & (call < inst.call_stop[0])
-    )
-    per_op = np.zeros(len(call), dtype=np.int64)
+    per_op = np.zeros(len(ops["phase"]), dtype=np.int64)
     made_by = np.asarray(storages["op"], dtype=np.int64)
     outputs = np.flatnonzero(_outputs(tables, made_by))
     np.add.at(per_op, made_by[outputs], np.asarray(storages["nbytes"], dtype=np.int64)[outputs])
     duration = np.asarray(ops["end_ns"], dtype=np.int64) - np.asarray(ops["start_ns"])
-    makes = np.zeros(len(call), dtype=bool)
-    makes[made_by[made_by >= 0]] = True
     groups: dict[str, list[int]] = {}
-    left_out: set[str] = set()
+    # NOTE [ Saves the projection cannot hold ]
+    left_out = {call.packet for call in unsaveable_calls(tables, inside, names)}
     for op in inside.tolist():
         packet = names.names(op)[0]
-        if not makes[op]:  # a view, or an op that returns a tensor it did not make
-            left_out.add(packet)
-        if packet.endswith("_"):  # NOTE [ Out-of-place under the policy's mode ]
-            left_out.add(packet[:-1])
         entry = groups.setdefault(packet, [0, 0])
         entry[0] += int(per_op[op])
         entry[1] += int(duration[op])
@@ -116,6 +131,140 @@ def op_groups(
         if b > 0 and p not in left_out and not p.endswith("_") and not _is_factory(p)
     ]
     return sorted(found, key=lambda g: (-g.compute_ns / g.nbytes, g.packet))
+
+
+def _first_call_ops(tables: RunTables, module: int) -> np.ndarray:
+    """The FORWARD op rows of the first forward call of module row ``module`` (its calls
+    included); empty if it never ran forward."""
+    inst = region_instances(
+        tables["module_calls"], tables["modules"], tables["strings"], [ModuleRegion(module)]
+    )
+    if not len(inst):
+        return np.zeros(0, dtype=np.int64)
+    ops = tables["ops"]
+    call = np.asarray(ops["module_call"], dtype=np.int64)
+    return np.flatnonzero(
+        (np.asarray(ops["phase"]) == Phase.FORWARD)
+        & (call >= inst.first_call[0])
+        & (call < inst.call_stop[0])
+    )
+
+
+Reason = Literal["view", "out_of_place"]
+
+
+@dataclass(frozen=True)
+class Unsaveable:
+    """A call of a block that a save entry must not catch (NOTE [ Saves the projection cannot
+    hold ]), with the names an entry would catch it by."""
+
+    packet: str
+    """The packet a save list names it by (``aten.view``; ``aten.add`` for ``aten.add_``)."""
+    reason: Reason
+    """``view``: it makes no storage of its own; ``out_of_place``: it runs in place in the
+    recorded step, and may run out of place under the policy's mode."""
+    names: tuple[str, ...]
+    """Its packet, overload and auto-name; for ``out_of_place``, those its out-of-place form
+    may have."""
+
+
+def unsaveable_calls(tables: RunTables, inside: np.ndarray, names: OpNames) -> list[Unsaveable]:
+    """The calls among forward op rows ``inside`` (one block's) that a save entry must not
+    catch, in op order: the rule of NOTE [ Saves the projection cannot hold ]."""
+    made_by = np.asarray(tables["storages"]["op"], dtype=np.int64)
+    makes = np.zeros(len(tables["ops"]["phase"]), dtype=bool)
+    makes[made_by[made_by >= 0]] = True
+    call = np.asarray(tables["ops"]["module_call"], dtype=np.int64)
+    rows = inside.tolist()
+    named = [names.names(op) for op in rows]
+    per_call = Counter((int(call[op]), n[0]) for op, n in zip(rows, named, strict=True))
+    found = []
+    for op, (packet, overload, auto) in zip(rows, named, strict=True):
+        if not packet.endswith("_"):
+            if not makes[op]:  # a view, or an op that returns a tensor it did not make
+                found.append(Unsaveable(packet, "view", (packet, overload, auto)))
+            continue
+        base = packet[:-1]  # NOTE [ Out-of-place under the policy's mode ]
+        k = per_call[int(call[op]), base] + per_call[int(call[op]), packet]
+        autos = (op_auto_name(names.module_path(op), base, i) for i in range(k))
+        found.append(
+            Unsaveable(base, "out_of_place", (base, base + overload[len(packet) :], *autos))
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class SaveWarning:
+    """Save entries of an op-level plan that catch unsaveable ops of some blocks, so the
+    projection can be low (NOTE [ Saves the projection cannot hold ])."""
+
+    blocks: tuple[str, ...]
+    """The module paths of the regions whose save lists catch them."""
+    entries: tuple[str, ...]
+    """The save entries that catch them."""
+    reason: Reason
+    packets: tuple[str, ...]
+    """The ops caught, by packet (``aten.add``)."""
+
+    def line(self) -> str:
+        """One line: the blocks, the ops and the entries catching them, why the projection can
+        be low, and what to do."""
+        many = len(self.packets) > 1
+        ops, it = ", ".join(self.packets), "them" if many else "it"
+        one = len(self.blocks) == 1
+        line = f"block{'' if one else 's'} {', '.join(self.blocks)} save{'s' if one else ''} {ops}"
+        if self.entries != self.packets:
+            line += f" (save entry {', '.join(self.entries)})"
+        if self.reason == "view":
+            line += (
+                f", which {'are views' if many else 'is a view'} in the recorded step (no "
+                f"storage of {'their' if many else 'its'} own): saving {it} keeps the viewed "
+                f"tensor{'s' if many else ''} alive, which the projection does not count"
+            )
+        else:
+            in_place = ", ".join(f"{p}_" for p in self.packets)
+            line += (
+                f", which run{'' if many else 's'} in place in the recorded step ({in_place}): "
+                f"under selective checkpointing {'they' if many else 'it'} may run out of place "
+                "into new tensors, which the projection does not count"
+            )
+        return (
+            f"{line}, so the projection can be low; leave {it if many else ops} out of the save "
+            f"list (ckview plan --level op never saves {it})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "blocks": list(self.blocks),
+            "entries": list(self.entries),
+            "reason": self.reason,
+            "ops": list(self.packets),
+            "message": self.line(),
+        }
+
+
+def save_warnings(
+    tables: RunTables, regions: Sequence[Region], names: OpNames | None = None
+) -> list[SaveWarning]:
+    """What the save lists of ``regions`` catch that the projection cannot hold (NOTE [ Saves
+    the projection cannot hold ]): one warning per save entry (or entries catching the same
+    ops) and reason, naming the blocks whose save lists do, in region order. None for a plan
+    the op-level planner wrote."""
+    paths, strings = tables["modules"]["path"], tables["strings"]
+    found: dict[tuple[tuple[str, ...], Reason, tuple[str, ...]], list[str]] = {}
+    for region in regions:
+        if not isinstance(region, ModuleRegion) or region.save is None or region.offload:
+            continue
+        names = names if names is not None else OpNames(tables)
+        caught: dict[tuple[tuple[str, ...], Reason], set[str]] = {}
+        for call in unsaveable_calls(tables, _first_call_ops(tables, region.module), names):
+            entries = tuple(e for e in region.save if match_op(e, call.names))
+            if entries:
+                caught.setdefault((entries, call.reason), set()).add(call.packet)
+        block = strings[int(paths[region.module])]
+        for (entries, reason), packets in caught.items():
+            found.setdefault((entries, reason, tuple(sorted(packets))), []).append(block)
+    return [SaveWarning(tuple(b), e, r, p) for (e, r, p), b in found.items()]
 
 
 FACTORIES = ("aten.empty*", "aten.*_like", "aten.new_*", "aten.zeros", "aten.ones", "aten.full")

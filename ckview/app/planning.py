@@ -49,7 +49,7 @@ from ckview.analysis import (
     sequential_children,
 )
 from ckview.analysis.cost import PlanCost
-from ckview.analysis.planner_ops import OpGroup, op_groups
+from ckview.analysis.planner_ops import OpGroup, op_groups, save_warnings
 from ckview.analysis.plans import TraceTree
 from ckview.analysis.projection.oplevel import OpNames
 from ckview.analysis.regions import subtree_sums
@@ -137,6 +137,9 @@ class PlanOutcome(PlanCost):
     """Selected regions that cannot take effect in the recorded step."""
     notes: tuple[str, ...] = ()
     """Why they cannot (NOTE [ Regions that cannot take effect ] in ckpt_runtime/resolve.py)."""
+    warnings: tuple[str, ...] = ()
+    """Save entries the projection cannot hold, one line each (NOTE [ Saves the projection
+    cannot hold ] in ckview/analysis/planner_ops.py): a loaded plan's, never the panel's."""
     plain_times: bool = False
     """Extra compute and step time come from plain timing steps, not recorded op times."""
     offloaded_bytes: int = 0
@@ -321,10 +324,14 @@ class PlanSession:
         """The saved-tensor groups of module ``row``, best first (NOTE [ Op-level search
         space ] in ckview/analysis/planner_ops.py); computed once per module."""
         if row not in self._groups:
-            if self._op_names is None:
-                self._op_names = OpNames(self.run.tables)
-            self._groups[row] = op_groups(self.run.tables, ModuleRegion(row), self._op_names)
+            self._groups[row] = op_groups(self.run.tables, ModuleRegion(row), self.names())
         return self._groups[row]
+
+    def names(self) -> OpNames:
+        """The run's op names (``OpNames``), computed once."""
+        if self._op_names is None:
+            self._op_names = OpNames(self.run.tables)
+        return self._op_names
 
     def set_saved(self, row: int, packets: Iterable[str]) -> ModuleRegion:
         """Make checkpointed module ``row`` save the ops of the groups ``packets`` and
@@ -425,12 +432,17 @@ class PlanSession:
             outcome = self._incremental([self.index[r] for r in regions])
         else:
             outcome = self._exact(regions)
+        warnings = tuple(w.line() for w in save_warnings(self.run.tables, regions, self.names()))
         try:
             plan = self.tree.plan_of(regions, "selection")
         except ValueError:  # a selection no plan can say (saving it says why)
-            return replace(outcome, regions=len(regions))
+            return replace(outcome, regions=len(regions), warnings=warnings)
         return replace(
-            outcome, regions=len(regions), idle_regions=len(plan.idle), notes=tuple(plan.notes())
+            outcome,
+            regions=len(regions),
+            idle_regions=len(plan.idle),
+            notes=tuple(plan.notes()),
+            warnings=warnings,
         )
 
     def _recorded(self) -> PlanOutcome:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ckpt_runtime.plan import Plan
     from ckview.analysis import PlanRegions
     from ckview.analysis.cost import PlanCost
+    from ckview.analysis.planner_ops import SaveWarning
     from ckview.analysis.types import RunTables
     from ckview.app.run import Run
 
@@ -119,6 +120,9 @@ class PlanProjection:
     recomputes: tuple[RecomputeRow, ...]
     regions: PlanRegions
     """The plan's regions, each saying whether it takes effect in the run's step."""
+    warnings: tuple[SaveWarning, ...] = ()
+    """Save entries the projection cannot hold (NOTE [ Saves the projection cannot hold ] in
+    ckview/analysis/planner_ops.py)."""
 
     @property
     def cost(self) -> PlanCost:
@@ -159,7 +163,12 @@ class PlanProjection:
             "regions": self.regions.to_json(),
             "idle_regions": len(self.regions.idle),
             "notes": self.regions.notes(),
+            "warnings": [w.to_json() for w in self.warnings],
         }
+
+    def warning_lines(self) -> list[str]:
+        """One line per save warning, naming the plan."""
+        return [f"plan {self.plan}: {w.line()}" for w in self.warnings]
 
 
 def read_tables(trace: Any, name: str) -> Tables:
@@ -191,6 +200,7 @@ def project_plan(tables: Tables, plan: Any, source: str) -> PlanProjection:
 def project_over(run: Run, plan: Any, source: str) -> PlanProjection:
     """Project ``plan`` (a ``Plan``, a plan document or a preset) over ``run``."""
     from ckview.analysis import project
+    from ckview.analysis.planner_ops import save_warnings
 
     resolved = resolve_plan(plan, run.tables, source)
     projection = project(run.tables, list(resolved.regions))
@@ -205,6 +215,7 @@ def project_over(run: Run, plan: Any, source: str) -> PlanProjection:
         plain_times=projection.plain_times and run.plain_times,
         recomputes=_recompute_rows(projection, resolved.labels),
         regions=resolved,
+        warnings=tuple(save_warnings(run.tables, resolved.regions)),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
 
         for note in plan_notes(plans):  # also drawn in the figure
             print(f"note: {note}")
+        for name, outcome, _ in plans:  # NOTE [ Saves the projection cannot hold ]
+            for line in outcome.warnings:
+                print(f"ckview: warning: plan {name}: {line}", file=sys.stderr)
     return 0
 
 

@@ -4,7 +4,8 @@ Each PLAN (a plan file or a preset, read by the torch-free ``ckpt_runtime.plan.l
 resolved over the trace's modules by the plan core that ``ckpt_runtime`` resolves it with over
 the live model (``ckview.analysis.plans``), and projected over one run
 (``ckview.analysis.project``). A region that cannot take effect in the recorded step (its
-module, or its Sequential's forward, never ran) is stated with the reason and what to do.
+module, or its Sequential's forward, never ran) is stated with the reason and what to do; a
+save entry the projection cannot hold gets a warning on stderr (and in ``--json``).
 Imports no torch.
 The projection itself (``project_over``) is shared with ``ckview verify`` through
 ``ckview.cli.common``.
@@ -68,11 +69,14 @@ def run(args: argparse.Namespace) -> int:
         }
         json.dump(doc, sys.stdout, indent=2)
         print()
-        return 0
-    print(_header(args.trace, base))
-    for result in results:
-        print()
-        print(format_projection(result))
+    else:
+        print(_header(args.trace, base))
+        for result in results:
+            print()
+            print(format_projection(result))
+    for result in results:  # NOTE [ Saves the projection cannot hold ] in planner_ops.py
+        for line in result.warning_lines():
+            print(f"ckview: warning: {line}", file=sys.stderr)
     return 0
 
 

@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     output = this_rank_path(args.output or default_output(args.target))
     from recorder.plans import plan_runs
 
-    runs = plan_runs(load_plans(args.plan or []), args.compare, args.compare)
+    plans = load_plans(args.plan or [])
+    runs = plan_runs(plans, args.compare, args.compare)
     ending = record_script(args, output, runs)
     exit_code = report(output, ending, args, len(runs))
     hint_misplaced(args, ending.exit_code)
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         for line in unlike_step_warnings(output):
             print(f"ckview: warning: {line}", file=sys.stderr)
     if ending.steps and ending.written == output and len(runs) > 1:
-        for line in leftover_warnings(output):
+        for line in leftover_warnings(output) + save_entry_warnings(output, plans):
             print(f"ckview: warning: {line}", file=sys.stderr)
         if note := compiled_plans_note(output):
             print(f"ckview: note: {note}", file=sys.stderr)
@@ -89,6 +90,30 @@ def never_checkpointed(output: Path) -> bool:
         if run.steps_recorded == 0 or len(run.table("recompute_regions")):
             return False
         return not np.any(run.table("ops").column("phase") == Phase.RECOMPUTE)
+
+
+def save_entry_warnings(output: Path, plans: list[tuple[str, Any]]) -> list[str]:
+    """One line per save entry of ``plans`` that projects low over run 'baseline' (NOTE
+    [ Saves the projection cannot hold ] in ckview/analysis/planner_ops.py); none without that
+    run (a plan's run alone is not projected over)."""
+    from ckview.analysis.planner_ops import save_warnings
+    from ckview.cli.common import read_tables, resolve_plan
+    from ckview.trace import open_trace
+
+    with open_trace(output) as trace:
+        if not plans or "baseline" not in trace.run_names:
+            return []
+        if trace.run("baseline").steps_recorded == 0:
+            return []
+        tables = read_tables(trace, "baseline")
+    lines = []
+    for source, plan in plans:
+        try:
+            regions = resolve_plan(plan, tables, source).regions
+        except CLIError:  # fitted the live model; ckview project says why it does not here
+            continue
+        lines += [f"plan {plan.name}: {w.line()}" for w in save_warnings(tables, regions)]
+    return lines
 
 
 def leftover_warnings(output: Path) -> list[str]:

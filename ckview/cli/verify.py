@@ -412,6 +412,7 @@ def _warnings(baseline: Baseline | None, checks: Sequence[Check]) -> list[str]:
     """NOTE [ Recompute in a bypassed run ]: one line for all the runs that still recompute,
     then the other warnings and notes."""
     lines = _recompute_warnings(baseline, checks)
+    lines += [f"warning: {line}" for c in checks for line in c.projection.warning_lines()]
     lines += [
         f"warning: plan {c.projection.plan}: projected extra time {c.time.projected_ns / 1e6:.1f}"
         f" ms per step is outside the measured {c.time.low_ns / 1e6:.1f} .. "

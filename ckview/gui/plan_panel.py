@@ -625,6 +625,7 @@ def readout_html(outcome: PlanOutcome, regions: int) -> str:
         f"{len(outcome.recomputes)} recompute(s)"
         + _offload_html(outcome)
         + idle_html(outcome, regions)
+        + warnings_html(outcome)
     )
 
 
@@ -648,6 +649,16 @@ def _times_hint(outcome: PlanOutcome) -> str:
         "; <span title='No plain timing steps in this trace: times are recorded op times, "
         "inflated by the recorder. Record with --timing-steps 3.'>recorded times</span>"
     )
+
+
+def warnings_html(outcome: PlanOutcome) -> str:
+    """The save entries the projection cannot hold, one line each (NOTE [ Saves the projection
+    cannot hold ] in ckview/analysis/planner_ops.py); empty if none."""
+    if not outcome.warnings:
+        return ""
+    lines = "<br>".join(f"· {html.escape(line)}" for line in outcome.warnings)
+    head = f"<span style='color:{PEAK_COLOR}'><b>The projection can be low</b></span>"
+    return f"<br>{head}<br><small>{lines}</small>"
 
 
 def idle_html(outcome: PlanOutcome, regions: int) -> str:

@@ -48,9 +48,12 @@ class OpNames:
         """The overload packet, the overload and the auto-name of forward op row ``op``."""
         full = self.strings[int(self.name[op])]
         packet = self.packet_of(full)
+        return packet, full, op_auto_name(self.module_path(op), packet, int(self.index[op]))
+
+    def module_path(self, op: int) -> str:
+        """The path of the innermost module running op row ``op`` ("" outside any)."""
         module = int(self.module[op])
-        path = self.strings[int(self.path[module])] if module >= 0 else ""
-        return packet, full, op_auto_name(path, packet, int(self.index[op]))
+        return self.strings[int(self.path[module])] if module >= 0 else ""
 
 
 def _call_index(call: np.ndarray, packet: np.ndarray, forward: np.ndarray) -> np.ndarray:
