@@ -154,9 +154,9 @@ class TorchHooks:
         self._await_forward = False
         self._in_backward_callback = False
         self._counted_task = -1  # graph task whose backward pass was counted last
-        # NOTE [ A compiled call begins a forward ]: the loop's forwards begin at compiled
-        # calls; one was counted and its backward has not ended
-        self._compiled_forwards = self._compiled_forward_open = False
+        # a compiled call's forward was counted and its backward has not ended (NOTE [ A
+        # compiled call begins a forward ])
+        self._compiled_forward_open = False
         self._leaves: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda roots: []
 
     def install(self) -> None:
@@ -262,7 +262,7 @@ class TorchHooks:
             or not torch.is_grad_enabled()
         ):
             return
-        self._compiled_forwards = self._compiled_forward_open = True
+        self.flags.compiled_forwards = self._compiled_forward_open = True
         self._await_forward = False  # counted here, not when its backward begins
         self._begin_forward()
 
@@ -428,7 +428,7 @@ class TorchHooks:
         self._counted_task = task
         if self.flags.state is State.RECORDING:
             self.ledger.mark_gradients()
-        no_modules = self.flags.no_modules and not self._compiled_forwards
+        no_modules = not self.flags.sees_forwards
         self._await_forward = no_modules
         if no_modules and self._tracker.boundary_at_next_forward():
             # No forward hook to wait for: NOTE [ A forward without modules ].

@@ -305,6 +305,37 @@ def test_a_compiled_function_around_the_model_is_a_forward(tmp_path: Path, befor
     assert not (st["category"][made] == Category.INPUT).any()
 
 
+def test_a_compiled_training_step_is_one_step(tmp_path: Path) -> None:
+    """``torch.compile(train_step)``: dynamo breaks the graph at ``backward()`` and traces the
+    optimizer's step (its hooks are no-ops there: no optimizer is known), so each call of the
+    compiled step begins a forward and steps end at the next one (NOTE [ A compiled call
+    begins a forward ] in recorder/hooks.py), not where each backward ends."""
+    torch.manual_seed(0)
+    model = _MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @torch.compile
+    def train_step(x: torch.Tensor) -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CKVIEW_RECORDER", "native")
+        with Recorder(tmp_path / "t.h5", steps=2, warmup=1, progress=False):
+            for _ in range(4):
+                train_step(torch.randn(64, 16))
+    tables = read_run(tmp_path / "t.h5")
+    strings, ops, steps = tables["strings"], tables["ops"], tables["steps"]
+    assert tables["meta"].step_rule.startswith(
+        "auto: no optimizer; the first forward after a backward ends a step"
+    )
+    assert steps["forwards"].tolist() == steps["backwards"].tolist() == [1, 1]
+    graph = np.asarray([strings[name] == "CompiledFunction" for name in ops["name"]])
+    assert np.bincount(ops["step"][graph]).tolist() == [1, 1]
+    assert (ops["phase"][graph] == Phase.FORWARD).all()
+
+
 PLANNED = f"""
 import sys, torch
 sys.path.insert(0, {str(ROOT / "examples" / "loops")!r})
