@@ -380,12 +380,21 @@ def _forward_oom(device: int, asked: int, total: int, free: int) -> None:
         listener(device, asked, total, free)
 
 
+# NOTE [ Backward traced by a compile ]
+# Compiling a training graph, AOTAutograd traces its backward by calling ``torch.autograd.grad``
+# on fake tensors, inside the compile of the first call (unless its cache on disk already holds
+# the graph). That is no backward pass of the step: counted as one, it ended the iteration in
+# the middle of the compile (a loop without module calls ends its step at each backward's end)
+# and opened a backward span before the compiled forward ran. ``torch.compiler.is_compiling()``
+# holds for the whole compile (torch 2.13: dynamo's ``_compile_session_context``), so such
+# calls pass unbracketed.
 def bracket_backward(enter: Callable[[Any], None], exit_: Callable[[], None]) -> Undo:
     """Call ``enter(roots)`` and ``exit_()`` around ``torch.autograd.backward`` and ``grad``
     (which ``Tensor.backward`` calls), ``roots`` the tensors backward starts from: the native
     path's backward boundaries, where no op hook sees the engine start (NOTE [ The native
     ledger ] in recorder/native_ledger.py). A nested backward (inside a backward) is part of
-    the outer one."""
+    the outer one. A backward that ``torch.compile`` traces is none (NOTE [ Backward traced
+    by a compile ])."""
     originals: dict[str, Callable[..., Any]] = {
         "backward": torch.autograd.backward,
         "grad": torch.autograd.grad,
@@ -395,6 +404,8 @@ def bracket_backward(enter: Callable[[Any], None], exit_: Callable[[], None]) ->
     def bracket(run: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(run)
         def run_bracketed(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():
+                return run(*args, **kwargs)
             depth[0] += 1
             if depth[0] == 1:
                 enter(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))

@@ -61,7 +61,9 @@ once compiled code ran so (dynamo's stance let it: ``_callback_from_stance``).
   call open when the graph ran (the compiled model's own: its hooks run eagerly around the
   compiled ``forward``), in backward the forward call that made the node. Compiled around the
   model (``torch.compile(step_fn)``) no module call runs: a ``CompiledFunction`` outside
-  backward begins a forward as a top-level module call does (``NativeLedger._forward_spans``).
+  backward begins a forward as a top-level module call does (``NativeLedger._forward_spans``),
+  and so does the compiled call for the step rule (NOTE [ A compiled call begins a forward ] in
+  hooks.py).
   Modules inside a compiled graph do not run as modules: no call of theirs is recorded, so a
   projection over them is no promise for the compiled step (docs/recording.md, plans on
   compiled code).
@@ -128,16 +130,24 @@ class EagerWhileRecording:
 
     With ``eager=False`` (the native path, NOTE [ Compiled code on the native path ]) the
     stance is left alone and ``hidden`` (the recorder's hooks that dynamo would otherwise trace
-    and break the graph on) are no-ops to dynamo's tracing while installed.
+    and break the graph on) are no-ops to dynamo's tracing while installed; ``on_call()`` runs
+    as each call of compiled code is about to run compiled (NOTE [ A compiled call begins a
+    forward ] in hooks.py).
 
     Importing dynamo takes seconds, so a script that never compiles never pays for it: the
     stance is set at install if dynamo is already imported, else when ``torch.compile`` is first
     called.
     """
 
-    def __init__(self, eager: bool = True, hidden: Sequence[Callable[..., None]] = ()) -> None:
+    def __init__(
+        self,
+        eager: bool = True,
+        hidden: Sequence[Callable[..., None]] = (),
+        on_call: Callable[[], None] = lambda: None,
+    ) -> None:
         self.eager = eager
         self._hidden = tuple(hidden)
+        self._on_call = on_call
         self._prior: Any = None
         self._applied = False
         self._installed = False
@@ -200,7 +210,8 @@ class EagerWhileRecording:
     def _notice_compiled_calls(self) -> None:
         """Note when compiled code is entered (run eagerly under the eager stance): dynamo asks
         ``_callback_from_stance`` for each compiled call's frame callback (a private function:
-        without it only ``torch.compile`` calls and compiled modules are noticed)."""
+        without it only ``torch.compile`` calls and compiled modules are noticed), outside the
+        compiled frame, before it runs."""
         from torch._dynamo import eval_frame
 
         original = getattr(eval_frame, "_callback_from_stance", None)
@@ -212,7 +223,9 @@ class EagerWhileRecording:
             resolved = original(callback)
             if callback not in (False, None):
                 guard.compile_used = True
-                guard.ran_compiled |= resolved is not None  # None: run eagerly
+                if resolved is not None:  # None: run eagerly
+                    guard.ran_compiled = True
+                    guard._on_call()
             return resolved
 
         self._orig_callback = original

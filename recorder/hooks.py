@@ -22,6 +22,24 @@ The native path has no op hook: there the forward is counted when its backward b
 parameters (NOTE [ Leaves of a graph ] in ckrec.cpp), and the forward's ops are FORWARD from the
 op that made the graph's first node on (``NativeLedger._functional_forward_spans``); the step
 ends when ``backward`` returns, outside autograd.
+
+NOTE [ A compiled call begins a forward ]
+Compiled around the model (``torch.compile(lambda x: model(x))``, ``torch.compile(train_step)``)
+on the native path, no module call runs: the loop looks like one without modules. But dynamo
+tells of each compiled call before it runs, outside autograd (``EagerWhileRecording``'s
+``on_call``), and there a step boundary can be taken. So while no module has run forward, a
+compiled call outside backward, the optimizer and any module call begins a forward as a
+top-level module call does (``compiled_call``): counted, a boundary before it where the step
+rule puts one, and the end of a backward no longer ends the step. A top-level module call that
+runs eagerly inside that forward (the model of ``torch.compile(model)``, whose wrapper's call
+dynamo is told of first; a module after a graph break) is part of it, not a second forward:
+the first such call registers the modules, and from then on module calls begin forwards. The
+loop's steps then follow NOTE [ Step = one optimizer iteration ] in steps.py as a loop with
+modules does; before, an optimizer built before the recorder (known from its first step on)
+came too late: the first backward's end closed the warmup iteration and the recorded step held
+that iteration's optimizer step alone. The ledger's spans agree: a ``CompiledFunction``
+outside backward begins a forward (NOTE [ Compiled code on the native path ] in compiled.py).
+The Python path runs compiled code eagerly (its module calls are seen) and is not told.
 """
 
 from __future__ import annotations
@@ -136,6 +154,9 @@ class TorchHooks:
         self._await_forward = False
         self._in_backward_callback = False
         self._counted_task = -1  # graph task whose backward pass was counted last
+        # a compiled call's forward was counted and its backward has not ended (NOTE [ A
+        # compiled call begins a forward ])
+        self._compiled_forward_open = False
         self._leaves: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda roots: []
 
     def install(self) -> None:
@@ -226,6 +247,34 @@ class TorchHooks:
         taken off (NOTE [ A forward without modules ]): those timing steps run with it."""
         return None if self._in_backward_callback else self._observer
 
+    def compiled_call(self) -> None:
+        """Compiled code is about to run compiled (the native path): in a loop where no module
+        has run forward, a call outside backward, the optimizer and any module call begins a
+        forward (NOTE [ A compiled call begins a forward ])."""
+        phases = self.phases
+        if (
+            not self.flags.no_modules
+            or phases.stack
+            or phases.in_backward
+            or phases.optimizer_depth
+            or self.flags.state is State.DONE
+            or current_graph_task_id() >= 0
+            or not torch.is_grad_enabled()
+        ):
+            return
+        self.flags.compiled_forwards = self._compiled_forward_open = True
+        self._await_forward = False  # counted here, not when its backward begins
+        self._begin_forward()
+
+    def _begin_forward(self) -> None:
+        """A top-level forward begins: the step ends before it where the step rule says so."""
+        if self._tracker.on_forward():
+            self._runs.end_step()  # e.g. a loop without optimizer: the next forward starts one
+        self._tracker.forward_begun()
+        self.phases.top_phase = FORWARD
+        if self.flags.state is State.TIMING:
+            self._timing_forward()
+
     # ------------------------------------------------------------------------- modules
 
     def functional_op(self, func: Any, args: Any, kwargs: Any) -> None:
@@ -258,12 +307,10 @@ class TorchHooks:
         if not phases.in_backward and current_graph_task_id() >= 0:
             phases.enter_backward()  # a recompute before backward's first op
         if not phases.stack and not phases.in_backward:
-            if self._tracker.on_forward():
-                self._runs.end_step()  # e.g. a loop without optimizer: the next forward starts one
-            self._tracker.forward_begun()
-            phases.top_phase = FORWARD
-            if self.flags.state is State.TIMING:
-                self._timing_forward()
+            if self._compiled_forward_open:  # its compiled call's forward, counted there
+                self._compiled_forward_open = False
+            else:
+                self._begin_forward()
         call = NO_INDEX
         if self.flags.state is State.RECORDING:
             call = phases.open_call(row)
@@ -372,6 +419,7 @@ class TorchHooks:
 
     def _on_backward_end(self) -> None:
         self.phases.backward_ended()
+        self._compiled_forward_open = False
         # A callback queued after ours (DDP's reducer copying buckets into .grad) runs ops in
         # the same graph task: backward "begins" again there, but it is one backward pass.
         task = current_graph_task_id()
@@ -380,7 +428,7 @@ class TorchHooks:
         self._counted_task = task
         if self.flags.state is State.RECORDING:
             self.ledger.mark_gradients()
-        no_modules = self.flags.no_modules
+        no_modules = not self.flags.sees_forwards
         self._await_forward = no_modules
         if no_modules and self._tracker.boundary_at_next_forward():
             # No forward hook to wait for: NOTE [ A forward without modules ].

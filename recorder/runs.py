@@ -422,7 +422,7 @@ class RunSequencer:
         meta: dict[str, Any] = {
             "steps_recorded": self.steps_recorded,
             "device": "cuda" if p.ledger.saw_cuda else "cpu",
-            "step_rule": p.tracker.describe(self.plan.warmup, modules=not p.flags.no_modules),
+            "step_rule": p.tracker.describe(self.plan.warmup, modules=p.flags.sees_forwards),
         }
         for source in p.sources:
             meta.update(source.meta())

@@ -279,7 +279,7 @@ class Recorder:
             self._device,
             ops_and_blocks,
             self._oom,
-            CompiledSource.for_path(registry, ext),
+            CompiledSource.for_path(registry, ext, lambda: self._installed_hooks.compiled_call()),
         )
         comm = ledger.comm_buffer if isinstance(ledger, NativeLedger) else None
         everything = (*built_in, FsdpSource(ledger.on_resized, comm), *self._extra_sources)

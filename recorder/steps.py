@@ -172,7 +172,8 @@ class IterationTracker:
 
     def describe(self, warmup: int, modules: bool = True) -> str:
         """The rule as stored in the trace's ``step_rule`` meta field (``modules``: whether
-        the loop has any nn.Module; NOTE [ A forward without modules ] in hooks.py)."""
+        a hook sees each forward begin, a module call's or a compiled call's; NOTE [ A forward
+        without modules ] and NOTE [ A compiled call begins a forward ] in hooks.py)."""
         kind, n = self.rule.kind, self.rule.count
         if kind == "manual":
             text = "manual: Recorder.mark_step() ends each step"

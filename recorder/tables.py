@@ -45,14 +45,22 @@ class Flags:
     """What every part of the recorder reads: the recording's state; ``busy`` while the
     recorder runs ops of its own (writing, detaching), which the op hook then leaves out; and
     ``no_modules`` while no module has run forward (NOTE [ A forward without modules ] in
-    hooks.py)."""
+    hooks.py); ``compiled_forwards`` once such a loop's forwards begin at compiled calls (NOTE
+    [ A compiled call begins a forward ] in hooks.py)."""
 
-    __slots__ = ("busy", "no_modules", "state")
+    __slots__ = ("busy", "compiled_forwards", "no_modules", "state")
 
     def __init__(self) -> None:
         self.state = State.WARMUP
         self.busy = False
         self.no_modules = False
+        self.compiled_forwards = False
+
+    @property
+    def sees_forwards(self) -> bool:
+        """Whether a hook sees each forward begin (a module call, or a compiled call): else
+        the step ends where a backward ends (NOTE [ A forward without modules ] in hooks.py)."""
+        return not self.no_modules or self.compiled_forwards
 
 
 class RunTables:

@@ -22,20 +22,25 @@ class CompiledSource:
         registry: ModuleRegistry,
         eager: bool = True,
         hidden: Sequence[Callable[..., None]] = (),
+        on_call: Callable[[], None] = lambda: None,
     ) -> None:
         self._registry = registry
-        self._watch = EagerWhileRecording(eager, hidden)
+        self._watch = EagerWhileRecording(eager, hidden, on_call)
 
     @classmethod
-    def for_path(cls, registry: ModuleRegistry, ext: Any) -> CompiledSource:
+    def for_path(
+        cls, registry: ModuleRegistry, ext: Any, on_call: Callable[[], None]
+    ) -> CompiledSource:
         """The source for the recorder's path: ``ext`` None (Python path), compiled code runs
-        eagerly; else compiled, with the extension's module hooks hidden from dynamo."""
+        eagerly; else compiled, with the extension's module hooks hidden from dynamo and
+        ``on_call()`` told of each compiled call (NOTE [ A compiled call begins a forward ] in
+        recorder/hooks.py)."""
         if ext is None:
             return cls(registry)
         hooks = (ext.pre_hook, ext.post_hook)
         for hook in hooks:  # dynamo writes its config out by each member's __module__ (None)
             hook.__module__ = ext.__name__
-        return cls(registry, eager=False, hidden=hooks)
+        return cls(registry, eager=False, hidden=hooks, on_call=on_call)
 
     def install(self) -> Callable[[], None]:
         self._watch.install()
