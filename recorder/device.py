@@ -14,8 +14,10 @@ boundary, at an OOM, and for each step's peak; nothing is asked per op.
 * Peak (``PEAK``): the allocator keeps exact peaks, not their times. The recorder resets them
   (``torch.cuda.reset_peak_memory_stats``) as each recorded step begins and reads
   ``allocated_bytes.all.peak`` and ``reserved_bytes.all.peak`` as it ends; the row is placed
-  at the step's recorded peak on that device (:func:`recorded_peak_time`). NVML cannot be read
-  at that moment: its columns there are -1, as is ``largest_free``.
+  at the step's recorded peak on that device (:func:`recorded_peak_time`), found as the step
+  ends, while every storage row born or freed in it is still in memory (NOTE [ Kept rows ] in
+  recorder/storage_rows.py). NVML cannot be read at that moment: its columns there are -1, as
+  is ``largest_free``.
 * OOM (``OOM``): read in the dispatch mode as the failing op raises (NOTE [ OOM capture ] in
   recorder/oom.py).
 
@@ -108,7 +110,7 @@ class DeviceSampler:
         self._nvml: Nvml | None = None
         self._nvml_tried = False
         self._rows = MutableTable("device_samples")
-        self._peaks: list[tuple[int, int, int, int, int]] = []  # device, start, end, alloc, res
+        self._peaks: list[tuple[int, int, int, int]] = []  # time, device, allocated, reserved
         self._step_start = 0
         self.total_bytes = _UNKNOWN
         """Memory of the first device sampled (NVML's total, else torch's), -1 if none."""
@@ -131,15 +133,16 @@ class DeviceSampler:
             self._sample(device, now, _BOUNDARY)
             self._cuda.reset_peak_memory_stats(device)
 
-    def step_ends(self, now: int) -> None:
-        """A recorded step ends: keep each device's allocator peaks over it (placed later)."""
+    def step_ends(self, now: int, peak_time: Callable[[str, int, int], int]) -> None:
+        """A recorded step ends: keep each device's allocator peaks over it, placed at
+        ``peak_time(device, start, end)``: when the recorded memory of ``device`` peaks between
+        two times."""
         for device in self.devices():
             stats = self._cuda.memory_stats(device)
             self._peaks.append(
                 (
+                    peak_time(f"cuda:{device}", self._step_start, now),
                     device,
-                    self._step_start,
-                    now,
                     int(stats.get("allocated_bytes.all.peak", _UNKNOWN)),
                     int(stats.get("reserved_bytes.all.peak", _UNKNOWN)),
                 )
@@ -155,16 +158,14 @@ class DeviceSampler:
         for device in self.devices():
             self._sample(device, now, _OOM)
 
-    def columns(self, peak_time: Callable[[str, int, int], int]) -> dict[str, np.ndarray]:
-        """The run's rows in time order, and start over for the next run. ``peak_time(device,
-        start, end)``: when the recorded memory of ``device`` peaks between two times."""
-        for device, start, end, allocated, reserved in self._peaks:
-            name = f"cuda:{device}"
+    def columns(self) -> dict[str, np.ndarray]:
+        """The run's rows in time order, and start over for the next run."""
+        for time, device, allocated, reserved in self._peaks:
             total = self._usage(device)[0] if self._nvml is not None else _UNKNOWN
             self._rows.append(
                 (
-                    peak_time(name, start, end),
-                    self._intern(name),
+                    time,
+                    self._intern(f"cuda:{device}"),
                     _PEAK,
                     allocated,
                     reserved,

@@ -276,8 +276,8 @@ class Recorder:
             ledger = NativeLedger(ext, flags, phases, registry, allocations, stacks)
             ops_and_blocks = NativeRowsSource(ext, ledger, self._oom.noted)
         built_in: tuple[Source, ...] = (
-            self._device,
             ops_and_blocks,
+            self._device,  # after: it places a step's peak on the step's storage rows
             self._oom,
             CompiledSource.for_path(registry, ext, lambda: self._installed_hooks.compiled_call()),
         )

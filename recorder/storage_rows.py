@@ -23,9 +23,9 @@ addresses a row through ``slot`` (``slots`` for an array of rows); a dropped row
 (``kept[r]`` raises KeyError, ``slots`` asserts). What indexes call rows beside the table
 forgets the dropped ones when told (``on_drop``): ``PhaseState``'s forward calls by sequence
 number, and the native ledger's call id map.
-On CUDA the device samples place each step's peak on the recorded storages at the run's end
-(recorder/sources/device.py): ``keep_device_columns`` then keeps the four columns that needs of
-each dropped storage row (32 bytes a row instead of 96).
+On CUDA the device samples place each step's peak on the storage rows as the step ends
+(NOTE [ Device samples ] in recorder/device.py): every row born or freed in the step is in
+memory then (born since the last take, or open until then).
 """
 
 from __future__ import annotations
@@ -136,7 +136,6 @@ class KeptRows(MutableTable):
             keep = passing[:, self._ends] < 0
             if self.pinned:
                 keep |= np.isin(rows, np.fromiter(self.pinned, np.int64, len(self.pinned)))
-            self._leaving(passing[~keep])
             order = np.concatenate((np.arange(len(self.kept)), first + np.flatnonzero(keep)))
             rest = table[cut + self.shift :]
             data = np.concatenate((table[order], rest)).reshape(-1)
@@ -146,9 +145,6 @@ class KeptRows(MutableTable):
         self.kept = {row: slot for slot, row in enumerate(self._kept_rows.tolist())}
         self.base, self.shift = cut, len(self._kept_rows) - cut
         self.data[:] = array.array("q", data.tobytes())
-
-    def _leaving(self, rows: np.ndarray) -> None:
-        """``rows`` (their values) leave memory."""
 
     def _reordered(self, order: np.ndarray, rest: int) -> None:
         """The slots now hold the rows of old slots ``order``, then those from slot ``rest``
@@ -172,8 +168,6 @@ class StorageRows(KeptRows):
         super().__init__("storages", "free_ns", sink, patch)
         self.address = array.array("q")
         """The ``data_ptr`` of each row in memory, by slot."""
-        self.keep_device_columns = False
-        self._dropped: list[np.ndarray] = []  # with keep_device_columns: their columns
 
     def add(self, values: tuple[int, ...], address: int) -> int:
         """Append one row and its storage's address; return the row."""
@@ -181,23 +175,16 @@ class StorageRows(KeptRows):
         self.address.append(address)
         return row
 
-    def _leaving(self, rows: np.ndarray) -> None:
-        if self.keep_device_columns:
-            self._dropped.append(self._device_part(rows))
-
     def _reordered(self, order: np.ndarray, rest: int) -> None:
         address = np.frombuffer(self.address, np.int64)
         address = np.concatenate((address[order], address[rest:]))
         self.address[:] = array.array("q", address.tobytes())
 
-    def _device_part(self, rows: np.ndarray) -> np.ndarray:
-        return rows[:, [self.index(name) for name in _DEVICE_COLUMNS]].copy()
-
     def device_columns(self) -> Columns:
-        """``nbytes``, ``device``, ``alloc_ns`` and ``free_ns`` of every row of the run, in no
-        particular order: those in memory, and with ``keep_device_columns`` those dropped."""
+        """``nbytes``, ``device``, ``alloc_ns`` and ``free_ns`` of the rows in memory, in no
+        particular order (NOTE [ Kept rows ]: those of the step under way among them)."""
         with _no_collection():
             table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
-            rows = np.concatenate([*self._dropped, self._device_part(table)])
+            rows = table[:, [self.index(name) for name in _DEVICE_COLUMNS]]  # a copy
             del table
         return {name: rows[:, i] for i, name in enumerate(_DEVICE_COLUMNS)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,9 @@ from ckview.analysis.device import device_states
 from ckview.trace import open_trace, validate_trace
 from ckview.trace.schema import RUN_TABLES, SampleReason
 from recorder.device import DeviceSampler, Nvml, recorded_peak_time
+from recorder.sources import device as device_source
+from recorder.storage_rows import BATCH_ROWS
+from recorder.tables import RunTables
 from tests.factory import fake_devices, record_small
 from tests.fake_cuda import FakeCuda, FakePynvml, GiB, MiB
 
@@ -50,11 +54,11 @@ def test_boundaries_peaks_and_nvml_figures() -> None:
     cuda, nvml = FakeCuda(), FakePynvml()
     s = sampler(cuda, nvml)
     s.step_begins(100)
-    s.step_ends(200)
+    s.step_ends(200, lambda device, start, end: start + 10)
     s.step_begins(200)
-    s.step_ends(300)
+    s.step_ends(300, lambda device, start, end: start + 10)
     s.run_ends(300)
-    columns = s.columns(lambda device, start, end: start + 10)
+    columns = s.columns()
     assert set(columns) == {c.name for c in RUN_TABLES["device_samples"]}
     reasons = [SampleReason(r) for r in columns["reason"]]
     assert reasons.count(SampleReason.STEP_BOUNDARY) == 3
@@ -74,11 +78,43 @@ def test_boundaries_peaks_and_nvml_figures() -> None:
     assert s.total_bytes == 16 * GiB
 
 
+def test_a_step_peak_is_placed_before_its_rows_leave_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NOTE [ Device samples ]: each step's peak is placed on its storage rows as it ends, so
+    nothing of them stays in memory for the run's end (NOTE [ Kept rows ]): the recorder's
+    memory stays flat over a CUDA run's steps, and the peaks are where the rows put them."""
+    fake_devices(monkeypatch, FakeCuda(), FakePynvml())
+    strings = ["cpu", "cuda:0"]
+    run = RunTables("main", lambda table, columns: None, strings.index, lambda *a: None)
+    source = device_source.DeviceSource(strings.index)
+    source.begin_run(run)
+    peaks, held = [], []
+    tracemalloc.start()
+    try:
+        for step in range(6):  # a 300 B CUDA block from 10 to 20 ns into the step: its peak
+            start = step * 100
+            source.step_begins(start)
+            for _ in range(BATCH_ROWS):  # and a batch of CPU rows, that leave memory
+                run.storages.add((1, 0, 0, -1, -1, -1, -1, -1, start + 30, start + 31, -1), 0)
+            run.storages.add((300, 1, 0, -1, -1, -1, -1, -1, start + 10, start + 20, -1), 0)
+            source.step_ends(start + 50)
+            run.storages.take_changes()
+            peaks.append(start + 10)
+            held.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    assert held[5] - held[2] < 32 * 1024  # 32 B a dropped row kept: 393 KiB
+    samples = source.end_run(run, 600, "").tables["device_samples"]
+    assert list(samples["time_ns"][samples["reason"] == SampleReason.PEAK]) == peaks
+
+
 def test_columns_start_over_for_the_next_run() -> None:
     s = sampler(FakeCuda(), FakePynvml())
     s.step_begins(1)
-    s.columns(at_start)
-    assert all(len(v) == 0 for v in s.columns(at_start).values())
+    s.step_ends(2, at_start)
+    s.columns()
+    assert all(len(v) == 0 for v in s.columns().values())
 
 
 def test_every_device_in_use_is_sampled() -> None:
@@ -93,9 +129,9 @@ def test_without_cuda_nothing_is_sampled(capsys: pytest.CaptureFixture[str]) -> 
     cuda.is_available = lambda: False  # type: ignore[method-assign]
     s = sampler(cuda, FakePynvml())
     s.step_begins(1)
-    s.step_ends(2)
+    s.step_ends(2, at_start)
     s.oom(3)
-    assert all(len(v) == 0 for v in s.columns(at_start).values())
+    assert all(len(v) == 0 for v in s.columns().values())
     assert s.total_bytes == -1
     assert capsys.readouterr() == ("", "")
 
@@ -103,7 +139,7 @@ def test_without_cuda_nothing_is_sampled(capsys: pytest.CaptureFixture[str]) -> 
 def test_without_nvml_the_allocator_still_speaks(capsys: pytest.CaptureFixture[str]) -> None:
     s = sampler(FakeCuda(total=8 * GiB), None)
     s.step_begins(1)
-    columns = s.columns(at_start)
+    columns = s.columns()
     assert len(columns["time_ns"]) == 1
     for name in ("nvml_total", "nvml_process", "nvml_others"):
         assert columns[name][0] == -1

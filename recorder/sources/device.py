@@ -28,23 +28,23 @@ class DeviceSource:
 
     def step_begins(self, now: int) -> None:
         self._sampler.step_begins(now)
-        if self._run is not None and self._sampler.devices():  # peaks to place at the run's end
-            self._run.storages.keep_device_columns = True  # NOTE [ Kept rows ]
 
     def step_ends(self, now: int) -> None:
-        self._sampler.step_ends(now)
+        """Each device's peak over the step, placed on the storage rows the sources before this
+        one wrote for it (NOTE [ Device samples ] in recorder/device.py)."""
+        self._sampler.step_ends(now, self._peak_time)
+
+    def _peak_time(self, device: str, start: int, end: int) -> int:
+        run = self._run
+        assert run is not None, "a step ends inside a run"
+        return recorded_peak_time(run.storages.device_columns(), run.intern(device), start, end)
 
     def end_run(self, run: RunTables, now: int, error: str) -> RunPart:
         """The run's samples, its last boundary sampled at its last step's end (``now`` if it
-        has none); peaks placed on the recorded storages."""
+        has none)."""
         last = len(run.steps) - 1
         self._sampler.run_ends(run.steps.get(last, "end_ns") if last >= 0 else now)
-        storages = run.storages.device_columns()
-
-        def peak_time(device: str, start: int, end: int) -> int:
-            return recorded_peak_time(storages, run.intern(device), start, end)
-
-        return RunPart(tables={"device_samples": self._sampler.columns(peak_time)})
+        return RunPart(tables={"device_samples": self._sampler.columns()})
 
     def meta(self) -> dict[str, Any]:
         return {
