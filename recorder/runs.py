@@ -33,7 +33,7 @@ from recorder.progress import StepProgress
 from recorder.sink import TraceSink
 from recorder.sources.base import HooksEveryCall, Source
 from recorder.stacks import Stacks
-from recorder.steady import warmup_needed
+from recorder.steady import DATA_SETTLE_LIMIT, DataLoaders, warmup_needed
 from recorder.steps import IterationTracker, StepCounts, plural
 from recorder.tables import Flags, State
 from recorder.timing import RunTimes, StepTimer, add_round, plan_call_costs, timing_schedule
@@ -88,6 +88,7 @@ class Parts:
     stacks: Stacks | None
     tracker: IterationTracker
     progress: StepProgress
+    data: DataLoaders
 
 
 class RunSequencer:
@@ -185,6 +186,12 @@ class RunSequencer:
             model = None
         return warmup_needed(self.plan.warmup, model)
 
+    def _data_settled(self) -> bool:
+        """Whether the script's DataLoaders deliver in turn, or the warmup waited long enough
+        (NOTE [ A data pipeline that settles ] in steady.py); a warmup of 0 waits for nothing."""
+        waited = self.warmup_done - self.warmup_needed()
+        return waited >= DATA_SETTLE_LIMIT or self._p.data.settled()
+
     def _next_boundary_starts_run(self) -> bool:
         """Whether the next step boundary enters another run's context: the first run after
         warmup, the next run, the first run's timing steps after the last recorded step, or
@@ -249,7 +256,7 @@ class RunSequencer:
             p.tracker.learned = counts
             self.warmup_done += 1
             p.progress.step_done()
-            if self.warmup_done >= self.warmup_needed():
+            if self.warmup_done >= self.warmup_needed() and self._data_settled():
                 self.start_recording()
         elif p.flags.state is State.TIMING:
             self.timer.end_step()

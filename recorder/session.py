@@ -68,6 +68,7 @@ from recorder.sources.fsdp import FsdpSource
 from recorder.sources.native import NativeRowsSource
 from recorder.sources.oom import OomSource
 from recorder.stacks import Stacks
+from recorder.steady import DataLoaders
 from recorder.steps import IterationTracker, StepCounts, StepRule
 from recorder.tables import Flags, State
 from recorder.timing import RunTimes
@@ -284,7 +285,16 @@ class Recorder:
         comm = ledger.comm_buffer if isinstance(ledger, NativeLedger) else None
         everything = (*built_in, FsdpSource(ledger.on_resized, comm), *self._extra_sources)
         self._parts = parts = Parts(
-            flags, out, ledger, phases, registry, everything, stacks, self._tracker, self._progress
+            flags,
+            out,
+            ledger,
+            phases,
+            registry,
+            everything,
+            stacks,
+            self._tracker,
+            self._progress,
+            DataLoaders(),
         )
         self._runs = RunSequencer(
             self.plan,
@@ -313,6 +323,7 @@ class Recorder:
         torch_hooks.install()
         restore = self._restore
         restore.append(_torch.watch_optimizer_init(torch_hooks.optimizer_created))
+        restore.append(_torch.watch_dataloader_iterators(parts.data.created))
         phases = parts.phases
         restore.append(
             _torch.bracket_recompute(

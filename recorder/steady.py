@@ -12,11 +12,31 @@ every plan was 4-5% off on a 6-block MLP under DDP. So a recording whose warmup 
 warms up at least until every such wrapper has settled; ``--warmup 0`` still records the
 first iteration as asked. (NOTE [ Steps that are not alike ] in ckview/analysis/steadiness.py
 reports what this rule cannot foresee.)
+
+NOTE [ A data pipeline that settles ]
+A DataLoader with worker processes starts by sending ``num_workers * prefetch_factor`` batches
+to its workers at once, and the workers deliver them as they finish: while the workers start
+up, one can deliver batch 2 before another delivers batch 1. The main process then rebuilds
+the early batch from shared memory and keeps it (the iterator's ``_task_info``) until its turn,
+so a step that waits for batch 1 holds a batch more than the steps after it. With the default
+warmup of one iteration the baseline was recorded in exactly that step in about half of the
+runs of ``verify`` on examples/loops/dataloader_workers.py: every plan, measured in later and
+steady runs, was projected a batch high (+1.19%). So the warmup also lasts until every live
+multi-process DataLoader iterator has handed out its first batches (those sent at once: their
+order is a race) and holds no batch delivered ahead of its turn; at most
+``DATA_SETTLE_LIMIT`` iterations more than asked, for a loop whose workers are too slow to ever
+be ahead (its steps then differ from each other, which the steadiness report says).
 """
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import torch
+
+DATA_SETTLE_LIMIT = 16
+"""Warmup iterations beyond those asked that wait for a DataLoader to settle, at most."""
 
 
 def iterations_to_settle(model: torch.nn.Module) -> int:
@@ -35,3 +55,29 @@ def warmup_needed(asked: int, model: torch.nn.Module | None) -> int:
     if asked == 0 or model is None:
         return asked
     return max(asked, iterations_to_settle(model))
+
+
+def _iterator_settled(iterator: Any) -> bool:
+    """Whether a multi-process DataLoader iterator is past its start (NOTE [ A data pipeline
+    that settles ]): done, or its first burst of batches handed out and none kept early."""
+    if iterator._shutdown:
+        return True
+    first_burst = iterator._num_workers * iterator._prefetch_factor
+    early = any(len(info) == 2 for info in iterator._task_info.values())
+    return iterator._rcvd_idx >= first_burst and not early
+
+
+class DataLoaders:
+    """The script's multi-process DataLoader iterators, held weakly (NOTE [ A data pipeline
+    that settles ])."""
+
+    def __init__(self) -> None:
+        self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def created(self, iterator: Any) -> None:
+        """A multi-process DataLoader iterator was made (recorder/_torch.py watches them)."""
+        self._iterators.add(iterator)
+
+    def settled(self) -> bool:
+        """Whether every live one delivers its batches in turn now."""
+        return all(_iterator_settled(it) for it in list(self._iterators))
