@@ -127,6 +127,7 @@ class RunSequencer:
         self._run_context: AbstractContextManager[Any] | None = None
         self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
         self.warmup_done = 0
+        self._began = False  # whether a run's recording began
         self.steps_recorded = 0
         self._steps_in_run = 0
         self._last_file_flush = 0
@@ -223,6 +224,7 @@ class RunSequencer:
             self.begin_run()
         self._enter_context(self._run_index)
         p.flags.state = State.RECORDING
+        self._began = True
         tables = p.sink.tables
         tables.t0 = self._last_file_flush = perf_counter_ns()
         p.ledger.mark_training_state()
@@ -255,7 +257,7 @@ class RunSequencer:
         if p.flags.state is State.WARMUP:
             p.tracker.learned = counts
             self.warmup_done += 1
-            p.progress.step_done()
+            p.progress.step_done(warmup=True)
             if self.warmup_done >= self.warmup_needed() and self._data_settled():
                 self.start_recording()
         elif p.flags.state is State.TIMING:
@@ -275,7 +277,7 @@ class RunSequencer:
         self._steps_in_run += 1
         self.steps_recorded += 1
         self._journal_step()
-        p.progress.step_done()
+        p.progress.step_done(warmup=False)
         if self._steps_in_run < self.plan.steps:
             self._open_step(now)
             if now - self._last_file_flush > _FILE_FLUSH_NS:
@@ -532,6 +534,12 @@ class RunSequencer:
             done = f"{self.warmup_done} of {plural(needed, 'warmup step')}"
             settle = " (DDP settles in its second iteration)" if needed > self.plan.warmup else ""
             return f"no step was recorded: the code ended after {done}{settle}"
+        if not self._began:  # waited for a DataLoader: NOTE [ A data pipeline that settles ]
+            done = plural(self.warmup_done, "warmup step")
+            return (
+                f"no step was recorded: the code ended after {done}, while a DataLoader still "
+                "delivered batches ahead of their turn"
+            )
         rule = self._p.tracker.describe(self.plan.warmup)
         return f"no step was recorded: the first recorded step never ended (steps: {rule})"
 

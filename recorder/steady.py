@@ -63,6 +63,10 @@ def _iterator_settled(iterator: Any) -> bool:
     if iterator._shutdown:
         return True
     first_burst = iterator._num_workers * iterator._prefetch_factor
+    try:
+        first_burst = min(first_burst, len(iterator))  # an epoch of fewer batches
+    except TypeError:  # an IterableDataset without __len__
+        pass
     early = any(len(info) == 2 for info in iterator._task_info.values())
     return iterator._rcvd_idx >= first_burst and not early
 
