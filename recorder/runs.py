@@ -73,6 +73,8 @@ class Plan:
     warmup: int
     stop_after: bool
     timing_steps: int
+    wait_for_data: bool = True
+    """Warm up until the DataLoaders settle (NOTE [ A data pipeline that settles ])."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,8 @@ class RunSequencer:
     def _data_settled(self) -> bool:
         """Whether the script's DataLoaders deliver in turn, or the warmup waited long enough
         (NOTE [ A data pipeline that settles ] in steady.py); a warmup of 0 waits for nothing."""
+        if not self.plan.wait_for_data:
+            return True
         waited = self.warmup_done - self.warmup_needed()
         return waited >= DATA_SETTLE_LIMIT or self._p.data.settled()
 

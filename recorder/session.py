@@ -86,7 +86,9 @@ class Recorder:
     it ends once every optimizer has stepped, or, without an optimizer, at the first forward
     after a backward; ``step_every`` says it when that cannot be learned (``"optimizer:2"``,
     ``"backward:4"``, ``"manual"``), and calling :meth:`mark_step` makes it the only boundary.
-    ``warmup`` iterations run unrecorded first; after ``steps`` recorded steps the trace is
+    ``warmup`` iterations run unrecorded first, more until the model and its DataLoaders
+    settle (NOTE [ Warm-up until steady ] in steady.py; ``wait_for_data=False``: exactly
+    ``warmup``, as the gradient gate needs); after ``steps`` recorded steps the trace is
     written and closed and the code runs on unrecorded, or stops with :class:`StopScript` if
     ``stop_after`` is set.
 
@@ -111,6 +113,7 @@ class Recorder:
         timing_steps: int = 0,
         stacks: bool = False,
         sources: Sequence[Source] = (),
+        wait_for_data: bool = True,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -121,7 +124,7 @@ class Recorder:
         specs = tuple(runs) or (RunSpec("main"),)
         if len({r.name for r in specs}) != len(specs):
             raise ValueError(f"run names must differ: {[r.name for r in specs]}")
-        self.plan = Plan(specs, steps, warmup, stop_after, timing_steps)
+        self.plan = Plan(specs, steps, warmup, stop_after, timing_steps, wait_for_data)
         self.stacks = stacks
         """Record the user's frames of every allocation (NOTE [ User frames ] in stacks.py)."""
         self._extra_sources = tuple(sources)

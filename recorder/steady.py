@@ -25,11 +25,14 @@ steady runs, was projected a batch high (+1.19%). So the warmup also lasts until
 multi-process DataLoader iterator has handed out its first batches (those sent at once: their
 order is a race) and holds no batch delivered ahead of its turn; at most
 ``DATA_SETTLE_LIMIT`` iterations more than asked, for a loop whose workers are too slow to ever
-be ahead (its steps then differ from each other, which the steadiness report says).
+be ahead (its steps then differ from each other, which the steadiness report says). The
+gradient gate does not wait (``Recorder(wait_for_data=False)``): its runs of the script compare
+the gradients of one iteration, the same in each run whenever batches arrive, not memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -63,10 +66,8 @@ def _iterator_settled(iterator: Any) -> bool:
     if iterator._shutdown:
         return True
     first_burst = iterator._num_workers * iterator._prefetch_factor
-    try:
+    with contextlib.suppress(TypeError):  # an IterableDataset without __len__ has no bound
         first_burst = min(first_burst, len(iterator))  # an epoch of fewer batches
-    except TypeError:  # an IterableDataset without __len__
-        pass
     early = any(len(info) == 2 for info in iterator._task_info.values())
     return iterator._rcvd_idx >= first_burst and not early
 
