@@ -13,6 +13,7 @@ no_grad parameter update) is not checkpointed either way.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -190,12 +191,23 @@ class RunSequencer:
         return warmup_needed(self.plan.warmup, model)
 
     def _data_settled(self) -> bool:
-        """Whether the script's DataLoaders deliver in turn, or the warmup waited long enough
-        (NOTE [ A data pipeline that settles ] in steady.py); a warmup of 0 waits for nothing."""
-        if not self.plan.wait_for_data:
+        """Whether the script's DataLoaders deliver in turn, or the warmup waited long enough (it
+        then says so); NOTE [ A data pipeline that settles ] in steady.py. A warmup of 0 waits
+        for nothing."""
+        if not self.plan.wait_for_data or self._p.data.settled():
             return True
         waited = self.warmup_done - self.warmup_needed()
-        return waited >= DATA_SETTLE_LIMIT or self._p.data.settled()
+        if waited < DATA_SETTLE_LIMIT:
+            return False
+        print(
+            f"ckview: warning: a DataLoader still delivers batches ahead of their turn after "
+            f"{plural(self.warmup_done, 'warmup step')} (its workers are not ahead of the "
+            "training): a recorded step may hold a batch more or less than another, and a "
+            "projection be off by that much",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
 
     def _next_boundary_starts_run(self) -> bool:
         """Whether the next step boundary enters another run's context: the first run after

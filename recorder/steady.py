@@ -25,7 +25,8 @@ steady runs, was projected a batch high (+1.19%). So the warmup also lasts until
 multi-process DataLoader iterator has handed out its first batches (those sent at once: their
 order is a race) and holds no batch delivered ahead of its turn; at most
 ``DATA_SETTLE_LIMIT`` iterations more than asked, for a loop whose workers are too slow to ever
-be ahead (its steps then differ from each other, which the steadiness report says). The
+be ahead: its steps can then differ by a batch, and the recorder says so when it stops waiting
+(as the steadiness report does for recorded steps that differ). The
 gradient gate does not wait (``Recorder(wait_for_data=False)``): its runs of the script compare
 the gradients of one iteration, the same in each run whenever batches arrive, not memory.
 """

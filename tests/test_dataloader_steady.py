@@ -12,7 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ckview.cli.common import run_peak
-from recorder import Recorder, RunSpec
+from recorder import Recorder, RunSpec, runs
+from recorder.steady import DataLoaders
 from tests.conftest import read_run
 
 pytestmark = [pytest.mark.torch, pytest.mark.recorder]
@@ -34,13 +35,34 @@ class SlowSecondBatch(Dataset[torch.Tensor]):
         return torch.full((256,), float(i))
 
 
+def _loader() -> DataLoader[torch.Tensor]:
+    return DataLoader(SlowSecondBatch(), batch_size=BATCH, num_workers=2, prefetch_factor=2)
+
+
+def test_a_batch_kept_early_is_not_settled() -> None:
+    loaders = DataLoaders()
+    batches = iter(_loader())
+    loaders.created(batches)
+    assert not loaders.settled()  # its first 4 batches are in flight
+    next(batches), next(batches)
+    # waiting for the slow batch 1, the main process received batch 2 (and 4) and kept it
+    kept = sorted(i for i, info in batches._task_info.items() if len(info) == 2)  # type: ignore[attr-defined]
+    assert kept and not loaders.settled(), kept
+    for x in batches:
+        if loaders.settled():
+            assert int(x[0, 0]) >= 4 * BATCH, "settled before its first 4 batches were out"
+            break
+    else:
+        raise AssertionError("never settled")
+
+
 def test_runs_begin_after_the_dataloader_settles(tmp_path: Path) -> None:
     # Issue 21: verify's baseline was recorded in the second iteration, in which the main
     # process waited for batch 1 while it rebuilt and kept batches a worker had delivered early:
     # a batch or two more than every later run held, and every plan was projected that high.
     # Two identical runs must measure the same peak.
     torch.manual_seed(0)
-    loader = DataLoader(SlowSecondBatch(), batch_size=BATCH, num_workers=2, prefetch_factor=2)
+    loader = _loader()
     model = nn.Linear(256, 256)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     path = tmp_path / "steady.h5"
@@ -54,3 +76,16 @@ def test_runs_begin_after_the_dataloader_settles(tmp_path: Path) -> None:
     assert rec.steps_recorded == 2
     peaks = {name: run_peak(read_run(path, name)) for name in ("first", "second")}
     assert peaks["first"] == peaks["second"], f"peaks: {peaks} (a batch: {BATCH_BYTES} B)"
+
+
+def test_a_warmup_that_stops_waiting_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(runs, "DATA_SETTLE_LIMIT", 1)  # batch 4, kept early, is still there
+    model = nn.Linear(256, 256)
+    with Recorder(tmp_path / "t.h5", steps=1, warmup=1, progress=False) as rec:
+        for x in _loader():
+            model(x).sum().backward()
+    assert rec.steps_recorded == 1
+    err = capsys.readouterr().err
+    assert "warning: a DataLoader still delivers batches ahead of their turn after 2 " in err, err
