@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ckview.cli.common import run_peak
+from ckview.trace import open_trace
 from recorder import Recorder, RunSpec, runs
 from recorder.steady import DataLoaders
 from tests.conftest import read_run
@@ -89,3 +91,49 @@ def test_a_warmup_that_stops_waiting_says_so(
     assert rec.steps_recorded == 1
     err = capsys.readouterr().err
     assert "warning: a DataLoader still delivers batches ahead of their turn after 2 " in err, err
+
+
+SCRIPT = """
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class SlowSecondBatch(Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        if i // 4 == 1:
+            time.sleep(0.1)
+        return torch.full((8,), float(i))
+
+
+model = nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step, x in enumerate(DataLoader(SlowSecondBatch(), batch_size=4, num_workers=2)):
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    if step == 2:
+        break
+"""
+
+
+def test_a_script_that_ends_while_waiting_says_why(tmp_path: Path, run_cli: Any) -> None:
+    script, out = tmp_path / "loop.py", tmp_path / "t.h5"
+    script.write_text(SCRIPT)
+    code, _, err = run_cli("record", "-o", str(out), "--warmup", "1", str(script))
+    assert code == 1
+    assert err.strip() == (
+        "ckview: the script ended after 3 warmup steps (more than the 1 asked: the recorder "
+        "waits until the model and its DataLoaders settle); no step was recorded: let the "
+        f"script run more steps (incomplete trace: {out})"
+    )
+    with open_trace(out) as trace:
+        assert trace.meta.error == (
+            "no step was recorded: the code ended after 3 warmup steps, while a DataLoader still "
+            "delivered batches ahead of their turn"
+        )
