@@ -192,8 +192,7 @@ class RunSequencer:
 
     def _data_settled(self) -> bool:
         """Whether the script's DataLoaders deliver in turn, or the warmup waited long enough (it
-        then says so); NOTE [ A data pipeline that settles ] in steady.py. A warmup of 0 waits
-        for nothing."""
+        then says so); NOTE [ A data pipeline that settles ] in steady.py."""
         if not self.plan.wait_for_data or self._p.data.settled():
             return True
         waited = self.warmup_done - self.warmup_needed()

@@ -26,9 +26,10 @@ multi-process DataLoader iterator has handed out its first batches (those sent a
 order is a race) and holds no batch delivered ahead of its turn; at most
 ``DATA_SETTLE_LIMIT`` iterations more than asked, for a loop whose workers are too slow to ever
 be ahead: its steps can then differ by a batch, and the recorder says so when it stops waiting
-(as the steadiness report does for recorded steps that differ). The
-gradient gate does not wait (``Recorder(wait_for_data=False)``): its runs of the script compare
-the gradients of one iteration, the same in each run whenever batches arrive, not memory.
+(as the steadiness report does for recorded steps that differ). The gradient gate does not wait
+(``Recorder(wait_for_data=False)``): its runs of the script compare the gradients of one
+iteration, the same in each run whenever batches arrive, not memory. The iterator's state is
+torch's private attributes (``_task_info``, ``_rcvd_idx``): a torch without them settles at once.
 """
 
 from __future__ import annotations
@@ -64,13 +65,16 @@ def warmup_needed(asked: int, model: torch.nn.Module | None) -> int:
 def _iterator_settled(iterator: Any) -> bool:
     """Whether a multi-process DataLoader iterator is past its start (NOTE [ A data pipeline
     that settles ]): done, or its first burst of batches handed out and none kept early."""
-    if iterator._shutdown:
+    try:
+        if iterator._shutdown:
+            return True
+        first_burst = iterator._num_workers * iterator._prefetch_factor
+        with contextlib.suppress(TypeError):  # an IterableDataset without __len__ has no bound
+            first_burst = min(first_burst, len(iterator))  # an epoch of fewer batches
+        early = any(len(info) == 2 for info in iterator._task_info.values())
+        return bool(iterator._rcvd_idx >= first_burst and not early)
+    except AttributeError:  # another torch's iterator: nothing to wait for that we can see
         return True
-    first_burst = iterator._num_workers * iterator._prefetch_factor
-    with contextlib.suppress(TypeError):  # an IterableDataset without __len__ has no bound
-        first_burst = min(first_burst, len(iterator))  # an epoch of fewer batches
-    early = any(len(info) == 2 for info in iterator._task_info.values())
-    return iterator._rcvd_idx >= first_burst and not early
 
 
 class DataLoaders:
