@@ -22,14 +22,18 @@ so a step that waits for batch 1 holds a batch more than the steps after it. Wit
 warmup of one iteration the baseline was recorded in exactly that step in about half of the
 runs of ``verify`` on examples/loops/dataloader_workers.py: every plan, measured in later and
 steady runs, was projected a batch high (+1.19%). So the warmup also lasts until every live
-multi-process DataLoader iterator has handed out its first batches (those sent at once: their
-order is a race) and holds no batch delivered ahead of its turn; at most
-``DATA_SETTLE_LIMIT`` iterations more than asked, for a loop whose workers are too slow to ever
-be ahead: its steps can then differ by a batch, and the recorder says so when it stops waiting
-(as the steadiness report does for recorded steps that differ). The gradient gate does not wait
-(``Recorder(wait_for_data=False)``): its runs of the script compare the gradients of one
-iteration, the same in each run whenever batches arrive, not memory. The iterator's state is
-torch's private attributes (``_task_info``, ``_rcvd_idx``): a torch without them settles at once.
+multi-process DataLoader iterator has handed out that first burst (its order is a race) and
+holds no batch delivered ahead of its turn.
+- An epoch of no more batches than the burst is all start: waiting for its end would record
+  the start of the next epoch (a new iterator, as much a race) or nothing, so there the warmup
+  waits only while a batch is kept early.
+- At most ``DATA_SETTLE_LIMIT`` iterations more than asked, for a loop whose workers are too
+  slow to ever be ahead: its steps can then differ by a batch, and the recorder says so when it
+  stops waiting (as the steadiness report does for recorded steps that differ).
+- The gradient gate does not wait (``Recorder(wait_for_data=False)``): its runs of the script
+  compare the gradients of one iteration, the same in each run whenever batches arrive.
+- The iterator's state is torch's private attributes (``_task_info``, ``_rcvd_idx``): an
+  iterator without them counts as settled.
 """
 
 from __future__ import annotations
@@ -69,8 +73,9 @@ def _iterator_settled(iterator: Any) -> bool:
         if iterator._shutdown:
             return True
         first_burst = iterator._num_workers * iterator._prefetch_factor
-        with contextlib.suppress(TypeError):  # an IterableDataset without __len__ has no bound
-            first_burst = min(first_burst, len(iterator))  # an epoch of fewer batches
+        with contextlib.suppress(TypeError):  # an IterableDataset without __len__: no bound
+            if len(iterator) <= first_burst:
+                first_burst = 0  # an epoch that is all start: only none kept early
         early = any(len(info) == 2 for info in iterator._task_info.values())
         return bool(iterator._rcvd_idx >= first_burst and not early)
     except AttributeError:  # another torch's iterator: nothing to wait for that we can see
