@@ -24,9 +24,9 @@ runs of ``verify`` on examples/loops/dataloader_workers.py: every plan, measured
 steady runs, was projected a batch high (+1.19%). So the warmup also lasts until every live
 multi-process DataLoader iterator has handed out that first burst (its order is a race) and
 holds no batch delivered ahead of its turn.
-- An epoch of no more batches than the burst is all start: waiting for its end would record
-  the start of the next epoch (a new iterator, as much a race) or nothing, so there the warmup
-  waits only while a batch is kept early.
+- An epoch of no more batches than the burst is all start: waiting would record the start of
+  the next epoch (a new iterator, as much a race) or nothing (a 4-batch epoch with 2 recorded
+  steps), so such an iterator counts as settled.
 - At most ``DATA_SETTLE_LIMIT`` iterations more than asked, for a loop whose workers are too
   slow to ever be ahead: its steps can then differ by a batch, and the recorder says so when it
   stops waiting (as the steadiness report does for recorded steps that differ).
@@ -75,7 +75,7 @@ def _iterator_settled(iterator: Any) -> bool:
         first_burst = iterator._num_workers * iterator._prefetch_factor
         with contextlib.suppress(TypeError):  # an IterableDataset without __len__: no bound
             if len(iterator) <= first_burst:
-                first_burst = 0  # an epoch that is all start: only none kept early
+                return True  # an epoch that is all start: waiting cannot help
         early = any(len(info) == 2 for info in iterator._task_info.values())
         return bool(iterator._rcvd_idx >= first_burst and not early)
     except AttributeError:  # another torch's iterator: nothing to wait for that we can see
