@@ -156,7 +156,7 @@ def loop_cases(names: Sequence[str], quick: bool, timing_steps: int) -> list[Cas
     cases = []
     for name in names:
         loop = by_name[name]
-        steps = ("--steps", str(script_steps(len(loop.plans), timing_steps)))
+        steps = ("--steps", str(script_steps(len(loop.plans), timing_steps) + loop.settle))
         base = (*loop.args, *(loop.quick if quick else ()), *steps)
         cases.append(Case(name, loop.script, loop.plans, base, timing_steps))
         if loop.checkpoint:

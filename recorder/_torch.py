@@ -175,6 +175,28 @@ def watch_optimizer_init(created: Callable[[torch.optim.Optimizer], None]) -> Un
     return lambda: setattr(cls, "__init__", orig_init)
 
 
+def watch_dataloader_iterators(created: Callable[[Any], None]) -> Undo:
+    """Call ``created(iterator)`` (a bound method, held by a weak reference) for every
+    multi-process DataLoader iterator made from now on (``iter()`` of a
+    ``DataLoader(num_workers>0)``): NOTE [ A data pipeline that settles ] in
+    recorder/steady.py."""
+    from torch.utils.data import dataloader
+
+    cls = dataloader._MultiProcessingDataLoaderIter
+    orig_init = cls.__init__
+    method = weakref.WeakMethod(created)
+
+    @functools.wraps(orig_init)
+    def init(iterator: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(iterator, *args, **kwargs)
+        call = method()
+        if call is not None:
+            call(iterator)
+
+    cls.__init__ = init  # type: ignore[method-assign, assignment]
+    return lambda: setattr(cls, "__init__", orig_init)
+
+
 RecomputeEnter = Callable[[int, int, "str | None"], None]
 
 

@@ -101,6 +101,7 @@ def _step(spec: GateSpec, run: RunSpec, folder: Path, index: int) -> StepGradien
         progress=False,
         step_every=spec.step_every,
         sources=[source],
+        wait_for_data=False,  # the same iteration in every run, whenever batches arrive
     )
     error = None
     recorder.__enter__()

@@ -23,23 +23,32 @@ class StepProgress:
         self._steps = steps
         self._enabled = enabled
         self._on = False
-        self._done = 0
+        self._warmed = 0
+        self._recorded = 0
         self._t = 0.0
 
     def start(self) -> None:
         self._on = _stderr_is_tty() if self._enabled is None else self._enabled
         self._t = perf_counter()
 
-    def step_done(self) -> None:
-        self._done += 1
+    def step_done(self, warmup: bool) -> None:
+        """A warmup step (``warmup``) or a recorded step ended. The warmup can last longer than
+        asked, until the training settles (NOTE [ Warm-up until steady ] in steady.py)."""
+        if warmup:
+            self._warmed += 1
+        else:
+            self._recorded += 1
         if not self._on:
             return
         now = perf_counter()
         took, self._t = now - self._t, now
-        if self._done <= self._warmup:
-            self._line(f"warmup step {self._done}/{self._warmup} done ({took:.2f} s)")
-        elif self._done - self._warmup <= self._steps:
-            self._line(f"recorded step {self._done - self._warmup}/{self._steps} ({took:.2f} s)")
+        if warmup and self._warmed <= self._warmup:
+            self._line(f"warmup step {self._warmed}/{self._warmup} done ({took:.2f} s)")
+        elif warmup:
+            settling = "until the training settles"
+            self._line(f"warmup step {self._warmed} done ({took:.2f} s; {settling})")
+        elif self._recorded <= self._steps:
+            self._line(f"recorded step {self._recorded}/{self._steps} ({took:.2f} s)")
 
     def close(self) -> None:
         self._on = False

@@ -13,6 +13,7 @@ no_grad parameter update) is not checkpointed either way.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from recorder.progress import StepProgress
 from recorder.sink import TraceSink
 from recorder.sources.base import HooksEveryCall, Source
 from recorder.stacks import Stacks
-from recorder.steady import warmup_needed
+from recorder.steady import DATA_SETTLE_LIMIT, DataLoaders, warmup_needed
 from recorder.steps import IterationTracker, StepCounts, plural
 from recorder.tables import Flags, State
 from recorder.timing import RunTimes, StepTimer, add_round, plan_call_costs, timing_schedule
@@ -73,6 +74,8 @@ class Plan:
     warmup: int
     stop_after: bool
     timing_steps: int
+    wait_for_data: bool = True
+    """Warm up until the DataLoaders settle (NOTE [ A data pipeline that settles ])."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Parts:
     stacks: Stacks | None
     tracker: IterationTracker
     progress: StepProgress
+    data: DataLoaders
 
 
 class RunSequencer:
@@ -126,6 +130,7 @@ class RunSequencer:
         self._run_context: AbstractContextManager[Any] | None = None
         self._early_context: AbstractContextManager[Any] | None = None  # NOTE [ Early run context ]
         self.warmup_done = 0
+        self._began = False  # whether a run's recording began
         self.steps_recorded = 0
         self._steps_in_run = 0
         self._last_file_flush = 0
@@ -185,6 +190,24 @@ class RunSequencer:
             model = None
         return warmup_needed(self.plan.warmup, model)
 
+    def _data_settled(self) -> bool:
+        """Whether the script's DataLoaders deliver in turn, or the warmup waited long enough (it
+        then says so); NOTE [ A data pipeline that settles ] in steady.py."""
+        if not self.plan.wait_for_data or self._p.data.settled():
+            return True
+        waited = self.warmup_done - self.warmup_needed()
+        if waited < DATA_SETTLE_LIMIT:
+            return False
+        print(
+            f"ckview: warning: a DataLoader still delivers batches ahead of their turn after "
+            f"{plural(self.warmup_done, 'warmup step')} (its workers are not ahead of the "
+            "training): a recorded step may hold a batch more or less than another, and a "
+            "projection be off by that much",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
+
     def _next_boundary_starts_run(self) -> bool:
         """Whether the next step boundary enters another run's context: the first run after
         warmup, the next run, the first run's timing steps after the last recorded step, or
@@ -216,6 +239,7 @@ class RunSequencer:
             self.begin_run()
         self._enter_context(self._run_index)
         p.flags.state = State.RECORDING
+        self._began = True
         tables = p.sink.tables
         tables.t0 = self._last_file_flush = perf_counter_ns()
         p.ledger.mark_training_state()
@@ -248,8 +272,8 @@ class RunSequencer:
         if p.flags.state is State.WARMUP:
             p.tracker.learned = counts
             self.warmup_done += 1
-            p.progress.step_done()
-            if self.warmup_done >= self.warmup_needed():
+            p.progress.step_done(warmup=True)
+            if self.warmup_done >= self.warmup_needed() and self._data_settled():
                 self.start_recording()
         elif p.flags.state is State.TIMING:
             self.timer.end_step()
@@ -268,7 +292,7 @@ class RunSequencer:
         self._steps_in_run += 1
         self.steps_recorded += 1
         self._journal_step()
-        p.progress.step_done()
+        p.progress.step_done(warmup=False)
         if self._steps_in_run < self.plan.steps:
             self._open_step(now)
             if now - self._last_file_flush > _FILE_FLUSH_NS:
@@ -525,6 +549,12 @@ class RunSequencer:
             done = f"{self.warmup_done} of {plural(needed, 'warmup step')}"
             settle = " (DDP settles in its second iteration)" if needed > self.plan.warmup else ""
             return f"no step was recorded: the code ended after {done}{settle}"
+        if not self._began:  # waited for a DataLoader: NOTE [ A data pipeline that settles ]
+            done = plural(self.warmup_done, "warmup step")
+            return (
+                f"no step was recorded: the code ended after {done}, while a DataLoader still "
+                "delivered batches ahead of their turn"
+            )
         rule = self._p.tracker.describe(self.plan.warmup)
         return f"no step was recorded: the first recorded step never ended (steps: {rule})"
 

@@ -68,6 +68,7 @@ from recorder.sources.fsdp import FsdpSource
 from recorder.sources.native import NativeRowsSource
 from recorder.sources.oom import OomSource
 from recorder.stacks import Stacks
+from recorder.steady import DataLoaders
 from recorder.steps import IterationTracker, StepCounts, StepRule
 from recorder.tables import Flags, State
 from recorder.timing import RunTimes
@@ -85,7 +86,9 @@ class Recorder:
     it ends once every optimizer has stepped, or, without an optimizer, at the first forward
     after a backward; ``step_every`` says it when that cannot be learned (``"optimizer:2"``,
     ``"backward:4"``, ``"manual"``), and calling :meth:`mark_step` makes it the only boundary.
-    ``warmup`` iterations run unrecorded first; after ``steps`` recorded steps the trace is
+    ``warmup`` iterations run unrecorded first, more until the model and its DataLoaders
+    settle (NOTE [ Warm-up until steady ] in steady.py; ``wait_for_data=False``: exactly
+    ``warmup``, as the gradient gate needs); after ``steps`` recorded steps the trace is
     written and closed and the code runs on unrecorded, or stops with :class:`StopScript` if
     ``stop_after`` is set.
 
@@ -110,6 +113,7 @@ class Recorder:
         timing_steps: int = 0,
         stacks: bool = False,
         sources: Sequence[Source] = (),
+        wait_for_data: bool = True,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -120,7 +124,7 @@ class Recorder:
         specs = tuple(runs) or (RunSpec("main"),)
         if len({r.name for r in specs}) != len(specs):
             raise ValueError(f"run names must differ: {[r.name for r in specs]}")
-        self.plan = Plan(specs, steps, warmup, stop_after, timing_steps)
+        self.plan = Plan(specs, steps, warmup, stop_after, timing_steps, wait_for_data)
         self.stacks = stacks
         """Record the user's frames of every allocation (NOTE [ User frames ] in stacks.py)."""
         self._extra_sources = tuple(sources)
@@ -284,7 +288,16 @@ class Recorder:
         comm = ledger.comm_buffer if isinstance(ledger, NativeLedger) else None
         everything = (*built_in, FsdpSource(ledger.on_resized, comm), *self._extra_sources)
         self._parts = parts = Parts(
-            flags, out, ledger, phases, registry, everything, stacks, self._tracker, self._progress
+            flags,
+            out,
+            ledger,
+            phases,
+            registry,
+            everything,
+            stacks,
+            self._tracker,
+            self._progress,
+            DataLoaders(),
         )
         self._runs = RunSequencer(
             self.plan,
@@ -313,6 +326,7 @@ class Recorder:
         torch_hooks.install()
         restore = self._restore
         restore.append(_torch.watch_optimizer_init(torch_hooks.optimizer_created))
+        restore.append(_torch.watch_dataloader_iterators(parts.data.created))
         phases = parts.phases
         restore.append(
             _torch.bracket_recompute(

@@ -239,6 +239,12 @@ def report(output: Path, ending: RecordingResult, args: argparse.Namespace, runs
                 f"{plural(args.warmup, 'warmup step')}; no step was recorded: lower --warmup or "
                 "let the script run more steps"
             )
+        elif ending.warmup_done > args.warmup:  # NOTE [ Warm-up until steady ] (recorder)
+            why = (
+                f"the script ended after {plural(ending.warmup_done, 'warmup step')} (more than "
+                f"the {args.warmup} asked: the recorder waits until the model and its DataLoaders "
+                "settle); no step was recorded: let the script run more steps"
+            )
         else:
             lower = "lower --warmup, " if args.warmup else ""
             why = (

@@ -34,6 +34,10 @@ class Loop:
     """The same with ``--checkpoint``."""
     plans: tuple[str, ...] = ("none", "sqrt", "all")
     """The preset plans to verify (a model without a chain of blocks has no sqrt or all)."""
+    settle: int = 0
+    """Warmup iterations the recorder may add until the loop settles (a DataLoader with
+    workers: NOTE [ A data pipeline that settles ] in recorder/steady.py); the script is given
+    that many more steps."""
 
     file: str = ""
     """The script's name without ``.py`` when it differs from ``name``."""
@@ -120,7 +124,7 @@ LOOPS: tuple[Loop, ...] = (
         backwards=4,
     ),
     Loop("ddp", "DistributedDataParallel, gloo, world size 1 in-process", ("--hidden", "256")),
-    Loop("dataloader_workers", "DataLoader with num_workers=2 and a Dataset class"),
+    Loop("dataloader_workers", "DataLoader with num_workers=2 and a Dataset class", settle=6),
     Loop("indexed_dataset", "in-memory dataset tensor indexed by the loop: x = data[idx]"),
     Loop("compiled", "torch.compile'd MLP (inductor on the CPU)"),
     Loop("lstm_lm", "LSTM language model, truncated BPTT, tied weights, grad clipping"),
