@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
 
@@ -91,7 +91,8 @@ class Parts:
     stacks: Stacks | None
     tracker: IterationTracker
     progress: StepProgress
-    data: DataLoaders
+    data: DataLoaders = field(default_factory=DataLoaders)
+    """The script's DataLoaders the warmup waits for (NOTE [ A data pipeline that settles ])."""
 
 
 class RunSequencer:

@@ -68,7 +68,6 @@ from recorder.sources.fsdp import FsdpSource
 from recorder.sources.native import NativeRowsSource
 from recorder.sources.oom import OomSource
 from recorder.stacks import Stacks
-from recorder.steady import DataLoaders
 from recorder.steps import IterationTracker, StepCounts, StepRule
 from recorder.tables import Flags, State
 from recorder.timing import RunTimes
@@ -288,16 +287,7 @@ class Recorder:
         comm = ledger.comm_buffer if isinstance(ledger, NativeLedger) else None
         everything = (*built_in, FsdpSource(ledger.on_resized, comm), *self._extra_sources)
         self._parts = parts = Parts(
-            flags,
-            out,
-            ledger,
-            phases,
-            registry,
-            everything,
-            stacks,
-            self._tracker,
-            self._progress,
-            DataLoaders(),
+            flags, out, ledger, phases, registry, everything, stacks, self._tracker, self._progress
         )
         self._runs = RunSequencer(
             self.plan,
