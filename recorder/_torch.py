@@ -158,42 +158,33 @@ def keep_fd_on_closerange(ours: Callable[[], int], before: Callable[[], None]) -
 
 
 def watch_optimizer_init(created: Callable[[torch.optim.Optimizer], None]) -> Undo:
-    """Call ``created(optimizer)`` (a bound method, held by a weak reference: the patch keeps
-    nothing alive) for every optimizer built from now on."""
-    cls = torch.optim.Optimizer
-    orig_init = cls.__init__
-    method = weakref.WeakMethod(created)
-
-    @functools.wraps(orig_init)  # keeps inspect.signature (libraries read it)
-    def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        orig_init(optimizer, *args, **kwargs)
-        call = method()
-        if call is not None:
-            call(optimizer)
-
-    cls.__init__ = init  # type: ignore[method-assign, assignment]
-    return lambda: setattr(cls, "__init__", orig_init)
+    """Call ``created(optimizer)`` for every optimizer built from now on."""
+    return _watch_init(torch.optim.Optimizer, created)
 
 
 def watch_dataloader_iterators(created: Callable[[Any], None]) -> Undo:
-    """Call ``created(iterator)`` (a bound method, held by a weak reference) for every
-    multi-process DataLoader iterator made from now on (``iter()`` of a
-    ``DataLoader(num_workers>0)``): NOTE [ A data pipeline that settles ] in
+    """Call ``created(iterator)`` for every multi-process DataLoader iterator made from now on
+    (``iter()`` of a ``DataLoader(num_workers>0)``): NOTE [ A data pipeline that settles ] in
     recorder/steady.py."""
     from torch.utils.data import dataloader
 
-    cls = dataloader._MultiProcessingDataLoaderIter
-    orig_init = cls.__init__
+    return _watch_init(dataloader._MultiProcessingDataLoaderIter, created)
+
+
+def _watch_init(cls: type, created: Callable[[Any], None]) -> Undo:
+    """Call ``created(obj)`` after ``cls.__init__`` made each ``obj`` (``created`` is a bound
+    method, held by a weak reference: the patch keeps nothing alive)."""
+    orig_init = cls.__init__  # type: ignore[misc]
     method = weakref.WeakMethod(created)
 
-    @functools.wraps(orig_init)
-    def init(iterator: Any, *args: Any, **kwargs: Any) -> None:
-        orig_init(iterator, *args, **kwargs)
+    @functools.wraps(orig_init)  # keeps inspect.signature (libraries read it)
+    def init(obj: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(obj, *args, **kwargs)
         call = method()
         if call is not None:
-            call(iterator)
+            call(obj)
 
-    cls.__init__ = init  # type: ignore[method-assign, assignment]
+    cls.__init__ = init  # type: ignore[misc]
     return lambda: setattr(cls, "__init__", orig_init)
 
 
