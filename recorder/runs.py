@@ -442,10 +442,13 @@ class RunSequencer:
         self._p.sink.journal_timing(name, tables)
 
     def meta(self) -> dict[str, Any]:
-        """The trace's meta fields as they stand: steps, device, step rule and the sources'."""
+        """The trace's meta fields as they stand: steps, warmup (the iterations run, once the
+        recording began: more than asked while the training settles, NOTE [ Warm-up until
+        steady ] in steady.py), device, step rule and the sources'."""
         p = self._p
         meta: dict[str, Any] = {
             "steps_recorded": self.steps_recorded,
+            "warmup": self.warmup_done if self._began else self.plan.warmup,
             "device": "cuda" if p.ledger.saw_cuda else "cpu",
             "step_rule": p.tracker.describe(self.plan.warmup, modules=p.flags.sees_forwards),
         }

@@ -79,6 +79,8 @@ def test_runs_begin_after_the_dataloader_settles(tmp_path: Path) -> None:
     assert rec.steps_recorded == 2
     peaks = {name: run_peak(read_run(path, name)) for name in ("first", "second")}
     assert peaks["first"] == peaks["second"], f"peaks: {peaks} (a batch: {BATCH_BYTES} B)"
+    with open_trace(path) as trace:  # the iterations skipped, not the one asked
+        assert trace.meta.warmup == rec.warmup_done >= 3
 
 
 def test_a_warmup_that_stops_waiting_says_so(
