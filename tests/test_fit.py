@@ -102,6 +102,19 @@ def test_a_plan_applies_at_the_new_size(run_cli: Any, traces: Any) -> None:
     assert every["extra_compute_ns"] > 0
 
 
+def test_a_plan_that_saves_a_view_is_warned_of(run_cli: Any, traces: Any, tmp_path: Path) -> None:
+    """NOTE [ Saves the projection cannot hold ]: --plan's save entries warn as in project."""
+    a, b = traces("encoder", 4, 32), traces("encoder", 8, 32)
+    region = {"module": "1.layers.*", "save": ["aten.addmm", "aten.view"]}
+    plan = tmp_path / "view.json"
+    plan.write_text(json.dumps({"format": "ckview-plan", "version": 2, "regions": [region]}))
+    code, _, err = run_cli(
+        "fit", str(a), str(b), "--sizes", "4", "8", "--at", "16", "--plan", str(plan)
+    )
+    assert code == 0, err
+    assert "ckview: warning: plan view: blocks 1.layers.0, 1.layers.1 save aten.view" in err, err
+
+
 def test_budget_names_the_largest_batch_that_fits(run_cli: Any, traces: Any) -> None:
     """With the recorded peak at batch 12 as the budget, the largest batch is 12, for the
     baseline; the presets and the planner reach at least as far."""

@@ -49,7 +49,7 @@ NOTE [ Saves the projection cannot hold ]
     op names and storage rows): ``op_groups`` leaves their packets out, so the planner never
     writes such an entry, and ``save_warnings`` warns, one line per save entry, when a
     hand-written plan's save list catches one (``ckview project``, ``verify``, ``export``,
-    ``record --compare --plan``, the explorer's readout). A warning, not an error: the plan
+    ``fit``, ``record --compare --plan``, the explorer's readout). A warning, not an error: the plan
     still runs, and the projection may still be right (a mode turns only some in-place calls
     out of place).
     The out-of-place form of ``aten.add_.Tensor`` in ``layers.0.self_attn`` is caught by an

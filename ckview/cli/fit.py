@@ -95,9 +95,23 @@ def run(args: argparse.Namespace) -> int:
     except (StreamsPart, ValueError) as exc:
         raise CLIError(f"{path_a} and {path_b}: {exc}") from None
     context = _Context(args, fit, run_a, run_b)
-    if args.at is not None:
-        return _at(context, args.at)
-    return _budget(context, args.budget)
+    code = _at(context, args.at) if args.at is not None else _budget(context, args.budget)
+    for line in _save_warnings(context):  # NOTE [ Saves the projection cannot hold ]
+        print(f"ckview: warning: {line}", file=sys.stderr)
+    return code
+
+
+def _save_warnings(context: _Context) -> list[str]:
+    """``--plan``'s save entries the projection cannot hold, judged on the first recording
+    (the ops of a block are the same at every size)."""
+    from ckview.analysis.planner_ops import save_warnings
+
+    source = context.args.plan
+    if source is None:
+        return []
+    tables = context.run_a.tables
+    regions = resolve_plan(read_plan(source), tables, source)
+    return [f"plan {regions.name}: {w.line()}" for w in save_warnings(tables, regions.regions)]
 
 
 @dataclass
