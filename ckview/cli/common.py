@@ -190,6 +190,16 @@ def resolve_plan(plan: Any, tables: RunTables, source: str) -> PlanRegions:
         raise CLIError(f"plan {source}: {one_line(exc)}") from None
 
 
+def save_warning_lines(tables: RunTables, plan: Any, source: str) -> list[str]:
+    """One line per save entry of ``plan`` that the projection over ``tables`` cannot hold,
+    naming the plan (NOTE [ Saves the projection cannot hold ] in
+    ckview/analysis/planner_ops.py); CLIError if the plan does not fit the model."""
+    from ckview.analysis.planner_ops import save_warnings
+
+    regions = resolve_plan(plan, tables, source)
+    return [f"plan {regions.name}: {w.line()}" for w in save_warnings(tables, regions.regions)]
+
+
 def project_plan(tables: Tables, plan: Any, source: str) -> PlanProjection:
     """Project ``plan`` (a ``Plan``, a plan document or a preset) over the run ``tables``."""
     from ckview.app.run import build_run

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckview.cli.common import one_line, read_plan, read_run, resolve_plan
+from ckview.cli.common import one_line, read_plan, read_run, resolve_plan, save_warning_lines
 from ckview.cli.errors import CLIError
 
 if TYPE_CHECKING:
@@ -104,14 +104,10 @@ def run(args: argparse.Namespace) -> int:
 def _save_warnings(context: _Context) -> list[str]:
     """``--plan``'s save entries the projection cannot hold, judged on the first recording
     (the ops of a block are the same at every size)."""
-    from ckview.analysis.planner_ops import save_warnings
-
     source = context.args.plan
     if source is None:
         return []
-    tables = context.run_a.tables
-    regions = resolve_plan(read_plan(source), tables, source)
-    return [f"plan {regions.name}: {w.line()}" for w in save_warnings(tables, regions.regions)]
+    return save_warning_lines(context.run_a.tables, read_plan(source), source)
 
 
 @dataclass

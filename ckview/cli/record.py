@@ -96,8 +96,7 @@ def save_entry_warnings(output: Path, plans: list[tuple[str, Any]]) -> list[str]
     """One line per save entry of ``plans`` that projects low over run 'baseline' (NOTE
     [ Saves the projection cannot hold ] in ckview/analysis/planner_ops.py); none without that
     run (a plan's run alone is not projected over)."""
-    from ckview.analysis.planner_ops import save_warnings
-    from ckview.cli.common import read_tables, resolve_plan
+    from ckview.cli.common import read_tables, save_warning_lines
     from ckview.trace import open_trace
 
     with open_trace(output) as trace:
@@ -109,10 +108,9 @@ def save_entry_warnings(output: Path, plans: list[tuple[str, Any]]) -> list[str]
     lines = []
     for source, plan in plans:
         try:
-            regions = resolve_plan(plan, tables, source).regions
+            lines += save_warning_lines(tables, plan, source)
         except CLIError:  # fitted the live model; ckview project says why it does not here
             continue
-        lines += [f"plan {plan.name}: {w.line()}" for w in save_warnings(tables, regions)]
     return lines
 
 

@@ -241,8 +241,7 @@ class _TableWriter:
         chunk; ``final``: the file is closing, no row comes after (NOTE [ Datasets made when
         first written ])."""
         self._write_compressed()
-        if not self._datasets:
-            self._create(_fitting_chunk(self.rows, self._chunk_rows) if final else self._chunk_rows)
+        self._make_datasets(_fitting_chunk(self.rows, self._chunk_rows) if final else None)
         if self._extent == self.rows:
             return
         self._resize(self.rows)
@@ -268,7 +267,12 @@ class _TableWriter:
             if in_tail.any():
                 self._tail[name][rows[in_tail] - self._stored] = values[in_tail]
 
-    def _create(self, chunk_rows: int) -> None:
+    def _make_datasets(self, chunk_rows: int | None = None) -> None:
+        """Make the column datasets unless made (NOTE [ Datasets made when first written ]),
+        with chunks of ``chunk_rows`` rows (None: the usual size)."""
+        if self._datasets:
+            return
+        chunk_rows = chunk_rows or self._chunk_rows
         self._datasets = {
             c.name: self._group.create_dataset(
                 c.name,
@@ -282,8 +286,7 @@ class _TableWriter:
         }
 
     def _write_rows(self, arrays: dict[str, np.ndarray]) -> None:
-        if not self._datasets:
-            self._create(self._chunk_rows)
+        self._make_datasets()
         end = self.rows + len(arrays[self._columns[0].name])
         for name, arr in arrays.items():
             dataset = self._datasets[name]
@@ -321,8 +324,7 @@ class _TableWriter:
         caller runs on ])."""
         if not self._compressing:
             return
-        if not self._datasets:
-            self._create(self._chunk_rows)
+        self._make_datasets()
         extent = self._extent
         end = max(row for _, row, _ in self._compressing) + self._chunk_rows
         try:

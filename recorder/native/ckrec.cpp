@@ -215,17 +215,20 @@ inline int64_t named_op(ThreadState& ts) {
   ts.ops.back().named = true;
   return ts.ops.back().id;
 }
-// The op of the trace that holds the innermost open range (NOTE [ Outermost ops ] in
-// attribute.py), or that range where none holds it, for a row that names it: Python maps a
-// block to its outermost op anyway, and a range nested in an op then stays unnamed (NOTE
-// [ Nested ranges that leave no row ]). An outermost op's row always stays: its `outer` is
-// its own id when it ends, or it held ops of the trace (`descended`).
+// The op of the trace that holds range `f` (NOTE [ Outermost ops ] in attribute.py), or `f`
+// where none holds it: what a row made in `f` names. Python maps a block to its outermost op
+// anyway, and a range nested in an op then stays unnamed (NOTE [ Nested ranges that leave no
+// row ]). An outermost op's row always stays: its `outer` is its own id when it ends, or it
+// held ops of the trace (`descended`).
+inline int64_t outer_or_self(const Frame& f) {
+  return f.outer >= 0 && f.outer != f.id ? f.outer : f.id;
+}
 inline int64_t named_outer(ThreadState& ts) {
   if (ts.ops.empty()) return -1;
   Frame& f = ts.ops.back();
-  if (f.outer >= 0 && f.outer != f.id) return f.outer;
-  f.named = true;
-  return f.id;
+  int64_t op = outer_or_self(f);
+  if (op == f.id) f.named = true;
+  return op;
 }
 inline int64_t cur_top(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().top; }
 inline int64_t cur_node(const ThreadState& ts) {
@@ -470,7 +473,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   // returned on it, which the op that allocated it returns; ops that allocated nothing return
   // views of blocks that already have one, and are skipped (most ops of a step).
   if (!want_outputs.load(std::memory_order_relaxed) || f.allocations == 0) return;
-  int64_t op = f.outer >= 0 && f.outer != f.id ? f.outer : f.id;  // as named_outer() names it
+  int64_t op = outer_or_self(f);
   for (const c10::IValue& v : fn.outputs()) {
     if (!v.isTensor()) continue;
     const at::Tensor& out = v.toTensor();
