@@ -181,7 +181,10 @@ class _TableWriter:
 
     With a compressor, full chunks go straight to disk pre-compressed and the rows of the last,
     partial chunk wait in ``_tail`` until the next append fills it or ``flush`` writes it through
-    HDF5 (it is rewritten whole once full). Without one, HDF5 compresses every append itself.
+    HDF5 (it is rewritten whole once full). ``_tail`` is a buffer per column, grown by doubling
+    up to a chunk and filled in place, so an append copies its own rows only (a recording appends
+    a few hundred rows at a time, and copying the waiting tail each time moved megabytes a
+    step). Without a compressor, HDF5 compresses every append itself.
     The column datasets are created when rows first go to disk (NOTE [ Datasets made when
     first written ]).
     """
@@ -201,7 +204,8 @@ class _TableWriter:
         self._filters = storage.filters
         self._compressor = storage.compressor
         self._datasets: dict[str, h5py.Dataset] = {}  # made when first written
-        self._tail = {c.name: np.empty(0, c.dtype) for c in columns}
+        self._tail = {c.name: np.empty(0, c.dtype) for c in columns}  # rows from _stored on
+        self._tail_rows = 0  # rows used of each ``_tail`` buffer
         self.rows = 0  # rows appended
         self._stored = 0  # rows in whole chunks written directly (compressor only)
         self._extent = 0  # length of the datasets on disk
@@ -246,7 +250,7 @@ class _TableWriter:
             return
         self._resize(self.rows)
         for name, dataset in self._datasets.items():
-            dataset[self._stored : self.rows] = self._tail[name]
+            dataset[self._stored : self.rows] = self._tail[name][: self._tail_rows]
         self._extent = self.rows
 
     def patch(self, rows: np.ndarray, data: Mapping[str, ColumnData]) -> None:
@@ -295,21 +299,41 @@ class _TableWriter:
         self.rows = self._extent = end
 
     def _write_chunks(self, arrays: dict[str, np.ndarray], compressor: _ChunkCompressor) -> None:
-        merged = {name: np.concatenate((self._tail[name], arr)) for name, arr in arrays.items()}
-        size = self._chunk_rows
-        full = len(merged[self._columns[0].name]) // size * size
-        compressing = []
-        if full:
-            jobs = [(name, start) for name in merged for start in range(0, full, size)]
-            chunks = [merged[name][start : start + size] for name, start in jobs]
-            blobs = compressor.start(chunks)
-            compressing = [
-                (name, self._stored + start, blob)
-                for (name, start), blob in zip(jobs, blobs, strict=True)
-            ]
-        self._compressing, self._stored = compressing, self._stored + full
-        self._tail = {name: arr[full:].copy() for name, arr in merged.items()}
-        self.rows = self._stored + len(self._tail[self._columns[0].name])
+        size, at = self._chunk_rows, 0
+        n = len(arrays[self._columns[0].name])
+        chunks: list[tuple[str, int, np.ndarray]] = []  # (column, first row, rows)
+        while at < n:
+            take = min(size - self._tail_rows, n - at)
+            if take == size:  # a whole chunk of the batch, copied: the caller may reuse it
+                chunks += [
+                    (name, self._stored, arr[at : at + size].copy()) for name, arr in arrays.items()
+                ]
+            else:
+                self._fill_tail(arrays, at, take)
+                if self._tail_rows < size:
+                    break
+                chunks += [(name, self._stored, tail) for name, tail in self._tail.items()]
+                self._tail = {name: np.empty(0, tail.dtype) for name, tail in self._tail.items()}
+                self._tail_rows = 0
+            self._stored += size
+            at += take
+        blobs = compressor.start([chunk for _, _, chunk in chunks])
+        self._compressing = [
+            (name, row, blob) for (name, row, _), blob in zip(chunks, blobs, strict=True)
+        ]
+        self.rows = self._stored + self._tail_rows
+
+    def _fill_tail(self, arrays: dict[str, np.ndarray], at: int, take: int) -> None:
+        """Copy rows ``at:at+take`` of the batch to the tail, which grows by doubling."""
+        used, need = self._tail_rows, self._tail_rows + take
+        for name, arr in arrays.items():
+            tail = self._tail[name]
+            if need > len(tail):
+                grown = np.empty(min(self._chunk_rows, max(need, 2 * len(tail))), tail.dtype)
+                grown[:used] = tail[:used]
+                self._tail[name] = tail = grown
+            tail[used:need] = arr[at : at + take]
+        self._tail_rows = need
 
     # NOTE [ Chunks compressed while the caller runs on ]
     # Compressing a batch's whole chunks takes milliseconds (level 1, 64 Ki rows a column), on
