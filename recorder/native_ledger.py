@@ -85,7 +85,7 @@ class NativeLedger(StepWriting, StorageLedger):
         self._reset()
 
     def _reset(self) -> None:
-        self._attribution = Attribution()
+        self._attribution = Attribution(self._ext)
         self._deferring = False  # the run's first step began: marks wait for its rows
         self._blocks = Blocks()
         self._optimizer_spans: list[list[int]] = []

@@ -3,6 +3,7 @@ they are built, cached, refused and bypassed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -159,7 +160,7 @@ def small_op(ext: Any) -> tuple[Callable[[], None], Rows, StepFacts]:
     for _ in range(3):  # optimizer state and caches exist before the recorded step
         step()
     rows = record(ext, step, outputs=True)
-    return step, rows, Attribution().step(rows)
+    return step, rows, Attribution(ext).step(rows)
 
 
 # -- what the sources see ------------------------------------------------------------------------
@@ -321,7 +322,7 @@ def test_spans_set_the_optimizer_phase(ext: Any) -> None:
             opt_t.append(ext.now_ns()),
         ),
     )
-    facts = Attribution().step(rows, spans=[(Phase.OPTIMIZER, np.array([opt_t]))])
+    facts = Attribution(ext).step(rows, spans=[(Phase.OPTIMIZER, np.array([opt_t]))])
     ops = facts.ops
     inside = (ops["t0"] >= opt_t[0]) & (ops["t0"] <= opt_t[1])
     assert inside.any() and (ops["phase"][inside] == Phase.OPTIMIZER).all()
@@ -329,7 +330,7 @@ def test_spans_set_the_optimizer_phase(ext: Any) -> None:
 
 
 def test_blocks_span_drains(ext: Any) -> None:
-    att = Attribution()
+    att = Attribution(ext)
     ext.start(ops=True, memory=True)
     try:
         drain(ext)
@@ -383,7 +384,7 @@ def test_an_op_open_at_the_drain_ends_later(ext: Any) -> None:
         drained.append(drain(ext))
     finally:
         ext.stop()
-    att = Attribution()
+    att = Attribution(ext)
     first, second = (att.step(r) for r in drained)
     open_ = first.ops["end_ns"] == -1
     assert open_.any()
@@ -521,7 +522,7 @@ def test_cuda_backward_on_the_device_thread_is_seen_and_attributed(ext: Any) -> 
     step = cuda_step()
     for _ in range(3):
         step()
-    facts = Attribution().step(record(ext, step))
+    facts = Attribution(ext).step(record(ext, step))
     blocks = facts.blocks
     backward = blocks["phase"] == Phase.BACKWARD
     assert backward.sum() >= 120
@@ -542,7 +543,7 @@ def test_cuda_frees_of_older_blocks_are_known_by_size(ext: Any) -> None:
     try:
         drain(ext)
         del old
-        facts = Attribution().step(drain(ext))
+        facts = Attribution(ext).step(drain(ext))
     finally:
         ext.stop()
     assert (1 << 22) in facts.unknown_frees["nbytes"].tolist()
@@ -772,26 +773,23 @@ def test_a_failing_build_falls_back_and_native_fails_in_one_line(tmp_path: Path)
     assert not any(p.name == build.STAMP for p in tmp_path.rglob("*"))
 
 
-def test_a_cuda_block_takes_the_size_of_the_storage_returned_on_it() -> None:
+def test_a_cuda_block_takes_the_size_of_the_storage_returned_on_it(ext: Any) -> None:
     """NOTE [ Block sizes on CUDA ]: a cached block reused whole is reported with its slack;
     the block takes its storage's size as the allocator rounds it. CPU blocks, and CUDA blocks
     no tensor was returned on (workspaces), keep the reported size."""
-    from recorder.native.attribute import _layouts
-    from recorder.native.rows import OUTPUTS
+    from recorder.native.rows import MEMORY, OUTPUTS
 
-    blocks = {
-        "block": np.array([1, 2, 3, 4]),
-        "nbytes": np.array([1_146_880, 1_146_880, 4096, 2048]),
-        "device_type": np.array([1, 0, 1, 1]),  # cuda, cpu, cuda (no output), cuda
-        "dtype": np.zeros(4, np.int8),
-        "ndim": np.zeros(4, np.int8),
-        "dims": np.zeros((4, 8), np.int64),
-    }
-    outputs = np.zeros(3, OUTPUTS)
-    outputs["t"] = [1, 2, 3]
-    outputs["block"] = [1, 2, 4]
-    outputs["storage_nbytes"] = [1_049_000, 1_049_000, 100]
-    outputs["ndim"] = 1
-    _layouts(outputs, blocks)
-    assert blocks["nbytes"].tolist() == [1_049_088, 1_146_880, 4096, 512]
-    assert blocks["ndim"].tolist() == [1, 1, 0, 1]
+    memory = np.zeros(4, MEMORY)  # allocations: cuda, cpu, cuda (no output), cuda
+    memory["block"] = [1, 2, 3, 4]
+    memory["bytes"] = [1_146_880, 1_146_880, 4096, 2048]
+    memory["device_type"] = [1, 0, 1, 1]
+    memory["op"] = memory["top"] = memory["node_seq"] = memory["call"] = -1
+    outputs = np.zeros(4, OUTPUTS)
+    outputs["t"] = [1, 2, 3, 0]
+    outputs["block"] = [1, 2, 4, 4]  # block 4's first output by time: the last row
+    outputs["storage_nbytes"] = [1_049_000, 1_049_000, 100, 3000]
+    outputs["ndim"] = [1, 1, 1, 2]
+    rows = dataclasses.replace(Rows.empty(), memory=memory, outputs=outputs)
+    blocks = Attribution(ext).step(rows).blocks
+    assert blocks["nbytes"].tolist() == [1_049_088, 1_146_880, 4096, 2048]
+    assert blocks["ndim"].tolist() == [1, 1, -1, 2]

@@ -7,10 +7,10 @@ recorded by a small C++ extension (``ckrec.cpp``) built against the running torc
 ...     print(f"ckview: {reason}; recording with the Python recorder")
 
 ``build.py`` builds and loads it (NOTE [ Native build cache ]), ``rows.py`` reads what it
-drains, ``attribute.py`` turns a step's rows into per-step facts with numpy, and ``source.py``
-wraps it as one recorder source. ``CKVIEW_RECORDER=native|python|auto`` picks the path:
-``auto`` (the default) records with it where it loads, else with the Python recorder
-(``for_recording``).
+drains, ``attribute.py`` turns a step's rows into per-step facts (computed by ``ckattr.cpp``),
+and ``source.py`` wraps it as one recorder source. ``CKVIEW_RECORDER=native|python|auto``
+picks the path: ``auto`` (the default) records with it where it loads, else with the Python
+recorder (``for_recording``).
 """
 
 from recorder.native.build import (

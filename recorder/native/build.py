@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 from recorder.native.rows import check_layout
 
-SOURCE = Path(__file__).with_name("ckrec.cpp")
-HEADERS = (Path(__file__).with_name("ckrec.h"),)
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("ckrec.cpp", "ckattr.cpp"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("ckrec.h", "ckattr.h"))
 NAME = "ckview_native"
 STAMP = "stamp.json"
 CFLAGS = ("-O2", "-DNDEBUG")
@@ -152,7 +152,7 @@ def _expected_stamp() -> dict[str, str]:
 
 def _source_hash() -> str:
     digest = hashlib.sha256()
-    for path in (SOURCE, *HEADERS):
+    for path in (*SOURCES, *HEADERS):
         digest.update(path.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     return digest.hexdigest()
@@ -261,7 +261,7 @@ def _build(directory: Path, stamp: dict[str, str]) -> str | None:
             (directory / TORCH_BATON).unlink(missing_ok=True)
             cpp_extension.load(
                 name=NAME,
-                sources=[str(SOURCE)],
+                sources=[str(path) for path in SOURCES],
                 build_directory=str(directory),
                 extra_cflags=list(CFLAGS),
                 verbose=False,

@@ -35,6 +35,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include "ckattr.h"
 #include "ckrec.h"
 
 #include <atomic>
@@ -964,4 +965,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("now_ns", &now_ns);
   m.def("dtype_code", [](const at::Tensor& t) { return int(t.scalar_type()); });
   m.attr("DIMS") = kDims;
+  ckattr::bind(m);
 }

@@ -37,7 +37,7 @@ class NativeSource:
         self._ext = ext
         self._on_facts = on_facts
         self._outputs = outputs
-        self._attribution = Attribution()
+        self._attribution = Attribution(ext)
         self._running = False
         self._hooks: list[Any] = []
         self._saved: Any = None
@@ -83,7 +83,7 @@ class NativeSource:
         self._ext.start(ops=True, memory=True, outputs=self._outputs)
         self._running = True
         self._ext.drain()  # rows of an earlier run that ended mid-op
-        self._attribution = Attribution()
+        self._attribution = Attribution(self._ext)
 
     def step_begins(self, now: int) -> None:
         self._hand_out("between")
