@@ -22,7 +22,7 @@ from ckview.trace.schema import (
 from recorder.compiled import COMPILED_REGIONS
 from recorder.ledger import StorageRef
 from recorder.native.attribute import Columns, LayoutIds, StepFacts
-from recorder.native.maps import Blocks, CallMap, OpMap
+from recorder.native.maps import Blocks, CallMap
 from recorder.native.rows import Rows
 from recorder.phases import FORWARD, OTHER
 from recorder.storage_rows import KeptRows
@@ -170,7 +170,9 @@ class StepWriting:
         self._calls_t, self._calls_stack = array("q", [last_t]), array("q", [last_stack])
         return found
 
-    def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> OpMap:
+    def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> int:
+        """Write the step's op rows (NOTE [ Op rows of a step ] in ckattr.cpp); returns the
+        first one's row, which the step's other rows count theirs from."""
         ops = facts.ops
         kept = ops["outer"] == ops["id"]  # NOTE [ Outermost ops ] in native/attribute.py
         first = self._ops.rows
@@ -191,13 +193,7 @@ class StepWriting:
             axis=1,
         )
         _append(self._ops.data, table)
-        rows = np.full(len(kept), NO_INDEX, np.int64)
-        rows[kept] = np.arange(first, first + len(names))
-        ids, outer = ops["id"], ops["outer"]  # ids in order (attribute._ops)
-        at = np.minimum(np.searchsorted(ids, outer), max(len(ids) - 1, 0))
-        here = (outer >= 0) & (ids[at] == outer) if len(ids) else np.zeros(0, bool)
-        outer_rows = np.where(here, rows[at] if len(ids) else rows, NO_INDEX)
-        return OpMap(ids, outer_rows, ops["start_ns"])
+        return first
 
     def _place_regions(self, ops: Columns, now: int) -> None:
         """The first and end op rows of this step's recompute regions, now that its ops are
@@ -232,7 +228,7 @@ class StepWriting:
             forward = np.asarray(texts) == COMPILED_REGIONS[0]
             self._name_is_compiled = np.concatenate([self._name_is_compiled, forward])
 
-    def _write_blocks(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> np.ndarray:
+    def _write_blocks(self, facts: StepFacts, calls: CallMap, first_op: int) -> np.ndarray:
         """Write the step's blocks; returns the storage rows autograd saved."""
         blocks = facts.blocks
         n = len(blocks["block"])
@@ -243,7 +239,7 @@ class StepWriting:
         call = calls.row(np.where(recompute, blocks["call"], blocks["module_call"]))
         category = np.where(blocks["phase"] == Phase.OTHER, _OTHER, _TEMPORARY)
         dtype, shape = self._layout_ids(blocks["dtype"], blocks["ndim"], blocks["dims"])
-        op = ops.row(blocks["op"], blocks["alloc_ns"])
+        op = _op_rows(blocks["op_row"], first_op)
         table = np.stack(
             [
                 blocks["nbytes"],
@@ -265,7 +261,7 @@ class StepWriting:
         self._blocks.add(blocks, sids)
         events = [np.stack([np.full(n, _ALLOC), sids, op, blocks["alloc_ns"]], axis=1)]
         freed = blocks["free_ns"] >= 0
-        free_op = ops.row(blocks["free_op"][freed], blocks["free_ns"][freed], last=True)
+        free_op = _op_rows(blocks["free_op_row"][freed], first_op)
         events.append(
             np.stack(
                 [np.full(freed.sum(), _FREE), sids[freed], free_op, blocks["free_ns"][freed]], 1
@@ -275,7 +271,7 @@ class StepWriting:
         late_sid = self._blocks.sid(late["block"])
         known = late_sid >= 0
         self._set_storages(late_sid[known], "free_ns", late["free_ns"][known])
-        late_op = ops.row(late["free_op"][known], late["free_ns"][known], last=True)
+        late_op = _op_rows(late["free_op_row"][known], first_op)
         events.append(
             np.stack(
                 [np.full(known.sum(), _FREE), late_sid[known], late_op, late["free_ns"][known]], 1
@@ -320,7 +316,7 @@ class StepWriting:
         for s in other:
             self._promote_input(s)
 
-    def _write_saved(self, facts: StepFacts, calls: CallMap, ops: OpMap) -> None:
+    def _write_saved(self, facts: StepFacts, calls: CallMap, first_op: int) -> None:
         saved = facts.saved
         sid = self._blocks.sid(saved["block"])
         old = sid < 0  # a block from before the run (a parameter): its SEEN row, by pointer
@@ -333,7 +329,7 @@ class StepWriting:
             [
                 saved["kind"].astype(np.int64),
                 sid,
-                ops.row(saved["op"], saved["t"]),
+                _op_rows(saved["op_row"], first_op),
                 call,
                 shape,
                 dtype,
@@ -474,3 +470,9 @@ def _rows_from(table: KeptRows, first: int) -> np.ndarray:
     assert first >= table.base, "rows dropped from memory were asked for"
     tail = table.data[table.slot(first) * table.width :]
     return np.frombuffer(tail, np.int64).reshape(-1, table.width)
+
+
+def _op_rows(offsets: np.ndarray, first: int) -> np.ndarray:
+    """The run's op rows of offsets from the step's first (NOTE [ Op rows of a step ] in
+    ckattr.cpp); NO_INDEX for none."""
+    return np.where(offsets >= 0, offsets + first, NO_INDEX)

@@ -18,6 +18,9 @@ in ckrec.cpp) and turns each drain's ``Rows`` into a ``StepFacts``:
 - ``notes``: tensors Python saw on blocks of the run (NOTE [ Notes ] in ckrec.cpp);
 - ``calls``: module calls begun in this drain (a call that ends in a later drain has
   ``end_ns`` -1 here; drains happen at step boundaries, outside module calls).
+- ``op_row`` (``blocks``, ``saved``), ``free_op_row`` (``blocks``, ``late_frees``): the op row
+  each names, as an offset from the step's first op row (NOTE [ Op rows of a step ] in
+  ckattr.cpp).
 
 How these map onto the trace's run tables (``ckview/trace/schema.py``):
 

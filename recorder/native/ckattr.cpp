@@ -256,12 +256,14 @@ struct Blocks {  // blocks allocated in the drain, in block order, as columns
   explicit Blocks(size_t n)
       : block(n), ptr(n), nbytes(n), alloc_ns(n), free_ns(n, -1), free_op(n, -1), op(n), top(n),
         node_seq(n), dims(n * kDims, 0), device_type(n), device_index(n), call(n),
-        module_call(n), module(n), phase(n, OTHER), saved(n, 0), dtype(n, -1), ndim(n, -1) {}
+        module_call(n), module(n), phase(n, OTHER), saved(n, 0), dtype(n, -1), ndim(n, -1),
+        op_row(n, -1), free_op_row(n, -1) {}
   I64 block, ptr, nbytes, alloc_ns, free_ns, free_op, op, top, node_seq, dims;
   std::vector<int16_t> device_type, device_index;
   I32 call, module_call, module;
   U8 phase, saved;
   std::vector<int8_t> dtype, ndim;
+  I64 op_row, free_op_row;  // NOTE [ Op rows of a step ]
 };
 
 std::vector<Span> spans_of(const py::list& spans) {
@@ -308,6 +310,47 @@ uint8_t phase_of(const Ops& o, size_t i, const std::vector<Span>& spans) {
   return phase;
 }
 
+// NOTE [ Op rows of a step ]
+// The trace's op rows of a step are its outermost ops (outer == id, NOTE [ Outermost ops ] in
+// attribute.py), in id order, appended after the run's earlier rows: the k-th of them is row
+// first + k. Every range maps to the row of its outermost op (none: a range no op holds, or held
+// by an op of an earlier step). A row that names a range without a row (a block allocated
+// outside any op) takes the next row to start after it; a free, the last row that started
+// before it (the op after which the memory went, as the Python recorder has it). Rows come
+// back as offsets from the step's first row, -1 where none.
+class OpRows {
+ public:
+  explicit OpRows(const Ops& o) : index_(o.id) {
+    size_t n = o.id.size();
+    I64 kept_at(n, -1);
+    int64_t next = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (o.outer[i] == o.id[i]) kept_at[i] = next++;
+    outer_row_.assign(n, -1);
+    for (size_t i = 0; i < n; ++i) {
+      auto [here, row] = index_.find(o.outer[i]);
+      if (o.outer[i] >= 0 && here) outer_row_[i] = kept_at[row];
+    }
+    auto by_start = stable_order(n, [&](size_t i) { return o.t0[i]; });
+    for (size_t i : by_start)
+      if (outer_row_[i] >= 0) starts_.push_back(o.t0[i]), rows_.push_back(outer_row_[i]);
+  }
+  enum class Else { kNext, kLast };
+  // The row of range `op`, else the next (or last) row to start around time `t`.
+  int64_t row(int64_t op, int64_t t, Else otherwise) const {
+    auto [here, at] = index_.find(op);
+    int64_t row = here ? outer_row_[at] : -1;
+    if (row >= 0 || rows_.empty()) return row;
+    size_t after = size_t(std::upper_bound(starts_.begin(), starts_.end(), t) - starts_.begin());
+    if (otherwise == Else::kLast) return after == 0 ? -1 : rows_[after - 1];
+    return rows_[std::min(after, rows_.size() - 1)];
+  }
+
+ private:
+  Index index_;
+  I64 outer_row_, starts_, rows_;
+};
+
 py::dict ops_columns(const Ops& o) {
   py::dict d;
   for (const auto& [key, col] :
@@ -325,7 +368,7 @@ py::dict ops_columns(const Ops& o) {
 
 // The allocations of `mem` in block order; frees of these set their free, the others are
 // late (a block of an earlier drain) or unknown (allocated before recording).
-Blocks read_blocks(Rows<MemRow> mem, py::dict& facts) {
+Blocks read_blocks(Rows<MemRow> mem, const OpRows& op_rows, py::dict& facts) {
   std::vector<size_t> allocs, frees;
   for (size_t i = 0; i < mem.n; ++i) (mem[i].bytes > 0 ? allocs : frees).push_back(i);
   std::stable_sort(allocs.begin(), allocs.end(),
@@ -338,7 +381,8 @@ Blocks read_blocks(Rows<MemRow> mem, py::dict& facts) {
     b.device_type[k] = r.device_type, b.device_index[k] = r.device_index;
   }
   Index index(b.block);
-  I64 late_block, late_ns, late_op, unknown_ptr, unknown_bytes, unknown_t, unknown_op;
+  I64 late_block, late_ns, late_op, late_op_row, unknown_ptr, unknown_bytes, unknown_t,
+      unknown_op;
   std::vector<int16_t> unknown_type, unknown_index;
   for (size_t i : frees) {
     const MemRow& r = mem[i];
@@ -347,6 +391,7 @@ Blocks read_blocks(Rows<MemRow> mem, py::dict& facts) {
       b.free_ns[row] = r.t, b.free_op[row] = r.op;
     } else if (r.block >= 0) {
       late_block.push_back(r.block), late_ns.push_back(r.t), late_op.push_back(r.op);
+      late_op_row.push_back(op_rows.row(r.op, r.t, OpRows::Else::kLast));
     } else {
       unknown_ptr.push_back(r.ptr), unknown_bytes.push_back(-r.bytes), unknown_t.push_back(r.t);
       unknown_op.push_back(r.op), unknown_type.push_back(r.device_type);
@@ -355,6 +400,7 @@ Blocks read_blocks(Rows<MemRow> mem, py::dict& facts) {
   }
   py::dict late, unknown;
   late["block"] = out(late_block), late["free_ns"] = out(late_ns), late["free_op"] = out(late_op);
+  late["free_op_row"] = out(late_op_row);
   unknown["ptr"] = out(unknown_ptr), unknown["nbytes"] = out(unknown_bytes);
   unknown["t"] = out(unknown_t), unknown["op"] = out(unknown_op);
   unknown["device_type"] = out(unknown_type), unknown["device_index"] = out(unknown_index);
@@ -412,14 +458,17 @@ py::dict blocks_columns(const Blocks& b) {
   d["phase"] = out(b.phase), d["module_call"] = out(b.module_call), d["call"] = out(b.call);
   d["module"] = out(b.module), d["saved"] = bools(b.saved);
   d["dtype"] = out(b.dtype), d["ndim"] = out(b.ndim), d["dims"] = dims_out(b.dims);
+  d["op_row"] = out(b.op_row), d["free_op_row"] = out(b.free_op_row);
   return d;
 }
 
 // Saved-tensor packs and unpacks (an unpack's call: the forward call of the node unpacking);
 // a pack marks its block saved, or names a block of an earlier drain (late_saved).
-py::dict saved_columns(Rows<SavedRow> rows, const Ops& o, Blocks& b, py::dict& facts) {
+py::dict saved_columns(Rows<SavedRow> rows, const Ops& o, const OpRows& op_rows, Blocks& b,
+                       py::dict& facts) {
   size_t n = rows.n;
-  I64 t(n), ptr(n), block(n), storage(n), nbytes(n), op(n), top(n), dims(n * kDims), late;
+  I64 t(n), ptr(n), block(n), storage(n), nbytes(n), op(n), top(n), dims(n * kDims), late,
+      op_row(n);
   I32 call(n), module_call(n);
   U8 kind(n);
   std::vector<int8_t> dtype(n), ndim(n);
@@ -432,6 +481,7 @@ py::dict saved_columns(Rows<SavedRow> rows, const Ops& o, Blocks& b, py::dict& f
     std::memcpy(&dims[i * kDims], r.tensor.dims, sizeof r.tensor.dims);
     auto [known, row] = ops.find(r.op);
     module_call[i] = r.kind == 0 ? r.call : (known ? o.module_call[row] : -1);
+    op_row[i] = op_rows.row(r.op, r.t, OpRows::Else::kNext);
     if (r.kind != 0) continue;
     auto [here, at] = blocks.find(r.block);
     if (here)
@@ -447,6 +497,7 @@ py::dict saved_columns(Rows<SavedRow> rows, const Ops& o, Blocks& b, py::dict& f
   d["storage_nbytes"] = out(storage), d["nbytes"] = out(nbytes), d["op"] = out(op);
   d["top"] = out(top), d["call"] = out(call), d["kind"] = out(kind), d["dtype"] = out(dtype);
   d["ndim"] = out(ndim), d["dims"] = dims_out(dims), d["module_call"] = out(module_call);
+  d["op_row"] = out(op_row);
   return d;
 }
 
@@ -501,14 +552,17 @@ py::dict Attributor::step(const py::buffer& ops_b, const py::buffer& ends_b,
   py::dict late_ends;
   late_ends["id"] = out(o.late_id), late_ends["end_ns"] = out(o.late_end);
   facts["late_op_ends"] = late_ends;
-  Blocks b = read_blocks(rows_of<MemRow>(mem_b), facts);
+  OpRows op_rows(o);
+  Blocks b = read_blocks(rows_of<MemRow>(mem_b), op_rows, facts);
   place_blocks(b, o);
   for (size_t k = 0; k < b.block.size(); ++k) {
     int64_t call = b.node_seq[k] >= 0 ? call_of_seq(b.node_seq[k]) : b.call[k];
     b.module_call[k] = int32_t(call);
     b.module[k] = module_of(call);
+    b.op_row[k] = op_rows.row(b.op[k], b.alloc_ns[k], OpRows::Else::kNext);
+    if (b.free_ns[k] >= 0) b.free_op_row[k] = op_rows.row(b.free_op[k], b.free_ns[k], OpRows::Else::kLast);
   }
-  facts["saved"] = saved_columns(rows_of<SavedRow>(saved_b), o, b, facts);
+  facts["saved"] = saved_columns(rows_of<SavedRow>(saved_b), o, op_rows, b, facts);
   place_layouts(b, rows_of<OutRow>(outs_b));
   facts["blocks"] = blocks_columns(b);
   facts["ooms"] = ooms_columns(rows_of<OomRow>(ooms_b));

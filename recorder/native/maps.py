@@ -1,6 +1,6 @@
 """Id maps of the native ledger (recorder/native_ledger.py), grown once per step in amortised
-constant time per id: block ids -> storage rows, the extension's call and op ids -> the run's
-rows."""
+constant time per id: block ids -> storage rows, the extension's call ids -> the run's rows (op
+rows come from the extension itself: NOTE [ Op rows of a step ] in ckattr.cpp)."""
 
 from __future__ import annotations
 
@@ -130,37 +130,6 @@ class CallMap:
         known = row >= 0
         modules[known] = self._table.column(row[known], "module")
         return modules
-
-
-class OpMap:
-    """Native op ids of this step -> the run's op rows: each range's outermost op (NOTE
-    [ Outermost ops ] in attribute.py); a range no op holds takes the next op to start."""
-
-    def __init__(self, ids: np.ndarray, rows: np.ndarray, starts: np.ndarray) -> None:
-        self._map = IdMap()
-        self._map.add(ids.astype(np.int64), rows.astype(np.int64))
-        kept = rows >= 0
-        order = np.argsort(starts[kept], kind="stable")
-        self._starts, self._rows = starts[kept][order], rows[kept][order]
-
-    def row(
-        self, native: np.ndarray, at: np.ndarray | None = None, last: bool = False
-    ) -> np.ndarray:
-        """The op row of each native op id; where none, the next op to start after ``at``
-        (an allocation: the op it is made for), or with ``last`` the last op to start before
-        it (a free: the op after which the memory went, as the Python recorder has it)."""
-        rows = self._map.get(np.asarray(native, np.int64))
-        if at is None or not len(self._rows):
-            return rows
-        missing = rows == NO_INDEX
-        at = np.asarray(at)[missing]
-        if last:
-            before = np.searchsorted(self._starts, at, side="right") - 1
-            rows[missing] = np.where(before >= 0, self._rows[np.maximum(before, 0)], NO_INDEX)
-        else:
-            nxt = np.searchsorted(self._starts, at, side="right")
-            rows[missing] = self._rows[np.minimum(nxt, len(self._rows) - 1)]
-        return rows
 
 
 def intervals(spans: list[list[int]], now: int) -> np.ndarray:
