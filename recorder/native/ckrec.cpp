@@ -625,41 +625,48 @@ void stop() {
   drainer.store(nullptr);
 }
 
+// The rows of `field` in every buffer, as one bytes object: written in place, not gathered in a
+// std::string first (a step's rows are several hundred KB, and each copy of them costs a large
+// malloc). Called with registry_mu and every buffer's lock held; empties the buffers.
 template <class T>
-void take(std::vector<T>& rows, std::string& out) {
-  out.append(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(T));
-  rows.clear();
+py::bytes take(std::vector<T> Buffers::*field) {
+  size_t n = 0;
+  for (const auto& b : registry) n += ((*b).*field).size() * sizeof(T);
+  PyObject* bytes = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(n));
+  if (!bytes) throw py::error_already_set();
+  char* out = PyBytes_AS_STRING(bytes);
+  for (const auto& b : registry) {
+    std::vector<T>& rows = (*b).*field;
+    std::memcpy(out, rows.data(), rows.size() * sizeof(T));
+    out += rows.size() * sizeof(T);
+    rows.clear();
+  }
+  return py::reinterpret_steal<py::bytes>(bytes);
 }
 
+// Every buffer is locked for the whole drain, so that each kind of row is taken from the same
+// moment of each thread (a memory row never comes without the op row it names). Only drain()
+// holds two buffer locks, so the order cannot deadlock.
 py::dict drain() {
   check_drainer("drain()");
-  std::string ops, mems, ooms, saved, outs, mods, ends, notes, inputs;
+  py::dict d;
   {
     std::lock_guard<std::mutex> lock(registry_mu);
+    std::vector<std::unique_ptr<BufferLock>> guards;
     for (const auto& b : registry) {
-      BufferLock guard(*b, drainer);
+      guards.push_back(std::make_unique<BufferLock>(*b, drainer));
       b->drained_ops += int64_t(b->ops.size());
-      take(b->ops, ops);
-      take(b->mems, mems);
-      take(b->ooms, ooms);
-      take(b->saved, saved);
-      take(b->outs, outs);
-      take(b->mods, mods);
-      take(b->ends, ends);
-      take(b->notes, notes);
-      take(b->inputs, inputs);
     }
+    d["ops"] = take(&Buffers::ops);
+    d["memory"] = take(&Buffers::mems);
+    d["ooms"] = take(&Buffers::ooms);
+    d["saved"] = take(&Buffers::saved);
+    d["outputs"] = take(&Buffers::outs);
+    d["modules"] = take(&Buffers::mods);
+    d["op_ends"] = take(&Buffers::ends);
+    d["notes"] = take(&Buffers::notes);
+    d["inputs"] = take(&Buffers::inputs);
   }
-  py::dict d;
-  d["ops"] = py::bytes(ops);
-  d["memory"] = py::bytes(mems);
-  d["ooms"] = py::bytes(ooms);
-  d["saved"] = py::bytes(saved);
-  d["outputs"] = py::bytes(outs);
-  d["modules"] = py::bytes(mods);
-  d["op_ends"] = py::bytes(ends);
-  d["notes"] = py::bytes(notes);
-  d["inputs"] = py::bytes(inputs);
   py::list tensors;  // NOTE [ Op inputs outside modules ]: those still alive
   for (const WeakTensor& weak : input_tensors) {
     auto strong = weak.lock();
