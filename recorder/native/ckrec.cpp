@@ -452,27 +452,30 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (ts.ops.empty()) return;  // opened before start() or before a restart
   Frame f = ts.ops.back();
   ts.ops.pop_back();
-  int64_t t = now_ns();
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && fn.seqNr() >= 0)
     ts.last_node_seq = fn.seqNr();
   Buffers& b = *ts.buf;
+  int64_t t = -1;  // the clock is read only for a row that keeps it (most ranges leave none)
   {
     BufferLock lock(b, drainer);
     int64_t i = f.local - b.drained_ops;
     if (i >= 0 && i < int64_t(b.ops.size())) {
       OpRow& row = b.ops[size_t(i)];
-      row.t1 = t;
       row.raised = uint8_t(std::uncaught_exceptions() > 0);
       if (f.descended) row.outer = -1;  // NOTE [ Ops as a dispatch mode sees them ]
-      if (leaves_no_row(f, row, size_t(i), b)) b.ops.pop_back();
+      if (leaves_no_row(f, row, size_t(i), b))
+        b.ops.pop_back();
+      else
+        row.t1 = t = now_ns();
     } else {
-      b.ends.push_back(EndRow{f.id, t});
+      b.ends.push_back(EndRow{f.id, t = now_ns()});
     }
   }
   // NOTE [ Outputs of allocating ops ]: a block's dtype and shape are those of the first tensor
   // returned on it, which the op that allocated it returns; ops that allocated nothing return
   // views of blocks that already have one, and are skipped (most ops of a step).
   if (!want_outputs.load(std::memory_order_relaxed) || f.allocations == 0) return;
+  if (t < 0) t = now_ns();
   int64_t op = outer_or_self(f);
   for (const c10::IValue& v : fn.outputs()) {
     if (!v.isTensor()) continue;
