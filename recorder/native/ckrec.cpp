@@ -89,23 +89,28 @@ struct ThreadState {
   uint64_t generation = 0;
 };
 thread_local ThreadState tls;
+// A plain pointer to `tls`: reading it needs no call to the thread_local's initialisation
+// wrapper, which every access to `tls` itself makes (a callback reads its state several times).
+thread_local ThreadState* tls_ptr = nullptr;
 
 ThreadState& state() {
+  ThreadState* ts = tls_ptr;
+  if (!ts) ts = tls_ptr = &tls;
   uint64_t g = generation.load(std::memory_order_relaxed);
-  if (tls.generation != g) {
-    tls.ops.clear();
-    tls.calls.clear();
-    tls.last_node_seq = -1;
-    tls.by_ptr.clear();  // names mark_ops() made ops since
-    tls.recent.assign(kRecentNames, RecentName{});
-    tls.generation = g;
+  if (ts->generation != g) {
+    ts->ops.clear();
+    ts->calls.clear();
+    ts->last_node_seq = -1;
+    ts->by_ptr.clear();  // names mark_ops() made ops since
+    ts->recent.assign(kRecentNames, RecentName{});
+    ts->generation = g;
   }
-  if (!tls.buf) {
-    tls.buf = std::make_shared<Buffers>();
+  if (!ts->buf) {
+    ts->buf = std::make_shared<Buffers>();
     std::lock_guard<std::mutex> lock(registry_mu);
-    registry.push_back(tls.buf);
+    registry.push_back(ts->buf);
   }
-  return tls;
+  return *ts;
 }
 
 void check_drainer(const char* what) {
