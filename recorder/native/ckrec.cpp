@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -78,6 +79,11 @@ struct RecentName {  // a direct-mapped slot in front of the cache (NOTE [ Inter
   const CachedName* entry = nullptr;
 };
 constexpr size_t kRecentNames = 1024;
+struct TextName {  // a direct-mapped slot of the cache by text (NOTE [ Interning op names ])
+  std::string text;
+  Name name{-1, false};
+};
+constexpr size_t kTextNames = 256;
 
 struct ThreadState {
   std::shared_ptr<Buffers> buf;
@@ -85,6 +91,7 @@ struct ThreadState {
   std::vector<Call> calls;
   std::unordered_map<const char*, CachedName> by_ptr;  // its values never move: node-based
   std::vector<RecentName> recent = std::vector<RecentName>(kRecentNames);
+  std::vector<TextName> by_text = std::vector<TextName>(kTextNames);
   int64_t last_node_seq = -1;  // NOTE [ Engine work between nodes ]
   uint64_t generation = 0;
 };
@@ -103,6 +110,7 @@ ThreadState& state() {
     ts->last_node_seq = -1;
     ts->by_ptr.clear();  // names mark_ops() made ops since
     ts->recent.assign(kRecentNames, RecentName{});
+    ts->by_text.assign(kTextNames, TextName{});
     ts->generation = g;
   }
   if (!ts->buf) {
@@ -154,8 +162,10 @@ void mark_ops(const std::vector<std::string>& op_names) {
 // live as long as it, so a thread caches them by pointer; the cached text is compared too,
 // because a name built at run time may free its string and a later one reuse the address.
 // A direct-mapped slot per pointer sits in front of the cache: a hit costs a compare and no
-// hashing (the map's lookup was most of a range's cost). Backward node names die with their
-// range: looked up by text.
+// hashing (the map's lookup was most of a range's cost). Names that are no dispatcher op's are
+// looked up by text, in a direct-mapped cache of their own: a backward node's name, and the
+// engine's ``autograd::engine::evaluate_function: X``, whose string is built anew for every
+// node (a cache by pointer missed on each, and interning took a lock and allocated strings).
 std::string dispatch_name(const at::RecordFunction& fn) {
   auto op = fn.operator_name();
   if (!op) return "";
@@ -190,21 +200,30 @@ bool decomposes(const c10::OperatorName& op) {
   return true;
 }
 
+// The name of a range that is no dispatcher op's, by its text.
+Name intern_by_text(ThreadState& ts, const char* p) {
+  std::string_view text(p);
+  TextName& slot = ts.by_text[std::hash<std::string_view>{}(text) & (kTextNames - 1)];
+  if (slot.name.id >= 0 && slot.text == text) return slot.name;
+  bool is_op = false;  // unless mark_ops() named it
+  int32_t id = intern_text(p, is_op);
+  slot.text.assign(text);
+  slot.name = Name{id, is_op};
+  return slot.name;
+}
+
 Name intern(ThreadState& ts, const at::RecordFunction& fn) {
   const char* p = fn.name();
-  bool is_op = false;
-  if (fn.scope() != at::RecordScope::FUNCTION) {
-    int32_t id = intern_text(p, is_op);
-    return Name{id, is_op};
-  }
+  if (fn.scope() != at::RecordScope::FUNCTION) return intern_by_text(ts, p);
   RecentName& slot = ts.recent[(reinterpret_cast<uintptr_t>(p) >> 3) & (kRecentNames - 1)];
   if (slot.ptr == p && std::strcmp(slot.entry->text.c_str(), p) == 0) return slot.entry->name;
   auto it = ts.by_ptr.find(p);
   if (it == ts.by_ptr.end() || std::strcmp(it->second.text.c_str(), p) != 0) {
     std::string op = dispatch_name(fn);
-    is_op = !op.empty();
-    int32_t id = intern_text(op.empty() ? p : op.c_str(), is_op);
-    bool decomposing = !op.empty() && decomposes(*fn.operator_name());  // not mark_ops' names
+    if (op.empty()) return intern_by_text(ts, p);
+    bool is_op = true;
+    int32_t id = intern_text(op.c_str(), is_op);
+    bool decomposing = decomposes(*fn.operator_name());  // not mark_ops' names
     it = ts.by_ptr.insert_or_assign(p, CachedName{std::string(p), Name{id, is_op, decomposing}})
              .first;
   }
