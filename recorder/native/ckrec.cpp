@@ -64,19 +64,16 @@ std::unordered_map<int64_t, int32_t> module_ids;
 std::atomic<int64_t> next_op{0};
 std::atomic<int32_t> next_call{0};
 std::atomic<uint64_t> generation{1};  // bumped by start(): stacks of an earlier recording go
+std::atomic<uint64_t> op_deregistrations{0};  // NOTE [ Interning op names ]
 
 struct Name {  // an interned name (NOTE [ Interning op names ])
   int32_t id;
   bool is_op;
   bool decomposes = false;  // NOTE [ Ops as a dispatch mode sees them ]
 };
-struct CachedName {  // a thread's cache entry: the text the pointer held when it was cached
-  std::string text;
-  Name name;
-};
 struct RecentName {  // a direct-mapped slot in front of the cache (NOTE [ Interning op names ])
   const char* ptr = nullptr;
-  const CachedName* entry = nullptr;
+  Name name{-1, false};
 };
 constexpr size_t kRecentNames = 1024;
 struct TextName {  // a direct-mapped slot of the cache by text (NOTE [ Interning op names ])
@@ -89,7 +86,8 @@ struct ThreadState {
   std::shared_ptr<Buffers> buf;
   std::vector<Frame> ops;
   std::vector<Call> calls;
-  std::unordered_map<const char*, CachedName> by_ptr;  // its values never move: node-based
+  std::unordered_map<const char*, Name> by_ptr;  // dispatcher ops' names by schema pointer
+  uint64_t deregistrations = 0;  // op_deregistrations when by_ptr and recent were last valid
   std::vector<RecentName> recent = std::vector<RecentName>(kRecentNames);
   std::vector<TextName> by_text = std::vector<TextName>(kTextNames);
   int64_t last_node_seq = -1;  // NOTE [ Engine work between nodes ]
@@ -110,6 +108,7 @@ ThreadState& state() {
     ts->last_node_seq = -1;
     ts->by_ptr.clear();  // names mark_ops() made ops since
     ts->recent.assign(kRecentNames, RecentName{});
+    ts->deregistrations = op_deregistrations.load(std::memory_order_acquire);
     ts->by_text.assign(kTextNames, TextName{});
     ts->generation = g;
   }
@@ -158,14 +157,17 @@ void mark_ops(const std::vector<std::string>& op_names) {
 // An op the dispatcher runs is named as the Python recorder names it, after its overload
 // (``aten.mm.default``, ``aten.add.Tensor``): the names plans, patterns and the projection
 // use. Other ranges keep RecordFunction's name (a backward node's ``AddmmBackward0``, a
-// script's ``record_function`` label). FUNCTION-scope names point into the op's schema and
-// live as long as it, so a thread caches them by pointer; the cached text is compared too,
-// because a name built at run time may free its string and a later one reuse the address.
-// A direct-mapped slot per pointer sits in front of the cache: a hit costs a compare and no
-// hashing (the map's lookup was most of a range's cost). Names that are no dispatcher op's are
-// looked up by text, in a direct-mapped cache of their own: a backward node's name, and the
-// engine's ``autograd::engine::evaluate_function: X``, whose string is built anew for every
-// node (a cache by pointer missed on each, and interning took a lock and allocated strings).
+// script's ``record_function`` label). A dispatcher op's name points into its schema and
+// lives as long as it, so a thread caches those by pointer. Only a deregistered op's schema
+// frees its name, and another name may then reuse the address: a listener on the dispatcher
+// counts deregistrations, and a thread that sees the count change empties its caches by
+// pointer (comparing each hit's text instead cost more than the rest of the lookup). A
+// direct-mapped slot per pointer sits in front of the cache: a hit costs one compare, no
+// hashing and no pointer to follow (the map's lookup was most of a range's cost). Names that
+// are no dispatcher op's are looked up by text, in a direct-mapped cache of their own: a
+// backward node's name, and the engine's ``autograd::engine::evaluate_function: X``, whose
+// string is built anew for every node (a cache by pointer missed on each, and interning took a
+// lock and allocated strings).
 std::string dispatch_name(const at::RecordFunction& fn) {
   auto op = fn.operator_name();
   if (!op) return "";
@@ -215,20 +217,41 @@ Name intern_by_text(ThreadState& ts, const char* p) {
 Name intern(ThreadState& ts, const at::RecordFunction& fn) {
   const char* p = fn.name();
   if (fn.scope() != at::RecordScope::FUNCTION) return intern_by_text(ts, p);
+  uint64_t deregistrations = op_deregistrations.load(std::memory_order_acquire);
+  if (ts.deregistrations != deregistrations) {  // an address may now name another op
+    ts.by_ptr.clear();
+    ts.recent.assign(kRecentNames, RecentName{});
+    ts.deregistrations = deregistrations;
+  }
   RecentName& slot = ts.recent[(reinterpret_cast<uintptr_t>(p) >> 3) & (kRecentNames - 1)];
-  if (slot.ptr == p && std::strcmp(slot.entry->text.c_str(), p) == 0) return slot.entry->name;
+  if (slot.ptr == p) return slot.name;
   auto it = ts.by_ptr.find(p);
-  if (it == ts.by_ptr.end() || std::strcmp(it->second.text.c_str(), p) != 0) {
+  if (it == ts.by_ptr.end()) {
     std::string op = dispatch_name(fn);
     if (op.empty()) return intern_by_text(ts, p);
     bool is_op = true;
     int32_t id = intern_text(op.c_str(), is_op);
     bool decomposing = decomposes(*fn.operator_name());  // not mark_ops' names
-    it = ts.by_ptr.insert_or_assign(p, CachedName{std::string(p), Name{id, is_op, decomposing}})
-             .first;
+    it = ts.by_ptr.emplace(p, Name{id, is_op, decomposing}).first;
   }
-  slot = RecentName{p, &it->second};
-  return it->second.name;
+  slot = RecentName{p, it->second};
+  return it->second;
+}
+
+// Counts op deregistrations for the caches by pointer (NOTE [ Interning op names ]).
+struct Deregistrations final : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {
+    op_deregistrations.fetch_add(1, std::memory_order_release);
+  }
+};
+
+// Registers the listener once per process; its handle is never destroyed, so that nothing
+// touches the dispatcher while statics are torn down at exit.
+void listen_for_deregistrations() {
+  static auto* handle = new c10::RegistrationHandleRAII(
+      c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<Deregistrations>()));
+  (void)handle;
 }
 
 inline int64_t cur_op(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().id; }
@@ -597,6 +620,7 @@ bool resume_reporter() {
 void start(bool ops, bool memory, bool outputs) {
   TORCH_CHECK(!off(), "the native recorder does not record in a forked child");
   TORCH_CHECK(!callback && !reporter, "the native recorder is already started; stop() it first");
+  listen_for_deregistrations();
   generation.fetch_add(1, std::memory_order_relaxed);
   want_outputs = outputs;
   drainer.store(state().buf.get());  // NOTE [ The recording thread writes without a lock ]
