@@ -391,6 +391,30 @@ def test_an_op_open_at_the_drain_ends_later(ext: Any) -> None:
     assert set(second.late_op_ends["id"].tolist()) == set(first.ops["id"][open_].tolist())
 
 
+def test_an_op_defined_after_another_was_deregistered_has_its_own_name(ext: Any) -> None:
+    """NOTE [ Interning op names ]: a deregistered op's schema frees its name, and an op defined
+    later may get its address (here about one time in five); the cache by pointer must not name
+    it after the first."""
+    x = torch.ones(2)
+    expected = []
+    ext.start(ops=True, memory=False)
+    try:
+        for i in range(40):
+            op = ("first", "other")[i % 2]  # names of one length: the freed memory fits the next
+            lib = torch.library.Library("ckview_reuse", "DEF")
+            lib.define(f"{op}(Tensor x) -> Tensor")
+            lib.impl(op, lambda t: t, "CompositeExplicitAutograd")
+            getattr(torch.ops.ckview_reuse, op)(x)
+            expected.append(f"ckview_reuse.{op}.default")
+            lib._destroy()
+        rows = drain(ext)
+    finally:
+        ext.stop()
+    table = ext.names()
+    names = [table[i] for i in rows.ops["name"].tolist() if table[i].startswith("ckview_reuse")]
+    assert names == expected
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_graph_leaves_are_the_tensors_backward_trains(ext: Any) -> None:
     # NOTE [ Leaves of a graph ]: each leaf that requires grad once, however often it is used;

@@ -45,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -64,49 +65,60 @@ std::unordered_map<int64_t, int32_t> module_ids;
 std::atomic<int64_t> next_op{0};
 std::atomic<int32_t> next_call{0};
 std::atomic<uint64_t> generation{1};  // bumped by start(): stacks of an earlier recording go
+std::atomic<uint64_t> op_deregistrations{0};  // NOTE [ Interning op names ]
 
 struct Name {  // an interned name (NOTE [ Interning op names ])
   int32_t id;
   bool is_op;
   bool decomposes = false;  // NOTE [ Ops as a dispatch mode sees them ]
 };
-struct CachedName {  // a thread's cache entry: the text the pointer held when it was cached
-  std::string text;
-  Name name;
-};
 struct RecentName {  // a direct-mapped slot in front of the cache (NOTE [ Interning op names ])
   const char* ptr = nullptr;
-  const CachedName* entry = nullptr;
+  Name name{-1, false};
 };
 constexpr size_t kRecentNames = 1024;
+struct TextName {  // a direct-mapped slot of the cache by text (NOTE [ Interning op names ])
+  std::string text;
+  Name name{-1, false};
+};
+constexpr size_t kTextNames = 256;
 
 struct ThreadState {
   std::shared_ptr<Buffers> buf;
   std::vector<Frame> ops;
   std::vector<Call> calls;
-  std::unordered_map<const char*, CachedName> by_ptr;  // its values never move: node-based
+  std::unordered_map<const char*, Name> by_ptr;  // dispatcher ops' names by schema pointer
+  uint64_t deregistrations = 0;  // op_deregistrations when by_ptr and recent were last valid
   std::vector<RecentName> recent = std::vector<RecentName>(kRecentNames);
+  std::vector<TextName> by_text = std::vector<TextName>(kTextNames);
   int64_t last_node_seq = -1;  // NOTE [ Engine work between nodes ]
   uint64_t generation = 0;
 };
 thread_local ThreadState tls;
+// A plain pointer to `tls`: reading it needs no call to the thread_local's initialisation
+// wrapper, which every access to `tls` itself makes (a callback reads its state several times).
+thread_local ThreadState* tls_ptr = nullptr;
 
 ThreadState& state() {
+  ThreadState* ts = tls_ptr;
+  if (!ts) ts = tls_ptr = &tls;
   uint64_t g = generation.load(std::memory_order_relaxed);
-  if (tls.generation != g) {
-    tls.ops.clear();
-    tls.calls.clear();
-    tls.last_node_seq = -1;
-    tls.by_ptr.clear();  // names mark_ops() made ops since
-    tls.recent.assign(kRecentNames, RecentName{});
-    tls.generation = g;
+  if (ts->generation != g) {
+    ts->ops.clear();
+    ts->calls.clear();
+    ts->last_node_seq = -1;
+    ts->by_ptr.clear();  // names mark_ops() made ops since
+    ts->recent.assign(kRecentNames, RecentName{});
+    ts->deregistrations = op_deregistrations.load(std::memory_order_acquire);
+    ts->by_text.assign(kTextNames, TextName{});
+    ts->generation = g;
   }
-  if (!tls.buf) {
-    tls.buf = std::make_shared<Buffers>();
+  if (!ts->buf) {
+    ts->buf = std::make_shared<Buffers>();
     std::lock_guard<std::mutex> lock(registry_mu);
-    registry.push_back(tls.buf);
+    registry.push_back(ts->buf);
   }
-  return tls;
+  return *ts;
 }
 
 void check_drainer(const char* what) {
@@ -146,12 +158,17 @@ void mark_ops(const std::vector<std::string>& op_names) {
 // An op the dispatcher runs is named as the Python recorder names it, after its overload
 // (``aten.mm.default``, ``aten.add.Tensor``): the names plans, patterns and the projection
 // use. Other ranges keep RecordFunction's name (a backward node's ``AddmmBackward0``, a
-// script's ``record_function`` label). FUNCTION-scope names point into the op's schema and
-// live as long as it, so a thread caches them by pointer; the cached text is compared too,
-// because a name built at run time may free its string and a later one reuse the address.
-// A direct-mapped slot per pointer sits in front of the cache: a hit costs a compare and no
-// hashing (the map's lookup was most of a range's cost). Backward node names die with their
-// range: looked up by text.
+// script's ``record_function`` label). A dispatcher op's name points into its schema and
+// lives as long as it, so a thread caches those by pointer. Only a deregistered op's schema
+// frees its name, and another name may then reuse the address: a listener on the dispatcher
+// counts deregistrations, and a thread that sees the count change empties its caches by
+// pointer (comparing each hit's text instead cost more than the rest of the lookup). A
+// direct-mapped slot per pointer sits in front of the cache: a hit costs one compare, no
+// hashing and no pointer to follow (the map's lookup was most of a range's cost). Names that
+// are no dispatcher op's are looked up by text, in a direct-mapped cache of their own: a
+// backward node's name, and the engine's ``autograd::engine::evaluate_function: X``, whose
+// string is built anew for every node (a cache by pointer missed on each, and interning took a
+// lock and allocated strings).
 std::string dispatch_name(const at::RecordFunction& fn) {
   auto op = fn.operator_name();
   if (!op) return "";
@@ -186,26 +203,56 @@ bool decomposes(const c10::OperatorName& op) {
   return true;
 }
 
+// The name of a range that is no dispatcher op's, by its text.
+Name intern_by_text(ThreadState& ts, const char* p) {
+  std::string_view text(p);
+  TextName& slot = ts.by_text[std::hash<std::string_view>{}(text) & (kTextNames - 1)];
+  if (slot.name.id >= 0 && slot.text == text) return slot.name;
+  bool is_op = false;  // unless mark_ops() named it
+  int32_t id = intern_text(p, is_op);
+  slot.text.assign(text);
+  slot.name = Name{id, is_op};
+  return slot.name;
+}
+
 Name intern(ThreadState& ts, const at::RecordFunction& fn) {
   const char* p = fn.name();
-  bool is_op = false;
-  if (fn.scope() != at::RecordScope::FUNCTION) {
-    int32_t id = intern_text(p, is_op);
-    return Name{id, is_op};
+  if (fn.scope() != at::RecordScope::FUNCTION) return intern_by_text(ts, p);
+  uint64_t deregistrations = op_deregistrations.load(std::memory_order_acquire);
+  if (ts.deregistrations != deregistrations) {  // an address may now name another op
+    ts.by_ptr.clear();
+    ts.recent.assign(kRecentNames, RecentName{});
+    ts.deregistrations = deregistrations;
   }
   RecentName& slot = ts.recent[(reinterpret_cast<uintptr_t>(p) >> 3) & (kRecentNames - 1)];
-  if (slot.ptr == p && std::strcmp(slot.entry->text.c_str(), p) == 0) return slot.entry->name;
+  if (slot.ptr == p) return slot.name;
   auto it = ts.by_ptr.find(p);
-  if (it == ts.by_ptr.end() || std::strcmp(it->second.text.c_str(), p) != 0) {
+  if (it == ts.by_ptr.end()) {
     std::string op = dispatch_name(fn);
-    is_op = !op.empty();
-    int32_t id = intern_text(op.empty() ? p : op.c_str(), is_op);
-    bool decomposing = !op.empty() && decomposes(*fn.operator_name());  // not mark_ops' names
-    it = ts.by_ptr.insert_or_assign(p, CachedName{std::string(p), Name{id, is_op, decomposing}})
-             .first;
+    if (op.empty()) return intern_by_text(ts, p);
+    bool is_op = true;
+    int32_t id = intern_text(op.c_str(), is_op);
+    bool decomposing = decomposes(*fn.operator_name());  // not mark_ops' names
+    it = ts.by_ptr.emplace(p, Name{id, is_op, decomposing}).first;
   }
-  slot = RecentName{p, &it->second};
-  return it->second.name;
+  slot = RecentName{p, it->second};
+  return it->second;
+}
+
+// Counts op deregistrations for the caches by pointer (NOTE [ Interning op names ]).
+struct Deregistrations final : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {
+    op_deregistrations.fetch_add(1, std::memory_order_release);
+  }
+};
+
+// Registers the listener once per process; its handle is never destroyed, so that nothing
+// touches the dispatcher while statics are torn down at exit.
+void listen_for_deregistrations() {
+  static auto* handle = new c10::RegistrationHandleRAII(
+      c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<Deregistrations>()));
+  (void)handle;
 }
 
 inline int64_t cur_op(const ThreadState& ts) { return ts.ops.empty() ? -1 : ts.ops.back().id; }
@@ -453,27 +500,30 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (ts.ops.empty()) return;  // opened before start() or before a restart
   Frame f = ts.ops.back();
   ts.ops.pop_back();
-  int64_t t = now_ns();
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && fn.seqNr() >= 0)
     ts.last_node_seq = fn.seqNr();
   Buffers& b = *ts.buf;
+  int64_t t = -1;  // the clock is read only for a row that keeps it (most ranges leave none)
   {
     BufferLock lock(b, drainer);
     int64_t i = f.local - b.drained_ops;
     if (i >= 0 && i < int64_t(b.ops.size())) {
       OpRow& row = b.ops[size_t(i)];
-      row.t1 = t;
       row.raised = uint8_t(std::uncaught_exceptions() > 0);
       if (f.descended) row.outer = -1;  // NOTE [ Ops as a dispatch mode sees them ]
-      if (leaves_no_row(f, row, size_t(i), b)) b.ops.pop_back();
+      if (leaves_no_row(f, row, size_t(i), b))
+        b.ops.pop_back();
+      else
+        row.t1 = t = now_ns();
     } else {
-      b.ends.push_back(EndRow{f.id, t});
+      b.ends.push_back(EndRow{f.id, t = now_ns()});
     }
   }
   // NOTE [ Outputs of allocating ops ]: a block's dtype and shape are those of the first tensor
   // returned on it, which the op that allocated it returns; ops that allocated nothing return
   // views of blocks that already have one, and are skipped (most ops of a step).
   if (!want_outputs.load(std::memory_order_relaxed) || f.allocations == 0) return;
+  if (t < 0) t = now_ns();
   int64_t op = outer_or_self(f);
   for (const c10::IValue& v : fn.outputs()) {
     if (!v.isTensor()) continue;
@@ -571,6 +621,7 @@ bool resume_reporter() {
 void start(bool ops, bool memory, bool outputs) {
   TORCH_CHECK(!off(), "the native recorder does not record in a forked child");
   TORCH_CHECK(!callback && !reporter, "the native recorder is already started; stop() it first");
+  listen_for_deregistrations();
   generation.fetch_add(1, std::memory_order_relaxed);
   want_outputs = outputs;
   drainer.store(state().buf.get());  // NOTE [ The recording thread writes without a lock ]
@@ -626,41 +677,48 @@ void stop() {
   drainer.store(nullptr);
 }
 
+// The rows of `field` in every buffer, as one bytes object: written in place, not gathered in a
+// std::string first (a step's rows are several hundred KB, and each copy of them costs a large
+// malloc). Called with registry_mu and every buffer's lock held; empties the buffers.
 template <class T>
-void take(std::vector<T>& rows, std::string& out) {
-  out.append(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(T));
-  rows.clear();
+py::bytes take(std::vector<T> Buffers::*field) {
+  size_t n = 0;
+  for (const auto& b : registry) n += ((*b).*field).size() * sizeof(T);
+  PyObject* bytes = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(n));
+  if (!bytes) throw py::error_already_set();
+  char* out = PyBytes_AS_STRING(bytes);
+  for (const auto& b : registry) {
+    std::vector<T>& rows = (*b).*field;
+    std::memcpy(out, rows.data(), rows.size() * sizeof(T));
+    out += rows.size() * sizeof(T);
+    rows.clear();
+  }
+  return py::reinterpret_steal<py::bytes>(bytes);
 }
 
+// Every buffer is locked for the whole drain, so that each kind of row is taken from the same
+// moment of each thread (a memory row never comes without the op row it names). Only drain()
+// holds two buffer locks, so the order cannot deadlock.
 py::dict drain() {
   check_drainer("drain()");
-  std::string ops, mems, ooms, saved, outs, mods, ends, notes, inputs;
+  py::dict d;
   {
     std::lock_guard<std::mutex> lock(registry_mu);
+    std::vector<std::unique_ptr<BufferLock>> guards;
     for (const auto& b : registry) {
-      BufferLock guard(*b, drainer);
+      guards.push_back(std::make_unique<BufferLock>(*b, drainer));
       b->drained_ops += int64_t(b->ops.size());
-      take(b->ops, ops);
-      take(b->mems, mems);
-      take(b->ooms, ooms);
-      take(b->saved, saved);
-      take(b->outs, outs);
-      take(b->mods, mods);
-      take(b->ends, ends);
-      take(b->notes, notes);
-      take(b->inputs, inputs);
     }
+    d["ops"] = take(&Buffers::ops);
+    d["memory"] = take(&Buffers::mems);
+    d["ooms"] = take(&Buffers::ooms);
+    d["saved"] = take(&Buffers::saved);
+    d["outputs"] = take(&Buffers::outs);
+    d["modules"] = take(&Buffers::mods);
+    d["op_ends"] = take(&Buffers::ends);
+    d["notes"] = take(&Buffers::notes);
+    d["inputs"] = take(&Buffers::inputs);
   }
-  py::dict d;
-  d["ops"] = py::bytes(ops);
-  d["memory"] = py::bytes(mems);
-  d["ooms"] = py::bytes(ooms);
-  d["saved"] = py::bytes(saved);
-  d["outputs"] = py::bytes(outs);
-  d["modules"] = py::bytes(mods);
-  d["op_ends"] = py::bytes(ends);
-  d["notes"] = py::bytes(notes);
-  d["inputs"] = py::bytes(inputs);
   py::list tensors;  // NOTE [ Op inputs outside modules ]: those still alive
   for (const WeakTensor& weak : input_tensors) {
     auto strong = weak.lock();
