@@ -34,6 +34,10 @@ holds no batch delivered ahead of its turn.
   compare the gradients of one iteration, the same in each run whenever batches arrive.
 - The iterator's state is torch's private attributes (``_task_info``, ``_rcvd_idx``): an
   iterator without them counts as settled.
+- Once settled, workers still race under CPU load: one may hand over a batch ahead of its turn
+  inside a recorded step, which then holds a batch more (seen once in CI: a plan measured
+  100,608 B, one batch, above its projection). No warmup can rule that out; the held batch is
+  real memory of that step, and shows as an input at its peak.
 """
 
 from __future__ import annotations

@@ -65,6 +65,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_PERCENT = 2.0
 TIGHT_PERCENT = {"lightning_residual": 0.5, "dataloader_workers": 0.0}
 """Loops held to a tighter bound: a pattern a user found off, now exact (issue 21)."""
+EARLY_BATCH_BYTES = {"dataloader_workers": 32 * 28 * 28 * 4 + 32 * 8}
+"""A loop's batch (images and labels) that its workers may hand over ahead of its turn inside
+a recorded step: the DataLoader then holds it until its turn, a race of the workers under CPU
+load that no warmup can settle (NOTE [ A data pipeline that settles ]; seen once in a fresh
+clone's CI, 0 of 22 runs alone). A run's peak may then differ by whole batches, up to the
+``prefetch_factor * num_workers`` in flight; anything else is held to the tight bound."""
+IN_FLIGHT = 4
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SAYS_WHY = re.compile(
     r"cannot|can't|can not|will not|won't|never|no effect|not take effect|does not run|no chain",
@@ -416,9 +423,17 @@ def _check_verify(d: Done) -> None:
         name: f"{p['peak_error_percent']:+.2f}% (projected {p['projected_peak_bytes']} B, "
         f"measured {p['measured_peak_bytes']} B)"
         for name, p in plans.items()
-        if abs(p["peak_error_percent"]) > bound
+        if abs(p["peak_error_percent"]) > bound and not _early_batches(d.job.loop, p)
     }
     assert not off, f"projected vs measured peak beyond {bound}%: {off}\n{d.context()}"
+
+
+def _early_batches(loop: str, plan: dict[str, Any]) -> bool:
+    """Whether a plan's projected and measured peaks differ by whole batches handed over ahead
+    of their turn (EARLY_BATCH_BYTES)."""
+    batch = EARLY_BATCH_BYTES.get(loop)
+    diff = abs(plan["measured_peak_bytes"] - plan["projected_peak_bytes"])
+    return batch is not None and diff % batch == 0 and diff <= IN_FLIGHT * batch
 
 
 PLANS_ON_COMPILED = pytest.mark.skipif(
