@@ -42,8 +42,8 @@ How these map onto the trace's run tables (``ckview/trace/schema.py``):
   and ``outer`` picks the ops a dispatch mode sees (NOTE [ Outermost ops ]). ``phase`` is
   FORWARD, BACKWARD or OTHER: OPTIMIZER and RECOMPUTE need the optimizer's and checkpoint's
   markers, passed in as ``spans``.
-- ``memory_events``: ALLOC rows from ``blocks`` (``alloc_ns``, ``op``), FREE rows from
-  ``blocks``/``late_frees`` (``free_ns``, ``free_op``); SEEN rows from ``unknown_frees``.
+- ``memory_events``: ALLOC rows from ``blocks`` (``alloc_ns``, ``op_row``), FREE rows from
+  ``blocks``/``late_frees`` (``free_ns``, ``free_op_row``); SEEN rows from ``unknown_frees``.
 - ``saved_events``: every column, from ``saved``.
 - ``module_calls``: every column but ``phase`` and ``step``, from ``calls``.
 """
