@@ -46,8 +46,7 @@ from ckview.trace.schema import (
 from recorder._torch import is_fake, local, storage_of, tensors_in
 from recorder.compiled import COMPILED_REGIONS
 from recorder.ledger import StorageLedger, StorageRef
-from recorder.native.attribute import Attribution, LayoutIds
-from recorder.native.maps import Blocks, intervals
+from recorder.native.attribute import Attribution
 from recorder.native.rows import drain
 from recorder.native_steps import StepWriting
 from recorder.oom import OomNote, requested_bytes, says_allocation_failed
@@ -87,7 +86,6 @@ class NativeLedger(StepWriting, StorageLedger):
     def _reset(self) -> None:
         self._attribution = Attribution(self._ext)
         self._deferring = False  # the run's first step began: marks wait for its rows
-        self._blocks = Blocks()
         self._optimizer_spans: list[list[int]] = []
         self._in_backward = False
         self._backward_starts: list[int] = []
@@ -101,14 +99,17 @@ class NativeLedger(StepWriting, StorageLedger):
 
     def begin_run(self, tables: RunTables) -> None:
         super().begin_run(tables)
-        self._layout_ids_of = LayoutIds(tables.intern, self._dtype_names)
         self._reset()
+        self._attribution.use_strings(
+            tables.intern, self._dtype_names, self._accelerator_id, self._cpu_id
+        )
         tables.calls.on_drop.append(self._forget_calls)
 
     def _forget_calls(self) -> None:
         """Call rows left memory (NOTE [ Kept rows ] in storage_rows.py): the native call ids
         that name them leave the map (a step's ids name that step's rows)."""
-        self._blocks.calls.keep_values(self._calls.resident)
+        kept = self._calls.kept
+        self._attribution.forget_calls(self._calls.base, np.fromiter(kept, np.int64, len(kept)))
 
     # ------------------------------------------------------------------ what Python sees
 
@@ -295,7 +296,8 @@ class NativeLedger(StepWriting, StorageLedger):
     def _write_step(self, now: int) -> None:
         rows = drain(self._ext)
         self._learn_names(int(rows.ops["name"].max(initial=-1)) + 1)
-        forward = self._forward_spans(rows, now)
+        calls = self._step_calls()
+        forward = self._forward_spans(rows, calls, now)
         if self._flags.no_modules:
             forward = np.concatenate([forward, self._functional_forward_spans(rows.ops)])
         spans = [(Phase.FORWARD, forward)]
@@ -303,19 +305,16 @@ class NativeLedger(StepWriting, StorageLedger):
         spans.append((Phase.RECOMPUTE, self._recompute_spans(now)))
         facts = self._attribution.step(rows, spans, nested=True)
         self._optimizer_spans, self._backward_starts = [], []
-        py_call = self._python_calls(facts)
-        self._remember_last_op(facts, py_call)
-        first_op = self._write_ops(facts, py_call, now)
+        written = self._write_rows(facts, calls, now)
+        self._remember_last_op(facts)
         self._place_regions(facts.ops, now)
-        saved = self._write_blocks(facts, py_call, first_op)
+        saved = self._write_blocks(written)
         self._apply_inputs(rows, facts)
         self._promote_saved(saved)
-        self._write_saved(facts, py_call, first_op)
+        self._write_saved(facts, written)
         self._apply_notes(facts.notes)
         self._sort_memory_events()
         self._calls_at_step = len(self._calls)
-        freed = facts.blocks["block"][facts.blocks["free_ns"] >= 0]
-        self._blocks.forget(np.concatenate([freed, facts.late_frees["block"]]))
 
     def backward_begins(self) -> None:
         """A backward pass begins (``_torch.bracket_backward``): the forward's top-level ops
@@ -391,3 +390,12 @@ class NativeLedger(StepWriting, StorageLedger):
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def intervals(spans: list[list[int]], now: int) -> np.ndarray:
+    """(start, end) rows; an end still -1 (open) is ``now``."""
+    if not spans:
+        return np.zeros((0, 2), np.int64)
+    out = np.asarray(spans, np.int64).reshape(-1, 2)
+    out[out[:, 1] < 0, 1] = now
+    return out

@@ -21,8 +21,7 @@ from ckview.trace.schema import (
 )
 from recorder.compiled import COMPILED_REGIONS
 from recorder.ledger import StorageRef
-from recorder.native.attribute import Columns, LayoutIds, StepFacts
-from recorder.native.maps import Blocks, CallMap
+from recorder.native.attribute import Attribution, Columns, RowIds, StepFacts, StepRows
 from recorder.native.rows import Rows
 from recorder.phases import FORWARD, OTHER
 from recorder.storage_rows import KeptRows
@@ -56,11 +55,10 @@ class StepWriting:
         _io: RowBuffer
         _calls: KeptRows
         _known: dict[int, StorageRef]
-        _blocks: Blocks
+        _attribution: Attribution
         _backward_starts: list[int]
         _calls_at_step: int
         _cpu_id: int
-        _layout_ids_of: LayoutIds
         _stacks: Stacks | None
         _regions_at_step: int
         _name_ids: np.ndarray
@@ -78,23 +76,26 @@ class StepWriting:
 
         def _seen_input(self, t: torch.Tensor | None, phase: int, now: int) -> int: ...
 
-    def _forward_spans(self, rows: Rows, now: int) -> np.ndarray:
+    def _forward_spans(self, rows: Rows, calls: np.ndarray, now: int) -> np.ndarray:
         """From each top-level forward call's start to the next backward (or the step's end):
         ops outside modules there (the loss) are FORWARD, as on the Python path. A compiled
         forward graph run outside backward begins a forward too: compiled around the model
         (``torch.compile(step_fn)``), no module call runs (NOTE [ Compiled code on the native
-        path ] in compiled.py)."""
-        calls = self._calls
-        data = _rows_from(calls, self._calls_at_step)
-        root = (data[:, calls.index("parent")] == NO_INDEX) & (
-            data[:, calls.index("phase")] == FORWARD
+        path ] in compiled.py). ``calls``: the Python call rows begun in the step."""
+        table = self._calls
+        root = (calls[:, table.index("parent")] == NO_INDEX) & (
+            calls[:, table.index("phase")] == FORWARD
         )
         ops = rows.ops
         compiled = self._name_is_compiled[ops["name"]] & (ops["graph_task"] < 0)
-        starts = np.concatenate([data[root, calls.index("start_ns")], ops["t0"][compiled]])
+        starts = np.concatenate([calls[root, table.index("start_ns")], ops["t0"][compiled]])
         backward = np.asarray([*self._backward_starts, now], np.int64)
         ends = backward[np.minimum(np.searchsorted(backward, starts), len(backward) - 1)]
         return np.stack([starts, ends], axis=1)
+
+    def _step_calls(self) -> np.ndarray:
+        """The Python call rows begun in the step under way (in memory: NOTE [ Kept rows ])."""
+        return _rows_from(self._calls, self._calls_at_step)
 
     def _functional_forward_spans(self, ops: np.ndarray) -> np.ndarray:
         """In a loop without modules (NOTE [ A forward without modules ] in hooks.py), a
@@ -131,17 +132,7 @@ class StepWriting:
         ends = np.where(cols["end_ns"] < 0, now, cols["end_ns"])
         return np.stack([cols["start_ns"], ends], axis=1).astype(np.int64)
 
-    def _python_calls(self, facts: StepFacts) -> CallMap:
-        """Each native call id's Python call row: the one that began last before it."""
-        first = self._calls_at_step
-        starts = _rows_from(self._calls, first)[:, self._calls.index("start_ns")]
-        native = facts.calls
-        at = np.searchsorted(starts, native["start_ns"], side="right") - 1
-        rows = np.where(at >= 0, at + first, NO_INDEX)
-        self._blocks.calls.add(native["call"].astype(np.int64), rows)
-        return CallMap(self._blocks.calls, self._calls)
-
-    def _remember_last_op(self, facts: StepFacts, calls: CallMap) -> None:
+    def _remember_last_op(self, facts: StepFacts) -> None:
         """The step's failing op, for ``failure`` (NOTE [ OOM capture on the native path ])."""
         ops, ooms = facts.ops, facts.ooms
         if len(ooms["t"]):  # the allocator's own row names the op it failed in
@@ -152,7 +143,7 @@ class StepWriting:
             return
         row = int(failed[-1])  # ops come in id order: the last raised began last
         nbytes = int(ooms["bytes"][-1]) if len(ooms["t"]) else -1
-        call = int(calls.row(ops["module_call"][row : row + 1])[0])
+        call = int(self._attribution.call_rows(ops["module_call"][row : row + 1])[0])
         module = NO_INDEX if call == NO_INDEX else self._calls.get(call, "module")
         self._last_op = (int(ops["name"][row]), module, int(ops["start_ns"][row]), nbytes)
 
@@ -170,30 +161,25 @@ class StepWriting:
         self._calls_t, self._calls_stack = array("q", [last_t]), array("q", [last_stack])
         return found
 
-    def _write_ops(self, facts: StepFacts, calls: CallMap, now: int) -> int:
-        """Write the step's op rows (NOTE [ Op rows of a step ] in ckattr.cpp); returns the
-        first one's row, which the step's other rows count theirs from."""
-        ops = facts.ops
-        kept = ops["outer"] == ops["id"]  # NOTE [ Outermost ops ] in native/attribute.py
-        first = self._ops.rows
-        names = self._string_ids(ops["name"][kept])
-        recompute = ops["phase"][kept] == Phase.RECOMPUTE
-        call = calls.row(np.where(recompute, ops["call"][kept], ops["module_call"][kept]))
-        end = np.where(ops["end_ns"] < 0, now, ops["end_ns"])[kept]
-        table = np.stack(
-            [
-                names,
-                ops["phase"][kept].astype(np.int64),
-                call,
-                np.full(len(names), self._tables.step),
-                ops["start_ns"][kept],
-                end,
-                ops["seq_nr"][kept],
-            ],
-            axis=1,
+    def _write_rows(self, facts: StepFacts, calls: np.ndarray, now: int) -> StepRows:
+        """The step's rows of the run's tables, from the extension (NOTE [ Rows of the run's
+        tables ] in native/attribute.py); the op rows are written here, the others by their
+        own steps. ``calls``: the Python call rows begun in the step."""
+        table = self._calls
+        stacks = None if self._stacks is None else self._stacks_at(facts.blocks["alloc_ns"])
+        ids = RowIds(
+            step=self._tables.step,
+            now=now,
+            first_op=self._ops.rows,
+            first_sid=len(self._tables.storages),
+            first_call=self._calls_at_step,
+            call_starts=calls[:, table.index("start_ns")],
+            call_modules=calls[:, table.index("module")],
+            name_ids=self._name_ids,
         )
-        _append(self._ops.data, table)
-        return first
+        rows = self._attribution.write(ids, stacks)
+        _append(self._ops.data, rows.ops)
+        return rows
 
     def _place_regions(self, ops: Columns, now: int) -> None:
         """The first and end op rows of this step's recompute regions, now that its ops are
@@ -228,58 +214,15 @@ class StepWriting:
             forward = np.asarray(texts) == COMPILED_REGIONS[0]
             self._name_is_compiled = np.concatenate([self._name_is_compiled, forward])
 
-    def _write_blocks(self, facts: StepFacts, calls: CallMap, first_op: int) -> np.ndarray:
-        """Write the step's blocks; returns the storage rows autograd saved."""
-        blocks = facts.blocks
-        n = len(blocks["block"])
+    def _write_blocks(self, rows: StepRows) -> np.ndarray:
+        """Write the step's storage rows and memory events; returns the storage rows autograd
+        saved."""
         storages = self._tables.storages
-        first = len(storages)
-        sids = np.arange(first, first + n)
-        recompute = blocks["phase"] == Phase.RECOMPUTE
-        call = calls.row(np.where(recompute, blocks["call"], blocks["module_call"]))
-        category = np.where(blocks["phase"] == Phase.OTHER, _OTHER, _TEMPORARY)
-        dtype, shape = self._layout_ids(blocks["dtype"], blocks["ndim"], blocks["dims"])
-        op = _op_rows(blocks["op_row"], first_op)
-        table = np.stack(
-            [
-                blocks["nbytes"],
-                self._device_ids(blocks["device_type"], blocks["device_index"]),
-                category,
-                dtype,
-                shape,
-                op,
-                call,
-                calls.module(call),
-                blocks["alloc_ns"],
-                blocks["free_ns"],
-                self._stacks_at(blocks["alloc_ns"]),
-            ],
-            axis=1,
-        ).astype(np.int64)
-        _append(storages.data, table)
-        _append(storages.address, blocks["ptr"])
-        self._blocks.add(blocks, sids)
-        events = [np.stack([np.full(n, _ALLOC), sids, op, blocks["alloc_ns"]], axis=1)]
-        freed = blocks["free_ns"] >= 0
-        free_op = _op_rows(blocks["free_op_row"][freed], first_op)
-        events.append(
-            np.stack(
-                [np.full(freed.sum(), _FREE), sids[freed], free_op, blocks["free_ns"][freed]], 1
-            )
-        )
-        late = facts.late_frees
-        late_sid = self._blocks.sid(late["block"])
-        known = late_sid >= 0
-        self._set_storages(late_sid[known], "free_ns", late["free_ns"][known])
-        late_op = _op_rows(late["free_op_row"][known], first_op)
-        events.append(
-            np.stack(
-                [np.full(known.sum(), _FREE), late_sid[known], late_op, late["free_ns"][known]], 1
-            )
-        )
-        _append(self._mem.data, np.concatenate(events))
-        saved = np.concatenate([sids[blocks["saved"]], self._blocks.sid(facts.late_saved)])
-        return saved[saved >= 0]  # promoted once the step's op inputs are known
+        _append(storages.data, rows.storages)
+        _append(storages.address, rows.address)
+        self._set_storages(rows.late_sid, "free_ns", rows.late_free_ns)
+        _append(self._mem.data, rows.memory)
+        return rows.saved_sids  # promoted once the step's op inputs are known
 
     def _apply_inputs(self, rows: Rows, facts: StepFacts) -> None:
         """The rules of NOTE [ Inputs and their sources ] (ledger.py) from the tensors ops
@@ -294,7 +237,7 @@ class StepWriting:
         at = np.minimum(np.searchsorted(ids, inputs["op"]), max(len(ids) - 1, 0))
         known = (ids[at] == inputs["op"]) if len(ids) else np.zeros(len(inputs), bool)
         phase = np.where(known, facts.ops["phase"][at] if len(ids) else 0, Phase.OTHER)
-        sid = np.where(inputs["block"] >= 0, self._blocks.sid(inputs["block"]), inputs["sid"])
+        sid = np.where(inputs["block"] >= 0, self._attribution.sids(inputs["block"]), inputs["sid"])
         for row in np.flatnonzero((sid < 0) & (inputs["tensor"] >= 0)).tolist():
             sid[row] = self._seen_input(
                 rows.input_tensors[int(inputs["tensor"][row])],
@@ -303,7 +246,7 @@ class StepWriting:
             )
         between = (phase == Phase.OTHER) & (sid >= 0)
         if between.any():
-            made = self._blocks.sid(facts.blocks["block"])
+            made = self._attribution.sids(facts.blocks["block"])
             for op in np.unique(inputs["op"][between]).tolist():
                 sources = sid[between & (inputs["op"] == op)].tolist()
                 for out in made[facts.blocks["top_op"] == op].tolist():
@@ -316,30 +259,13 @@ class StepWriting:
         for s in other:
             self._promote_input(s)
 
-    def _write_saved(self, facts: StepFacts, calls: CallMap, first_op: int) -> None:
-        saved = facts.saved
-        sid = self._blocks.sid(saved["block"])
-        old = sid < 0  # a block from before the run (a parameter): its SEEN row, by pointer
-        sid[old] = self._python_sid(saved["ptr"][old])
-        keep = sid >= 0
-        dtype, shape = self._layout_ids(saved["dtype"], saved["ndim"], saved["dims"])
-        pack = saved["kind"] == _PACK
-        call = calls.row(saved["module_call"])
-        table = np.stack(
-            [
-                saved["kind"].astype(np.int64),
-                sid,
-                _op_rows(saved["op_row"], first_op),
-                call,
-                shape,
-                dtype,
-                saved["nbytes"],
-                saved["t"],
-            ],
-            axis=1,
-        )[keep]
+    def _write_saved(self, facts: StepFacts, rows: StepRows) -> None:
+        table = rows.saved
+        old = table[:, 1] < 0  # a block from before the run (a parameter): its SEEN row
+        table[old, 1] = self._python_sid(facts.saved["ptr"][old])
+        table = table[table[:, 1] >= 0]
         _append(self._saved.data, table)
-        self._promote_saved(np.unique(sid[keep & pack]))
+        self._promote_saved(np.unique(table[table[:, 0] == _PACK, 1]))
 
     def _promote_saved(self, sids: np.ndarray) -> None:
         """Saved by autograd: an activation; made outside the forward (a batch), an input
@@ -370,7 +296,7 @@ class StepWriting:
         Storages still OTHER take them one by one, in time order, as ``_apply_python`` does
         (being used as an input or saved makes them inputs); for the others the order does not
         matter (categories only strengthen; a mark's module fills an empty one, first wins)."""
-        sid = np.where(notes["block"] >= 0, self._blocks.sid(notes["block"]), notes["sid"])
+        sid = np.where(notes["block"] >= 0, self._attribution.sids(notes["block"]), notes["sid"])
         keep = sid >= 0
         sid, what, value, module = (
             sid[keep],
@@ -439,22 +365,11 @@ class StepWriting:
         """Where storage rows ``sids`` are in ``_st_data`` (NOTE [ Kept rows ])."""
         return self._tables.storages.slots(sids)
 
-    def _layout_ids(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
-        return self._layout_ids_of.ids(dtype, ndim, dims)
-
-    def _device_ids(self, device_type: np.ndarray, index: np.ndarray) -> np.ndarray:
-        if not device_type.any() and (index == -1).all():  # all on the CPU: the common case
-            return np.full(len(index), self._cpu_id, np.int64)
-        key = device_type.astype(np.int64) * 65536 + index.astype(np.int64) + 1  # index -1: CPU
-        unique, inverse = np.unique(key, return_inverse=True)
-        ids = []
-        for k in unique.tolist():
-            kind, i = divmod(k, 65536)
-            i -= 1
-            if kind == 1:
-                self.saw_cuda = True
-            ids.append(self._cpu_id if kind == 0 else self._tables.intern(f"cuda:{i}"))
-        return np.asarray(ids, np.int64)[inverse.reshape(-1)]
+    def _accelerator_id(self, kind: int, index: int) -> int:
+        """The string id of a device other than the CPU (the extension asks once per run)."""
+        if kind == 1:
+            self.saw_cuda = True
+        return self._tables.intern(f"cuda:{index}")
 
 
 def _append(buffer: array[int], rows: np.ndarray) -> None:

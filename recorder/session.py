@@ -389,7 +389,7 @@ def _forget_in_child(recorder: weakref.ref[Recorder]) -> None:
 
 
 _PARTS = (_torch, buffers, hooks, ledger, modules, phases, runs, sink, steps, tables)
-_NATIVE_PARTS = ("native_ledger", "native.attribute", "native.maps", "native.rows", "native.source")
+_NATIVE_PARTS = ("native_ledger", "native.attribute", "native.rows", "native.source")
 skip_in_dynamo(
     sys.modules[__name__],
     *_PARTS,

@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from ckview.trace import open_trace
 from recorder import Recorder
-from recorder.native import attribute
 from recorder.native_ledger import NativeLedger
 from tests.conftest import NEEDS_COMPILER
 
@@ -32,7 +31,7 @@ def test_block_map_holds_only_blocks_alive(tmp_path: Path, monkeypatch: pytest.M
 
     def counted(self: Any, now: int) -> None:
         step_ends(self, now)
-        sizes.append(len(self._blocks.rows._keys))
+        sizes.append(self._attribution.live_blocks())
 
     monkeypatch.setattr(NativeLedger, "step_ends", counted)
     torch.manual_seed(0)
@@ -49,35 +48,45 @@ def test_block_map_holds_only_blocks_alive(tmp_path: Path, monkeypatch: pytest.M
     assert max(sizes[2:]) <= sizes[1] + 4, sizes
 
 
-def test_layout_ids_agree_with_layout_texts_across_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """LayoutIds (a sorted table of shape hashes kept across steps) gives each row the ids of
-    the texts layout_texts writes, also for a layout first seen in a later step, and falls back
-    to layout_texts when two shapes share a hash."""
-    strings: list[str] = []
+class _Layouts(nn.Module):
+    """Outputs of every kind of layout: a scalar, 2-D float, 1-D int64, 9-D (past the sizes a
+    row keeps)."""
 
-    def intern(text: str) -> int:
-        if text not in strings:
-            strings.append(text)
-        return strings.index(text)
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
 
-    names = {0: "float32", 1: "int64"}
-    ids = attribute.LayoutIds(intern, names)
-    rng = np.random.default_rng(0)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        index = torch.argmax(y, dim=1)  # int64, 1-D
+        deep = y.reshape(2, 2, 2, 1, 1, 1, 2, 1, 2).exp()  # 9-D
+        return y[torch.arange(len(index)), index].sum() + deep.sum()
 
-    def check(n: int) -> None:
-        ndim = rng.integers(-1, 4, n).astype(np.int8)
-        dims = np.zeros((n, attribute.DIMS), np.int64)
-        for row in range(n):
-            dims[row, : max(int(ndim[row]), 0)] = rng.integers(1, 4, max(int(ndim[row]), 0))
-        dtype = np.where(ndim >= 0, rng.integers(0, 2, n), -1).astype(np.int8)
-        d, s = ids.ids(dtype, ndim, dims)
-        texts_d, di, texts_s, si = attribute.layout_texts(dtype, ndim, dims, names)
-        known = ndim >= 0
-        assert [strings[i] for i in d[known]] == [texts_d[i] for i in di[known]]
-        assert [strings[i] for i in s[known]] == [texts_s[i] for i in si[known]]
-        assert (d[~known] == intern("")).all() and (s[~known] == intern("")).all()
 
-    check(50)
-    check(200)  # shapes of the first step and new ones
-    monkeypatch.setattr(attribute, "_MIX", np.zeros_like(attribute._MIX))  # every hash is 0
-    check(50)
+def test_layout_strings_name_each_layout_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [ Layout strings ] in ckattr.cpp: storages and saved tensors name their dtype and
+    shape as the Python recorder writes them, each text interned once."""
+    monkeypatch.setenv("CKVIEW_RECORDER", "native")
+    torch.manual_seed(0)
+    model = _Layouts()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(tmp_path / "t.h5", steps=2, warmup=1, progress=False, timing_steps=0):
+        for _ in range(3):
+            model(torch.randn(4, 8)).backward()
+            opt.step()
+            opt.zero_grad()
+    with open_trace(tmp_path / "t.h5") as trace:
+        strings = list(trace.strings)
+        run = trace.run("main")
+        storages, saved = run.table("storages").read(), run.table("saved_events").read()
+    assert len(set(strings)) == len(strings)
+    layouts = {
+        (strings[d], strings[s])
+        for table in (storages, saved)
+        for d, s in zip(table["dtype"].tolist(), table["shape"].tolist(), strict=True)
+    }
+    assert {("float32", "4x8"), ("float32", "scalar"), ("int64", "4")} <= layouts, layouts
+    assert ("float32", "2x2x2x1x1x1x2x1x...") in layouts, layouts
+    assert all(bool(d) == bool(s) for d, s in layouts), layouts  # both, or neither known

@@ -187,4 +187,4 @@ def _call_index_size(owner: object) -> int:
     """How many call rows ``owner`` indexes beside the call table."""
     if isinstance(owner, PhaseState):
         return len(owner._fw_calls)
-    return len(owner._blocks.calls._keys)  # type: ignore[attr-defined]
+    return owner._attribution.known_calls()  # type: ignore[attr-defined,no-any-return]

@@ -104,6 +104,91 @@ class Attribution:
         )  # fmt: skip
         return StepFacts(**facts)
 
+    # NOTE [ Rows of the run's tables ]
+    # The last drain's facts become rows of the run's tables in the extension too (``write``):
+    # ops, storages and their addresses, memory events, saved events, as int64 rows in schema
+    # order, ids in the run's numbering. For that it keeps, per run, what maps ids across
+    # steps: each live block's storage row (NOTE [ Freed blocks leave the map ] in
+    # ckattr.cpp), each native call id's Python call row and each such row's module (the
+    # call rows leave it with the call table's, ``forget_calls``), and the string ids of the
+    # layouts and devices it has seen (NOTE [ Layout strings ] in ckattr.cpp). What it cannot
+    # know comes back for Python to finish: a saved tensor on a block from before the run has
+    # storage -1 (the Python ledger's row, by pointer), and earlier blocks freed now are
+    # ``late_sid``/``late_free_ns`` (their rows' free_ns).
+
+    def use_strings(
+        self,
+        intern: Callable[[str], int],
+        dtype_names: dict[int, str],
+        device_id: Callable[[int, int], int],
+        cpu_id: int,
+    ) -> None:
+        """Intern strings through ``intern`` (dtype codes name as ``dtype_names`` says; a
+        device other than the CPU, by type and index, through ``device_id``)."""
+        self._native.use_strings(intern, dtype_names, device_id, cpu_id)
+
+    def write(self, ids: RowIds, stacks: np.ndarray | None) -> StepRows:
+        """The last drain's rows of the run's tables (NOTE [ Rows of the run's tables ]);
+        ``stacks``: each block's stack row, if stacks are recorded."""
+        rows = self._native.write(
+            ids.step, ids.now, ids.first_op, ids.first_sid, ids.first_call,
+            ids.call_starts, ids.call_modules, ids.name_ids, stacks,
+        )  # fmt: skip
+        return StepRows(**rows)
+
+    def sids(self, blocks: np.ndarray) -> np.ndarray:
+        """Storage row of each block id; -1 for a block of no step of this run, or freed
+        before the last drain (NOTE [ Freed blocks leave the map ] in ckattr.cpp)."""
+        return self._native.sids(np.asarray(blocks, np.int64))
+
+    def call_rows(self, native: np.ndarray) -> np.ndarray:
+        """The Python call row of each native call id; -1 for none."""
+        return self._native.call_rows(np.asarray(native, np.int64))
+
+    def live_blocks(self) -> int:
+        """Blocks in the storage-row map (NOTE [ Freed blocks leave the map ] in ckattr.cpp)."""
+        return int(self._native.live_blocks())
+
+    def known_calls(self) -> int:
+        """Entries of the call maps (native id -> call row, call row -> module)."""
+        return int(self._native.known_calls())
+
+    def forget_calls(self, base: int, kept: np.ndarray) -> None:
+        """Call rows below ``base`` but ``kept`` left memory (NOTE [ Kept rows ] in
+        storage_rows.py): the native ids that name them name none now."""
+        self._native.forget_calls(base, np.asarray(kept, np.int64))
+
+
+@dataclass(frozen=True)
+class RowIds:
+    """Where a drain's rows go in the run's tables: its step, the time it was drained, the
+    first op and storage rows it writes, the Python call rows begun in it (``first_call`` on,
+    their starts and modules) and the string id of each extension name index."""
+
+    step: int
+    now: int
+    first_op: int
+    first_sid: int
+    first_call: int
+    call_starts: np.ndarray
+    call_modules: np.ndarray
+    name_ids: np.ndarray
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """A drain's rows of the run's tables, int64 in schema column order (NOTE [ Rows of the
+    run's tables ])."""
+
+    ops: np.ndarray
+    storages: np.ndarray
+    address: np.ndarray
+    memory: np.ndarray
+    late_sid: np.ndarray
+    late_free_ns: np.ndarray
+    saved_sids: np.ndarray
+    saved: np.ndarray
+
 
 # NOTE [ Attribution in the extension ]
 # A drain's rows are joined (frees to their blocks, ends to their ops, packs to the blocks they
@@ -190,76 +275,6 @@ def layout_texts(
     d[known] = dtype_index.reshape(-1)
     s[known] = shape_index.reshape(-1)
     return dtypes, d, shapes, s
-
-
-# Odd 64-bit multipliers of (ndim, dims...): a shape's hash is their dot product (mod 2^64).
-_MIX = np.array(
-    [(0x9E3779B97F4A7C15 + 2 * 0x632BE59BD9B4E019 * i) % 2**64 for i in range(DIMS + 1)],
-    np.uint64,
-)
-
-
-class LayoutIds:
-    """String ids of dtype and shape texts, per row, kept across steps: most blocks of a step
-    have the layouts of the step before. A shape is found by a 64-bit hash of (ndim, dims) in a
-    sorted table of the hashes seen so far, and every row's dims are compared with those its
-    hash was first seen with, so a collision falls back to ``layout_texts`` (exact). Only new
-    hashes and dtype codes run Python code: a step's lookup is a few numpy calls, however many
-    distinct layouts it has."""
-
-    def __init__(self, intern: Callable[[str], int], dtype_names: dict[int, str]) -> None:
-        self._intern = intern
-        self._dtype_names = dtype_names
-        self._dtype_ids = np.full(256, -1, np.int64)  # string id of dtype code c at c + 128
-        self._hashes = np.zeros(0, np.uint64)  # shape hashes seen, sorted
-        self._keys = np.zeros((0, DIMS + 1), np.int64)  # the (ndim, dims...) of each
-        self._ids = np.zeros(0, np.int64)  # and its string id
-        self._unknown = intern("")  # a block no op output names (as the allocator source writes)
-
-    def ids(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
-        """(dtype string id, shape string id) of each row; the empty string's where unknown."""
-        known = ndim >= 0
-        key = np.concatenate([ndim[:, None].astype(np.int64), dims], axis=1)
-        hashes = key.view(np.uint64) @ _MIX  # wraps mod 2^64, as intended (no warning)
-        at = self._find(hashes)
-        new = at < 0
-        if new.any():
-            self._learn_shapes(hashes[new], key[new])
-            at = self._find(hashes)
-        if not (self._keys[at] == key).all():  # two shapes with one hash
-            return self._exact(dtype, ndim, dims)
-        code = dtype.astype(np.int64) + 128
-        if (self._dtype_ids[code] < 0).any():
-            for c in np.unique(code[self._dtype_ids[code] < 0]).tolist():
-                name = self._dtype_names.get(c - 128, f"dtype{c - 128}")
-                self._dtype_ids[c] = self._intern(name)
-        d = np.where(known, self._dtype_ids[code], self._unknown)
-        s = np.where(known, self._ids[at], self._unknown)
-        return d, s
-
-    def _find(self, hashes: np.ndarray) -> np.ndarray:
-        """Row of each hash in the table, -1 where it is new."""
-        if not len(self._hashes):
-            return np.full(len(hashes), -1, np.int64)
-        at = np.minimum(np.searchsorted(self._hashes, hashes), len(self._hashes) - 1)
-        return np.where(self._hashes[at] == hashes, at, -1)
-
-    def _learn_shapes(self, hashes: np.ndarray, keys: np.ndarray) -> None:
-        """Intern the shape text of each new hash (the first row's), in hash order."""
-        unique, first = np.unique(hashes, return_index=True)
-        ids = [
-            self._intern(_shape_text(int(keys[row, 0]), keys[row, 1:])) for row in first.tolist()
-        ]
-        order = np.argsort(np.concatenate([self._hashes, unique]), kind="stable")
-        self._hashes = np.concatenate([self._hashes, unique])[order]
-        self._keys = np.concatenate([self._keys, keys[first]])[order]
-        self._ids = np.concatenate([self._ids, np.asarray(ids, np.int64)])[order]
-
-    def _exact(self, dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray) -> tuple[Any, Any]:
-        dtypes, d, shapes, s = layout_texts(dtype, ndim, dims, self._dtype_names)
-        d_ids = np.asarray([self._intern(x) for x in dtypes] + [self._unknown], np.int64)
-        s_ids = np.asarray([self._intern(x) for x in shapes] + [self._unknown], np.int64)
-        return d_ids[d], s_ids[s]  # index -1: the unknown string, at the end
 
 
 def _shape_text(ndim: int, dims: np.ndarray) -> str:

@@ -9,8 +9,11 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -35,7 +38,10 @@ using I64 = std::vector<int64_t>;
 using I32 = std::vector<int32_t>;
 using U8 = std::vector<uint8_t>;
 
+// The trace's enums (ckview/trace/schema.py; tests/test_native_attribute.py checks them)
 enum Phase : uint8_t { FORWARD = 0, BACKWARD = 1, RECOMPUTE = 2, OPTIMIZER = 3, OTHER = 4 };
+constexpr int64_t kTemporary = 4, kOtherCategory = 6;  // Category
+constexpr int64_t kAlloc = 0, kFree = 1;               // MemoryEventKind
 constexpr int64_t kCudaBlock = 512;  // NOTE [ Block sizes on CUDA ] in attribute.py
 constexpr int16_t kCuda = 1;         // c10::DeviceType::CUDA
 
@@ -124,6 +130,28 @@ inline bool inside(const Intervals& v, int64_t t) {
   return it != v.begin() && t <= std::prev(it)->second;
 }
 
+py::array_t<int64_t> table(size_t rows, size_t width) {
+  return py::array_t<int64_t>({py::ssize_t(rows), py::ssize_t(width)});
+}
+
+// A row of the run's op table from an offset from the step's first (NOTE [ Op rows of a step ])
+int64_t row_of(int64_t offset, int64_t first) { return offset >= 0 ? offset + first : -1; }
+
+struct Layout {  // a tensor's dtype and shape (NOTE [ Layout strings ])
+  int8_t dtype, ndim;
+  int64_t dims[kDims];
+  bool operator==(const Layout& o) const {
+    return dtype == o.dtype && ndim == o.ndim && std::memcmp(dims, o.dims, sizeof dims) == 0;
+  }
+};
+struct LayoutHash {
+  size_t operator()(const Layout& k) const {
+    uint64_t h = uint64_t(k.dtype) * 0x9E3779B97F4A7C15ULL ^ uint64_t(k.ndim);
+    for (int64_t d : k.dims) h = (h ^ uint64_t(d)) * 0x100000001B3ULL;
+    return size_t(h);
+  }
+};
+
 struct Span {
   int phase;
   Intervals intervals;
@@ -133,12 +161,63 @@ struct ForwardCalls {  // NOTE [ Backward blocks and modules ] in attribute.py
   I64 call, parent, seq_begin, seq_end;
 };
 
+struct Ops {  // this drain's op rows in id order, as columns
+  I64 id, t0, t1, seq, parent, top, node_seq, outer, seq_nr;
+  I32 name, call, graph_task, module_call, module;
+  U8 scope, raised, phase;
+  I64 late_id, late_end;  // ends of ops of earlier drains
+  void reserve(size_t n) {
+    for (I64* c : {&id, &t0, &t1, &seq, &parent, &top, &node_seq, &outer, &seq_nr}) c->reserve(n);
+    for (I32* c : {&name, &call, &graph_task, &module_call, &module}) c->reserve(n);
+    for (U8* c : {&scope, &raised, &phase}) c->reserve(n);
+  }
+};
+
+struct Blocks {  // blocks allocated in the drain, in block order, as columns
+  Blocks() = default;
+  explicit Blocks(size_t n)
+      : block(n), ptr(n), nbytes(n), alloc_ns(n), free_ns(n, -1), free_op(n, -1), op(n), top(n),
+        node_seq(n), dims(n * kDims, 0), device_type(n), device_index(n), call(n),
+        module_call(n), module(n), phase(n, OTHER), saved(n, 0), dtype(n, -1), ndim(n, -1),
+        op_row(n, -1), free_op_row(n, -1) {}
+  I64 block, ptr, nbytes, alloc_ns, free_ns, free_op, op, top, node_seq, dims;
+  std::vector<int16_t> device_type, device_index;
+  I32 call, module_call, module;
+  U8 phase, saved;
+  std::vector<int8_t> dtype, ndim;
+  I64 op_row, free_op_row;  // NOTE [ Op rows of a step ]
+  I64 late_block, late_free_ns, late_free_op_row;  // frees of blocks of earlier drains
+};
+
+struct Saved {  // the drain's saved-tensor rows, as columns
+  explicit Saved(size_t n = 0)
+      : t(n), ptr(n), block(n), storage(n), nbytes(n), op(n), top(n), dims(n * kDims),
+        op_row(n), call(n), module_call(n), kind(n), dtype(n), ndim(n) {}
+  I64 t, ptr, block, storage, nbytes, op, top, dims, op_row, late;
+  I32 call, module_call;
+  U8 kind;
+  std::vector<int8_t> dtype, ndim;
+};
+
 class Attributor {
  public:
   py::dict step(const py::buffer& ops_b, const py::buffer& ends_b, const py::buffer& mem_b,
                 const py::buffer& saved_b, const py::buffer& outs_b, const py::buffer& mods_b,
                 const py::buffer& ooms_b, const py::buffer& notes_b, const py::list& spans_in,
                 bool nested);
+
+  // NOTE [ Rows of the run's tables ]
+  void use_strings(py::function intern, py::dict dtype_names, py::function device_id,
+                   int64_t cpu_id);
+  py::dict write(int64_t step, int64_t now, int64_t first_op, int64_t first_sid,
+                 int64_t first_call, const Int64Array& call_starts,
+                 const Int64Array& call_modules, const Int64Array& name_ids,
+                 const std::optional<Int64Array>& stacks);
+  py::array_t<int64_t> sids(const Int64Array& blocks) const;
+  py::array_t<int64_t> call_rows(const Int64Array& native) const;
+  void forget_calls(int64_t base, const Int64Array& kept);
+  size_t live_blocks() const { return sid_of_block_.size(); }
+  size_t known_calls() const { return call_rows_.size() + row_modules_.size(); }
 
  private:
   int32_t module_of(int64_t call) const {
@@ -152,6 +231,32 @@ class Attributor {
   // the lookup call_of_seq uses, built by calls(): forward calls of this drain and the last
   I64 by_begin_, call_by_begin_, ids_, ends_by_id_, parents_by_id_;
   std::unique_ptr<Index> id_index_;  // over ids_
+  I64 step_calls_, step_call_starts_;  // this drain's calls (native ids) and their starts
+
+  // what write() turns into rows: the last drain's
+  Ops ops_;
+  Blocks blocks_;
+  Saved saved_;
+  // ids of the run's tables and strings
+  std::pair<int64_t, int64_t> layout(int8_t dtype, int8_t ndim, const int64_t* dims);
+  int64_t device(int16_t type, int16_t index);
+  int64_t call_row(int64_t native) const;
+  int64_t row_module(int64_t row) const;
+  void add_python_calls(int64_t first, const Int64Array& starts, const Int64Array& modules);
+  py::array_t<int64_t> ops_table(int64_t step, int64_t now, const Int64Array& names);
+  py::array_t<int64_t> storages_table(int64_t first_op, int64_t first_sid,
+                                      const std::optional<Int64Array>& stacks);
+  py::array_t<int64_t> memory_table(int64_t first_op, int64_t first_sid, py::dict& d);
+  py::array_t<int64_t> saved_table(int64_t first_op);
+  std::unordered_map<int64_t, int64_t> sid_of_block_;  // the run's live blocks' storage rows
+  I64 forget_;  // blocks freed in the last write (NOTE [ Freed blocks leave the map ])
+  std::unordered_map<int64_t, int64_t> call_rows_;      // native call id -> Python call row
+  std::unordered_map<int64_t, int64_t> row_modules_;    // Python call row -> module
+  py::function intern_, device_id_;
+  int64_t cpu_id_ = -1, unknown_ = -1;
+  std::unordered_map<int, std::string> dtype_names_;
+  std::unordered_map<Layout, std::pair<int64_t, int64_t>, LayoutHash> layouts_;
+  std::unordered_map<int32_t, int64_t> devices_;
 };
 
 // Module calls begun in this drain; builds the backward lookup (forward calls, recomputes out).
@@ -197,6 +302,8 @@ py::dict Attributor::calls(Rows<ModRow> mods, const std::vector<Span>& spans) {
     both.seq_end.push_back(now.seq_end[i]);
   }
   previous_ = std::move(now);
+  step_calls_.assign(call.begin(), call.end());
+  step_call_starts_ = start;
   size_t n = both.call.size();
   auto by_begin = stable_order(n, [&](size_t i) { return both.seq_begin[i]; });
   auto by_id = stable_order(n, [&](size_t i) { return both.call[i]; });
@@ -238,32 +345,6 @@ int64_t Attributor::call_of_seq(int64_t seq) const {
   }
   return found;
 }
-
-struct Ops {  // this drain's op rows in id order, as columns
-  I64 id, t0, t1, seq, parent, top, node_seq, outer, seq_nr;
-  I32 name, call, graph_task, module_call, module;
-  U8 scope, raised, phase;
-  I64 late_id, late_end;  // ends of ops of earlier drains
-  void reserve(size_t n) {
-    for (I64* c : {&id, &t0, &t1, &seq, &parent, &top, &node_seq, &outer, &seq_nr}) c->reserve(n);
-    for (I32* c : {&name, &call, &graph_task, &module_call, &module}) c->reserve(n);
-    for (U8* c : {&scope, &raised, &phase}) c->reserve(n);
-  }
-};
-
-struct Blocks {  // blocks allocated in the drain, in block order, as columns
-  explicit Blocks(size_t n)
-      : block(n), ptr(n), nbytes(n), alloc_ns(n), free_ns(n, -1), free_op(n, -1), op(n), top(n),
-        node_seq(n), dims(n * kDims, 0), device_type(n), device_index(n), call(n),
-        module_call(n), module(n), phase(n, OTHER), saved(n, 0), dtype(n, -1), ndim(n, -1),
-        op_row(n, -1), free_op_row(n, -1) {}
-  I64 block, ptr, nbytes, alloc_ns, free_ns, free_op, op, top, node_seq, dims;
-  std::vector<int16_t> device_type, device_index;
-  I32 call, module_call, module;
-  U8 phase, saved;
-  std::vector<int8_t> dtype, ndim;
-  I64 op_row, free_op_row;  // NOTE [ Op rows of a step ]
-};
 
 std::vector<Span> spans_of(const py::list& spans) {
   std::vector<Span> out;
@@ -379,8 +460,7 @@ Blocks read_blocks(Rows<MemRow> mem, const OpRows& op_rows, py::dict& facts) {
     b.device_type[k] = r.device_type, b.device_index[k] = r.device_index;
   }
   Index index(b.block);
-  I64 late_block, late_ns, late_op, late_op_row, unknown_ptr, unknown_bytes, unknown_t,
-      unknown_op;
+  I64 late_op, unknown_ptr, unknown_bytes, unknown_t, unknown_op;
   std::vector<int16_t> unknown_type, unknown_index;
   for (size_t i : frees) {
     const MemRow& r = mem[i];
@@ -388,8 +468,8 @@ Blocks read_blocks(Rows<MemRow> mem, const OpRows& op_rows, py::dict& facts) {
     if (here) {
       b.free_ns[row] = r.t, b.free_op[row] = r.op;
     } else if (r.block >= 0) {
-      late_block.push_back(r.block), late_ns.push_back(r.t), late_op.push_back(r.op);
-      late_op_row.push_back(op_rows.row(r.op, r.t, OpRows::Else::kLast));
+      b.late_block.push_back(r.block), b.late_free_ns.push_back(r.t), late_op.push_back(r.op);
+      b.late_free_op_row.push_back(op_rows.row(r.op, r.t, OpRows::Else::kLast));
     } else {
       unknown_ptr.push_back(r.ptr), unknown_bytes.push_back(-r.bytes), unknown_t.push_back(r.t);
       unknown_op.push_back(r.op), unknown_type.push_back(r.device_type);
@@ -397,8 +477,8 @@ Blocks read_blocks(Rows<MemRow> mem, const OpRows& op_rows, py::dict& facts) {
     }
   }
   py::dict late, unknown;
-  late["block"] = out(late_block), late["free_ns"] = out(late_ns), late["free_op"] = out(late_op);
-  late["free_op_row"] = out(late_op_row);
+  late["block"] = out(b.late_block), late["free_ns"] = out(b.late_free_ns);
+  late["free_op"] = out(late_op), late["free_op_row"] = out(b.late_free_op_row);
   unknown["ptr"] = out(unknown_ptr), unknown["nbytes"] = out(unknown_bytes);
   unknown["t"] = out(unknown_t), unknown["op"] = out(unknown_op);
   unknown["device_type"] = out(unknown_type), unknown["device_index"] = out(unknown_index);
@@ -461,41 +541,38 @@ py::dict blocks_columns(const Blocks& b) {
 }
 
 // Saved-tensor packs and unpacks (an unpack's call: the forward call of the node unpacking);
-// a pack marks its block saved, or names a block of an earlier drain (late_saved).
-py::dict saved_columns(Rows<SavedRow> rows, const Ops& o, const OpRows& op_rows, Blocks& b,
-                       py::dict& facts) {
-  size_t n = rows.n;
-  I64 t(n), ptr(n), block(n), storage(n), nbytes(n), op(n), top(n), dims(n * kDims), late,
-      op_row(n);
-  I32 call(n), module_call(n);
-  U8 kind(n);
-  std::vector<int8_t> dtype(n), ndim(n);
+// a pack marks its block saved, or names a block of an earlier drain (`late`).
+Saved read_saved(Rows<SavedRow> rows, const Ops& o, const OpRows& op_rows, Blocks& b) {
+  Saved s(rows.n);
   Index ops(o.id), blocks(b.block);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < rows.n; ++i) {
     const SavedRow& r = rows[i];
-    t[i] = r.t, ptr[i] = r.ptr, block[i] = r.block, storage[i] = r.storage_nbytes;
-    nbytes[i] = r.nbytes, op[i] = r.op, top[i] = r.top, call[i] = r.call, kind[i] = r.kind;
-    dtype[i] = r.tensor.dtype, ndim[i] = r.tensor.ndim;
-    std::memcpy(&dims[i * kDims], r.tensor.dims, sizeof r.tensor.dims);
+    s.t[i] = r.t, s.ptr[i] = r.ptr, s.block[i] = r.block, s.storage[i] = r.storage_nbytes;
+    s.nbytes[i] = r.nbytes, s.op[i] = r.op, s.top[i] = r.top, s.call[i] = r.call;
+    s.kind[i] = r.kind, s.dtype[i] = r.tensor.dtype, s.ndim[i] = r.tensor.ndim;
+    std::memcpy(&s.dims[i * kDims], r.tensor.dims, sizeof r.tensor.dims);
     auto [known, row] = ops.find(r.op);
-    module_call[i] = r.kind == 0 ? r.call : (known ? o.module_call[row] : -1);
-    op_row[i] = op_rows.row(r.op, r.t, OpRows::Else::kNext);
+    s.module_call[i] = r.kind == 0 ? r.call : (known ? o.module_call[row] : -1);
+    s.op_row[i] = op_rows.row(r.op, r.t, OpRows::Else::kNext);
     if (r.kind != 0) continue;
     auto [here, at] = blocks.find(r.block);
     if (here)
       b.saved[at] = 1;
     else if (r.block >= 0)
-      late.push_back(r.block);
+      s.late.push_back(r.block);
   }
-  std::sort(late.begin(), late.end());
-  late.erase(std::unique(late.begin(), late.end()), late.end());
-  facts["late_saved"] = out(late);
+  std::sort(s.late.begin(), s.late.end());
+  s.late.erase(std::unique(s.late.begin(), s.late.end()), s.late.end());
+  return s;
+}
+
+py::dict saved_columns(const Saved& s) {
   py::dict d;
-  d["t"] = out(t), d["ptr"] = out(ptr), d["block"] = out(block);
-  d["storage_nbytes"] = out(storage), d["nbytes"] = out(nbytes), d["op"] = out(op);
-  d["top"] = out(top), d["call"] = out(call), d["kind"] = out(kind), d["dtype"] = out(dtype);
-  d["ndim"] = out(ndim), d["dims"] = dims_out(dims), d["module_call"] = out(module_call);
-  d["op_row"] = out(op_row);
+  d["t"] = out(s.t), d["ptr"] = out(s.ptr), d["block"] = out(s.block);
+  d["storage_nbytes"] = out(s.storage), d["nbytes"] = out(s.nbytes), d["op"] = out(s.op);
+  d["top"] = out(s.top), d["call"] = out(s.call), d["kind"] = out(s.kind);
+  d["dtype"] = out(s.dtype), d["ndim"] = out(s.ndim), d["dims"] = dims_out(s.dims);
+  d["module_call"] = out(s.module_call), d["op_row"] = out(s.op_row);
   return d;
 }
 
@@ -561,12 +638,229 @@ py::dict Attributor::step(const py::buffer& ops_b, const py::buffer& ends_b,
     if (b.free_ns[k] >= 0)
       b.free_op_row[k] = op_rows.row(b.free_op[k], b.free_ns[k], OpRows::Else::kLast);
   }
-  facts["saved"] = saved_columns(rows_of<SavedRow>(saved_b), o, op_rows, b, facts);
+  Saved saved = read_saved(rows_of<SavedRow>(saved_b), o, op_rows, b);
+  facts["saved"] = saved_columns(saved);
+  facts["late_saved"] = out(saved.late);
   place_layouts(b, rows_of<OutRow>(outs_b));
   facts["blocks"] = blocks_columns(b);
   facts["ooms"] = ooms_columns(rows_of<OomRow>(ooms_b));
   facts["notes"] = notes_columns(rows_of<NoteRow>(notes_b));
+  ops_ = std::move(o), blocks_ = std::move(b), saved_ = std::move(saved);
   return facts;
+}
+
+// ------------------------------------------------------------------ the run's rows
+
+// NOTE [ Freed blocks leave the map ]
+// A freed block's id is never named again (NOTE [ Blocks by address ] in ckrec.cpp: every
+// allocation gets a new id), so once its step's rows are written nothing asks for its storage
+// row: the map keeps only the blocks alive, and stays as small as they are however long the
+// recording (issue 21, defect 6: it grew by 16 bytes per block, about 20 KiB per small-op
+// step). The blocks a write frees leave it at the next write, so that the caller can still
+// look up the step's blocks (`sids`) until then.
+
+void Attributor::use_strings(py::function intern, py::dict dtype_names, py::function device_id,
+                             int64_t cpu_id) {
+  intern_ = std::move(intern), device_id_ = std::move(device_id), cpu_id_ = cpu_id;
+  for (const auto& [code, name] : dtype_names)
+    dtype_names_[code.cast<int>()] = name.cast<std::string>();
+  unknown_ = intern_("").cast<int64_t>();  // a block no op output names
+}
+
+// NOTE [ Layout strings ]
+// A storage's and a saved tensor's dtype and shape are string ids ('float32', '64x128',
+// 'scalar', '2x3x4x5x6x7x8x9x...' past kDims sizes), the empty string's where no op output names
+// the block. Each distinct layout is formatted and interned once per run, when first seen.
+std::pair<int64_t, int64_t> Attributor::layout(int8_t dtype, int8_t ndim, const int64_t* dims) {
+  if (ndim < 0) return {unknown_, unknown_};
+  Layout key{dtype, ndim, {}};
+  std::memcpy(key.dims, dims, sizeof key.dims);
+  auto it = layouts_.find(key);
+  if (it != layouts_.end()) return it->second;
+  auto name = dtype_names_.find(dtype);
+  std::string dtype_text =
+      name != dtype_names_.end() ? name->second : "dtype" + std::to_string(dtype);
+  std::string shape = ndim == 0 ? "scalar" : "";
+  for (int i = 0; i < std::min<int>(ndim, kDims); ++i)
+    shape += (i ? "x" : "") + std::to_string(dims[i]);
+  if (ndim > kDims) shape += "x...";
+  std::pair<int64_t, int64_t> ids{intern_(dtype_text).cast<int64_t>(),
+                                  intern_(shape).cast<int64_t>()};
+  layouts_.emplace(key, ids);
+  return ids;
+}
+
+int64_t Attributor::device(int16_t type, int16_t index) {
+  if (type == 0) return cpu_id_;  // c10::DeviceType::CPU
+  int32_t key = int32_t(type) << 16 | uint16_t(index);
+  auto it = devices_.find(key);
+  if (it == devices_.end())
+    it = devices_.emplace(key, device_id_(type, index).cast<int64_t>()).first;
+  return it->second;
+}
+
+int64_t Attributor::call_row(int64_t native) const {
+  if (native < 0) return -1;
+  auto it = call_rows_.find(native);
+  return it == call_rows_.end() ? -1 : it->second;
+}
+
+int64_t Attributor::row_module(int64_t row) const {
+  auto it = row_modules_.find(row);
+  return row < 0 || it == row_modules_.end() ? -1 : it->second;
+}
+
+// Each native call of the drain takes the Python call row that began last before it (rows
+// `first`.. begin at `starts`, owned by `modules`).
+void Attributor::add_python_calls(int64_t first, const Int64Array& starts,
+                                  const Int64Array& modules) {
+  const int64_t* s = starts.data();
+  size_t n = size_t(starts.size());
+  for (size_t i = 0; i < n; ++i) row_modules_[first + int64_t(i)] = modules.data()[i];
+  for (size_t i = 0; i < step_calls_.size(); ++i) {
+    size_t at = size_t(std::upper_bound(s, s + n, step_call_starts_[i]) - s);
+    call_rows_.emplace(step_calls_[i], at == 0 ? -1 : first + int64_t(at) - 1);
+  }
+}
+
+void Attributor::forget_calls(int64_t base, const Int64Array& kept) {
+  std::unordered_set<int64_t> keep(kept.data(), kept.data() + kept.size());
+  auto gone = [&](int64_t row) { return row < base && !keep.count(row); };
+  for (auto it = call_rows_.begin(); it != call_rows_.end();)
+    it = gone(it->second) ? call_rows_.erase(it) : std::next(it);
+  for (auto it = row_modules_.begin(); it != row_modules_.end();)
+    it = gone(it->first) ? row_modules_.erase(it) : std::next(it);
+}
+
+py::array_t<int64_t> Attributor::sids(const Int64Array& blocks) const {
+  py::array_t<int64_t> found(blocks.size());
+  int64_t* f = found.mutable_data();
+  for (py::ssize_t i = 0; i < blocks.size(); ++i) {
+    auto it = sid_of_block_.find(blocks.data()[i]);
+    f[i] = it == sid_of_block_.end() ? -1 : it->second;
+  }
+  return found;
+}
+
+py::array_t<int64_t> Attributor::call_rows(const Int64Array& native) const {
+  py::array_t<int64_t> found(native.size());
+  for (py::ssize_t i = 0; i < native.size(); ++i)
+    found.mutable_data()[i] = call_row(native.data()[i]);
+  return found;
+}
+
+// The step's rows of the run's tables (NOTE [ Rows of the run's tables ]).
+py::dict Attributor::write(int64_t step, int64_t now, int64_t first_op, int64_t first_sid,
+                           int64_t first_call, const Int64Array& call_starts,
+                           const Int64Array& call_modules, const Int64Array& name_ids,
+                           const std::optional<Int64Array>& stacks) {
+  if (!intern_) throw std::logic_error("Attributor.write before use_strings");
+  for (int64_t block : forget_) sid_of_block_.erase(block);  // NOTE [ Freed blocks leave ...
+  forget_.clear();
+  add_python_calls(first_call, call_starts, call_modules);
+  py::dict d;
+  d["ops"] = ops_table(step, now, name_ids);
+  d["storages"] = storages_table(first_op, first_sid, stacks);
+  d["address"] = out(blocks_.ptr);
+  d["memory"] = memory_table(first_op, first_sid, d);
+  d["saved"] = saved_table(first_op);
+  return d;
+}
+
+py::array_t<int64_t> Attributor::ops_table(int64_t step, int64_t now, const Int64Array& names) {
+  const Ops& o = ops_;
+  size_t kept = 0;
+  for (size_t i = 0; i < o.id.size(); ++i) kept += o.outer[i] == o.id[i];
+  auto t = table(kept, 7);
+  int64_t* r = t.mutable_data();
+  for (size_t i = 0; i < o.id.size(); ++i) {
+    if (o.outer[i] != o.id[i]) continue;
+    int64_t name = o.name[i] >= 0 && o.name[i] < names.size() ? names.data()[o.name[i]] : -1;
+    int64_t call = call_row(o.phase[i] == RECOMPUTE ? o.call[i] : o.module_call[i]);
+    int64_t end = o.t1[i] < 0 ? now : o.t1[i];
+    for (int64_t v : {name, int64_t(o.phase[i]), call, step, o.t0[i], end, o.seq_nr[i]}) *r++ = v;
+  }
+  return t;
+}
+
+py::array_t<int64_t> Attributor::storages_table(int64_t first_op, int64_t first_sid,
+                                                const std::optional<Int64Array>& stacks) {
+  Blocks& b = blocks_;
+  size_t n = b.block.size();
+  if (stacks && size_t(stacks->size()) != n) throw std::invalid_argument("one stack per block");
+  auto t = table(n, 11);
+  int64_t* r = t.mutable_data();
+  for (size_t k = 0; k < n; ++k) {
+    auto [dtype, shape] = layout(b.dtype[k], b.ndim[k], &b.dims[k * kDims]);
+    int64_t call = call_row(b.phase[k] == RECOMPUTE ? b.call[k] : b.module_call[k]);
+    int64_t category = b.phase[k] == OTHER ? kOtherCategory : kTemporary;
+    int64_t stack = stacks ? stacks->data()[k] : -1;
+    for (int64_t v : {b.nbytes[k], device(b.device_type[k], b.device_index[k]), category, dtype,
+                      shape, row_of(b.op_row[k], first_op), call, row_module(call),
+                      b.alloc_ns[k], b.free_ns[k], stack})
+      *r++ = v;
+    sid_of_block_[b.block[k]] = first_sid + int64_t(k);
+  }
+  return t;
+}
+
+// ALLOC rows of the drain's blocks, then FREE rows of those freed, then of earlier blocks freed
+// now (their storage rows' free_ns is for the caller to set: `late_sid`, `late_free_ns`).
+py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_sid, py::dict& d) {
+  const Blocks& b = blocks_;
+  size_t n = b.block.size();
+  I64 late_sid, late_ns, late_row;
+  for (size_t k = 0; k < b.late_block.size(); ++k) {
+    auto it = sid_of_block_.find(b.late_block[k]);
+    if (it == sid_of_block_.end()) continue;
+    late_sid.push_back(it->second), late_ns.push_back(b.late_free_ns[k]);
+    late_row.push_back(row_of(b.late_free_op_row[k], first_op));
+  }
+  size_t freed = 0;
+  for (size_t k = 0; k < n; ++k) freed += b.free_ns[k] >= 0;
+  auto t = table(n + freed + late_sid.size(), 4);
+  int64_t* r = t.mutable_data();
+  for (size_t k = 0; k < n; ++k)
+    for (int64_t v : {kAlloc, first_sid + int64_t(k), row_of(b.op_row[k], first_op), b.alloc_ns[k]})
+      *r++ = v;
+  for (size_t k = 0; k < n; ++k) {
+    if (b.free_ns[k] < 0) continue;
+    for (int64_t v : {kFree, first_sid + int64_t(k), row_of(b.free_op_row[k], first_op),
+                      b.free_ns[k]})
+      *r++ = v;
+    forget_.push_back(b.block[k]);
+  }
+  for (size_t k = 0; k < late_sid.size(); ++k)
+    for (int64_t v : {kFree, late_sid[k], late_row[k], late_ns[k]}) *r++ = v;
+  forget_.insert(forget_.end(), b.late_block.begin(), b.late_block.end());
+  d["late_sid"] = out(late_sid), d["late_free_ns"] = out(late_ns);
+  I64 saved;  // storage rows autograd saved: this drain's blocks, then earlier ones
+  for (size_t k = 0; k < n; ++k)
+    if (b.saved[k]) saved.push_back(first_sid + int64_t(k));
+  for (int64_t block : saved_.late) {
+    auto it = sid_of_block_.find(block);
+    if (it != sid_of_block_.end()) saved.push_back(it->second);
+  }
+  d["saved_sids"] = out(saved);
+  return t;
+}
+
+// saved_events rows; `storage` is -1 where the block is not the run's (a parameter's, from
+// before the run: the caller finds its row by pointer, and drops the rows it cannot).
+py::array_t<int64_t> Attributor::saved_table(int64_t first_op) {
+  const Saved& s = saved_;
+  size_t n = s.t.size();
+  auto t = table(n, 8);
+  int64_t* r = t.mutable_data();
+  for (size_t i = 0; i < n; ++i) {
+    auto it = sid_of_block_.find(s.block[i]);
+    int64_t sid = it == sid_of_block_.end() ? -1 : it->second;
+    auto [dtype, shape] = layout(s.dtype[i], s.ndim[i], &s.dims[i * kDims]);
+    for (int64_t v : {int64_t(s.kind[i]), sid, row_of(s.op_row[i], first_op),
+                      call_row(s.module_call[i]), shape, dtype, s.nbytes[i], s.t[i]})
+      *r++ = v;
+  }
+  return t;
 }
 
 }  // namespace
@@ -576,7 +870,17 @@ void bind(py::module_& m) {
       .def(py::init<>())
       .def("step", &Attributor::step, py::arg("ops"), py::arg("op_ends"), py::arg("memory"),
            py::arg("saved"), py::arg("outputs"), py::arg("modules"), py::arg("ooms"),
-           py::arg("notes"), py::arg("spans"), py::arg("nested"));
+           py::arg("notes"), py::arg("spans"), py::arg("nested"))
+      .def("use_strings", &Attributor::use_strings, py::arg("intern"), py::arg("dtype_names"),
+           py::arg("device_id"), py::arg("cpu_id"))
+      .def("write", &Attributor::write, py::arg("step"), py::arg("now"), py::arg("first_op"),
+           py::arg("first_sid"), py::arg("first_call"), py::arg("call_starts"),
+           py::arg("call_modules"), py::arg("name_ids"), py::arg("stacks"))
+      .def("sids", &Attributor::sids, py::arg("blocks"))
+      .def("call_rows", &Attributor::call_rows, py::arg("native"))
+      .def("forget_calls", &Attributor::forget_calls, py::arg("base"), py::arg("kept"))
+      .def("live_blocks", &Attributor::live_blocks)
+      .def("known_calls", &Attributor::known_calls);
 }
 
 }  // namespace ckattr
