@@ -451,10 +451,12 @@ def test_the_native_paths_failing_op(
     from ckview.trace.schema import NO_INDEX
     from recorder.native_steps import StepWriting
 
-    ledger = SimpleNamespace(_last_op=None, _calls=SimpleNamespace(data=[]))
+    attribution = SimpleNamespace(call_rows=lambda rows: np.full(len(rows), NO_INDEX))
+    ledger = SimpleNamespace(
+        _last_op=None, _calls=SimpleNamespace(data=[]), _attribution=attribution
+    )
     facts = SimpleNamespace(ops=_ops(raised), ooms={k: np.asarray(v) for k, v in ooms.items()})
-    calls = SimpleNamespace(row=lambda rows: np.full(len(rows), NO_INDEX))
-    StepWriting._remember_last_op(ledger, facts, calls)  # type: ignore[arg-type]
+    StepWriting._remember_last_op(ledger, facts)  # type: ignore[arg-type]
     if expected is None:
         assert ledger._last_op is None
     else:
