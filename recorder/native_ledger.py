@@ -307,7 +307,7 @@ class NativeLedger(StepWriting, StorageLedger):
         self._optimizer_spans, self._backward_starts = [], []
         written = self._write_rows(facts, calls, now)
         self._remember_last_op(facts)
-        self._place_regions(facts.ops, now)
+        self._place_regions(facts, now)
         saved = self._write_blocks(written)
         self._apply_inputs(rows, facts)
         self._promote_saved(saved)

@@ -134,7 +134,10 @@ class StepWriting:
 
     def _remember_last_op(self, facts: StepFacts) -> None:
         """The step's failing op, for ``failure`` (NOTE [ OOM capture on the native path ])."""
-        ops, ooms = facts.ops, facts.ooms
+        ooms = facts.ooms
+        if not len(ooms["t"]) and not facts.raised:
+            return
+        ops = facts.ops
         if len(ooms["t"]):  # the allocator's own row names the op it failed in
             failed = np.flatnonzero(ops["id"] == ooms["op"][-1])
         else:
@@ -181,12 +184,13 @@ class StepWriting:
         _append(self._ops.data, rows.ops)
         return rows
 
-    def _place_regions(self, ops: Columns, now: int) -> None:
+    def _place_regions(self, facts: StepFacts, now: int) -> None:
         """The first and end op rows of this step's recompute regions, now that its ops are
         rows: the Python phases opened them before the step's ops were written."""
         regions = self._tables.regions
         count = len(regions)
         if count > self._regions_at_step:
+            ops = facts.ops
             kept = ops["outer"] == ops["id"]
             starts = np.sort(ops["start_ns"][kept])
             first = self._ops.rows - len(starts)
@@ -262,7 +266,8 @@ class StepWriting:
     def _write_saved(self, facts: StepFacts, rows: StepRows) -> None:
         table = rows.saved
         old = table[:, 1] < 0  # a block from before the run (a parameter): its SEEN row
-        table[old, 1] = self._python_sid(facts.saved["ptr"][old])
+        if old.any():
+            table[old, 1] = self._python_sid(facts.saved["ptr"][old])
         table = table[table[:, 1] >= 0]
         _append(self._saved.data, table)
         self._promote_saved(np.unique(table[table[:, 0] == _PACK, 1]))

@@ -455,7 +455,9 @@ def test_the_native_paths_failing_op(
     ledger = SimpleNamespace(
         _last_op=None, _calls=SimpleNamespace(data=[]), _attribution=attribution
     )
-    facts = SimpleNamespace(ops=_ops(raised), ooms={k: np.asarray(v) for k, v in ooms.items()})
+    facts = SimpleNamespace(
+        ops=_ops(raised), ooms={k: np.asarray(v) for k, v in ooms.items()}, raised=sum(raised)
+    )
     StepWriting._remember_last_op(ledger, facts)  # type: ignore[arg-type]
     if expected is None:
         assert ledger._last_op is None

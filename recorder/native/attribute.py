@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -65,18 +66,30 @@ Columns = dict[str, np.ndarray]
 
 @dataclass
 class StepFacts:
-    """What one drain's rows say, as columns (see the module docstring)."""
+    """What one drain's rows say, as columns (see the module docstring); ``ops``, ``blocks``
+    and ``saved`` are made when first read (NOTE [ Columns on demand ] in ckattr.cpp)."""
 
-    ops: Columns
-    blocks: Columns
+    tables: Any
+    raised: int  # ops an exception left
     late_frees: Columns
     late_op_ends: Columns
     late_saved: np.ndarray
     unknown_frees: Columns
-    saved: Columns
     calls: Columns
     ooms: Columns
     notes: Columns
+
+    @cached_property
+    def ops(self) -> Columns:
+        return self.tables.ops()
+
+    @cached_property
+    def blocks(self) -> Columns:
+        return self.tables.blocks()
+
+    @cached_property
+    def saved(self) -> Columns:
+        return self.tables.saved()
 
 
 class Attribution:

@@ -199,6 +199,31 @@ struct Saved {  // the drain's saved-tensor rows, as columns
   std::vector<int8_t> dtype, ndim;
 };
 
+struct StepData {  // what one drain's rows say, whole
+  Ops ops;
+  Blocks blocks;
+  Saved saved;
+};
+
+py::dict ops_columns(const Ops& o);
+py::dict blocks_columns(const Blocks& b);
+py::dict saved_columns(const Saved& s);
+
+// NOTE [ Columns on demand ]
+// A drain's ops, blocks and saved rows become numpy columns only when Python asks for a table:
+// some 60 arrays a step, of which the native ledger's step boundary reads a few, and only in
+// the steps that need them (an input between steps, a recompute region, an op that raised).
+class StepTables {
+ public:
+  explicit StepTables(std::shared_ptr<const StepData> data) : data_(std::move(data)) {}
+  py::dict ops() const { return ops_columns(data_->ops); }
+  py::dict blocks() const { return blocks_columns(data_->blocks); }
+  py::dict saved() const { return saved_columns(data_->saved); }
+
+ private:
+  std::shared_ptr<const StepData> data_;
+};
+
 class Attributor {
  public:
   py::dict step(const py::buffer& ops_b, const py::buffer& ends_b, const py::buffer& mem_b,
@@ -233,10 +258,7 @@ class Attributor {
   std::unique_ptr<Index> id_index_;  // over ids_
   I64 step_calls_, step_call_starts_;  // this drain's calls (native ids) and their starts
 
-  // what write() turns into rows: the last drain's
-  Ops ops_;
-  Blocks blocks_;
-  Saved saved_;
+  std::shared_ptr<const StepData> last_;  // what write() turns into rows: the last drain's
   // ids of the run's tables and strings
   std::pair<int64_t, int64_t> layout(int8_t dtype, int8_t ndim, const int64_t* dims);
   int64_t device(int16_t type, int16_t index);
@@ -623,7 +645,9 @@ py::dict Attributor::step(const py::buffer& ops_b, const py::buffer& ends_b,
     o.module_call.push_back(int32_t(call));
     o.module.push_back(module_of(call));
   }
-  facts["ops"] = ops_columns(o);
+  uint64_t raised = 0;
+  for (uint8_t r : o.raised) raised += r;
+  facts["raised"] = raised;
   py::dict late_ends;
   late_ends["id"] = out(o.late_id), late_ends["end_ns"] = out(o.late_end);
   facts["late_op_ends"] = late_ends;
@@ -639,13 +663,12 @@ py::dict Attributor::step(const py::buffer& ops_b, const py::buffer& ends_b,
       b.free_op_row[k] = op_rows.row(b.free_op[k], b.free_ns[k], OpRows::Else::kLast);
   }
   Saved saved = read_saved(rows_of<SavedRow>(saved_b), o, op_rows, b);
-  facts["saved"] = saved_columns(saved);
   facts["late_saved"] = out(saved.late);
   place_layouts(b, rows_of<OutRow>(outs_b));
-  facts["blocks"] = blocks_columns(b);
   facts["ooms"] = ooms_columns(rows_of<OomRow>(ooms_b));
   facts["notes"] = notes_columns(rows_of<NoteRow>(notes_b));
-  ops_ = std::move(o), blocks_ = std::move(b), saved_ = std::move(saved);
+  last_ = std::make_shared<const StepData>(StepData{std::move(o), std::move(b), std::move(saved)});
+  facts["tables"] = StepTables(last_);  // NOTE [ Columns on demand ]
   return facts;
 }
 
@@ -755,20 +778,21 @@ py::dict Attributor::write(int64_t step, int64_t now, int64_t first_op, int64_t 
                            const Int64Array& call_modules, const Int64Array& name_ids,
                            const std::optional<Int64Array>& stacks) {
   if (!intern_) throw std::logic_error("Attributor.write before use_strings");
+  if (!last_) throw std::logic_error("Attributor.write before step");
   for (int64_t block : forget_) sid_of_block_.erase(block);  // NOTE [ Freed blocks leave ...
   forget_.clear();
   add_python_calls(first_call, call_starts, call_modules);
   py::dict d;
   d["ops"] = ops_table(step, now, name_ids);
   d["storages"] = storages_table(first_op, first_sid, stacks);
-  d["address"] = out(blocks_.ptr);
+  d["address"] = out(last_->blocks.ptr);
   d["memory"] = memory_table(first_op, first_sid, d);
   d["saved"] = saved_table(first_op);
   return d;
 }
 
 py::array_t<int64_t> Attributor::ops_table(int64_t step, int64_t now, const Int64Array& names) {
-  const Ops& o = ops_;
+  const Ops& o = last_->ops;
   size_t kept = 0;
   for (size_t i = 0; i < o.id.size(); ++i) kept += o.outer[i] == o.id[i];
   auto t = table(kept, 7);
@@ -785,7 +809,7 @@ py::array_t<int64_t> Attributor::ops_table(int64_t step, int64_t now, const Int6
 
 py::array_t<int64_t> Attributor::storages_table(int64_t first_op, int64_t first_sid,
                                                 const std::optional<Int64Array>& stacks) {
-  Blocks& b = blocks_;
+  const Blocks& b = last_->blocks;
   size_t n = b.block.size();
   if (stacks && size_t(stacks->size()) != n) throw std::invalid_argument("one stack per block");
   auto t = table(n, 11);
@@ -807,7 +831,7 @@ py::array_t<int64_t> Attributor::storages_table(int64_t first_op, int64_t first_
 // ALLOC rows of the drain's blocks, then FREE rows of those freed, then of earlier blocks freed
 // now (their storage rows' free_ns is for the caller to set: `late_sid`, `late_free_ns`).
 py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_sid, py::dict& d) {
-  const Blocks& b = blocks_;
+  const Blocks& b = last_->blocks;
   size_t n = b.block.size();
   I64 late_sid, late_ns, late_row;
   for (size_t k = 0; k < b.late_block.size(); ++k) {
@@ -837,7 +861,7 @@ py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_si
   I64 saved;  // storage rows autograd saved: this drain's blocks, then earlier ones
   for (size_t k = 0; k < n; ++k)
     if (b.saved[k]) saved.push_back(first_sid + int64_t(k));
-  for (int64_t block : saved_.late) {
+  for (int64_t block : last_->saved.late) {
     auto it = sid_of_block_.find(block);
     if (it != sid_of_block_.end()) saved.push_back(it->second);
   }
@@ -848,7 +872,7 @@ py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_si
 // saved_events rows; `storage` is -1 where the block is not the run's (a parameter's, from
 // before the run: the caller finds its row by pointer, and drops the rows it cannot).
 py::array_t<int64_t> Attributor::saved_table(int64_t first_op) {
-  const Saved& s = saved_;
+  const Saved& s = last_->saved;
   size_t n = s.t.size();
   auto t = table(n, 8);
   int64_t* r = t.mutable_data();
@@ -866,6 +890,10 @@ py::array_t<int64_t> Attributor::saved_table(int64_t first_op) {
 }  // namespace
 
 void bind(py::module_& m) {
+  py::class_<StepTables>(m, "StepTables", "A drain's columns, made when asked (attribute.py)")
+      .def("ops", &StepTables::ops)
+      .def("blocks", &StepTables::blocks)
+      .def("saved", &StepTables::saved);
   py::class_<Attributor>(m, "Attributor", "Per-step attribution of drained rows (attribute.py)")
       .def(py::init<>())
       .def("step", &Attributor::step, py::arg("ops"), py::arg("op_ends"), py::arg("memory"),
