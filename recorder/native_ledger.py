@@ -311,7 +311,7 @@ class NativeLedger(StepWriting, StorageLedger):
         saved = self._write_blocks(written)
         self._apply_inputs(rows, facts)
         self._promote_saved(saved)
-        self._write_saved(facts, written)
+        self._write_saved(written)
         self._apply_notes(facts.notes)
         self._sort_memory_events()
         self._calls_at_step = len(self._calls)

@@ -237,37 +237,40 @@ class StepWriting:
         inputs = rows.inputs
         if not len(inputs):
             return
-        ids = facts.ops["id"]  # in id order
-        at = np.minimum(np.searchsorted(ids, inputs["op"]), max(len(ids) - 1, 0))
-        known = (ids[at] == inputs["op"]) if len(ids) else np.zeros(len(inputs), bool)
-        phase = np.where(known, facts.ops["phase"][at] if len(ids) else 0, Phase.OTHER)
-        sid = np.where(inputs["block"] >= 0, self._attribution.sids(inputs["block"]), inputs["sid"])
-        for row in np.flatnonzero((sid < 0) & (inputs["tensor"] >= 0)).tolist():
-            sid[row] = self._seen_input(
-                rows.input_tensors[int(inputs["tensor"][row])],
-                FORWARD if phase[row] == Phase.FORWARD else OTHER,
-                int(inputs["t"][row]),
-            )
-        between = (phase == Phase.OTHER) & (sid >= 0)
-        if between.any():
+        # a few rows a step (the loss's ops): plain Python, not numpy calls of microseconds
+        phases = facts.tables.phases(inputs["op"]).tolist()  # OTHER: an op between steps
+        blocks = inputs["block"]
+        sids = np.where(blocks >= 0, self._attribution.sids(blocks), inputs["sid"]).tolist()
+        for row, tensor in enumerate(inputs["tensor"].tolist()):
+            if sids[row] < 0 and tensor >= 0:
+                phase = FORWARD if phases[row] == Phase.FORWARD else OTHER
+                sids[row] = self._seen_input(
+                    rows.input_tensors[tensor], phase, int(inputs["t"][row])
+                )
+        between: dict[int, list[int]] = {}
+        forward: set[int] = set()
+        for op, phase, sid in zip(inputs["op"].tolist(), phases, sids, strict=True):
+            if sid >= 0 and phase == Phase.OTHER:
+                between.setdefault(op, []).append(sid)
+            elif sid >= 0 and phase == Phase.FORWARD:
+                forward.add(sid)
+        if between:
             made = self._attribution.sids(facts.blocks["block"])
-            for op in np.unique(inputs["op"][between]).tolist():
-                sources = sid[between & (inputs["op"] == op)].tolist()
+            for op in sorted(between):
+                sources = between[op]
                 for out in made[facts.blocks["top_op"] == op].tolist():
                     self._sources.setdefault(out, []).extend(s for s in sources if s != out)
                 self._tables.storages.pinned.update(sources)  # NOTE [ Kept rows ]
-        forward = np.unique(sid[(phase == Phase.FORWARD) & (sid >= 0)])
-        view = np.frombuffer(self._st_data, np.int64).reshape(-1, ST_WIDTH)
-        other = forward[view[self._slots(forward), ST_CATEGORY] == _OTHER].tolist()
-        del view
-        for s in other:
-            self._promote_input(s)
+        storages = self._tables.storages
+        for s in sorted(forward):
+            if self._st_data[storages.slot(s) * ST_WIDTH + ST_CATEGORY] == _OTHER:
+                self._promote_input(s)
 
-    def _write_saved(self, facts: StepFacts, rows: StepRows) -> None:
+    def _write_saved(self, rows: StepRows) -> None:
         table = rows.saved
         old = table[:, 1] < 0  # a block from before the run (a parameter): its SEEN row
         if old.any():
-            table[old, 1] = self._python_sid(facts.saved["ptr"][old])
+            table[old, 1] = self._python_sid(rows.saved_ptr[old])
         table = table[table[:, 1] >= 0]
         _append(self._saved.data, table)
         self._promote_saved(np.unique(table[table[:, 0] == _PACK, 1]))

@@ -201,6 +201,7 @@ class StepRows:
     late_free_ns: np.ndarray
     saved_sids: np.ndarray
     saved: np.ndarray
+    saved_ptr: np.ndarray  # each saved row's tensor's data pointer
 
 
 # NOTE [ Attribution in the extension ]

@@ -219,6 +219,17 @@ class StepTables {
   py::dict ops() const { return ops_columns(data_->ops); }
   py::dict blocks() const { return blocks_columns(data_->blocks); }
   py::dict saved() const { return saved_columns(data_->saved); }
+  // The phase of each op id, OTHER for an id not of this drain.
+  py::array_t<uint8_t> phases(const Int64Array& ids) const {
+    const Ops& o = data_->ops;
+    Index index(o.id);
+    py::array_t<uint8_t> found(ids.size());
+    for (py::ssize_t i = 0; i < ids.size(); ++i) {
+      auto [here, row] = index.find(ids.data()[i]);
+      found.mutable_data()[i] = here ? o.phase[row] : uint8_t(OTHER);
+    }
+    return found;
+  }
 
  private:
   std::shared_ptr<const StepData> data_;
@@ -273,11 +284,13 @@ class Attributor {
   std::unordered_map<int64_t, int64_t> sid_of_block_;  // the run's live blocks' storage rows
   I64 forget_;  // blocks freed in the last write (NOTE [ Freed blocks leave the map ])
   std::unordered_map<int64_t, int64_t> call_rows_;      // native call id -> Python call row
+  mutable std::pair<int64_t, int64_t> last_call_{-1, -1};  // the last call_row lookup
   std::unordered_map<int64_t, int64_t> row_modules_;    // Python call row -> module
   py::function intern_, device_id_;
   int64_t cpu_id_ = -1, unknown_ = -1;
   std::unordered_map<int, std::string> dtype_names_;
   std::unordered_map<Layout, std::pair<int64_t, int64_t>, LayoutHash> layouts_;
+  const std::pair<const Layout, std::pair<int64_t, int64_t>>* last_layout_ = nullptr;
   std::unordered_map<int32_t, int64_t> devices_;
 };
 
@@ -698,8 +711,9 @@ std::pair<int64_t, int64_t> Attributor::layout(int8_t dtype, int8_t ndim, const 
   if (ndim < 0) return {unknown_, unknown_};
   Layout key{dtype, ndim, {}};
   std::memcpy(key.dims, dims, sizeof key.dims);
+  if (last_layout_ && last_layout_->first == key) return last_layout_->second;
   auto it = layouts_.find(key);
-  if (it != layouts_.end()) return it->second;
+  if (it != layouts_.end()) return (last_layout_ = &*it)->second;
   auto name = dtype_names_.find(dtype);
   std::string dtype_text =
       name != dtype_names_.end() ? name->second : "dtype" + std::to_string(dtype);
@@ -709,7 +723,7 @@ std::pair<int64_t, int64_t> Attributor::layout(int8_t dtype, int8_t ndim, const 
   if (ndim > kDims) shape += "x...";
   std::pair<int64_t, int64_t> ids{intern_(dtype_text).cast<int64_t>(),
                                   intern_(shape).cast<int64_t>()};
-  layouts_.emplace(key, ids);
+  last_layout_ = &*layouts_.emplace(key, ids).first;
   return ids;
 }
 
@@ -724,8 +738,10 @@ int64_t Attributor::device(int16_t type, int16_t index) {
 
 int64_t Attributor::call_row(int64_t native) const {
   if (native < 0) return -1;
+  if (native == last_call_.first) return last_call_.second;  // runs of rows share a call
   auto it = call_rows_.find(native);
-  return it == call_rows_.end() ? -1 : it->second;
+  last_call_ = {native, it == call_rows_.end() ? -1 : it->second};
+  return last_call_.second;
 }
 
 int64_t Attributor::row_module(int64_t row) const {
@@ -739,6 +755,7 @@ void Attributor::add_python_calls(int64_t first, const Int64Array& starts,
                                   const Int64Array& modules) {
   const int64_t* s = starts.data();
   size_t n = size_t(starts.size());
+  last_call_ = {-1, -1};
   for (size_t i = 0; i < n; ++i) row_modules_[first + int64_t(i)] = modules.data()[i];
   for (size_t i = 0; i < step_calls_.size(); ++i) {
     size_t at = size_t(std::upper_bound(s, s + n, step_call_starts_[i]) - s);
@@ -747,6 +764,7 @@ void Attributor::add_python_calls(int64_t first, const Int64Array& starts,
 }
 
 void Attributor::forget_calls(int64_t base, const Int64Array& kept) {
+  last_call_ = {-1, -1};
   std::unordered_set<int64_t> keep(kept.data(), kept.data() + kept.size());
   auto gone = [&](int64_t row) { return row < base && !keep.count(row); };
   for (auto it = call_rows_.begin(); it != call_rows_.end();)
@@ -788,6 +806,7 @@ py::dict Attributor::write(int64_t step, int64_t now, int64_t first_op, int64_t 
   d["address"] = out(last_->blocks.ptr);
   d["memory"] = memory_table(first_op, first_sid, d);
   d["saved"] = saved_table(first_op);
+  d["saved_ptr"] = out(last_->saved.ptr);
   return d;
 }
 
@@ -814,6 +833,7 @@ py::array_t<int64_t> Attributor::storages_table(int64_t first_op, int64_t first_
   if (stacks && size_t(stacks->size()) != n) throw std::invalid_argument("one stack per block");
   auto t = table(n, 11);
   int64_t* r = t.mutable_data();
+  sid_of_block_.reserve(sid_of_block_.size() + n);
   for (size_t k = 0; k < n; ++k) {
     auto [dtype, shape] = layout(b.dtype[k], b.ndim[k], &b.dims[k * kDims]);
     int64_t call = call_row(b.phase[k] == RECOMPUTE ? b.call[k] : b.module_call[k]);
@@ -893,7 +913,8 @@ void bind(py::module_& m) {
   py::class_<StepTables>(m, "StepTables", "A drain's columns, made when asked (attribute.py)")
       .def("ops", &StepTables::ops)
       .def("blocks", &StepTables::blocks)
-      .def("saved", &StepTables::saved);
+      .def("saved", &StepTables::saved)
+      .def("phases", &StepTables::phases, py::arg("ids"));
   py::class_<Attributor>(m, "Attributor", "Per-step attribution of drained rows (attribute.py)")
       .def(py::init<>())
       .def("step", &Attributor::step, py::arg("ops"), py::arg("op_ends"), py::arg("memory"),
