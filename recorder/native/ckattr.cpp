@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -848,8 +849,9 @@ py::array_t<int64_t> Attributor::storages_table(int64_t first_op, int64_t first_
   return t;
 }
 
-// ALLOC rows of the drain's blocks, then FREE rows of those freed, then of earlier blocks freed
-// now (their storage rows' free_ns is for the caller to set: `late_sid`, `late_free_ns`).
+// ALLOC rows of the drain's blocks, FREE rows of those freed and of earlier blocks freed now
+// (their storage rows' free_ns is for the caller to set: `late_sid`, `late_free_ns`), in time
+// order; rows of one time in that order.
 py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_sid, py::dict& d) {
   const Blocks& b = last_->blocks;
   size_t n = b.block.size();
@@ -860,22 +862,24 @@ py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_si
     late_sid.push_back(it->second), late_ns.push_back(b.late_free_ns[k]);
     late_row.push_back(row_of(b.late_free_op_row[k], first_op));
   }
-  size_t freed = 0;
-  for (size_t k = 0; k < n; ++k) freed += b.free_ns[k] >= 0;
-  auto t = table(n + freed + late_sid.size(), 4);
-  int64_t* r = t.mutable_data();
+  std::vector<std::array<int64_t, 4>> events;  // kind, storage, op, time
+  events.reserve(2 * n + late_sid.size());
   for (size_t k = 0; k < n; ++k)
-    for (int64_t v : {kAlloc, first_sid + int64_t(k), row_of(b.op_row[k], first_op), b.alloc_ns[k]})
-      *r++ = v;
+    events.push_back({kAlloc, first_sid + int64_t(k), row_of(b.op_row[k], first_op),
+                      b.alloc_ns[k]});
   for (size_t k = 0; k < n; ++k) {
     if (b.free_ns[k] < 0) continue;
-    for (int64_t v : {kFree, first_sid + int64_t(k), row_of(b.free_op_row[k], first_op),
-                      b.free_ns[k]})
-      *r++ = v;
+    events.push_back({kFree, first_sid + int64_t(k), row_of(b.free_op_row[k], first_op),
+                      b.free_ns[k]});
     forget_.push_back(b.block[k]);
   }
   for (size_t k = 0; k < late_sid.size(); ++k)
-    for (int64_t v : {kFree, late_sid[k], late_row[k], late_ns[k]}) *r++ = v;
+    events.push_back({kFree, late_sid[k], late_row[k], late_ns[k]});
+  std::stable_sort(events.begin(), events.end(),
+                   [](const auto& x, const auto& y) { return x[3] < y[3]; });
+  auto t = table(events.size(), 4);
+  if (!events.empty())
+    std::memcpy(t.mutable_data(), events.data(), events.size() * sizeof events[0]);
   forget_.insert(forget_.end(), b.late_block.begin(), b.late_block.end());
   d["late_sid"] = out(late_sid), d["late_free_ns"] = out(late_ns);
   I64 saved;  // storage rows autograd saved: this drain's blocks, then earlier ones
