@@ -79,7 +79,7 @@ class NativeLedger(StepWriting, StorageLedger):
             int(ext.dtype_code(torch.empty(0, dtype=d))): _name(d) for d in _DTYPES
         }
         self._name_ids = np.zeros(0, np.int64)  # extension name index -> string id
-        self._name_is_compiled = np.zeros(0, bool)  # whether it is a compiled forward's range
+        self._compiled_name = -1  # the name index of a compiled forward's range, once seen
         ext.mark_ops(list(COMPILED_REGIONS))  # NOTE [ Outermost ops ] in native/attribute.py
         self._reset()
 

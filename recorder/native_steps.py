@@ -62,7 +62,7 @@ class StepWriting:
         _stacks: Stacks | None
         _regions_at_step: int
         _name_ids: np.ndarray
-        _name_is_compiled: np.ndarray
+        _compiled_name: int
         _mem_mark: int
         _last_op: tuple[int, int, int, int] | None
         _calls_t: array[int]
@@ -86,9 +86,11 @@ class StepWriting:
         root = (calls[:, table.index("parent")] == NO_INDEX) & (
             calls[:, table.index("phase")] == FORWARD
         )
-        ops = rows.ops
-        compiled = self._name_is_compiled[ops["name"]] & (ops["graph_task"] < 0)
-        starts = np.concatenate([calls[root, table.index("start_ns")], ops["t0"][compiled]])
+        starts = calls[root, table.index("start_ns")]
+        if self._compiled_name >= 0:
+            ops = rows.ops
+            compiled = (ops["name"] == self._compiled_name) & (ops["graph_task"] < 0)
+            starts = np.concatenate([starts, ops["t0"][compiled]])
         backward = np.asarray([*self._backward_starts, now], np.int64)
         ends = backward[np.minimum(np.searchsorted(backward, starts), len(backward) - 1)]
         return np.stack([starts, ends], axis=1)
@@ -203,11 +205,6 @@ class StepWriting:
                     regions.set(row, "end_op", first + stop)
         self._regions_at_step = count
 
-    def _string_ids(self, names: np.ndarray) -> np.ndarray:
-        """String ids of the extension's op name indexes (interned once per name)."""
-        self._learn_names(int(names.max(initial=-1)) + 1)
-        return self._name_ids[names]
-
     def _learn_names(self, count: int) -> None:
         """Fetch the extension's op names up to index ``count``."""
         known = len(self._name_ids)
@@ -215,8 +212,8 @@ class StepWriting:
             texts = self._ext.names(known)
             new = [self._tables.intern(text) for text in texts]
             self._name_ids = np.concatenate([self._name_ids, np.asarray(new, np.int64)])
-            forward = np.asarray(texts) == COMPILED_REGIONS[0]
-            self._name_is_compiled = np.concatenate([self._name_is_compiled, forward])
+            if COMPILED_REGIONS[0] in texts:
+                self._compiled_name = known + texts.index(COMPILED_REGIONS[0])
 
     def _write_blocks(self, rows: StepRows) -> np.ndarray:
         """Write the step's storage rows and memory events; returns the storage rows autograd
