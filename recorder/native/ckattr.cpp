@@ -73,13 +73,17 @@ py::array_t<int64_t> dims_out(const I64& dims) {
   return py::array_t<int64_t>({n, py::ssize_t(kDims)}, dims.data());
 }
 
-// Indices 0..n-1 in stable order of key(i).
+// Indices 0..n-1 in stable order of key(i). Rows mostly come in order already (ids and times
+// count up on the recording thread): one pass finds that, and no sort runs.
 template <class F>
 std::vector<size_t> stable_order(size_t n, F key) {
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return key(a) < key(b); });
+  bool sorted = true;
+  for (size_t i = 1; i < n && sorted; ++i) sorted = !(key(i) < key(i - 1));
+  if (!sorted)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return key(a) < key(b); });
   return order;
 }
 
@@ -486,8 +490,9 @@ py::dict ops_columns(const Ops& o) {
 Blocks read_blocks(Rows<MemRow> mem, const OpRows& op_rows, py::dict& facts) {
   std::vector<size_t> allocs, frees;
   for (size_t i = 0; i < mem.n; ++i) (mem[i].bytes > 0 ? allocs : frees).push_back(i);
-  std::stable_sort(allocs.begin(), allocs.end(),
-                   [&](size_t a, size_t b) { return mem[a].block < mem[b].block; });
+  auto by_block = [&](size_t a, size_t b) { return mem[a].block < mem[b].block; };
+  if (!std::is_sorted(allocs.begin(), allocs.end(), by_block))
+    std::stable_sort(allocs.begin(), allocs.end(), by_block);
   Blocks b(allocs.size());
   for (size_t k = 0; k < allocs.size(); ++k) {
     const MemRow& r = mem[allocs[k]];
@@ -875,8 +880,8 @@ py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_si
   }
   for (size_t k = 0; k < late_sid.size(); ++k)
     events.push_back({kFree, late_sid[k], late_row[k], late_ns[k]});
-  std::stable_sort(events.begin(), events.end(),
-                   [](const auto& x, const auto& y) { return x[3] < y[3]; });
+  auto by_time = [](const auto& x, const auto& y) { return x[3] < y[3]; };
+  std::stable_sort(events.begin(), events.end(), by_time);
   auto t = table(events.size(), 4);
   if (!events.empty())
     std::memcpy(t.mutable_data(), events.data(), events.size() * sizeof events[0]);
