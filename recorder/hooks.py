@@ -59,7 +59,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from ckview.trace.schema import NO_INDEX, Category, IOKind, SavedEventKind
+from ckview.trace.schema import NO_INDEX, Category, SavedEventKind
 from recorder._torch import (
     DisableTorchDispatch,
     Parameter,
@@ -78,7 +78,6 @@ from recorder.steps import IterationTracker
 from recorder.tables import Flags, State
 
 _PARAMETER = int(Category.PARAMETER)
-_INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 _NO_GRAPH = frozenset(
     {"_local_scalar_dense", "detach", "alias", "equal", "is_nonzero", "eq", "ne", "lt", "le"}
     | {"gt", "ge", "argmax", "argmin", "isnan", "isinf", "isfinite"}
@@ -343,11 +342,7 @@ class TorchHooks:
             self._runs.timer.call_end(row)
         if call != NO_INDEX and self.flags.state is State.RECORDING:
             # Inputs are noted here, where keyword arguments are seen too; they are still alive.
-            ledger = self.ledger
-            ledger.note_io(call, args, _INPUT_IO)
-            if kwargs:
-                ledger.note_io(call, kwargs, _INPUT_IO)
-            ledger.note_io(call, output, _OUTPUT_IO)
+            self.ledger.note_call_io(call, args, kwargs, output)
             self.phases.close_call(call)
 
     def _register_module(self, module: torch.nn.Module) -> int:

@@ -934,6 +934,78 @@ PyObject* py_note_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return missed;
 }
 
+// NOTE [ Module I/O in one call ]
+// A module call's return notes its positional inputs, keyword inputs and output (three groups)
+// in one call, as a note_all() per group on the tensors that tensors_in() (recorder/_torch.py)
+// finds would: a group that is a tensor, or a plain tuple, list or dict whose items are
+// tensors or scalars (None, bool, int, float, str), is noted here in the same order. Any other
+// group (nested, a namedtuple, a dataclass, HF's ModelOutput) is left to Python's walk. A
+// group with tensors not noted ends the call too: Python registers those (NOTE [ Notes ])
+// before the next group is noted, so that an output on the same storage finds it registered.
+
+// The tensors of group `v` into `out`, in tensors_in()'s order; false where Python walks it.
+bool flat_tensors(PyObject* v, std::vector<PyObject*>& out) {
+  if (THPVariable_Check(v)) {
+    out.push_back(v);
+    return true;
+  }
+  auto item = [&out](PyObject* x) {
+    if (THPVariable_Check(x)) {
+      out.push_back(x);
+      return true;
+    }
+    return x == Py_None || PyLong_Check(x) || PyFloat_Check(x) || PyUnicode_Check(x);
+  };
+  if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
+    PyObject** items = PySequence_Fast_ITEMS(v);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(v); ++i)
+      if (!item(items[i])) return false;
+    return true;
+  }
+  if (PyDict_CheckExact(v)) {
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(v, &pos, &key, &value))
+      if (!item(value)) return false;
+    return true;
+  }
+  return v == Py_None || PyLong_Check(v) || PyFloat_Check(v) || PyUnicode_Check(v);
+}
+
+// note_io(call, first, in_what, out_what, args, kwargs, output): notes the groups from `first`
+// on (0 args, 1 kwargs, 2 output; NOTE [ Module I/O in one call ]) with value `call`; None
+// once all are noted, else (group, None) for a group Python walks, or (group, tensors) for
+// the tensors of a group it did not note.
+PyObject* py_note_io(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError,
+                    "note_io(call, first, in_what, out_what, args, kwargs, output)");
+    return nullptr;
+  }
+  long long call = PyLong_AsLongLong(args[0]);
+  long long first = PyLong_AsLongLong(args[1]);
+  long long in_what = PyLong_AsLongLong(args[2]);
+  long long out_what = PyLong_AsLongLong(args[3]);
+  if (PyErr_Occurred()) return nullptr;
+  std::vector<PyObject*> found;
+  for (long long group = first < 0 ? 0 : first; group < 3; ++group) {
+    found.clear();
+    if (!flat_tensors(args[4 + group], found)) return Py_BuildValue("(LO)", group, Py_None);
+    uint8_t what = uint8_t(group == 2 ? out_what : in_what);
+    PyObject* missed = nullptr;
+    for (PyObject* t : found) {
+      if (note(t, what, int64_t(call), -1)) continue;
+      if (!missed && !(missed = PyList_New(0))) return nullptr;
+      if (PyList_Append(missed, t) < 0) {
+        Py_DECREF(missed);
+        return nullptr;
+      }
+    }
+    if (missed) return Py_BuildValue("(LN)", group, missed);
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef hook_defs[] = {
     {"pre_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_pre_hook)),
      METH_FASTCALL, "global module forward pre-hook: a module call begins"},
@@ -945,6 +1017,9 @@ PyMethodDef hook_defs[] = {
      METH_FASTCALL, "note(tensor, what, value, module): NOTE [ Notes ]; True if noted"},
     {"note_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_note_all)),
      METH_FASTCALL, "note_all(tensors, what, value, modules): indices of those not noted"},
+    {"note_io", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_note_io)),
+     METH_FASTCALL, "note_io(call, first, in_what, out_what, args, kwargs, output): NOTE [ Module "
+     "I/O in one call ]"},
 };
 
 // NOTE [ Leaves of a graph ]
