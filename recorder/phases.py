@@ -152,10 +152,11 @@ class PhaseState:
 
     def open_call(self, module_row: int) -> int:
         """A module call begins while recording: its row (a recompute inside backward)."""
-        run = self._run
+        run, stack = self._tables, self.stack
+        assert run is not None, "no run begun"
         phase = RECOMPUTE if self.in_backward else FORWARD
         seq = sequence_nr()
-        parent = self.stack[-1][1] if self.stack else NO_INDEX
+        parent = stack[-1][1] if stack else NO_INDEX
         call = run.calls.append(
             (module_row, parent, phase, run.step, perf_counter_ns(), -1, seq, -1)
         )
@@ -168,7 +169,9 @@ class PhaseState:
 
     def close_call(self, call: int) -> None:
         """A module call opened while recording returns."""
-        calls = self._run.calls
+        run = self._tables
+        assert run is not None, "no run begun"
+        calls = run.calls
         at, data = calls.slot(call) * CALL_WIDTH, calls.data  # one row, written in place
         data[at + CALL_END_NS] = perf_counter_ns()
         data[at + CALL_SEQ_END] = sequence_nr()
