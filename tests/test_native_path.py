@@ -262,3 +262,47 @@ def test_module_io_is_the_python_paths(tmp_path: Path, monkeypatch: pytest.Monke
         found[which] = rows.tolist()
     assert found["native"] == found["python"]
     assert len(found["native"]) > 20
+
+
+class _Replacing(torch.optim.Optimizer):
+    """SGD with momentum whose buffer is a new tensor at every step, as after
+    ``load_state_dict``, made just after the old one is freed: in its memory."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {"lr": 0.01})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                buf = self.state[p].pop("buf", None)
+                value = p.grad.clone() if buf is None else buf * 0.9 + p.grad
+                del buf
+                self.state[p]["buf"] = value.clone()
+                p.add_(value, alpha=-group["lr"])
+
+
+def test_optimizer_state_replaced_every_step_is_marked_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state tensor that replaces one marked before is marked too, also where it took the
+    old one's memory (NOTE [ Marks already noted ] in ckrec.cpp): as many optimizer-state
+    storages as on the Python path."""
+    found = {}
+    for which in ("python", "native"):
+        monkeypatch.setenv("CKVIEW_RECORDER", which)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32))
+        opt = _Replacing(model.parameters())
+        path = tmp_path / f"{which}.h5"
+        with Recorder(path, steps=4, warmup=1, progress=False, timing_steps=0):
+            for _ in range(5):
+                model(torch.randn(8, 32)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        with open_trace(path) as trace:
+            st = trace.run("main").table("storages").read()
+        state = st["category"] == Category.OPTIMIZER_STATE
+        found[which] = sorted(st["nbytes"][state].tolist())
+    assert found["native"] == found["python"]
+    assert len(found["native"]) >= 4 * 4  # a buffer per parameter per recorded step

@@ -326,6 +326,14 @@ int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
 }
 
 BlockTable seen_storages;  // NOTE [ Notes ]: storages Python registered; guarded by blocks_mu
+struct Mark {  // NOTE [ Marks already noted ]
+  int64_t block, sid, value;
+  int32_t module;
+  bool operator==(const Mark& o) const {
+    return block == o.block && sid == o.sid && value == o.value && module == o.module;
+  }
+};
+std::unordered_map<int64_t, Mark> last_marks;  // by storage key; guarded by blocks_mu
 
 void forget_blocks() {
   std::lock_guard<std::mutex> lock(blocks_mu);
@@ -629,6 +637,7 @@ void start(bool ops, bool memory, bool outputs) {
   {
     std::lock_guard<std::mutex> lock(blocks_mu);
     seen_storages.clear();  // storage rows are per run (NOTE [ Notes ])
+    last_marks.clear();     // NOTE [ Marks already noted ]
   }
   if (ops) {
     at::RecordFunctionCallback cb(on_start, on_end);
@@ -825,6 +834,28 @@ void saved_row(PyObject* obj, uint8_t kind) {
 // see(), and applies the note itself. unsee() forgets a registered storage when Python's weak
 // reference to it dies, before its memory can be reused.
 
+// NOTE [ Marks already noted ]
+// A step marks every tensor of Adam's state (three a parameter) and its gradients twice (at
+// backward's end and at the optimizer's step), nearly all marked the same way the step before.
+// A mark (what 0) that repeats the last mark of the same block, or of the same storage Python
+// registered, with the same category and module, is not written again: applying it again
+// changes nothing (categories only strengthen, a mark's module fills an empty one; _apply_notes
+// in native_steps.py). The last mark is kept by address with the block id or storage row it
+// named: a new block or registration at that address never matches it. Kept per run.
+// Only a saving: past kMaxMarks addresses (a long run whose blocks keep moving) it starts over.
+constexpr uint8_t kMark = 0;
+constexpr size_t kMaxMarks = size_t(1) << 16;
+
+// Whether the mark `m` on the storage at `key` repeats its last one; it is the last one now.
+bool marked_already(int64_t key, const Mark& m) {
+  if (last_marks.size() >= kMaxMarks) last_marks.clear();
+  auto [it, fresh] = last_marks.try_emplace(key, m);
+  if (fresh) return false;
+  if (it->second == m) return true;
+  it->second = m;
+  return false;
+}
+
 int64_t storage_key(const at::Tensor& t) {
   return block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
 }
@@ -838,8 +869,9 @@ bool note(PyObject* obj, uint8_t what, int64_t value, int32_t module) {
     std::lock_guard<std::mutex> lock(blocks_mu);
     block = live_blocks.get(key);
     if (block < 0) sid = seen_storages.get(key);
+    if (block < 0 && sid < 0) return false;
+    if (what == kMark && marked_already(key, Mark{block, sid, value, module})) return true;
   }
-  if (block < 0 && sid < 0) return false;
   ThreadState& ts = state();
   NoteRow row{now_ns(), block, sid, value, module, what, {0, 0, 0}};
   BufferLock lock(*ts.buf, drainer);
