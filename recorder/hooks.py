@@ -59,7 +59,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from ckview.trace.schema import NO_INDEX, Category, IOKind, SavedEventKind
+from ckview.trace.schema import NO_INDEX, Category, SavedEventKind
 from recorder._torch import (
     DisableTorchDispatch,
     Parameter,
@@ -78,7 +78,9 @@ from recorder.steps import IterationTracker
 from recorder.tables import Flags, State
 
 _PARAMETER = int(Category.PARAMETER)
-_INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
+# The module hooks run at every module call: a global is read faster than an Enum member
+# (70 ns a member on CPython 3.11).
+_RECORDING, _TIMING = State.RECORDING, State.TIMING
 _NO_GRAPH = frozenset(
     {"_local_scalar_dense", "detach", "alias", "equal", "is_nonzero", "eq", "ne", "lt", "le"}
     | {"gt", "ge", "argmax", "argmin", "isnan", "isinf", "isfinite"}
@@ -304,17 +306,20 @@ class TorchHooks:
             if state in (State.TIMING, State.DONE):
                 return  # timing steps: a module first seen now is not timed
             row = self._register_module(module)
-        if not phases.in_backward and current_graph_task_id() >= 0:
+        in_backward = phases.in_backward
+        if not in_backward and current_graph_task_id() >= 0:
             phases.enter_backward()  # a recompute before backward's first op
-        if not phases.stack and not phases.in_backward:
+            in_backward = True
+        if not in_backward and not phases.stack:
             if self._compiled_forward_open:  # its compiled call's forward, counted there
                 self._compiled_forward_open = False
             else:
-                self._begin_forward()
+                self._begin_forward()  # may end the step: state and stack are read after
+        state = self.flags.state
         call = NO_INDEX
-        if self.flags.state is State.RECORDING:
+        if state is _RECORDING:
             call = phases.open_call(row)
-        elif self.flags.state is State.TIMING and not phases.in_backward:
+        elif state is _TIMING and not in_backward:
             self._runs.timer.call_begin(row)
         phases.stack.append((row, call))
 
@@ -339,15 +344,12 @@ class TorchHooks:
         if not stack or stack[-1][0] != self._registry.row(module):
             return  # the matching pre-hook ran before we were installed
         row, call = stack.pop()
-        if self.flags.state is State.TIMING:
+        state = self.flags.state
+        if state is _TIMING:
             self._runs.timer.call_end(row)
-        if call != NO_INDEX and self.flags.state is State.RECORDING:
+        elif call != NO_INDEX and state is _RECORDING:
             # Inputs are noted here, where keyword arguments are seen too; they are still alive.
-            ledger = self.ledger
-            ledger.note_io(call, args, _INPUT_IO)
-            if kwargs:
-                ledger.note_io(call, kwargs, _INPUT_IO)
-            ledger.note_io(call, output, _OUTPUT_IO)
+            self.ledger.note_call_io(call, args, kwargs, output)
             self.phases.close_call(call)
 
     def _register_module(self, module: torch.nn.Module) -> int:

@@ -70,6 +70,7 @@ from ckview.trace.schema import (
     CATEGORY_PRIORITY,
     NO_INDEX,
     Category,
+    IOKind,
     MemoryEventKind,
     SavedEventKind,
 )
@@ -103,6 +104,7 @@ _ACTIVATION = int(Category.ACTIVATION)
 _SHARDED = int(Category.SHARDED_PARAMETER)
 _UNSHARDED = int(Category.UNSHARDED_PARAMETER)
 _COMM = int(Category.COMM_BUFFER)
+_INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 _FSDP_OPS = {  # NOTE [ FSDP's storages ]: op -> (category, which of its tensors)
     "fsdp.all_gather_copy_in.default": (_COMM, "result"),
     "fsdp.split_with_sizes_copy.default": (_UNSHARDED, "out"),
@@ -446,6 +448,14 @@ class StorageLedger:
         self._saved.data.extend(
             (int(kind), sid, self.last_op, call, shape_id, dtype_id, x.nbytes, perf_counter_ns())
         )
+
+    def note_call_io(self, call: int, args: Any, kwargs: Any, output: Any) -> None:
+        """Record the storages of a module call's inputs (positional, then keyword) and of its
+        output, as it returns."""
+        self.note_io(call, args, _INPUT_IO)
+        if kwargs:
+            self.note_io(call, kwargs, _INPUT_IO)
+        self.note_io(call, output, _OUTPUT_IO)
 
     def note_io(self, call: int, value: Any, kind: int) -> None:
         """Record the storages of the tensors going into or out of a module call."""

@@ -40,6 +40,7 @@ import torch
 from ckview.trace.schema import (
     NO_INDEX,
     Category,
+    IOKind,
     Phase,
     SavedEventKind,
 )
@@ -56,6 +57,8 @@ from recorder.tables import ST_MODULE, ST_WIDTH, RunTables, State
 _OTHER = int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
 _COMM = int(Category.COMM_BUFFER)
+_INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
+_IN, _OUT = 2 + _INPUT_IO, 2 + _OUTPUT_IO  # their notes' ``what`` (NOTE [ Notes ] in ckrec.cpp)
 # NOTE [ Batches of the native path ]
 # A step's rows are appended to the run's row buffers with ``array.frombytes``. Past about a
 # megabyte an array's growth reallocates by copying it whole (measured: 6.6 us per step's
@@ -207,6 +210,23 @@ class NativeLedger(StepWriting, StorageLedger):
         else:  # kept (pack) or handed back recomputed (unpack): an activation
             self._note([local(x)], 1, _ACTIVATION, [NO_INDEX])
 
+    def note_call_io(self, call: int, args: Any, kwargs: Any, output: Any) -> None:
+        """A module call returns: its inputs and output in one extension call where it can
+        (NOTE [ Module I/O in one call ] in ckrec.cpp), the rest as ``note_io``."""
+        if not self._deferring:
+            super().note_call_io(call, args, kwargs, output)
+            return
+        groups, first = (args, kwargs, output), 0
+        while (left := self._ext.note_io(call, first, _IN, _OUT, args, kwargs, output)) is not None:
+            group, missed = left
+            kind = _OUTPUT_IO if group == 2 else _INPUT_IO
+            if missed is None:
+                self.note_io(call, groups[group], kind)
+            else:
+                for t in missed:
+                    self._register_noted(t, 2 + kind, call, NO_INDEX)
+            first = group + 1
+
     def note_io(self, call: int, value: Any, kind: int) -> None:
         if not self._deferring:
             super().note_io(call, value, kind)
@@ -220,18 +240,22 @@ class NativeLedger(StepWriting, StorageLedger):
         ckrec.cpp), resolved at the step's end; the others are storages from before the run,
         registered here as the Python ledger does, and noted at once."""
         for i in self._ext.note_all(tensors, what, value, modules):
-            t = tensors[i]
-            st = None if is_fake(t) else storage_of(t)
-            if st is None or st.nbytes() == 0 or t.is_meta:
-                continue
-            ref = self._known.get(st._cdata)
-            if ref is not None:
-                sid: int | None = ref.sid
-            else:
-                now = perf_counter_ns()
-                sid = self._register_existing(t, st, FORWARD if what == 2 else OTHER, now)
-            if sid is not None:
-                self._apply_python(sid, what, value, modules[i])
+            self._register_noted(tensors[i], what, value, modules[i])
+
+    def _register_noted(self, t: torch.Tensor, what: int, value: int, module: int) -> None:
+        """A tensor the extension did not note (NOTE [ Notes ]): its storage is registered here
+        (unless it is empty), and the note applied at once."""
+        st = None if is_fake(t) else storage_of(t)
+        if st is None or st.nbytes() == 0 or t.is_meta:
+            return
+        ref = self._known.get(st._cdata)
+        if ref is not None:
+            sid: int | None = ref.sid
+        else:
+            now = perf_counter_ns()
+            sid = self._register_existing(t, st, FORWARD if what == 2 else OTHER, now)
+        if sid is not None:
+            self._apply_python(sid, what, value, module)
 
     def _add_storage(
         self, t: torch.Tensor, st: Any, nbytes: int, category: int, op: int, call: int, now: int

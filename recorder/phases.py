@@ -32,7 +32,15 @@ import numpy as np
 from ckview.trace.schema import NO_INDEX, Phase
 from recorder._torch import current_node_seq, queue_backward_callback, sequence_nr
 from recorder.modules import ModuleRegistry
-from recorder.tables import Flags, RunTables, State
+from recorder.tables import (
+    CALL_END_NS,
+    CALL_PHASE,
+    CALL_SEQ_END,
+    CALL_WIDTH,
+    Flags,
+    RunTables,
+    State,
+)
 
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = (int(p) for p in Phase)
 _NODE_BUDGET = 8192  # NOTE [ Autograd nodes stay unwrapped ]: 5x below the crash depth
@@ -144,10 +152,11 @@ class PhaseState:
 
     def open_call(self, module_row: int) -> int:
         """A module call begins while recording: its row (a recompute inside backward)."""
-        run = self._run
+        run, stack = self._tables, self.stack
+        assert run is not None, "no run begun"
         phase = RECOMPUTE if self.in_backward else FORWARD
         seq = sequence_nr()
-        parent = self.stack[-1][1] if self.stack else NO_INDEX
+        parent = stack[-1][1] if stack else NO_INDEX
         call = run.calls.append(
             (module_row, parent, phase, run.step, perf_counter_ns(), -1, seq, -1)
         )
@@ -159,10 +168,14 @@ class PhaseState:
         return call
 
     def close_call(self, call: int) -> None:
-        calls = self._run.calls
-        calls.set(call, "end_ns", perf_counter_ns())
-        calls.set(call, "seq_end", sequence_nr())
-        if calls.get(call, "phase") == RECOMPUTE:
+        """A module call opened while recording returns."""
+        run = self._tables
+        assert run is not None, "no run begun"
+        calls = run.calls
+        at, data = calls.slot(call) * CALL_WIDTH, calls.data  # one row, written in place
+        data[at + CALL_END_NS] = perf_counter_ns()
+        data[at + CALL_SEQ_END] = sequence_nr()
+        if data[at + CALL_PHASE] == RECOMPUTE:
             self.recompute_exit()
 
     def module_running(self) -> str:

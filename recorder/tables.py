@@ -30,6 +30,9 @@ ST_OP, ST_CALL, ST_MODULE, ST_ALLOC_NS, ST_FREE_NS, ST_STACK = (
 OP_START = _index("ops", "start_ns")
 OP_CALL = _index("ops", "module_call")
 CALL_WIDTH = len(RUN_TABLES["module_calls"])  # column 0 of a call row is its module
+CALL_PHASE, CALL_END_NS, CALL_SEQ_END = (
+    _index("module_calls", name) for name in ("phase", "end_ns", "seq_end")
+)
 
 
 class State(Enum):

@@ -8,8 +8,9 @@ import itertools
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -193,3 +194,115 @@ def test_the_default_path_falls_back_to_the_python_recorder_in_one_line(tmp_path
     ]
     with open_trace(tmp_path / "out.h5") as trace:
         assert trace.meta.recorder == "python"
+
+
+@dataclass
+class _Out:
+    y: torch.Tensor
+    extra: tuple[torch.Tensor, int]
+
+
+class _Pair(NamedTuple):
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+class _Shapes(nn.Module):
+    """Module calls whose inputs and outputs take each shape that ``tensors_in`` walks: the
+    flat ones the extension notes itself and those it leaves to Python (NOTE [ Module I/O in
+    one call ] in ckrec.cpp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.flat = _Call(lambda x, k, scale=1.0: (x * scale, None, 3, "s"))
+        self.nested = _Call(lambda x, rest: {"y": x + rest[0][0], "n": 2})
+        self.pair = _Call(lambda x: _Pair(x.view(-1), x.t()))
+        self.data = _Call(lambda x, *, w: _Out(x * w, (x.exp(), 1)))
+        self.view = _Call(lambda x: x.view(-1))  # of a storage from before the run
+
+    def forward(self, x: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        h = self.flat(h, 7, scale=2.0)[0]
+        h = self.nested(h, ((h,), 1))["y"]
+        h = self.pair(h).a.view(h.shape)
+        h = self.data(h, w=before).y
+        return h.sum() + self.view(before).sum()
+
+
+class _Call(nn.Module):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def test_module_io_is_the_python_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every module call's inputs and outputs, in order, on the native path as on the Python
+    path, whatever their structure (NOTE [ Module I/O in one call ] in ckrec.cpp)."""
+    found = {}
+    for which in ("python", "native"):
+        monkeypatch.setenv("CKVIEW_RECORDER", which)
+        torch.manual_seed(0)
+        model, before = _Shapes(), torch.randn(16, 16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        path = tmp_path / f"{which}.h5"
+        with Recorder(path, steps=2, warmup=1, progress=False, timing_steps=0):
+            for _ in range(3):
+                model(torch.randn(16, 16), before).backward()
+                opt.step()
+                opt.zero_grad()
+        with open_trace(path) as trace:
+            run = trace.run("main")
+            io, st = run.table("module_io").read(), run.table("storages").read()
+        order = np.argsort(io["call"], kind="stable")  # each call's rows in the order noted
+        rows = np.stack([io["call"], io["kind"], st["nbytes"][io["storage"]]], axis=1)[order]
+        found[which] = rows.tolist()
+    assert found["native"] == found["python"]
+    assert len(found["native"]) > 20
+
+
+class _Replacing(torch.optim.Optimizer):
+    """SGD with momentum whose buffer is a new tensor at every step, as after
+    ``load_state_dict``, made just after the old one is freed: in its memory."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {"lr": 0.01})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                buf = self.state[p].pop("buf", None)
+                value = p.grad.clone() if buf is None else buf * 0.9 + p.grad
+                del buf
+                self.state[p]["buf"] = value.clone()
+                p.add_(value, alpha=-group["lr"])
+
+
+def test_optimizer_state_replaced_every_step_is_marked_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state tensor that replaces one marked before is marked too, also where it took the
+    old one's memory (NOTE [ Marks already noted ] in ckrec.cpp): as many optimizer-state
+    storages as on the Python path."""
+    found = {}
+    for which in ("python", "native"):
+        monkeypatch.setenv("CKVIEW_RECORDER", which)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32))
+        opt = _Replacing(model.parameters())
+        path = tmp_path / f"{which}.h5"
+        with Recorder(path, steps=4, warmup=1, progress=False, timing_steps=0):
+            for _ in range(5):
+                model(torch.randn(8, 32)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        with open_trace(path) as trace:
+            st = trace.run("main").table("storages").read()
+        state = st["category"] == Category.OPTIMIZER_STATE
+        found[which] = sorted(st["nbytes"][state].tolist())
+    assert found["native"] == found["python"]
+    assert len(found["native"]) >= 4 * 4  # a buffer per parameter per recorded step

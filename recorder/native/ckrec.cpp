@@ -326,6 +326,14 @@ int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
 }
 
 BlockTable seen_storages;  // NOTE [ Notes ]: storages Python registered; guarded by blocks_mu
+struct Mark {  // NOTE [ Marks already noted ]
+  int64_t block, sid, value;
+  int32_t module;
+  bool operator==(const Mark& o) const {
+    return block == o.block && sid == o.sid && value == o.value && module == o.module;
+  }
+};
+std::unordered_map<int64_t, Mark> last_marks;  // by storage key; guarded by blocks_mu
 
 void forget_blocks() {
   std::lock_guard<std::mutex> lock(blocks_mu);
@@ -629,6 +637,7 @@ void start(bool ops, bool memory, bool outputs) {
   {
     std::lock_guard<std::mutex> lock(blocks_mu);
     seen_storages.clear();  // storage rows are per run (NOTE [ Notes ])
+    last_marks.clear();     // NOTE [ Marks already noted ]
   }
   if (ops) {
     at::RecordFunctionCallback cb(on_start, on_end);
@@ -825,6 +834,28 @@ void saved_row(PyObject* obj, uint8_t kind) {
 // see(), and applies the note itself. unsee() forgets a registered storage when Python's weak
 // reference to it dies, before its memory can be reused.
 
+// NOTE [ Marks already noted ]
+// A step marks every tensor of Adam's state (three a parameter) and its gradients twice (at
+// backward's end and at the optimizer's step), nearly all marked the same way the step before.
+// A mark (what 0) that repeats the last mark of the same block, or of the same storage Python
+// registered, with the same category and module, is not written again: applying it again
+// changes nothing (categories only strengthen, a mark's module fills an empty one; _apply_notes
+// in native_steps.py). The last mark is kept by address with the block id or storage row it
+// named: a new block or registration at that address never matches it. Kept per run.
+// Only a saving: past kMaxMarks addresses (a long run whose blocks keep moving) it starts over.
+constexpr uint8_t kMark = 0;
+constexpr size_t kMaxMarks = size_t(1) << 16;
+
+// Whether the mark `m` on the storage at `key` repeats its last one; it is the last one now.
+bool marked_already(int64_t key, const Mark& m) {
+  if (last_marks.size() >= kMaxMarks) last_marks.clear();
+  auto [it, fresh] = last_marks.try_emplace(key, m);
+  if (fresh) return false;
+  if (it->second == m) return true;
+  it->second = m;
+  return false;
+}
+
 int64_t storage_key(const at::Tensor& t) {
   return block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
 }
@@ -838,8 +869,9 @@ bool note(PyObject* obj, uint8_t what, int64_t value, int32_t module) {
     std::lock_guard<std::mutex> lock(blocks_mu);
     block = live_blocks.get(key);
     if (block < 0) sid = seen_storages.get(key);
+    if (block < 0 && sid < 0) return false;
+    if (what == kMark && marked_already(key, Mark{block, sid, value, module})) return true;
   }
-  if (block < 0 && sid < 0) return false;
   ThreadState& ts = state();
   NoteRow row{now_ns(), block, sid, value, module, what, {0, 0, 0}};
   BufferLock lock(*ts.buf, drainer);
@@ -934,6 +966,78 @@ PyObject* py_note_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return missed;
 }
 
+// NOTE [ Module I/O in one call ]
+// A module call's return notes its positional inputs, keyword inputs and output (three groups)
+// in one call, as a note_all() per group on the tensors that tensors_in() (recorder/_torch.py)
+// finds would: a group that is a tensor, or a plain tuple, list or dict whose items are
+// tensors or scalars (None, bool, int, float, str), is noted here in the same order. Any other
+// group (nested, a namedtuple, a dataclass, HF's ModelOutput) is left to Python's walk. A
+// group with tensors not noted ends the call too: Python registers those (NOTE [ Notes ])
+// before the next group is noted, so that an output on the same storage finds it registered.
+
+// The tensors of group `v` into `out`, in tensors_in()'s order; false where Python walks it.
+bool flat_tensors(PyObject* v, std::vector<PyObject*>& out) {
+  if (THPVariable_Check(v)) {
+    out.push_back(v);
+    return true;
+  }
+  auto item = [&out](PyObject* x) {
+    if (THPVariable_Check(x)) {
+      out.push_back(x);
+      return true;
+    }
+    return x == Py_None || PyLong_Check(x) || PyFloat_Check(x) || PyUnicode_Check(x);
+  };
+  if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
+    PyObject** items = PySequence_Fast_ITEMS(v);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(v); ++i)
+      if (!item(items[i])) return false;
+    return true;
+  }
+  if (PyDict_CheckExact(v)) {
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(v, &pos, &key, &value))
+      if (!item(value)) return false;
+    return true;
+  }
+  return v == Py_None || PyLong_Check(v) || PyFloat_Check(v) || PyUnicode_Check(v);
+}
+
+// note_io(call, first, in_what, out_what, args, kwargs, output): notes the groups from `first`
+// on (0 args, 1 kwargs, 2 output; NOTE [ Module I/O in one call ]) with value `call`; None
+// once all are noted, else (group, None) for a group Python walks, or (group, tensors) for
+// the tensors of a group it did not note.
+PyObject* py_note_io(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError,
+                    "note_io(call, first, in_what, out_what, args, kwargs, output)");
+    return nullptr;
+  }
+  long long call = PyLong_AsLongLong(args[0]);
+  long long first = PyLong_AsLongLong(args[1]);
+  long long in_what = PyLong_AsLongLong(args[2]);
+  long long out_what = PyLong_AsLongLong(args[3]);
+  if (PyErr_Occurred()) return nullptr;
+  std::vector<PyObject*> found;
+  for (long long group = first < 0 ? 0 : first; group < 3; ++group) {
+    found.clear();
+    if (!flat_tensors(args[4 + group], found)) return Py_BuildValue("(LO)", group, Py_None);
+    uint8_t what = uint8_t(group == 2 ? out_what : in_what);
+    PyObject* missed = nullptr;
+    for (PyObject* t : found) {
+      if (note(t, what, int64_t(call), -1)) continue;
+      if (!missed && !(missed = PyList_New(0))) return nullptr;
+      if (PyList_Append(missed, t) < 0) {
+        Py_DECREF(missed);
+        return nullptr;
+      }
+    }
+    if (missed) return Py_BuildValue("(LN)", group, missed);
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef hook_defs[] = {
     {"pre_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_pre_hook)),
      METH_FASTCALL, "global module forward pre-hook: a module call begins"},
@@ -945,6 +1049,9 @@ PyMethodDef hook_defs[] = {
      METH_FASTCALL, "note(tensor, what, value, module): NOTE [ Notes ]; True if noted"},
     {"note_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_note_all)),
      METH_FASTCALL, "note_all(tensors, what, value, modules): indices of those not noted"},
+    {"note_io", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_note_io)),
+     METH_FASTCALL, "note_io(call, first, in_what, out_what, args, kwargs, output): NOTE [ Module "
+     "I/O in one call ]"},
 };
 
 // NOTE [ Leaves of a graph ]
