@@ -66,7 +66,7 @@ class RowBuffer:
         rows = rows.reshape(count, self.width)
         untaken = max(self._taken - self._flushed, 0)
         if untaken < count:  # kept for take_rows (a step's rows: it runs at every step's end)
-            self._held.append(rows[untaken:].reshape(-1).copy())
+            self._held.append(rows[untaken:].reshape(-1))  # a view: nothing writes ``data`` now
         self._flushed += count
         self._sink(self.table, _columns(self.columns, rows))
 
