@@ -166,3 +166,24 @@ def test_a_forked_child_leaves_the_parents_thread_alone(tmp_path: Path) -> None:
     writer.append({"kind": "step"}, {})
     writer.close()
     assert not writer._syncer._thread.is_alive()
+
+
+def test_a_stop_on_the_sync_thread_itself_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cyclic collector may run on the sync thread and collect the writer there: its stop
+    must not join the thread it runs on."""
+    writer = JournalWriter(tmp_path / "x.journal", {})
+    errors: list[BaseException] = []
+
+    def stop_there(path: Path) -> None:
+        try:
+            writer._syncer.stop()
+        except BaseException as exc:  # the thread would swallow it
+            errors.append(exc)
+
+    monkeypatch.setattr(journal, "_sync", stop_there)
+    writer.append({"kind": "step"}, {})
+    writer._syncer._thread.join(timeout=60)
+    assert not errors and not writer._syncer._thread.is_alive()
+    writer.close()

@@ -140,7 +140,8 @@ class _Syncer:
             return
         self._stopping.set()
         self._due.set()
-        self._thread.join()
+        if threading.current_thread() is not self._thread:  # the collector may run there
+            self._thread.join()
 
     def _run(self) -> None:
         while self._due.wait() and not self._stopping.is_set():
