@@ -140,7 +140,7 @@ class MutableTable:
             table = table.reshape(resident, self.width)
             now = table[self._open_slots]  # the rows open at the last take, as they are now
             fresh = table[first : first + count - seen].copy()
-            differs = np.unique(np.flatnonzero(now != self._taken) // self.width)
+            differs = (now != self._taken).any(axis=1)
             changed, values = self._open[differs], now[differs]
             if self._rewritten:
                 late = np.frombuffer(self._rewritten, np.int64)
