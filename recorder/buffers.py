@@ -66,7 +66,7 @@ class RowBuffer:
         rows = rows.reshape(count, self.width)
         untaken = max(self._taken - self._flushed, 0)
         if untaken < count:  # kept for take_rows (a step's rows: it runs at every step's end)
-            self._held.append(rows[untaken:].reshape(-1).copy())
+            self._held.append(rows[untaken:].reshape(-1))  # a view: nothing writes ``data`` now
         self._flushed += count
         self._sink(self.table, _columns(self.columns, rows))
 
@@ -89,6 +89,10 @@ class MutableTable:
         self._final: int | None = None  # NOTE [ Final rows ]: the column that ends a row
         self._seen = 0  # rows at the last take_changes
         self._open = np.zeros(0, np.int64)  # rows that were not final then
+        self._open_slots = self._open  # where they are in ``data``
+        self.shift = 0
+        """Row ``r`` is at slot ``r + shift`` of ``data`` (not so below ``base`` in
+        recorder/storage_rows.py, NOTE [ Kept rows ]); new rows are always so."""
         self._taken = np.empty((0, self.width), np.int64)  # and their values then
         self._rewritten = array.array("q")  # final rows written since (NOTE [ Final rows ])
 
@@ -126,31 +130,43 @@ class MutableTable:
         The hot path writes ``data`` directly, so changes are found by comparing with a copy
         kept from the last call, of the rows that were not final then (NOTE [ Final rows ])."""
         count = len(self)
-        new = np.arange(self._seen, count)
-        slots = self._slots
+        seen, self._seen = self._seen, count
+        if count == seen and not len(self._open) and not self._rewritten:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        first = seen + self.shift  # the slot of the first new row; new rows stay in memory
         with _no_collection():
             resident = len(self.data) // self.width
             table = np.frombuffer(self.data, np.int64, resident * self.width)
             table = table.reshape(resident, self.width)
-            changed = self._open[(table[slots(self._open)] != self._taken).any(axis=1)]
+            now = table[self._open_slots]  # the rows open at the last take, as they are now
+            fresh = table[first : first + count - seen].copy()
+            differs = (now != self._taken).any(axis=1)
+            changed, values = self._open[differs], now[differs]
             if self._rewritten:
                 late = np.frombuffer(self._rewritten, np.int64)
-                changed = np.union1d(changed, late[late < self._seen])
+                changed = np.union1d(changed, late[late < seen])
                 del late
                 del self._rewritten[:]
-            rows = np.concatenate((changed, new))
-            values = table[slots(rows)].reshape(-1)
-            candidates = np.concatenate((self._open, new))
-            if self._final is not None:
-                candidates = candidates[table[slots(candidates), self._final] < 0]
-            self._open, self._taken = candidates, table[slots(candidates)]
+                values = table[self._slots(changed)]
             del table
-        self._seen = count
+        new = np.arange(seen, count)
+        rows = np.concatenate((changed, new))
+        values = np.concatenate((values, fresh)).reshape(-1)
+        if self._final is None:
+            self._open = np.concatenate((self._open, new))
+            self._open_slots = np.concatenate((self._open_slots, new + self.shift))
+            self._taken = np.concatenate((now, fresh))
+        else:
+            still = now[:, self._final] < 0
+            still_new = np.flatnonzero(fresh[:, self._final] < 0)
+            self._open = np.concatenate((self._open[still], seen + still_new))
+            self._open_slots = np.concatenate((self._open_slots[still], first + still_new))
+            self._taken = np.concatenate((now[still], fresh[still_new]))
         return rows, values
 
     def _slots(self, rows: np.ndarray) -> np.ndarray:
         """Where ``rows`` are in ``data``: here, every row at its index (not so in
-        recorder/storage_rows.py)."""
+        recorder/storage_rows.py, which updates ``_open_slots`` when rows move)."""
         return rows
 
     def as_columns(self) -> dict[str, np.ndarray]:
@@ -174,7 +190,11 @@ class MutableTable:
 # Module calls end so (``PhaseState.close_call`` sets ``end_ns`` and ``seq_end`` together, and
 # nothing writes the row after): without it the journal compared every call of the run at
 # every step, 0.3 ms of a 6 ms small-op step after 100 steps, growing with the run.
-# tests/test_record_memory.py holds the copy bounded, and the takes whole, on both paths.
+# tests/test_record_memory.py holds the copy bounded, and the takes whole, on both paths;
+# tests/test_table_changes.py holds each take to a naive oracle.
+# The open rows' slots are kept beside them (``_open_slots``): new rows sit at ``row + shift``
+# and the open rows move only when KeptRows drops rows, which updates them: a take looks no
+# open row up in the kept rows (a search per take before).
 # The table is read through a view of ``data``, not a copy. While a buffer is exported, an
 # append raises, and a free callback (a weak reference's, run by the cyclic collector) may
 # append: the collector is off while the view lives, and nothing in between drops a reference.

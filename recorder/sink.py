@@ -169,7 +169,7 @@ class TraceSink:
         try:
             journal.append(header, arrays)
         except OSError as exc:  # a full disk: the steps journaled so far are what is kept
-            self._journal = None
+            self._close_journal()
             self.write_error = _describe_write_error(exc)
             writer.abandon()
 
@@ -188,7 +188,7 @@ class TraceSink:
         try:
             journal.append(header, arrays)
         except OSError:  # a full disk: the recorded steps are in the journal already
-            self._journal = None
+            self._close_journal()
 
     # ------------------------------------------------------------------------- close
 
@@ -208,7 +208,7 @@ class TraceSink:
     def _settle(self, writer: TraceWriter, error: str) -> None:
         """Put the closed trace where it belongs; after a write failure, the trace rebuilt from
         the journal (NOTE [ When the trace cannot be written ])."""
-        self._journal = None
+        self._close_journal()
         if self.write_error is None:
             self.written = settle(self._staging, self.path, good=not error)
             self.journal.unlink(missing_ok=True)
@@ -226,9 +226,15 @@ class TraceSink:
         self.written = settle(self._staging, self.path, good=False)
         self.journal.unlink(missing_ok=True)
 
+    def _close_journal(self) -> None:
+        """No more records (NOTE [ Syncing the journal ] in ckview/trace/journal.py)."""
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            journal.close()
+
     def forget_in_child(self) -> None:
         """In a forked child (a DataLoader worker): the trace and the journal are the
-        parent's."""
+        parent's (their sync thread too: it is not stopped here)."""
         if self.writer is not None:
             self.writer.forget_in_child()
         self.writer = None

@@ -145,6 +145,7 @@ class KeptRows(MutableTable):
         self.kept = {row: slot for slot, row in enumerate(self._kept_rows.tolist())}
         self.base, self.shift = cut, len(self._kept_rows) - cut
         self.data[:] = array.array("q", data.tobytes())
+        self._open_slots = self._slots(self._open)  # the rows moved (NOTE [ Final rows ])
 
     def _reordered(self, order: np.ndarray, rest: int) -> None:
         """The slots now hold the rows of old slots ``order``, then those from slot ``rest``

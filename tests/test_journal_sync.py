@@ -1,0 +1,189 @@
+"""The recording journal's records and its sync thread (NOTE [ The recording journal ], NOTE
+[ Syncing the journal ] in ckview/trace/journal.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ckview.trace import journal
+from ckview.trace.journal import JournalWriter, read_journal
+
+
+def _sync_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ckview-journal-sync"]
+
+
+def _until(condition: Any, seconds: float = 30.0) -> None:
+    """Wait for ``condition()`` (the sync thread runs on its own)."""
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, "the sync thread did not get there"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def synced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The (device, inode) of each file the sync thread fsyncs."""
+    calls: list[tuple[int, int]] = []
+    fsync = os.fsync
+
+    def noted(fd: int) -> None:
+        st = os.fstat(fd)
+        calls.append((st.st_dev, st.st_ino))
+        fsync(fd)
+
+    monkeypatch.setattr(journal.os, "fsync", noted)
+    return calls
+
+
+def test_records_round_trip_whatever_their_arrays(tmp_path: Path) -> None:
+    """Each array is written as it is (one writev of the parts), the CRC runs over them all."""
+    path = tmp_path / "x.journal"
+    writer = JournalWriter(path, {"command": ["x"]})
+    arrays = {
+        "a/b": np.arange(5),
+        "a/empty": np.zeros(0, np.int64),
+        "c/strided": np.arange(20, dtype=np.int32)[::3],
+        "c/bytes": np.frombuffer(b"abc", np.uint8),
+    }
+    writer.append({"kind": "step", "n": 1}, arrays)
+    writer.append({"kind": "step", "n": 2}, {})
+    writer.remove()
+    assert not path.exists()
+    writer = JournalWriter(path, {"command": ["x"]})
+    writer.append({"kind": "step", "n": 1}, arrays)
+    writer.close()
+    records = list(read_journal(path))
+    assert [h.get("n") for h, _ in records] == [None, 1]
+    assert records[1][1].keys() == arrays.keys()
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(records[1][1][name], a, err_msg=name)
+        assert records[1][1][name].dtype == a.dtype
+
+
+def test_a_partial_write_goes_on_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writev that writes part of a record (a signal, a nearly full disk) is followed by
+    writes of the rest, from the byte where it stopped."""
+    writev = os.writev
+
+    def short(fd: int, parts: list[Any]) -> int:
+        return writev(fd, [memoryview(parts[0])[:3]])  # 3 bytes at a time
+
+    path = tmp_path / "x.journal"
+    writer = JournalWriter(path, {})
+    monkeypatch.setattr(journal.os, "writev", short)
+    writer.append({"kind": "step", "n": 1}, {"a/b": np.arange(4), "a/c": np.arange(3)})
+    monkeypatch.undo()
+    writer.close()
+    [_, (header, arrays)] = read_journal(path)
+    assert header["n"] == 1
+    np.testing.assert_array_equal(arrays["a/c"], np.arange(3))
+
+
+def test_the_sync_thread_syncs_the_journal_and_ends_with_its_writer(
+    tmp_path: Path, synced: list[tuple[int, int]]
+) -> None:
+    path = tmp_path / "x.journal"
+    before = _sync_threads()
+    writer = JournalWriter(path, {})
+    assert len(_sync_threads()) == len(before) + 1
+    assert not synced  # nothing written since the journal was made: nothing to sync
+    writer.append({"kind": "step"}, {"a/b": np.arange(3)})
+    _until(lambda: synced)
+    st = path.stat()
+    assert set(synced) == {(st.st_dev, st.st_ino)}
+    writer.close()
+    assert _sync_threads() == before
+    writer.remove()  # after close: only removes
+
+
+def test_the_journal_is_synced_at_most_every_sync_ns(
+    tmp_path: Path, synced: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal, "SYNC_NS", 3600 * 10**9)
+    writer = JournalWriter(tmp_path / "x.journal", {})
+    writer.append({"kind": "step"}, {})
+    _until(lambda: synced)
+    for _ in range(20):
+        writer.append({"kind": "step"}, {})
+    time.sleep(0.05)
+    assert len(synced) == 1
+    writer.close()  # does not wait for the hour
+
+
+def test_a_collected_writer_stops_its_thread(tmp_path: Path) -> None:
+    before = _sync_threads()
+    writer = JournalWriter(tmp_path / "x.journal", {})
+    writer.append({"kind": "step"}, {})
+    del writer
+    assert _sync_threads() == before
+
+
+def test_a_removed_journal_is_not_synced_nor_made_again(
+    tmp_path: Path, synced: list[tuple[int, int]]
+) -> None:
+    path = tmp_path / "x.journal"
+    writer = JournalWriter(path, {})
+    path.unlink()
+    writer._syncer.written()  # as an append would
+    writer.close()
+    assert not synced and not path.exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_leaves_the_parents_thread_alone(tmp_path: Path) -> None:
+    """A DataLoader worker drops the parent's journal writer (``TraceSink.forget_in_child``):
+    closing or collecting it there neither waits for a thread the child lacks nor ends the
+    parent's."""
+    writer = JournalWriter(tmp_path / "x.journal", {})
+    pid = os.fork()
+    if pid == 0:  # the child: no assertion can report from here, the exit code does
+        code = 1
+        try:
+            writer.close()
+            del writer
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            pytest.fail("the child hung closing the journal")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert writer._syncer._thread.is_alive()
+    writer.append({"kind": "step"}, {})
+    writer.close()
+    assert not writer._syncer._thread.is_alive()
+
+
+def test_a_stop_on_the_sync_thread_itself_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cyclic collector may run on the sync thread and collect the writer there: its stop
+    must not join the thread it runs on."""
+    writer = JournalWriter(tmp_path / "x.journal", {})
+    errors: list[BaseException] = []
+
+    def stop_there(path: Path) -> None:
+        try:
+            writer._syncer.stop()
+        except BaseException as exc:  # the thread would swallow it
+            errors.append(exc)
+
+    monkeypatch.setattr(journal, "_sync", stop_there)
+    writer.append({"kind": "step"}, {})
+    writer._syncer._thread.join(timeout=60)
+    assert not errors and not writer._syncer._thread.is_alive()
+    writer.close()
