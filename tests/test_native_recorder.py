@@ -26,13 +26,48 @@ from torch.nn.modules.module import (
 
 from ckview.trace.schema import Category, Phase
 from recorder.native import build
-from recorder.native.attribute import Attribution, StepFacts, categorize, layout_texts
-from recorder.native.rows import Rows, drain
+from recorder.native.attribute import Attribution, Columns, StepFacts
+from recorder.native.rows import DIMS, Rows, drain
 from recorder.native.source import NativeSource
 
 pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def categorize(blocks: Columns) -> np.ndarray:
+    """What a drain's rows alone say of each block's category: ACTIVATION where autograd saved
+    it, TEMPORARY where freed within the drain, else OTHER."""
+    category = np.full(len(blocks["ptr"]), int(Category.OTHER), np.uint8)
+    category[blocks["free_ns"] >= 0] = Category.TEMPORARY
+    category[blocks["saved"]] = Category.ACTIVATION
+    return category
+
+
+def layout_texts(
+    dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray, dtype_names: dict[int, str]
+) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+    """Dtype and shape strings as the Python recorder writes them: (dtype texts, index per
+    row, shape texts, index per row); index -1 where unknown (ndim < 0)."""
+    known = ndim >= 0
+    codes, dtype_index = np.unique(dtype[known], return_inverse=True)
+    dtypes = [dtype_names.get(int(c), f"dtype{int(c)}") for c in codes]
+    key = np.concatenate([ndim[known, None].astype(np.int64), dims[known]], axis=1)
+    shapes_u, shape_index = np.unique(key, axis=0, return_inverse=True)
+    shapes = [_shape_text(int(row[0]), row[1:]) for row in shapes_u]
+    d = np.full(len(ndim), -1, np.int64)
+    s = np.full(len(ndim), -1, np.int64)
+    d[known] = dtype_index.reshape(-1)
+    s[known] = shape_index.reshape(-1)
+    return dtypes, d, shapes, s
+
+
+def _shape_text(ndim: int, dims: np.ndarray) -> str:
+    if ndim == 0:
+        return "scalar"
+    text = "x".join(str(int(v)) for v in dims[: min(ndim, DIMS)])
+    return text + "x..." if ndim > DIMS else text
+
 
 # -- the build, once per session --------------------------------------------------------------
 

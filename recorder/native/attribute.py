@@ -28,14 +28,13 @@ How these map onto the trace's run tables (``ckview/trace/schema.py``):
   from ``blocks``, with ids in the extension's numbering (op ids, call ids, module ids by
   address in ``calls``), which the sink renumbers into its rows. ``device`` is
   ``device_type``/``device_index``. ``dtype``/``shape`` are known only with op outputs recorded
-  (``layout_texts`` gives the strings), else -1: a block is the allocator's, and nothing else
-  says what tensor lives in it. ``category`` comes from ``categorize``: ACTIVATION for blocks
-  autograd saved, PARAMETER/GRADIENT/OPTIMIZER_STATE for the pointers the caller reads at
-  step boundaries (parameters, ``.grad``, optimizer state), TEMPORARY for blocks freed within
-  the drain, else OTHER. INPUT and the FSDP categories need sources this module does not see.
-  ``stack`` (``--stacks``) is another source's.
-  The owner rule of ``module`` (a parameter's gradient and optimizer state belong to the
-  parameter's module) also needs those pointer sets; ``blocks.module`` is the creating call's.
+  (NOTE [ Layout strings ] in ckattr.cpp), else the empty string: a block is the allocator's,
+  and nothing else says what tensor lives in it. ``category`` starts TEMPORARY for a block of
+  a phase and OTHER for one between steps; the ledger strengthens it from what Python saw
+  (NOTE [ Notes ] in ckrec.cpp: blocks autograd saved, parameters, ``.grad``, optimizer
+  state, inputs). ``stack`` (``--stacks``) is another source's. ``blocks.module`` is the
+  creating call's; a mark's module (a gradient's or optimizer state's parameter) fills an
+  empty one.
 - ``ops``: ``start_ns``, ``end_ns``, ``module_call`` and ``seq_nr`` (the backward node's) are
   filled. ``name`` is the dispatcher's op and overload (``aten.mm.default``) or
   RecordFunction's (a backward node's ``AddmmBackward0``); ranges nest (``parent``, ``top``),
@@ -58,8 +57,8 @@ from typing import Any
 import numpy as np
 import numpy.ma  # np.unique imports it at its first call: 10-15 ms inside a recorded step
 
-from ckview.trace.schema import Category, Phase
-from recorder.native.rows import DIMS, Rows
+from ckview.trace.schema import Phase
+from recorder.native.rows import Rows
 
 Columns = dict[str, np.ndarray]
 
@@ -246,53 +245,3 @@ class StepRows:
 # instead; a block with no tensor (a library's workspace) keeps the reported size. The
 # allocator's own totals, slack included, are in ``device_samples``. The CPU allocator
 # reports the bytes asked for, so CPU blocks are left as they are.
-
-_NONE = np.zeros(0, np.int64)
-
-
-def categorize(
-    blocks: Columns,
-    parameters: np.ndarray = _NONE,
-    gradients: np.ndarray = _NONE,
-    optimizer_state: np.ndarray = _NONE,
-) -> np.ndarray:
-    """Category of each block (``CATEGORY_PRIORITY`` order), from the storage pointers the
-    caller read at the step boundary and what the rows say (saved, freed within the drain)."""
-    ptr = blocks["ptr"]
-    category = np.full(len(ptr), int(Category.OTHER), np.uint8)
-    category[blocks["free_ns"] >= 0] = Category.TEMPORARY
-    category[blocks["saved"]] = Category.ACTIVATION
-    # later assignments win: lowest priority first
-    for cat, ptrs in (
-        (Category.OPTIMIZER_STATE, optimizer_state),
-        (Category.GRADIENT, gradients),
-        (Category.PARAMETER, parameters),
-    ):
-        category[np.isin(ptr, ptrs)] = cat
-    return category
-
-
-def layout_texts(
-    dtype: np.ndarray, ndim: np.ndarray, dims: np.ndarray, dtype_names: dict[int, str]
-) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
-    """Dtype and shape strings as the Python recorder writes them ('float32', '64x128',
-    'scalar'), formatted once per distinct value: (dtype texts, index per row, shape texts,
-    index per row); index -1 where unknown (ndim < 0)."""
-    known = ndim >= 0
-    codes, dtype_index = np.unique(dtype[known], return_inverse=True)
-    dtypes = [dtype_names.get(int(c), f"dtype{int(c)}") for c in codes]
-    key = np.concatenate([ndim[known, None].astype(np.int64), dims[known]], axis=1)
-    shapes_u, shape_index = np.unique(key, axis=0, return_inverse=True)
-    shapes = [_shape_text(int(row[0]), row[1:]) for row in shapes_u]
-    d = np.full(len(ndim), -1, np.int64)
-    s = np.full(len(ndim), -1, np.int64)
-    d[known] = dtype_index.reshape(-1)
-    s[known] = shape_index.reshape(-1)
-    return dtypes, d, shapes, s
-
-
-def _shape_text(ndim: int, dims: np.ndarray) -> str:
-    if ndim == 0:
-        return "scalar"
-    text = "x".join(str(int(v)) for v in dims[: min(ndim, DIMS)])
-    return text + "x..." if ndim > DIMS else text
