@@ -285,6 +285,7 @@ class Attributor {
   py::array_t<int64_t> storages_table(int64_t first_op, int64_t first_sid,
                                       const std::optional<Int64Array>& stacks);
   py::array_t<int64_t> memory_table(int64_t first_op, int64_t first_sid, py::dict& d);
+  py::array_t<int64_t> saved_storages(int64_t first_sid) const;
   py::array_t<int64_t> saved_table(int64_t first_op);
   std::unordered_map<int64_t, int64_t> sid_of_block_;  // the run's live blocks' storage rows
   I64 forget_;  // blocks freed in the last write (NOTE [ Freed blocks leave the map ])
@@ -811,6 +812,7 @@ py::dict Attributor::write(int64_t step, int64_t now, int64_t first_op, int64_t 
   d["storages"] = storages_table(first_op, first_sid, stacks);
   d["address"] = out(last_->blocks.ptr);
   d["memory"] = memory_table(first_op, first_sid, d);
+  d["saved_sids"] = saved_storages(first_sid);
   d["saved"] = saved_table(first_op);
   d["saved_ptr"] = out(last_->saved.ptr);
   return d;
@@ -887,15 +889,20 @@ py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_si
     std::memcpy(t.mutable_data(), events.data(), events.size() * sizeof events[0]);
   forget_.insert(forget_.end(), b.late_block.begin(), b.late_block.end());
   d["late_sid"] = out(late_sid), d["late_free_ns"] = out(late_ns);
-  I64 saved;  // storage rows autograd saved: this drain's blocks, then earlier ones
-  for (size_t k = 0; k < n; ++k)
+  return t;
+}
+
+// The storage rows autograd saved: this drain's blocks, then earlier ones.
+py::array_t<int64_t> Attributor::saved_storages(int64_t first_sid) const {
+  const Blocks& b = last_->blocks;
+  I64 saved;
+  for (size_t k = 0; k < b.block.size(); ++k)
     if (b.saved[k]) saved.push_back(first_sid + int64_t(k));
   for (int64_t block : last_->saved.late) {
     auto it = sid_of_block_.find(block);
     if (it != sid_of_block_.end()) saved.push_back(it->second);
   }
-  d["saved_sids"] = out(saved);
-  return t;
+  return out(saved);
 }
 
 // saved_events rows; `storage` is -1 where the block is not the run's (a parameter's, from
