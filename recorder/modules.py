@@ -88,6 +88,10 @@ class ModuleRegistry:
     def parameters(self) -> list[torch.Tensor]:
         return self._owner.parameters()
 
+    def owned_parameters(self) -> list[tuple[torch.Tensor, int]]:
+        """The known parameters still alive, each with its owner's row (-1: a loose one)."""
+        return self._owner.items()
+
     def buffers(self) -> list[torch.Tensor]:
         """The registered modules' own buffers (BatchNorm's running statistics...)."""
         return [
@@ -224,3 +228,8 @@ class ParameterOwners:
         """The known parameters still alive."""
         alive = (ref() for ref, _ in list(self._by_id.values()))
         return [p for p in alive if p is not None]
+
+    def items(self) -> list[tuple[torch.Tensor, int]]:
+        """The known parameters still alive, each with its owner's row."""
+        alive = ((ref(), row) for ref, row in list(self._by_id.values()))
+        return [(p, row) for p, row in alive if p is not None]

@@ -141,13 +141,21 @@ class NativeLedger(StepWriting, StorageLedger):
         if self._phases.optimizer_depth:
             self._optimizer_spans.append([perf_counter_ns(), -1])
             self._pause_inputs()
-        owner = self._registry.owner
         grads, modules, seen = [], [], set()
-        for p in self.parameters():  # a module's parameter is the optimizer's too: once
-            if p.grad is not None and id(p) not in seen:
+        for p, module in self._registry.owned_parameters():
+            grad = p.grad
+            if grad is not None:
                 seen.add(id(p))
-                grads.append(p.grad)
-                modules.append(owner(p))
+                grads.append(grad)
+                modules.append(module)
+        for opt in list(self.optimizers):  # a module's parameter is the optimizer's too: once
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    grad = p.grad
+                    if grad is not None and id(p) not in seen:
+                        seen.add(id(p))
+                        grads.append(grad)
+                        modules.append(NO_INDEX)  # no module owns it
         self._note(grads, 0, int(Category.GRADIENT), modules)
 
     def mark_optimizer_tensors(self) -> None:
