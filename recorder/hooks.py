@@ -19,8 +19,8 @@ and when all is done both stay, inert, until ``close``. A script with modules pa
 test per op.
 The native path has no op hook: there the forward is counted when its backward begins
 (``backward_begins``, from ``_torch.bracket_backward``), the leaves that backward trains are the
-parameters (NOTE [ Leaves of a graph ] in ckrec.cpp), and the forward's ops are FORWARD from the
-op that made the graph's first node on (``NativeLedger._functional_forward_spans``); the step
+parameters (NOTE [ Leaves of a graph ] in ckrec_hooks.cpp), and the forward's ops are FORWARD from
+the op that made the graph's first node on (``NativeLedger._functional_forward_spans``); the step
 ends when ``backward`` returns, outside autograd.
 
 NOTE [ A compiled call begins a forward ]

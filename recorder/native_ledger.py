@@ -6,7 +6,7 @@ NOTE [ The native ledger ]
 - Every allocator block allocated while a run records is one storage row, written when the step
   that allocated it ends (rows stay editable until the run ends: a later step may free it, save
   it or find it among the gradients). Ops are the extension's RecordFunction ranges (names such
-  as ``aten.mm.default``, NOTE [ Interning op names ] in ckrec.cpp; ranges nest); an op still
+  as ``aten.mm.default``, NOTE [ Interning op names ] in ckrec_ops.cpp; ranges nest); an op still
   open at the boundary (``Optimizer.step``) is cut there.
 - Storages that exist before the run (parameters, the optimizer's state, a batch made during
   warmup) are not blocks of the run: the Python ledger registers them as SEEN rows, as it does
@@ -58,7 +58,8 @@ _OTHER = int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
 _COMM = int(Category.COMM_BUFFER)
 _INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
-_IN, _OUT = 2 + _INPUT_IO, 2 + _OUTPUT_IO  # their notes' ``what`` (NOTE [ Notes ] in ckrec.cpp)
+# their notes' ``what`` (NOTE [ Notes ] in ckrec_hooks.cpp)
+_IN, _OUT = 2 + _INPUT_IO, 2 + _OUTPUT_IO
 # NOTE [ Batches of the native path ]
 # A step's rows are appended to the run's row buffers with ``array.frombytes``. Past about a
 # megabyte an array's growth reallocates by copying it whole (measured: 6.6 us per step's
@@ -207,7 +208,7 @@ class NativeLedger(StepWriting, StorageLedger):
 
     def _pause_inputs(self) -> None:
         """Op inputs are not needed in backward or the optimizer's step (NOTE [ Op inputs
-        outside modules ] in ckrec.cpp)."""
+        outside modules ] in ckrec_hooks.cpp)."""
         optimizer = bool(self._optimizer_spans) and self._optimizer_spans[-1][1] < 0
         self._ext.pause_inputs(self._in_backward or optimizer)
 
@@ -220,7 +221,7 @@ class NativeLedger(StepWriting, StorageLedger):
 
     def note_call_io(self, call: int, args: Any, kwargs: Any, output: Any) -> None:
         """A module call returns: its inputs and output in one extension call where it can
-        (NOTE [ Module I/O in one call ] in ckrec.cpp), the rest as ``note_io``."""
+        (NOTE [ Module I/O in one call ] in ckrec_hooks.cpp), the rest as ``note_io``."""
         if not self._deferring:
             super().note_call_io(call, args, kwargs, output)
             return
@@ -245,7 +246,7 @@ class NativeLedger(StepWriting, StorageLedger):
     def _note(self, tensors: list[torch.Tensor], what: int, value: int, modules: list[int]) -> None:
         """Tensors Python saw (``what``: 0 mark, 1 saved, 2+ module I/O): the extension notes
         those on a block of the run or on a storage registered here (NOTE [ Notes ] in
-        ckrec.cpp), resolved at the step's end; the others are storages from before the run,
+        ckrec_hooks.cpp), resolved at the step's end; the others are storages from before the run,
         registered here as the Python ledger does, and noted at once."""
         for i in self._ext.note_all(tensors, what, value, modules):
             self._register_noted(tensors[i], what, value, modules[i])
@@ -269,7 +270,7 @@ class NativeLedger(StepWriting, StorageLedger):
         self, t: torch.Tensor, st: Any, nbytes: int, category: int, op: int, call: int, now: int
     ) -> int:
         """A storage the Python ledger registers; the extension finds it by address then
-        (NOTE [ Notes ] in ckrec.cpp)."""
+        (NOTE [ Notes ] in ckrec_hooks.cpp)."""
         sid = super()._add_storage(t, st, nbytes, category, op, call, now)
         self._seen_keys[sid] = self._ext.see(t, sid)
         self._python_sids = None
@@ -363,7 +364,7 @@ class NativeLedger(StepWriting, StorageLedger):
 
     def graph_leaves(self, roots: list[torch.Tensor]) -> list[torch.Tensor]:
         """The leaf tensors a backward from ``roots`` trains (NOTE [ Leaves of a graph ] in
-        ckrec.cpp)."""
+        ckrec_hooks.cpp)."""
         return list(self._ext.graph_leaves(roots))
 
     # NOTE [ OOM capture on the native path ]
@@ -373,7 +374,7 @@ class NativeLedger(StepWriting, StorageLedger):
     # does), its OOM row names the innermost op open on the thread and the bytes asked for.
     # Otherwise (the CPU allocator) the failing op is the last op that an exception left (the
     # innermost of those the error unwound, ``raised`` in its row, NOTE [ Op ends ] in
-    # ckrec.cpp), and the bytes are those the error message gives. (On CUDA no row said
+    # ckrec_ops.cpp), and the bytes are those the error message gives. (On CUDA no row said
     # ``raised``: seen on an H200, torch 2.11.) The op is placed in the module call it ran in,
     # at the time it began. A MemoryError that no op raised is Python's own:
     # not an OOM, as on the Python path.

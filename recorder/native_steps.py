@@ -227,7 +227,7 @@ class StepWriting:
 
     def _apply_inputs(self, rows: Rows, facts: StepFacts) -> None:
         """The rules of NOTE [ Inputs and their sources ] (ledger.py) from the tensors ops
-        outside modules read (NOTE [ Op inputs outside modules ] in ckrec.cpp): a storage from
+        outside modules read (NOTE [ Op inputs outside modules ] in ckrec_hooks.cpp): a storage from
         before the run is registered (SEEN) at its first read; an op between steps links its
         new blocks to what it read; an op of the forward (the loss) makes what it reads that was
         made outside the forward an input."""
@@ -297,7 +297,7 @@ class StepWriting:
         return np.where(address[at] == ptr, sids[at], -1)
 
     def _apply_notes(self, notes: Columns) -> None:
-        """The step's note rows (NOTE [ Notes ] in ckrec.cpp), each on a block of the run.
+        """The step's note rows (NOTE [ Notes ] in ckrec_hooks.cpp), each on a block of the run.
         Storages still OTHER take them one by one, in time order, as ``_apply_python`` does
         (being used as an input or saved makes them inputs); for the others the order does not
         matter (categories only strengthen; a mark's module fills an empty one, first wins)."""

@@ -66,7 +66,7 @@ class _Layouts(nn.Module):
 def test_layout_strings_name_each_layout_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """NOTE [ Layout strings ] in ckattr.cpp: storages and saved tensors name their dtype and
+    """NOTE [ Layout strings ] in ckattr_write.cpp: storages and saved tensors name their dtype and
     shape as the Python recorder writes them, each text interned once."""
     monkeypatch.setenv("CKVIEW_RECORDER", "native")
     torch.manual_seed(0)

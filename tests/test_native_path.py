@@ -115,7 +115,7 @@ def test_native_path_matches_the_python_path(
     if not ckpt:  # inside checkpoint, its own hooks save (packs the native hooks do not see)
         assert nat["saved"] == py["saved"]
     assert (nat["ops"]["module_call"] >= 0).any()
-    # NOTE [ Ops as a dispatch mode sees them ] in ckrec.cpp: aten.addmm, not aten.linear
+    # NOTE [ Ops as a dispatch mode sees them ] in ckrec_ops.cpp: aten.addmm, not aten.linear
     assert nat["forward_ops"] == py["forward_ops"]
     assert "aten.addmm.default" in nat["forward_ops"]
 
@@ -210,7 +210,7 @@ class _Pair(NamedTuple):
 class _Shapes(nn.Module):
     """Module calls whose inputs and outputs take each shape that ``tensors_in`` walks: the
     flat ones the extension notes itself and those it leaves to Python (NOTE [ Module I/O in
-    one call ] in ckrec.cpp)."""
+    one call ] in ckrec_hooks.cpp)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -241,7 +241,7 @@ class _Call(nn.Module):
 
 def test_module_io_is_the_python_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every module call's inputs and outputs, in order, on the native path as on the Python
-    path, whatever their structure (NOTE [ Module I/O in one call ] in ckrec.cpp)."""
+    path, whatever their structure (NOTE [ Module I/O in one call ] in ckrec_hooks.cpp)."""
     found = {}
     for which in ("python", "native"):
         monkeypatch.setenv("CKVIEW_RECORDER", which)
@@ -286,7 +286,7 @@ def test_optimizer_state_replaced_every_step_is_marked_each_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A state tensor that replaces one marked before is marked too, also where it took the
-    old one's memory (NOTE [ Marks already noted ] in ckrec.cpp): as many optimizer-state
+    old one's memory (NOTE [ Marks already noted ] in ckrec_hooks.cpp): as many optimizer-state
     storages as on the Python path."""
     found = {}
     for which in ("python", "native"):

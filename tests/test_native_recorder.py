@@ -229,7 +229,7 @@ def test_every_block_of_the_step_is_freed_once_and_attributed(small_op: Any) -> 
 
 
 def test_every_op_a_row_names_is_drained_and_no_other_nested_range(small_op: Any) -> None:
-    """NOTE [ Nested ranges that leave no row ] in ckrec.cpp: the ops that blocks, frees,
+    """NOTE [ Nested ranges that leave no row ] in ckrec_ops.cpp: the ops that blocks, frees,
     saved tensors, outputs and nested ranges name are all in the drain; of the nested ranges
     that are not ops of the trace, only those named or telling something of their own stay."""
     _, rows, _ = small_op

@@ -215,7 +215,7 @@ def test_reentrant_checkpoint_of_a_function_is_a_recompute_region(tmp_path: Path
     recomputed = ops["phase"] == Phase.RECOMPUTE
     op_names = [tables["strings"][i] for i in ops["name"][recomputed]]
     # The block's ops, three times, and no backward op: aten.t, addmm and tanh below autograd,
-    # as the dispatch mode sees them (NOTE [ Ops as a dispatch mode sees them ] in ckrec.cpp).
+    # as the dispatch mode sees them (NOTE [ Ops as a dispatch mode sees them ] in ckrec_ops.cpp).
     assert op_names.count("aten.addmm.default") == op_names.count("aten.tanh.default") == 3
     assert "aten.linear.default" not in op_names
     assert not any("Backward" in name for name in op_names)

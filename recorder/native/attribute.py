@@ -1,9 +1,9 @@
-"""From one drain's rows to per-step facts, computed by the extension (ckattr.cpp; no Python
-runs per op or per block).
+"""From one drain's rows to per-step facts, computed by the extension (ckattr.cpp, and
+ckattr_write.cpp for the rows of the run's tables; no Python runs per op or per block).
 
 ``Attribution`` holds what spans drains (each module call's module, the forward ops of the
 previous drain; the extension itself knows which block lives where, NOTE [ Blocks by address ]
-in ckrec.cpp) and turns each drain's ``Rows`` into a ``StepFacts``:
+in ckrec_ops.cpp) and turns each drain's ``Rows`` into a ``StepFacts``:
 
 - ``ops``: one row per RecordFunction range, with its phase, module call (in backward, the
   forward call that made its node), module and backward node;
@@ -15,7 +15,7 @@ in ckrec.cpp) and turns each drain's ``Rows`` into a ``StepFacts``:
 - ``unknown_frees``: frees of blocks allocated before the reporter started (CUDA reports them;
   the CPU allocator knows no size for them and reports nothing);
 - ``saved``: pack and unpack rows with the block they hit;
-- ``notes``: tensors Python saw on blocks of the run (NOTE [ Notes ] in ckrec.cpp);
+- ``notes``: tensors Python saw on blocks of the run (NOTE [ Notes ] in ckrec_hooks.cpp);
 - ``calls``: module calls begun in this drain (a call that ends in a later drain has
   ``end_ns`` -1 here; drains happen at step boundaries, outside module calls).
 - ``op_row`` (``blocks``, ``saved``), ``free_op_row`` (``blocks``, ``late_frees``): the op row
@@ -28,10 +28,10 @@ How these map onto the trace's run tables (``ckview/trace/schema.py``):
   from ``blocks``, with ids in the extension's numbering (op ids, call ids, module ids by
   address in ``calls``), which the sink renumbers into its rows. ``device`` is
   ``device_type``/``device_index``. ``dtype``/``shape`` are known only with op outputs recorded
-  (NOTE [ Layout strings ] in ckattr.cpp), else the empty string: a block is the allocator's,
+  (NOTE [ Layout strings ] in ckattr_write.cpp), else the empty string: a block is the allocator's,
   and nothing else says what tensor lives in it. ``category`` starts TEMPORARY for a block of
   a phase and OTHER for one between steps; the ledger strengthens it from what Python saw
-  (NOTE [ Notes ] in ckrec.cpp: blocks autograd saved, parameters, ``.grad``, optimizer
+  (NOTE [ Notes ] in ckrec_hooks.cpp: blocks autograd saved, parameters, ``.grad``, optimizer
   state, inputs). ``stack`` (``--stacks``) is another source's. ``blocks.module`` is the
   creating call's; a mark's module (a gradient's or optimizer state's parameter) fills an
   empty one.
@@ -121,9 +121,9 @@ class Attribution:
     # ops, storages and their addresses, memory events, saved events, as int64 rows in schema
     # order, ids in the run's numbering. For that it keeps, per run, what maps ids across
     # steps: each live block's storage row (NOTE [ Freed blocks leave the map ] in
-    # ckattr.cpp), each native call id's Python call row and each such row's module (the
+    # ckattr_write.cpp), each native call id's Python call row and each such row's module (the
     # call rows leave it with the call table's, ``forget_calls``), and the string ids of the
-    # layouts and devices it has seen (NOTE [ Layout strings ] in ckattr.cpp). What it cannot
+    # layouts and devices it has seen (NOTE [ Layout strings ] in ckattr_write.cpp). What it cannot
     # know comes back for Python to finish: a saved tensor on a block from before the run has
     # storage -1 (the Python ledger's row, by pointer), and earlier blocks freed now are
     # ``late_sid``/``late_free_ns`` (their rows' free_ns).
@@ -150,7 +150,7 @@ class Attribution:
 
     def sids(self, blocks: np.ndarray) -> np.ndarray:
         """Storage row of each block id; -1 for a block of no step of this run, or freed
-        before the last drain (NOTE [ Freed blocks leave the map ] in ckattr.cpp)."""
+        before the last drain (NOTE [ Freed blocks leave the map ] in ckattr_write.cpp)."""
         return self._native.sids(np.asarray(blocks, np.int64))
 
     def call_rows(self, native: np.ndarray) -> np.ndarray:
@@ -158,7 +158,8 @@ class Attribution:
         return self._native.call_rows(np.asarray(native, np.int64))
 
     def live_blocks(self) -> int:
-        """Blocks in the storage-row map (NOTE [ Freed blocks leave the map ] in ckattr.cpp)."""
+        """Blocks in the storage-row map (NOTE [ Freed blocks leave the map ] in
+        ckattr_write.cpp)."""
         return int(self._native.live_blocks())
 
     def known_calls(self) -> int:
@@ -221,19 +222,19 @@ class StepRows:
 # [begin, end) holds its number, as the Python recorder's ``PhaseState.backward_call``
 # has it (recompute calls are left out: their nodes are the recompute's own). Engine work
 # between nodes takes the number of the node that ran last (NOTE [ Engine work between
-# nodes ] in ckrec.cpp); AccumulateGrad has no number and keeps the call open on the thread.
+# nodes ] in ckrec_ops.cpp); AccumulateGrad has no number and keeps the call open on the thread.
 
 # NOTE [ Outermost ops ]
 # RecordFunction ranges nest: aten.linear holds aten.t and aten.addmm, a backward node's range
 # holds the ops it runs, Optimizer.step holds the optimizer's. The trace's ops do not nest
 # (analyses add up op times per phase and per region), so a run's ops are the outermost
 # dispatcher ops: ranges of an op the dispatcher runs with no such op around them, or only a
-# decomposing one (NOTE [ Ops as a dispatch mode sees them ] in ckrec.cpp). Other
+# decomposing one (NOTE [ Ops as a dispatch mode sees them ] in ckrec_ops.cpp). Other
 # ranges (backward nodes, the engine's, record_function labels) are not ops of the trace, and
 # what they hold is (a checkpoint's recompute runs inside a backward node). Every range maps to
 # its outermost dispatcher op (``outer``; -1 when none holds it), which blocks allocated in it
 # are attributed to. The extension finds it when the range begins, from the thread's open
-# ranges (``on_start`` in ckrec.cpp); the compiled regions count as ops (``mark_ops``).
+# ranges (``on_start`` in ckrec_ops.cpp); the compiled regions count as ops (``mark_ops``).
 
 # NOTE [ Block sizes on CUDA ]
 # CUDA's caching allocator reports a block's size, and a cached block it reuses without

@@ -31,8 +31,14 @@ from typing import NamedTuple
 
 from recorder.native.rows import check_layout
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("ckrec.cpp", "ckattr.cpp"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("ckrec.h", "ckattr.h"))
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("ckrec.cpp", "ckrec_ops.cpp", "ckrec_hooks.cpp", "ckattr.cpp", "ckattr_write.cpp")
+)
+HEADERS = tuple(
+    Path(__file__).with_name(name)
+    for name in ("ckrec.h", "ckrec_internal.h", "ckattr.h", "ckattr_internal.h")
+)
 NAME = "ckview_native"
 STAMP = "stamp.json"
 CFLAGS = ("-O2", "-DNDEBUG")

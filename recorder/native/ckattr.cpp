@@ -1,12 +1,14 @@
 // Per-step attribution of drained rows (NOTE [ Attribution in the extension ] in
-// recorder/native/attribute.py, which documents what each column means). It includes no torch
-// header: it reads the rows ckrec.cpp wrote, and compiles in about a third of ckrec.cpp's time.
+// recorder/native/attribute.py, which documents what each column means): Attributor::step
+// turns one drain's rows into the step's facts, and its columns on demand (StepTables); the
+// rows of the run's tables that write() makes from them are ckattr_write.cpp's, and what both
+// share is in ckattr_internal.h. It includes no torch header: it reads the rows the native
+// sources wrote (ckrec.h), and compiles in a fraction of their time.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -14,44 +16,16 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "ckattr.h"
+#include "ckattr_internal.h"
 #include "ckrec.h"
 
-namespace py = pybind11;
-
 namespace ckattr {
+namespace internal {
 namespace {
-
-using ckrec::EndRow;
-using ckrec::kDims;
-using ckrec::MemRow;
-using ckrec::ModRow;
-using ckrec::NoteRow;
-using ckrec::OomRow;
-using ckrec::OpRow;
-using ckrec::OutRow;
-using ckrec::SavedRow;
-using I64 = std::vector<int64_t>;
-using I32 = std::vector<int32_t>;
-using U8 = std::vector<uint8_t>;
-
-// The trace's enums (ckview/trace/schema.py; tests/test_native_attribute.py checks them)
-enum Phase : uint8_t { FORWARD = 0, BACKWARD = 1, RECOMPUTE = 2, OPTIMIZER = 3, OTHER = 4 };
-constexpr int64_t kTemporary = 4, kOtherCategory = 6;  // Category
-constexpr int64_t kAlloc = 0, kFree = 1;               // MemoryEventKind
-constexpr int64_t kCudaBlock = 512;  // NOTE [ Block sizes on CUDA ] in attribute.py
-constexpr int16_t kCuda = 1;         // c10::DeviceType::CUDA
-
-template <class T>
-struct Rows {
-  const T* p = nullptr;
-  size_t n = 0;
-  const T& operator[](size_t i) const { return p[i]; }
-};
 
 template <class T>
 Rows<T> rows_of(const py::buffer& buffer) {
@@ -61,10 +35,6 @@ Rows<T> rows_of(const py::buffer& buffer) {
   return {static_cast<const T*>(info.ptr), bytes / sizeof(T)};
 }
 
-template <class T>
-py::array_t<T> out(const std::vector<T>& v) {
-  return py::array_t<T>(py::ssize_t(v.size()), v.data());
-}
 py::array bools(const U8& v) {
   return py::array(py::dtype::of<bool>(), {py::ssize_t(v.size())}, {}, v.data());
 }
@@ -87,38 +57,6 @@ std::vector<size_t> stable_order(size_t n, F key) {
   return order;
 }
 
-// The row of each key of a sorted array (the first of equal keys): a table over the keys'
-// range where they are dense (op, block and call ids of a drain count up), else binary search.
-class Index {
- public:
-  explicit Index(const I64& keys) : keys_(keys) {
-    if (keys.empty() || keys.back() - keys.front() > int64_t(4 * keys.size() + 64)) return;
-    first_ = keys.front();
-    rows_.assign(size_t(keys.back() - first_ + 1), -1);
-    for (size_t i = keys.size(); i-- > 0;) rows_[size_t(keys[i] - first_)] = int32_t(i);
-  }
-  // (found, row); the row only means something when found
-  std::pair<bool, size_t> find(int64_t q) const {
-    if (!rows_.empty()) {
-      if (q < first_ || q - first_ >= int64_t(rows_.size())) return {false, 0};
-      int32_t row = rows_[size_t(q - first_)];
-      return {row >= 0, size_t(std::max(row, 0))};
-    }
-    auto it = std::lower_bound(keys_.begin(), keys_.end(), q);
-    if (it == keys_.end() || *it != q) return {false, 0};
-    return {true, size_t(it - keys_.begin())};
-  }
-
- private:
-  const I64& keys_;
-  int64_t first_ = 0;
-  std::vector<int32_t> rows_;
-};
-
-using Intervals = std::vector<std::pair<int64_t, int64_t>>;  // (start, end), sorted by start
-
-using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-
 Intervals sorted_intervals(const Int64Array& a) {
   Intervals v;
   const int64_t* p = a.data();
@@ -134,81 +72,6 @@ inline bool inside(const Intervals& v, int64_t t) {
       [](int64_t x, const std::pair<int64_t, int64_t>& s) { return x < s.first; });
   return it != v.begin() && t <= std::prev(it)->second;
 }
-
-py::array_t<int64_t> table(size_t rows, size_t width) {
-  return py::array_t<int64_t>({py::ssize_t(rows), py::ssize_t(width)});
-}
-
-// A row of the run's op table from an offset from the step's first (NOTE [ Op rows of a step ])
-int64_t row_of(int64_t offset, int64_t first) { return offset >= 0 ? offset + first : -1; }
-
-struct Layout {  // a tensor's dtype and shape (NOTE [ Layout strings ])
-  int8_t dtype, ndim;
-  int64_t dims[kDims];
-  bool operator==(const Layout& o) const {
-    return dtype == o.dtype && ndim == o.ndim && std::memcmp(dims, o.dims, sizeof dims) == 0;
-  }
-};
-struct LayoutHash {
-  size_t operator()(const Layout& k) const {
-    uint64_t h = uint64_t(k.dtype) * 0x9E3779B97F4A7C15ULL ^ uint64_t(k.ndim);
-    for (int64_t d : k.dims) h = (h ^ uint64_t(d)) * 0x100000001B3ULL;
-    return size_t(h);
-  }
-};
-
-struct Span {
-  int phase;
-  Intervals intervals;
-};
-
-struct ForwardCalls {  // NOTE [ Backward blocks and modules ] in attribute.py
-  I64 call, parent, seq_begin, seq_end;
-};
-
-struct Ops {  // this drain's op rows in id order, as columns
-  I64 id, t0, t1, seq, parent, top, node_seq, outer, seq_nr;
-  I32 name, call, graph_task, module_call, module;
-  U8 scope, raised, phase;
-  I64 late_id, late_end;  // ends of ops of earlier drains
-  void reserve(size_t n) {
-    for (I64* c : {&id, &t0, &t1, &seq, &parent, &top, &node_seq, &outer, &seq_nr}) c->reserve(n);
-    for (I32* c : {&name, &call, &graph_task, &module_call, &module}) c->reserve(n);
-    for (U8* c : {&scope, &raised, &phase}) c->reserve(n);
-  }
-};
-
-struct Blocks {  // blocks allocated in the drain, in block order, as columns
-  Blocks() = default;
-  explicit Blocks(size_t n)
-      : block(n), ptr(n), nbytes(n), alloc_ns(n), free_ns(n, -1), free_op(n, -1), op(n), top(n),
-        node_seq(n), dims(n * kDims, 0), device_type(n), device_index(n), call(n),
-        module_call(n), module(n), phase(n, OTHER), saved(n, 0), dtype(n, -1), ndim(n, -1),
-        op_row(n, -1), free_op_row(n, -1) {}
-  I64 block, ptr, nbytes, alloc_ns, free_ns, free_op, op, top, node_seq, dims;
-  std::vector<int16_t> device_type, device_index;
-  I32 call, module_call, module;
-  U8 phase, saved;
-  std::vector<int8_t> dtype, ndim;
-  I64 op_row, free_op_row;  // NOTE [ Op rows of a step ]
-  I64 late_block, late_free_ns, late_free_op_row;  // frees of blocks of earlier drains
-};
-
-struct Saved {  // the drain's saved-tensor rows, as columns
-  explicit Saved(size_t n = 0)
-      : t(n), ptr(n), block(n), storage(n), nbytes(n), op(n), top(n), dims(n * kDims),
-        op_row(n), call(n), module_call(n), kind(n), dtype(n), ndim(n) {}
-  I64 t, ptr, block, storage, nbytes, op, top, dims, op_row, late;
-  I32 call, module_call;
-  U8 kind;
-  std::vector<int8_t> dtype, ndim;
-};
-
-struct StepData {  // what one drain's rows say, whole
-  Ops ops;
-  Blocks blocks;
-  Saved saved;
-};
 
 py::dict ops_columns(const Ops& o);
 py::dict blocks_columns(const Blocks& b);
@@ -240,65 +103,7 @@ class StepTables {
   std::shared_ptr<const StepData> data_;
 };
 
-class Attributor {
- public:
-  py::dict step(const py::buffer& ops_b, const py::buffer& ends_b, const py::buffer& mem_b,
-                const py::buffer& saved_b, const py::buffer& outs_b, const py::buffer& mods_b,
-                const py::buffer& ooms_b, const py::buffer& notes_b, const py::list& spans_in,
-                bool nested);
-
-  // NOTE [ Rows of the run's tables ]
-  void use_strings(py::function intern, py::dict dtype_names, py::function device_id,
-                   int64_t cpu_id);
-  py::dict write(int64_t step, int64_t now, int64_t first_op, int64_t first_sid,
-                 int64_t first_call, const Int64Array& call_starts,
-                 const Int64Array& call_modules, const Int64Array& name_ids,
-                 const std::optional<Int64Array>& stacks);
-  py::array_t<int64_t> sids(const Int64Array& blocks) const;
-  py::array_t<int64_t> call_rows(const Int64Array& native) const;
-  void forget_calls(int64_t base, const Int64Array& kept);
-  size_t live_blocks() const { return sid_of_block_.size(); }
-  size_t known_calls() const { return call_rows_.size() + row_modules_.size(); }
-
- private:
-  int32_t module_of(int64_t call) const {
-    return call >= 0 && call < int64_t(call_module_.size()) ? call_module_[size_t(call)] : -1;
-  }
-  py::dict calls(Rows<ModRow> mods, const std::vector<Span>& spans);
-  int64_t call_of_seq(int64_t seq) const;
-
-  I32 call_module_;        // module of every call id seen (call ids count over the process)
-  ForwardCalls previous_;  // the previous drain's forward calls
-  // the lookup call_of_seq uses, built by calls(): forward calls of this drain and the last
-  I64 by_begin_, call_by_begin_, ids_, ends_by_id_, parents_by_id_;
-  std::unique_ptr<Index> id_index_;  // over ids_
-  I64 step_calls_, step_call_starts_;  // this drain's calls (native ids) and their starts
-
-  std::shared_ptr<const StepData> last_;  // what write() turns into rows: the last drain's
-  // ids of the run's tables and strings
-  std::pair<int64_t, int64_t> layout(int8_t dtype, int8_t ndim, const int64_t* dims);
-  int64_t device(int16_t type, int16_t index);
-  int64_t call_row(int64_t native) const;
-  int64_t row_module(int64_t row) const;
-  void add_python_calls(int64_t first, const Int64Array& starts, const Int64Array& modules);
-  py::array_t<int64_t> ops_table(int64_t step, int64_t now, const Int64Array& names);
-  py::array_t<int64_t> storages_table(int64_t first_op, int64_t first_sid,
-                                      const std::optional<Int64Array>& stacks);
-  py::array_t<int64_t> memory_table(int64_t first_op, int64_t first_sid, py::dict& d);
-  py::array_t<int64_t> saved_storages(int64_t first_sid) const;
-  py::array_t<int64_t> saved_table(int64_t first_op);
-  std::unordered_map<int64_t, int64_t> sid_of_block_;  // the run's live blocks' storage rows
-  I64 forget_;  // blocks freed in the last write (NOTE [ Freed blocks leave the map ])
-  std::unordered_map<int64_t, int64_t> call_rows_;      // native call id -> Python call row
-  mutable std::pair<int64_t, int64_t> last_call_{-1, -1};  // the last call_row lookup
-  std::unordered_map<int64_t, int64_t> row_modules_;    // Python call row -> module
-  py::function intern_, device_id_;
-  int64_t cpu_id_ = -1, unknown_ = -1;
-  std::unordered_map<int, std::string> dtype_names_;
-  std::unordered_map<Layout, std::pair<int64_t, int64_t>, LayoutHash> layouts_;
-  const std::pair<const Layout, std::pair<int64_t, int64_t>>* last_layout_ = nullptr;
-  std::unordered_map<int32_t, int64_t> devices_;
-};
+}  // namespace
 
 // Module calls begun in this drain; builds the backward lookup (forward calls, recomputes out).
 py::dict Attributor::calls(Rows<ModRow> mods, const std::vector<Span>& spans) {
@@ -387,6 +192,7 @@ int64_t Attributor::call_of_seq(int64_t seq) const {
   return found;
 }
 
+namespace {
 std::vector<Span> spans_of(const py::list& spans) {
   std::vector<Span> out;
   for (const py::handle& item : spans) {
@@ -649,6 +455,7 @@ py::dict notes_columns(Rows<NoteRow> rows) {
   d["module"] = out(module), d["what"] = out(what);
   return d;
 }
+}  // namespace
 
 py::dict Attributor::step(const py::buffer& ops_b, const py::buffer& ends_b,
                           const py::buffer& mem_b, const py::buffer& saved_b,
@@ -692,240 +499,10 @@ py::dict Attributor::step(const py::buffer& ops_b, const py::buffer& ends_b,
   return facts;
 }
 
-// ------------------------------------------------------------------ the run's rows
-
-// NOTE [ Freed blocks leave the map ]
-// A freed block's id is never named again (NOTE [ Blocks by address ] in ckrec.cpp: every
-// allocation gets a new id), so once its step's rows are written nothing asks for its storage
-// row: the map keeps only the blocks alive, and stays as small as they are however long the
-// recording (issue 21, defect 6: it grew by 16 bytes per block, about 20 KiB per small-op
-// step). The blocks a write frees leave it at the next write, so that the caller can still
-// look up the step's blocks (`sids`) until then.
-
-void Attributor::use_strings(py::function intern, py::dict dtype_names, py::function device_id,
-                             int64_t cpu_id) {
-  intern_ = std::move(intern), device_id_ = std::move(device_id), cpu_id_ = cpu_id;
-  for (const auto& [code, name] : dtype_names)
-    dtype_names_[code.cast<int>()] = name.cast<std::string>();
-  unknown_ = intern_("").cast<int64_t>();  // a block no op output names
-}
-
-// NOTE [ Layout strings ]
-// A storage's and a saved tensor's dtype and shape are string ids ('float32', '64x128',
-// 'scalar', '2x3x4x5x6x7x8x9x...' past kDims sizes), the empty string's where no op output names
-// the block. Each distinct layout is formatted and interned once per run, when first seen.
-std::pair<int64_t, int64_t> Attributor::layout(int8_t dtype, int8_t ndim, const int64_t* dims) {
-  if (ndim < 0) return {unknown_, unknown_};
-  Layout key{dtype, ndim, {}};
-  std::memcpy(key.dims, dims, sizeof key.dims);
-  if (last_layout_ && last_layout_->first == key) return last_layout_->second;
-  auto it = layouts_.find(key);
-  if (it != layouts_.end()) return (last_layout_ = &*it)->second;
-  auto name = dtype_names_.find(dtype);
-  std::string dtype_text =
-      name != dtype_names_.end() ? name->second : "dtype" + std::to_string(dtype);
-  std::string shape = ndim == 0 ? "scalar" : "";
-  for (int i = 0; i < std::min<int>(ndim, kDims); ++i)
-    shape += (i ? "x" : "") + std::to_string(dims[i]);
-  if (ndim > kDims) shape += "x...";
-  std::pair<int64_t, int64_t> ids{intern_(dtype_text).cast<int64_t>(),
-                                  intern_(shape).cast<int64_t>()};
-  last_layout_ = &*layouts_.emplace(key, ids).first;
-  return ids;
-}
-
-int64_t Attributor::device(int16_t type, int16_t index) {
-  if (type == 0) return cpu_id_;  // c10::DeviceType::CPU
-  int32_t key = int32_t(type) << 16 | uint16_t(index);
-  auto it = devices_.find(key);
-  if (it == devices_.end())
-    it = devices_.emplace(key, device_id_(type, index).cast<int64_t>()).first;
-  return it->second;
-}
-
-int64_t Attributor::call_row(int64_t native) const {
-  if (native < 0) return -1;
-  if (native == last_call_.first) return last_call_.second;  // runs of rows share a call
-  auto it = call_rows_.find(native);
-  last_call_ = {native, it == call_rows_.end() ? -1 : it->second};
-  return last_call_.second;
-}
-
-int64_t Attributor::row_module(int64_t row) const {
-  auto it = row_modules_.find(row);
-  return row < 0 || it == row_modules_.end() ? -1 : it->second;
-}
-
-// Each native call of the drain takes the Python call row that began last before it (rows
-// `first`.. begin at `starts`, owned by `modules`).
-void Attributor::add_python_calls(int64_t first, const Int64Array& starts,
-                                  const Int64Array& modules) {
-  const int64_t* s = starts.data();
-  size_t n = size_t(starts.size());
-  last_call_ = {-1, -1};
-  for (size_t i = 0; i < n; ++i) row_modules_[first + int64_t(i)] = modules.data()[i];
-  for (size_t i = 0; i < step_calls_.size(); ++i) {
-    size_t at = size_t(std::upper_bound(s, s + n, step_call_starts_[i]) - s);
-    call_rows_.emplace(step_calls_[i], at == 0 ? -1 : first + int64_t(at) - 1);
-  }
-}
-
-void Attributor::forget_calls(int64_t base, const Int64Array& kept) {
-  last_call_ = {-1, -1};
-  std::unordered_set<int64_t> keep(kept.data(), kept.data() + kept.size());
-  auto gone = [&](int64_t row) { return row < base && !keep.count(row); };
-  for (auto it = call_rows_.begin(); it != call_rows_.end();)
-    it = gone(it->second) ? call_rows_.erase(it) : std::next(it);
-  for (auto it = row_modules_.begin(); it != row_modules_.end();)
-    it = gone(it->first) ? row_modules_.erase(it) : std::next(it);
-}
-
-py::array_t<int64_t> Attributor::sids(const Int64Array& blocks) const {
-  py::array_t<int64_t> found(blocks.size());
-  int64_t* f = found.mutable_data();
-  for (py::ssize_t i = 0; i < blocks.size(); ++i) {
-    auto it = sid_of_block_.find(blocks.data()[i]);
-    f[i] = it == sid_of_block_.end() ? -1 : it->second;
-  }
-  return found;
-}
-
-py::array_t<int64_t> Attributor::call_rows(const Int64Array& native) const {
-  py::array_t<int64_t> found(native.size());
-  for (py::ssize_t i = 0; i < native.size(); ++i)
-    found.mutable_data()[i] = call_row(native.data()[i]);
-  return found;
-}
-
-// The step's rows of the run's tables (NOTE [ Rows of the run's tables ]).
-py::dict Attributor::write(int64_t step, int64_t now, int64_t first_op, int64_t first_sid,
-                           int64_t first_call, const Int64Array& call_starts,
-                           const Int64Array& call_modules, const Int64Array& name_ids,
-                           const std::optional<Int64Array>& stacks) {
-  if (!intern_) throw std::logic_error("Attributor.write before use_strings");
-  if (!last_) throw std::logic_error("Attributor.write before step");
-  for (int64_t block : forget_) sid_of_block_.erase(block);  // NOTE [ Freed blocks leave ...
-  forget_.clear();
-  add_python_calls(first_call, call_starts, call_modules);
-  py::dict d;
-  d["ops"] = ops_table(step, now, name_ids);
-  d["storages"] = storages_table(first_op, first_sid, stacks);
-  d["address"] = out(last_->blocks.ptr);
-  d["memory"] = memory_table(first_op, first_sid, d);
-  d["saved_sids"] = saved_storages(first_sid);
-  d["saved"] = saved_table(first_op);
-  d["saved_ptr"] = out(last_->saved.ptr);
-  return d;
-}
-
-py::array_t<int64_t> Attributor::ops_table(int64_t step, int64_t now, const Int64Array& names) {
-  const Ops& o = last_->ops;
-  size_t kept = 0;
-  for (size_t i = 0; i < o.id.size(); ++i) kept += o.outer[i] == o.id[i];
-  auto t = table(kept, 7);
-  int64_t* r = t.mutable_data();
-  for (size_t i = 0; i < o.id.size(); ++i) {
-    if (o.outer[i] != o.id[i]) continue;
-    int64_t name = o.name[i] >= 0 && o.name[i] < names.size() ? names.data()[o.name[i]] : -1;
-    int64_t call = call_row(o.phase[i] == RECOMPUTE ? o.call[i] : o.module_call[i]);
-    int64_t end = o.t1[i] < 0 ? now : o.t1[i];
-    for (int64_t v : {name, int64_t(o.phase[i]), call, step, o.t0[i], end, o.seq_nr[i]}) *r++ = v;
-  }
-  return t;
-}
-
-py::array_t<int64_t> Attributor::storages_table(int64_t first_op, int64_t first_sid,
-                                                const std::optional<Int64Array>& stacks) {
-  const Blocks& b = last_->blocks;
-  size_t n = b.block.size();
-  if (stacks && size_t(stacks->size()) != n) throw std::invalid_argument("one stack per block");
-  auto t = table(n, 11);
-  int64_t* r = t.mutable_data();
-  sid_of_block_.reserve(sid_of_block_.size() + n);
-  for (size_t k = 0; k < n; ++k) {
-    auto [dtype, shape] = layout(b.dtype[k], b.ndim[k], &b.dims[k * kDims]);
-    int64_t call = call_row(b.phase[k] == RECOMPUTE ? b.call[k] : b.module_call[k]);
-    int64_t category = b.phase[k] == OTHER ? kOtherCategory : kTemporary;
-    int64_t stack = stacks ? stacks->data()[k] : -1;
-    for (int64_t v : {b.nbytes[k], device(b.device_type[k], b.device_index[k]), category, dtype,
-                      shape, row_of(b.op_row[k], first_op), call, row_module(call),
-                      b.alloc_ns[k], b.free_ns[k], stack})
-      *r++ = v;
-    sid_of_block_[b.block[k]] = first_sid + int64_t(k);
-  }
-  return t;
-}
-
-// ALLOC rows of the drain's blocks, FREE rows of those freed and of earlier blocks freed now
-// (their storage rows' free_ns is for the caller to set: `late_sid`, `late_free_ns`), in time
-// order; rows of one time in that order.
-py::array_t<int64_t> Attributor::memory_table(int64_t first_op, int64_t first_sid, py::dict& d) {
-  const Blocks& b = last_->blocks;
-  size_t n = b.block.size();
-  I64 late_sid, late_ns, late_row;
-  for (size_t k = 0; k < b.late_block.size(); ++k) {
-    auto it = sid_of_block_.find(b.late_block[k]);
-    if (it == sid_of_block_.end()) continue;
-    late_sid.push_back(it->second), late_ns.push_back(b.late_free_ns[k]);
-    late_row.push_back(row_of(b.late_free_op_row[k], first_op));
-  }
-  std::vector<std::array<int64_t, 4>> events;  // kind, storage, op, time
-  events.reserve(2 * n + late_sid.size());
-  for (size_t k = 0; k < n; ++k)
-    events.push_back({kAlloc, first_sid + int64_t(k), row_of(b.op_row[k], first_op),
-                      b.alloc_ns[k]});
-  for (size_t k = 0; k < n; ++k) {
-    if (b.free_ns[k] < 0) continue;
-    events.push_back({kFree, first_sid + int64_t(k), row_of(b.free_op_row[k], first_op),
-                      b.free_ns[k]});
-    forget_.push_back(b.block[k]);
-  }
-  for (size_t k = 0; k < late_sid.size(); ++k)
-    events.push_back({kFree, late_sid[k], late_row[k], late_ns[k]});
-  auto by_time = [](const auto& x, const auto& y) { return x[3] < y[3]; };
-  std::stable_sort(events.begin(), events.end(), by_time);
-  auto t = table(events.size(), 4);
-  if (!events.empty())
-    std::memcpy(t.mutable_data(), events.data(), events.size() * sizeof events[0]);
-  forget_.insert(forget_.end(), b.late_block.begin(), b.late_block.end());
-  d["late_sid"] = out(late_sid), d["late_free_ns"] = out(late_ns);
-  return t;
-}
-
-// The storage rows autograd saved: this drain's blocks, then earlier ones.
-py::array_t<int64_t> Attributor::saved_storages(int64_t first_sid) const {
-  const Blocks& b = last_->blocks;
-  I64 saved;
-  for (size_t k = 0; k < b.block.size(); ++k)
-    if (b.saved[k]) saved.push_back(first_sid + int64_t(k));
-  for (int64_t block : last_->saved.late) {
-    auto it = sid_of_block_.find(block);
-    if (it != sid_of_block_.end()) saved.push_back(it->second);
-  }
-  return out(saved);
-}
-
-// saved_events rows; `storage` is -1 where the block is not the run's (a parameter's, from
-// before the run: the caller finds its row by pointer, and drops the rows it cannot).
-py::array_t<int64_t> Attributor::saved_table(int64_t first_op) {
-  const Saved& s = last_->saved;
-  size_t n = s.t.size();
-  auto t = table(n, 8);
-  int64_t* r = t.mutable_data();
-  for (size_t i = 0; i < n; ++i) {
-    auto it = sid_of_block_.find(s.block[i]);
-    int64_t sid = it == sid_of_block_.end() ? -1 : it->second;
-    auto [dtype, shape] = layout(s.dtype[i], s.ndim[i], &s.dims[i * kDims]);
-    for (int64_t v : {int64_t(s.kind[i]), sid, row_of(s.op_row[i], first_op),
-                      call_row(s.module_call[i]), shape, dtype, s.nbytes[i], s.t[i]})
-      *r++ = v;
-  }
-  return t;
-}
-
-}  // namespace
+}  // namespace internal
 
 void bind(py::module_& m) {
+  using namespace internal;  // NOLINT: StepTables and Attributor
   py::class_<StepTables>(m, "StepTables", "A drain's columns, made when asked (attribute.py)")
       .def("ops", &StepTables::ops)
       .def("blocks", &StepTables::blocks)

@@ -1,6 +1,6 @@
 // Rows, clock, block table and per-thread buffers of ckview's native event sources
-// (recorder/native/ckrec.cpp, its only includer). The row structs are mirrored by numpy dtypes
-// in recorder/native/rows.py.
+// (recorder/native/ckrec*.cpp write the rows, ckattr*.cpp read them). The row structs are
+// mirrored by numpy dtypes in recorder/native/rows.py.
 #pragma once
 
 #include <atomic>
@@ -56,7 +56,7 @@ struct ModRow {  // a module forward call begins (enter 1) or returns (enter 0)
 struct EndRow {  // an op that ended after its row was drained
   int64_t id, t1;
 };
-struct NoteRow {  // a tensor Python saw (NOTE [ Notes ] in ckrec.cpp)
+struct NoteRow {  // a tensor Python saw (NOTE [ Notes ] in ckrec_hooks.cpp)
   int64_t t, block, sid, value;  // block of the run, or -1 and the storage row Python gave it
   int32_t module;
   uint8_t what, pad[3];
@@ -160,8 +160,9 @@ struct Frame {  // an open op on this thread
   int64_t allocations;  // blocks allocated while it was the innermost op
   bool in_node;         // a backward node's range, or inside one
   bool decomposes;      // an op of the trace that decomposes (NOTE [ Ops as a dispatch mode
-  bool descended;       // sees them ] in ckrec.cpp), and whether ops it called took its place
-  bool named;           // a row names it (NOTE [ Nested ranges that leave no row ] in ckrec.cpp)
+  bool descended;       // sees them ] in ckrec_ops.cpp), and whether ops it called took its place
+  bool named;           // a row names it (NOTE [ Nested ranges that leave no row ] in
+                        // ckrec_ops.cpp)
 };
 struct Call {  // an open module call on this thread
   int32_t call, module;

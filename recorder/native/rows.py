@@ -1,4 +1,5 @@
-"""The rows the native sources write (``ckrec.cpp``), as numpy structured dtypes.
+"""The rows the native sources write (``ckrec_ops.cpp``, ``ckrec_hooks.cpp``), as numpy
+structured dtypes.
 
 Each dtype mirrors a packed C++ struct field by field; ``check_layout`` compares their sizes with
 the ones the extension reports before any row is read. Times are ``CLOCK_MONOTONIC``
@@ -41,7 +42,8 @@ MEMORY = np.dtype(
         ("t", "<i8"),
         ("ptr", "<i8"),
         ("bytes", "<i8"),  # > 0 allocation, < 0 free
-        ("block", "<i8"),  # block id (NOTE [ Blocks by address ] in ckrec.cpp); -1: unknown free
+        ("block", "<i8"),  # block id (NOTE [ Blocks by address ] in ckrec_ops.cpp); -1: a free
+        # of a block it does not know
         ("op", "<i8"),  # its op of the trace, else the innermost open range, -1 if none
         ("top", "<i8"),
         ("node_seq", "<i8"),
@@ -103,7 +105,7 @@ MODULES = np.dtype(
     ]
 )
 OP_ENDS = np.dtype([("id", "<i8"), ("t1", "<i8")])
-NOTES = np.dtype(  # NOTE [ Notes ] in ckrec.cpp
+NOTES = np.dtype(  # NOTE [ Notes ] in ckrec_hooks.cpp
     [
         ("t", "<i8"),
         ("block", "<i8"),  # a block of the run, or -1: then
@@ -114,7 +116,7 @@ NOTES = np.dtype(  # NOTE [ Notes ] in ckrec.cpp
         ("pad", "u1", 3),
     ]
 )
-INPUTS = np.dtype(  # NOTE [ Op inputs outside modules ] in ckrec.cpp
+INPUTS = np.dtype(  # NOTE [ Op inputs outside modules ] in ckrec_hooks.cpp
     [
         ("t", "<i8"),
         ("op", "<i8"),  # a top-level op outside module calls, backward and optimizer
