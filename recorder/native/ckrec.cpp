@@ -116,7 +116,7 @@ void start(bool ops, bool memory, bool outputs) {
   drainer.store(state().buf.get());  // NOTE [ The recording thread writes without a lock ]
   forget_blocks();  // frees of an earlier recording's blocks are unknown now
   {
-    std::lock_guard<std::mutex> lock(blocks_mu);
+    std::lock_guard<SpinLock> lock(blocks_mu);
     seen_storages.clear();  // storage rows are per run (NOTE [ Notes ] in ckrec_hooks.cpp)
     last_marks.clear();     // NOTE [ Marks already noted ] in ckrec_hooks.cpp
   }

@@ -52,7 +52,7 @@ void input_row(ThreadState& ts, int64_t op, int64_t t, const at::Tensor& x) {
   if (!x.defined() || !x.has_storage() || x.storage().nbytes() == 0) return;
   int64_t key = storage_key(x), block, sid = -1, tensor = -1;
   {
-    std::lock_guard<std::mutex> lock(blocks_mu);
+    std::lock_guard<SpinLock> lock(blocks_mu);
     block = live_blocks.get(key);
     if (block < 0) sid = seen_storages.get(key);
   }
@@ -214,7 +214,7 @@ bool note(PyObject* obj, uint8_t what, int64_t value, int32_t module) {
   if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) return false;
   int64_t key = storage_key(t), block, sid = -1;
   {
-    std::lock_guard<std::mutex> lock(blocks_mu);
+    std::lock_guard<SpinLock> lock(blocks_mu);
     block = live_blocks.get(key);
     if (block < 0) sid = seen_storages.get(key);
     if (block < 0 && sid < 0) return false;
@@ -233,14 +233,14 @@ bool note(PyObject* obj, uint8_t what, int64_t value, int32_t module) {
 int64_t see(const at::Tensor& t, int64_t sid) {
   if (!t.has_storage() || t.storage().nbytes() == 0) return 0;
   int64_t key = storage_key(t);
-  std::lock_guard<std::mutex> lock(blocks_mu);
+  std::lock_guard<SpinLock> lock(blocks_mu);
   seen_storages.put(key, sid);
   return key;
 }
 
 void unsee(int64_t key) {
   if (key == 0) return;
-  std::lock_guard<std::mutex> lock(blocks_mu);
+  std::lock_guard<SpinLock> lock(blocks_mu);
   seen_storages.take(key);
 }
 

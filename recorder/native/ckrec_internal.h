@@ -100,7 +100,7 @@ void mark_ops(const std::vector<std::string>& op_names);
 std::vector<std::string> names_from(size_t first);
 void listen_for_deregistrations();
 
-extern std::mutex blocks_mu;  // NOTE [ Blocks by address ]
+extern SpinLock blocks_mu;  // NOTE [ Blocks by address ]
 extern BlockTable live_blocks;  // guarded by blocks_mu
 // Addresses fit in 48 bits (x86-64 and aarch64 user space, CUDA's unified addresses); the
 // device goes above them. Never 0 for a real block (ptr is never null).

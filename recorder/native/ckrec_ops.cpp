@@ -226,14 +226,14 @@ void describe(const at::Tensor& t, TensorInfo& info) {
 // and no pairing by address and time is left for later. A free the table does not know (a block
 // allocated before start(), which CUDA reports and the CPU allocator does not) gets -1.
 // blocks_mu is never held together with a buffer's lock.
-std::mutex blocks_mu;
+SpinLock blocks_mu;  // NOTE [ The block table's lock ] in ckrec.h
 BlockTable live_blocks;  // guarded by blocks_mu
 
 namespace {
 int64_t next_block = 0;  // guarded by blocks_mu
 
 int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
-  std::lock_guard<std::mutex> lock(blocks_mu);
+  std::lock_guard<SpinLock> lock(blocks_mu);
   int64_t key = block_key(ptr, d);
   if (bytes > 0) {
     live_blocks.put(key, next_block);
@@ -244,13 +244,13 @@ int64_t on_block(int64_t ptr, int64_t bytes, c10::Device d) {
 }  // namespace
 
 void forget_blocks() {
-  std::lock_guard<std::mutex> lock(blocks_mu);
+  std::lock_guard<SpinLock> lock(blocks_mu);
   live_blocks.clear();
 }
 
 int64_t block_of(const at::Tensor& t) {
   int64_t key = block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
-  std::lock_guard<std::mutex> lock(blocks_mu);
+  std::lock_guard<SpinLock> lock(blocks_mu);
   return live_blocks.get(key);
 }
 
