@@ -74,7 +74,7 @@ def _shape_text(ndim: int, dims: np.ndarray) -> str:
 
 @pytest.fixture(scope="session")
 def ext() -> Any:
-    """The extension, built into the user's cache on the first run (about 30 s, once)."""
+    """The extension, built into the user's cache on the first run (under a minute, once)."""
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         pytest.skip(f"no C++ compiler ({compiler}): the native recorder cannot be built here")

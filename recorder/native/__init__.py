@@ -3,7 +3,7 @@ recorded by a small C++ extension (``ckrec.cpp``, ``ckrec_ops.cpp`` and ``ckrec_
 built against the running torch.
 
 >>> from recorder.native import load
->>> ext, reason = load()          # builds once (~30 s), then imports the cached build
+>>> ext, reason = load()          # builds once (under a minute), then imports the cached build
 >>> if ext is None:
 ...     print(f"ckview: {reason}; recording with the Python recorder")
 

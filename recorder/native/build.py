@@ -8,8 +8,8 @@ import: it fails silently. So a build serves exactly one torch version and one P
 else ``$XDG_CACHE_HOME/ckview``, else ``~/.cache/ckview``. A stamp beside the binary records the
 torch version, the Python tag and a hash of the source. A binary whose stamp disagrees is never
 imported: it is rebuilt. After import, the binary says which torch headers it was compiled
-against (``built_for()``) and that must be the running torch too. The build (~30 s, once) runs
-under a file lock, so concurrent processes (DDP ranks) build once and the others wait.
+against (``built_for()``) and that must be the running torch too. The build (under a minute,
+once) runs under a file lock, so concurrent processes (DDP ranks) build once and the others wait.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def _build(directory: Path, stamp: dict[str, str]) -> str | None:
     (directory / STAMP).unlink(missing_ok=True)
     print(
         f"ckview: building the native recorder for torch {torch.__version__} "
-        f"(once, about 30 s) in {directory}",
+        f"(once, under a minute) in {directory}",
         file=sys.stderr,
         flush=True,
     )
