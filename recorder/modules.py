@@ -43,6 +43,7 @@ class ModuleRegistry:
             "sequential_forward": [],
         }
         self._owner = ParameterOwners()
+        self._table: tuple[int, dict[str, np.ndarray]] = (0, {})  # rows, columns() of them
         self._saw_wrapper = False
         self._wrapped: list[weakref.ref[torch.nn.Module]] = []  # models torch.compile wraps
 
@@ -148,9 +149,16 @@ class ModuleRegistry:
         )
 
     def columns(self) -> dict[str, np.ndarray]:
-        """The ``modules`` table."""
-        cols = {name: np.asarray(values, dtype=np.int64) for name, values in self._columns.items()}
-        return {**cols, "parent": np.asarray(self.parents, dtype=np.int64)}
+        """The ``modules`` table (read-only). Rows are only appended, never changed, so while
+        no module is registered the same table comes back (the journal asks at every step)."""
+        rows, table = self._table
+        if rows != len(self.parents) or not table:
+            cols = {name: np.asarray(v, dtype=np.int64) for name, v in self._columns.items()}
+            table = {**cols, "parent": np.asarray(self.parents, dtype=np.int64)}
+            for col in table.values():
+                col.flags.writeable = False
+            self._table = (len(self.parents), table)
+        return table
 
     def _child_name(self, parent_row: int, module: torch.nn.Module) -> str | None:
         parent = self._refs[parent_row]()

@@ -151,8 +151,9 @@ class TraceSink:
                 blocks[mutable.table] = "rows-raw"
                 arrays[f"{mutable.table}/{ROWS}"] = rows
                 arrays[f"{mutable.table}/{RAW}"] = raw
-        _add_rows(blocks, arrays, "modules", *_changed(self._journal_modules, modules))
-        self._journal_modules = modules
+        if modules is not self._journal_modules:  # the registry's table, unchanged: no rows
+            _add_rows(blocks, arrays, "modules", *_changed(self._journal_modules, modules))
+            self._journal_modules = modules
         strings = writer.strings_since(self._journal_strings)
         self._journal_strings += len(strings)
         header = {
