@@ -144,6 +144,37 @@ def _shuffle(chunk: np.ndarray) -> bytes:
     return chunk.view(np.uint8).reshape(-1, chunk.itemsize).T.tobytes()
 
 
+# NOTE [ A partial chunk, deflated without its padding ]
+# HDF5 stores a chunk whole: the last, partial chunk of a column is its rows, then zeros (the fill
+# value) up to the chunk's size, and the shuffle + deflate filters run over all of it. Compressing
+# the partial chunks is most of a trace's close, and the zeros were up to half of that (a 64 Ki-row
+# column 26% full: 1.17 ms whole, 0.59 ms as below; a 200-step small-op recording's close went from
+# 60-62 ms to 45-58 ms). The shuffled chunk is, for each byte of an element in turn, the rows' bytes
+# and then the padding's zeros. Deflate's format lets each such piece be compressed on its own,
+# byte-aligned by a full flush (after which no match reaches back), and the zeros once for every
+# plane. The zlib stream is these pieces between the usual header, a final empty block and the
+# Adler-32 of the whole (zeros leave its first sum as it is and add that sum to the second once per
+# zero byte). Any inflate, HDF5's filter too, reads the bytes HDF5's own filters would have written.
+def _deflate_padded(rows: np.ndarray, size: int, level: int) -> bytes:
+    """The shuffle + deflate (zlib) encoding of ``rows`` followed by zeros up to ``size``."""
+    zeros = size - len(rows)
+    gap = zlib.compressobj(level, zlib.DEFLATED, -15)
+    gap_piece = gap.compress(bytes(zeros)) + gap.flush(zlib.Z_FULL_FLUSH)
+    deflate = zlib.compressobj(level, zlib.DEFLATED, -15)
+    parts, adler = [zlib.compress(b"", level)[:2]], 1  # the zlib header for ``level``
+    for plane in rows.view(np.uint8).reshape(-1, rows.itemsize).T:
+        data = plane.tobytes()
+        parts += [deflate.compress(data), deflate.flush(zlib.Z_FULL_FLUSH), gap_piece]
+        adler = zlib.adler32(data, adler)
+        first, second = adler & 0xFFFF, adler >> 16
+        adler = (second + zeros * first) % _ADLER_MOD << 16 | first
+    parts += [deflate.flush(zlib.Z_FINISH), adler.to_bytes(4, "big")]
+    return b"".join(parts)
+
+
+_ADLER_MOD = 65521
+
+
 class _ChunkCompressor:
     """Shuffle + deflate whole chunks on worker threads, for ``write_direct_chunk``.
 
@@ -156,19 +187,22 @@ class _ChunkCompressor:
         self._level = level
         self._pool = ThreadPoolExecutor(threads, "ckview-compress") if threads > 1 else None
 
-    def start(self, chunks: list[np.ndarray]) -> list[Future[bytes]]:
-        """Compress ``chunks`` on the pool's threads (NOTE [ Chunks compressed while the
-        caller runs on ]); without a pool, here and now."""
+    def start(self, chunks: list[np.ndarray], size: int) -> list[Future[bytes]]:
+        """Compress ``chunks`` of ``size`` rows (a shorter one is padded with zeros: NOTE [ A
+        partial chunk, deflated without its padding ]) on the pool's threads (NOTE [ Chunks
+        compressed while the caller runs on ]); without a pool, here and now."""
         if self._pool is not None:
-            return [self._pool.submit(self._one, chunk) for chunk in chunks]
+            return [self._pool.submit(self._one, chunk, size) for chunk in chunks]
         done = []
         for chunk in chunks:
             future: Future[bytes] = Future()
-            future.set_result(self._one(chunk))
+            future.set_result(self._one(chunk, size))
             done.append(future)
         return done
 
-    def _one(self, chunk: np.ndarray) -> bytes:
+    def _one(self, chunk: np.ndarray, size: int) -> bytes:
+        if len(chunk) < size:
+            return _deflate_padded(chunk, size, self._level)
         return zlib.compress(_shuffle(chunk), self._level)
 
     def close(self) -> None:
@@ -248,10 +282,31 @@ class _TableWriter:
         self._make_datasets(_fitting_chunk(self.rows, self._chunk_rows) if final else None)
         if self._extent == self.rows:
             return
-        self._resize(self.rows)
-        for name, dataset in self._datasets.items():
-            dataset[self._stored : self.rows] = self._tail[name][: self._tail_rows]
+        if self._compressor is not None:
+            self._write_tail(self._compressor)
+        else:
+            self._resize(self.rows)
+            for name, dataset in self._datasets.items():
+                dataset[self._stored : self.rows] = self._tail[name][: self._tail_rows]
         self._extent = self.rows
+
+    def _write_tail(self, compressor: _ChunkCompressor) -> None:
+        """The rows waiting in ``_tail`` as their chunk, padded and compressed on the
+        compressor's threads (NOTE [ A partial chunk, deflated without its padding ]); a later
+        flush or whole chunk writes the chunk again."""
+        size = next(iter(self._datasets.values())).chunks[0]
+        names = list(self._tail)
+        blobs = compressor.start([self._tail[n][: self._tail_rows] for n in names], size)
+        extent = self._extent
+        try:
+            self._resize(self.rows)
+            for name, blob in zip(names, blobs, strict=True):
+                self._datasets[name].id.write_direct_chunk((self._stored,), blob.result())
+        except BaseException:
+            for dataset in self._datasets.values():
+                with contextlib.suppress(Exception):
+                    dataset.resize((extent,))
+            raise
 
     def patch(self, rows: np.ndarray, data: Mapping[str, ColumnData]) -> None:
         """Write rows ``rows`` (increasing, each appended before) again: every column."""
@@ -317,7 +372,7 @@ class _TableWriter:
                 self._tail_rows = 0
             self._stored += size
             at += take
-        blobs = compressor.start([chunk for _, _, chunk in chunks])
+        blobs = compressor.start([chunk for _, _, chunk in chunks], size)
         self._compressing = [
             (name, row, blob) for (name, row, _), blob in zip(chunks, blobs, strict=True)
         ]
