@@ -154,7 +154,8 @@ def _shuffle(chunk: np.ndarray) -> bytes:
 # byte-aligned by a full flush (after which no match reaches back), and the zeros once for every
 # plane. The zlib stream is these pieces between the usual header, a final empty block and the
 # Adler-32 of the whole (zeros leave its first sum as it is and add that sum to the second once per
-# zero byte). Any inflate, HDF5's filter too, reads the bytes HDF5's own filters would have written.
+# zero byte). Any inflate, HDF5's filter too, restores from it the shuffled chunk that HDF5's own
+# filters would have compressed.
 def _deflate_padded(rows: np.ndarray, size: int, level: int) -> bytes:
     """The shuffle + deflate (zlib) encoding of ``rows`` followed by zeros up to ``size``."""
     zeros = size - len(rows)
