@@ -24,6 +24,7 @@ from ckview.trace.journal import (
     RAW,
     ROWS,
     JournalWriter,
+    discard_journal,
     journal_path,
     recover_journal,
     room_for,
@@ -212,7 +213,7 @@ class TraceSink:
         self._close_journal()
         if self.write_error is None:
             self.written = settle(self._staging, self.path, good=not error)
-            self.journal.unlink(missing_ok=True)
+            discard_journal(self.journal)
             return
         writer.abandon()
         self._staging.unlink(missing_ok=True)  # frees the room the rebuilt trace needs
@@ -225,7 +226,7 @@ class TraceSink:
             return  # the journal stays, for ckview recover once there is room
         self.recovered_steps = recovered.steps
         self.written = settle(self._staging, self.path, good=False)
-        self.journal.unlink(missing_ok=True)
+        discard_journal(self.journal)
 
     def _close_journal(self) -> None:
         """No more records (NOTE [ Syncing the journal ] in ckview/trace/journal.py)."""

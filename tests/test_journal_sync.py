@@ -187,3 +187,22 @@ def test_a_stop_on_the_sync_thread_itself_ends_it(
     writer._syncer._thread.join(timeout=60)
     assert not errors and not writer._syncer._thread.is_alive()
     writer.close()
+
+
+def test_a_discarded_journal_is_gone_at_once_and_spares_the_next(tmp_path: Path) -> None:
+    """NOTE [ Discarding the journal ]: the path is free when discard returns (its blocks are
+    freed on a thread), so a journal made at once at the same path survives that thread."""
+    path = tmp_path / "t.journal"
+    old = JournalWriter(path, {"run": "old"})
+    old.append({"kind": "step"}, {"rows": np.arange(200_000)})
+    old.remove()
+    assert not path.exists()
+    new = JournalWriter(path, {"run": "new"})
+    new.append({"kind": "step"}, {"rows": np.arange(3)})
+    _until(lambda: not any(t.name == "ckview-journal-discard" for t in threading.enumerate()))
+    records = list(read_journal(path))
+    assert [len(arrays["rows"]) for _, arrays in records[1:]] == [3]
+    new.close()
+    journal.discard_journal(path)
+    journal.discard_journal(path)  # gone already: nothing to do
+    assert not path.exists()

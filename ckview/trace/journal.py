@@ -105,7 +105,28 @@ class JournalWriter:
     def remove(self) -> None:
         """The trace is closed: the journal is no longer needed."""
         self.close()
-        self.path.unlink(missing_ok=True)
+        discard_journal(self.path)
+
+
+# NOTE [ Discarding the journal ]
+# Removing a journal frees its blocks: 11 ms at the close of a 200-step small-op recording (a
+# 60 MB journal), all of it in the recording's end. The file system frees them when the last
+# link and the last descriptor are gone, so the path is unlinked at once with the file held
+# open, and the descriptor is closed on a thread of its own, where the freeing happens. A new
+# journal at the same path (the next recording to the same trace) is another file. The thread
+# is not a daemon: the interpreter's exit waits for the close.
+def discard_journal(path: Path) -> None:
+    """Remove the journal at ``path`` now; its blocks are freed on a thread (NOTE
+    [ Discarding the journal ])."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        path.unlink(missing_ok=True)  # gone already, or unreadable: removed as it is
+        return
+    try:
+        path.unlink(missing_ok=True)
+    finally:
+        threading.Thread(target=os.close, args=(fd,), name="ckview-journal-discard").start()
 
 
 # NOTE [ Syncing the journal ]
