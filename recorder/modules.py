@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -15,6 +16,8 @@ from ckpt_runtime.presets import (
     user_model,
 )
 from ckview.trace.schema import NO_INDEX
+
+K = TypeVar("K")
 
 
 class ModuleRegistry:
@@ -30,7 +33,7 @@ class ModuleRegistry:
 
     def __init__(self, intern: Callable[[str], int]) -> None:
         self._intern = intern
-        self._rows: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        self._rows: RowsByIdentity[torch.nn.Module] = RowsByIdentity()
         self._refs: list[weakref.ref[torch.nn.Module]] = []
         self._paths: list[str] = []
         self._types: list[str] = []
@@ -42,7 +45,7 @@ class ModuleRegistry:
             "container": [],
             "sequential_forward": [],
         }
-        self._owner = ParameterOwners()
+        self._owner: RowsByIdentity[torch.Tensor] = RowsByIdentity()
         self._table: tuple[int, dict[str, np.ndarray]] = (0, {})  # rows, columns() of them
         self._saw_wrapper = False
         self._wrapped: list[weakref.ref[torch.nn.Module]] = []  # models torch.compile wraps
@@ -64,7 +67,8 @@ class ModuleRegistry:
         return not self._paths
 
     def row(self, module: object) -> int | None:
-        return self._rows.get(module) if isinstance(module, torch.nn.Module) else None
+        row = self._rows.get(module) if isinstance(module, torch.nn.Module) else NO_INDEX
+        return None if row == NO_INDEX else row
 
     def register(self, module: torch.nn.Module, caller: int) -> tuple[int, list[torch.Tensor]]:
         """Register ``module``, called from module row ``caller`` (or -1 at top level).
@@ -87,7 +91,7 @@ class ModuleRegistry:
         return True
 
     def parameters(self) -> list[torch.Tensor]:
-        return self._owner.parameters()
+        return self._owner.keys()
 
     def owned_parameters(self) -> list[tuple[torch.Tensor, int]]:
         """The known parameters still alive, each with its owner's row (-1: a loose one)."""
@@ -202,42 +206,49 @@ def _parent_of(root: torch.nn.Module, sub_path: str, root_path: str) -> torch.nn
     return root.get_submodule(parent_rel) if parent_rel else root
 
 
-class ParameterOwners:
-    """Parameter -> module row, holding parameters weakly.
+class RowsByIdentity(Generic[K]):
+    """Object -> row, holding the objects weakly and telling them apart by identity.
 
-    The recorder asks for the owner of every gradient and optimizer state at every step, so a
-    lookup is one dict access by ``id`` and one identity test, where torch's
-    ``WeakIdKeyDictionary`` builds a weak reference per lookup (about 3 µs). An id is reused
-    only after its tensor died, and a dead tensor's entry goes when its weak reference fires.
+    The recorder looks up the row of every module call and the owner of every gradient and
+    optimizer state at every step, so a lookup is one dict access by ``id`` and one identity
+    test, where a weak-keyed dictionary builds a weak reference per lookup (1-3 µs). An id is
+    reused only after its object died, and a dead object's entry goes when its weak reference
+    fires.
     """
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._by_id: dict[int, tuple[weakref.ref[K], int]] = {}
 
-    def __contains__(self, parameter: torch.Tensor) -> bool:
-        entry = self._by_id.get(id(parameter))
-        return entry is not None and entry[0]() is parameter
+    def __contains__(self, key: K) -> bool:
+        entry = self._by_id.get(id(key))
+        return entry is not None and entry[0]() is key
 
-    def __setitem__(self, parameter: torch.Tensor, row: int) -> None:
-        key, entries = id(parameter), self._by_id
+    def __getitem__(self, key: K) -> int:
+        entry = self._by_id.get(id(key))
+        if entry is None or entry[0]() is not key:
+            raise KeyError(key)
+        return entry[1]
 
-        def forget(ref: weakref.ref[torch.Tensor]) -> None:
-            if entries.get(key, (None,))[0] is ref:
-                del entries[key]
+    def __setitem__(self, key: K, row: int) -> None:
+        index, entries = id(key), self._by_id
 
-        entries[key] = (weakref.ref(parameter, forget), row)
+        def forget(ref: weakref.ref[K]) -> None:
+            if entries.get(index, (None,))[0] is ref:
+                del entries[index]
 
-    def get(self, parameter: torch.Tensor) -> int:
-        """The owner's row, -1 if ``parameter`` is not known."""
-        entry = self._by_id.get(id(parameter))
-        return entry[1] if entry is not None and entry[0]() is parameter else NO_INDEX
+        entries[index] = (weakref.ref(key, forget), row)
 
-    def parameters(self) -> list[torch.Tensor]:
-        """The known parameters still alive."""
+    def get(self, key: K, default: int = NO_INDEX) -> int:
+        """The row of ``key``, ``default`` if it is not known."""
+        entry = self._by_id.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else default
+
+    def keys(self) -> list[K]:
+        """The known objects still alive."""
         alive = (ref() for ref, _ in list(self._by_id.values()))
-        return [p for p in alive if p is not None]
+        return [k for k in alive if k is not None]
 
-    def items(self) -> list[tuple[torch.Tensor, int]]:
-        """The known parameters still alive, each with its owner's row."""
+    def items(self) -> list[tuple[K, int]]:
+        """The known objects still alive, each with its row."""
         alive = ((ref(), row) for ref, row in list(self._by_id.values()))
-        return [(p, row) for p, row in alive if p is not None]
+        return [(k, row) for k, row in alive if k is not None]
