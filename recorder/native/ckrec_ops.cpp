@@ -97,7 +97,7 @@ void mark_ops(const std::vector<std::string>& op_names) {
   }
 }
 
-// Which names from index `first` on are dispatcher ops', one byte each.
+// The interned names from index `first` on (Python's `names()`: the texts of new name ids).
 std::vector<std::string> names_from(size_t first) {
   std::lock_guard<std::mutex> lock(registry_mu);
   if (first >= names.size()) return {};
