@@ -206,3 +206,19 @@ def test_a_discarded_journal_is_gone_at_once_and_spares_the_next(tmp_path: Path)
     journal.discard_journal(path)
     journal.discard_journal(path)  # gone already: nothing to do
     assert not path.exists()
+
+
+def test_a_journal_discarded_where_no_thread_can_start_is_closed_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the interpreter's exit no thread starts: the descriptor is closed at once instead."""
+    path = tmp_path / "t.journal"
+    path.write_bytes(b"x" * 4096)
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    before = len(os.listdir("/proc/self/fd"))
+    journal.discard_journal(path)
+    assert not path.exists() and len(os.listdir("/proc/self/fd")) == before

@@ -126,7 +126,10 @@ def discard_journal(path: Path) -> None:
     try:
         path.unlink(missing_ok=True)
     finally:
-        threading.Thread(target=os.close, args=(fd,), name="ckview-journal-discard").start()
+        try:
+            threading.Thread(target=os.close, args=(fd,), name="ckview-journal-discard").start()
+        except RuntimeError:  # no new thread (the interpreter is exiting): close it here
+            os.close(fd)
 
 
 # NOTE [ Syncing the journal ]
