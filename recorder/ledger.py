@@ -393,6 +393,10 @@ class StorageLedger:
     def parameters(self) -> Iterator[torch.Tensor]:
         """The modules' parameters, and an optimizer's that no module owns."""
         yield from self._registry.parameters()
+        yield from self.optimizer_parameters()
+
+    def optimizer_parameters(self) -> Iterator[torch.Tensor]:
+        """The parameters of the optimizers seen, a module's parameter included."""
         for opt in list(self.optimizers):
             for group in opt.param_groups:
                 yield from group["params"]

@@ -149,14 +149,12 @@ class NativeLedger(StepWriting, StorageLedger):
                 seen.add(id(p))
                 grads.append(grad)
                 modules.append(module)
-        for opt in list(self.optimizers):  # a module's parameter is the optimizer's too: once
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    grad = p.grad
-                    if grad is not None and id(p) not in seen:
-                        seen.add(id(p))
-                        grads.append(grad)
-                        modules.append(NO_INDEX)  # no module owns it
+        for p in self.optimizer_parameters():  # a module's parameter is the optimizer's too
+            grad = p.grad
+            if grad is not None and id(p) not in seen:
+                seen.add(id(p))
+                grads.append(grad)
+                modules.append(NO_INDEX)  # no module owns it
         self._note(grads, 0, int(Category.GRADIENT), modules)
 
     def mark_optimizer_tensors(self) -> None:

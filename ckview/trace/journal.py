@@ -121,15 +121,19 @@ def discard_journal(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        path.unlink(missing_ok=True)  # gone already, or unreadable: removed as it is
-        return
+        fd = -1  # gone already, or unreadable: removed as it is
     try:
         path.unlink(missing_ok=True)
     finally:
-        try:
-            threading.Thread(target=os.close, args=(fd,), name="ckview-journal-discard").start()
-        except RuntimeError:  # no new thread (the interpreter is exiting): close it here
-            os.close(fd)
+        if fd >= 0:
+            _close_on_a_thread(fd)
+
+
+def _close_on_a_thread(fd: int) -> None:
+    try:
+        threading.Thread(target=os.close, args=(fd,), name="ckview-journal-discard").start()
+    except RuntimeError:  # no new thread (the interpreter is exiting): close it here
+        os.close(fd)
 
 
 # NOTE [ Syncing the journal ]

@@ -11,7 +11,7 @@ import errno
 import os
 import platform
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -252,14 +252,20 @@ class _TableWriter:
         if len(arrays[self._columns[0].name]) == 0:
             return
         self._write_compressed()
-        extent = self._extent
-        try:
+        with self._same_length_on_failure():
             if self._compressor is None:
                 self._write_rows(arrays)
             else:
                 self._write_chunks(arrays, self._compressor)
+
+    @contextlib.contextmanager
+    def _same_length_on_failure(self) -> Iterator[None]:
+        """Even on Ctrl-C, a write that fails leaves every column at the length it had
+        before, so the file stays readable."""
+        extent = self._extent
+        try:
+            yield
         except BaseException:
-            # Even on Ctrl-C, leave every column at the same length so the file stays readable.
             for dataset in self._datasets.values():
                 with contextlib.suppress(Exception):
                     dataset.resize((extent,))
@@ -298,16 +304,10 @@ class _TableWriter:
         size = next(iter(self._datasets.values())).chunks[0]
         names = list(self._tail)
         blobs = compressor.start([self._tail[n][: self._tail_rows] for n in names], size)
-        extent = self._extent
-        try:
+        with self._same_length_on_failure():
             self._resize(self.rows)
             for name, blob in zip(names, blobs, strict=True):
                 self._datasets[name].id.write_direct_chunk((self._stored,), blob.result())
-        except BaseException:
-            for dataset in self._datasets.values():
-                with contextlib.suppress(Exception):
-                    dataset.resize((extent,))
-            raise
 
     def patch(self, rows: np.ndarray, data: Mapping[str, ColumnData]) -> None:
         """Write rows ``rows`` (increasing, each appended before) again: every column."""
@@ -407,16 +407,11 @@ class _TableWriter:
         self._make_datasets()
         extent = self._extent
         end = max(row for _, row, _ in self._compressing) + self._chunk_rows
-        try:
+        with self._same_length_on_failure():
             if end > extent:
                 self._resize(end)
             for name, row, blob in self._compressing:
                 self._datasets[name].id.write_direct_chunk((row,), blob.result())
-        except BaseException:
-            for dataset in self._datasets.values():
-                with contextlib.suppress(Exception):
-                    dataset.resize((extent,))
-            raise
         self._extent = max(extent, end)
         self._compressing = []
 
