@@ -76,7 +76,7 @@ from ckview.trace.schema import (
 )
 from recorder._torch import Parameter, Tensor, current_graph_task_id, local, storage_of, tensors_in
 from recorder.allocations import WINDOW_ROWS
-from recorder.modules import ModuleRegistry
+from recorder.modules import ModuleRegistry, WeakList
 from recorder.phases import BACKWARD, FORWARD, OPTIMIZER, OTHER, RECOMPUTE, PhaseState
 from recorder.sources.allocator import AllocatorSource
 from recorder.stacks import Stacks
@@ -136,7 +136,7 @@ class StorageLedger:
         self._registry = registry
         self._allocator = allocator
         self._stacks = stacks
-        self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.optimizers: WeakList[torch.optim.Optimizer] = WeakList()
         self.saw_cuda = False
         self.last_op = NO_INDEX
         # storages: registry key (StorageImpl address) -> weak ref, only while alive
@@ -397,7 +397,7 @@ class StorageLedger:
 
     def optimizer_parameters(self) -> Iterator[torch.Tensor]:
         """The parameters of the optimizers seen, a module's parameter included."""
-        for opt in list(self.optimizers):
+        for opt in self.optimizers.alive():
             for group in opt.param_groups:
                 yield from group["params"]
 
@@ -417,7 +417,7 @@ class StorageLedger:
                 self.mark(p.grad, int(Category.GRADIENT), owner=p)
 
     def mark_optimizer_tensors(self) -> None:
-        for opt in list(self.optimizers):
+        for opt in self.optimizers.alive():
             for param, state in opt.state.items():
                 # Values may be lists of tensors (L-BFGS's history: old_dirs, old_stps, ro).
                 for value in state.values():

@@ -31,6 +31,7 @@ NOTE [ The native ledger ]
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
@@ -57,6 +58,7 @@ from recorder.tables import ST_MODULE, ST_WIDTH, RunTables, State
 _OTHER = int(Category.OTHER)
 _ACTIVATION = int(Category.ACTIVATION)
 _COMM = int(Category.COMM_BUFFER)
+_GRADIENT, _OPTIMIZER_STATE = int(Category.GRADIENT), int(Category.OPTIMIZER_STATE)
 _INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 # their notes' ``what`` (NOTE [ Notes ] in ckrec_hooks.cpp)
 _IN, _OUT = 2 + _INPUT_IO, 2 + _OUTPUT_IO
@@ -142,39 +144,26 @@ class NativeLedger(StepWriting, StorageLedger):
         if self._phases.optimizer_depth:
             self._optimizer_spans.append([perf_counter_ns(), -1])
             self._pause_inputs()
-        grads, modules, seen = [], [], set()
-        for p, module in self._registry.owned_parameters():
-            grad = p.grad
-            if grad is not None:
-                seen.add(id(p))
-                grads.append(grad)
-                modules.append(module)
-        for p in self.optimizer_parameters():  # a module's parameter is the optimizer's too
-            grad = p.grad
-            if grad is not None and id(p) not in seen:
-                seen.add(id(p))
-                grads.append(grad)
-                modules.append(NO_INDEX)  # no module owns it
-        self._note(grads, 0, int(Category.GRADIENT), modules)
+        owners, optimizers = self._registry.owner_table(), self.optimizers.alive()
+        missed, python = self._ext.note_gradients(owners, optimizers, _GRADIENT)
+        grads = [(p.grad, module) for p, module in python]  # NOTE [ Marks in one call ]
+        if grads := [(g, module) for g, module in grads if g is not None]:
+            self._note([g for g, _ in grads], 0, _GRADIENT, [module for _, module in grads])
+        for grad, module in missed:
+            self._register_noted(grad, 0, _GRADIENT, module)
 
     def mark_optimizer_tensors(self) -> None:
         if not self._deferring:
             super().mark_optimizer_tensors()
             return
-        owner = self._registry.owner
-        found, modules = [], []
-        for opt in list(self.optimizers):
-            for param, state in opt.state.items():
-                module = owner(param)
-                for value in state.values():  # tensors, or lists of them (L-BFGS's history)
-                    if isinstance(value, torch.Tensor):  # the common case, without a generator
-                        found.append(value)
-                        modules.append(module)
-                        continue
-                    for tensor in tensors_in(value):
-                        found.append(tensor)
-                        modules.append(module)
-        self._note(found, 0, int(Category.OPTIMIZER_STATE), modules)
+        owners, optimizers = self._registry.owner_table(), self.optimizers.alive()
+        missed = self._ext.note_optimizer_state(owners, optimizers, _OPTIMIZER_STATE)
+        if missed is None:  # a value only Python's walk reads (NOTE [ Marks in one call ])
+            found, modules = _optimizer_tensors(optimizers, self._registry.owner)
+            self._note(found, 0, _OPTIMIZER_STATE, modules)
+        else:
+            for t, module in missed:
+                self._register_noted(t, 0, _OPTIMIZER_STATE, module)
         if self._optimizer_spans and self._optimizer_spans[-1][1] < 0:
             self._optimizer_spans[-1][1] = perf_counter_ns()
             self._pause_inputs()
@@ -417,6 +406,22 @@ class NativeLedger(StepWriting, StorageLedger):
         return -1 if sid is None else sid
 
     # ------------------------------------------------------------------ helpers
+
+
+def _optimizer_tensors(
+    optimizers: list[torch.optim.Optimizer], owner: Callable[[torch.Tensor], int]
+) -> tuple[list[torch.Tensor], list[int]]:
+    """Every tensor of the optimizers' state, each with its parameter's owner, walked in
+    Python (NOTE [ Marks in one call ] in native/ckrec_marks.cpp)."""
+    found, modules = [], []
+    for opt in optimizers:
+        for param, state in opt.state.items():
+            module = owner(param)
+            for value in state.values():  # tensors, or lists of them (L-BFGS's history)
+                for tensor in tensors_in(value):
+                    found.append(tensor)
+                    modules.append(module)
+    return found, modules
 
 
 def _name(dtype: torch.dtype) -> str:

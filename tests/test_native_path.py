@@ -306,3 +306,46 @@ def test_optimizer_state_replaced_every_step_is_marked_each_time(
         found[which] = sorted(st["nbytes"][state].tolist())
     assert found["native"] == found["python"]
     assert len(found["native"]) >= 4 * 4  # a buffer per parameter per recorded step
+
+
+class _Nested(torch.optim.SGD):
+    """SGD that also keeps a history of gradients in its state, nested in a list of lists: a
+    value only Python's walk reads (NOTE [ Marks in one call ] in ckrec_marks.cpp)."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["history"] = [[p.grad.clone()]]
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_marks_in_one_call_are_the_python_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nested: bool
+) -> None:
+    """Gradients and optimizer state, noted by the extension's walks (or, for a nested state
+    value, by Python's) get the category and owner the Python path gives them; a parameter no
+    module owns too."""
+    found = {}
+    for which in ("python", "native"):
+        monkeypatch.setenv("CKVIEW_RECORDER", which)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 48), nn.Tanh(), nn.Linear(48, 32))
+        scale = nn.Parameter(torch.ones(32))  # the optimizer's, no module's
+        params = [*model.parameters(), scale]
+        opt = _Nested(params, lr=0.01) if nested else torch.optim.Adam(params, lr=0.01)
+        path = tmp_path / f"{which}.h5"
+        with Recorder(path, steps=3, warmup=1, progress=False, timing_steps=0):
+            for _ in range(4):
+                (model(torch.randn(8, 32)) * scale).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        with open_trace(path) as trace:
+            st = trace.run("main").table("storages").read()
+        marked = np.isin(st["category"], [Category.GRADIENT, Category.OPTIMIZER_STATE])
+        rows = np.stack([st["category"], st["nbytes"], st["module"]], axis=1)[marked]
+        found[which] = sorted(map(tuple, rows.tolist()))
+    assert found["native"] == found["python"]
+    unowned = [row for row in found["native"] if row[1] == 32 * 4 and row[2] < 0]
+    assert unowned, "the loose parameter's gradient and state have no module"

@@ -33,7 +33,14 @@ from recorder.native.rows import check_layout
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("ckrec.cpp", "ckrec_ops.cpp", "ckrec_hooks.cpp", "ckattr.cpp", "ckattr_write.cpp")
+    for name in (
+        "ckrec.cpp",
+        "ckrec_ops.cpp",
+        "ckrec_hooks.cpp",
+        "ckrec_marks.cpp",
+        "ckattr.cpp",
+        "ckattr_write.cpp",
+    )
 )
 HEADERS = tuple(
     Path(__file__).with_name(name)

@@ -279,6 +279,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("resume_reporter", &resume_reporter);
   m.def("reporter_active", &reporter_on_top);
   add_hooks(m);  // pre_hook, post_hook, pack, unpack, note, note_all, note_io
+  add_marks(m);  // note_gradients, note_optimizer_state
   m.def("graph_leaves", &graph_leaves, py::arg("roots"), py::arg("limit") = 1 << 20);
   m.def("row_sizes", &row_sizes);
   m.def("built_for", &built_for);

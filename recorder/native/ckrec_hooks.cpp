@@ -208,9 +208,14 @@ int64_t storage_key(const at::Tensor& t) {
   return block_key(addr(t.storage().unsafeGetStorageImpl()->data_ptr().get()), t.device());
 }
 
+}  // namespace
+
 bool note(PyObject* obj, uint8_t what, int64_t value, int32_t module) {
-  if (off() || !THPVariable_Check(obj)) return false;
-  const at::Tensor& t = THPVariable_Unpack(obj);
+  return !off() && THPVariable_Check(obj) && note(THPVariable_Unpack(obj), what, value, module);
+}
+
+bool note(const at::Tensor& t, uint8_t what, int64_t value, int32_t module) {
+  if (off()) return false;
   if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) return false;
   int64_t key = storage_key(t), block, sid = -1;
   {
@@ -226,8 +231,6 @@ bool note(PyObject* obj, uint8_t what, int64_t value, int32_t module) {
   ts.buf->notes.push_back(row);
   return true;
 }
-
-}  // namespace
 
 // The key under which a storage Python registered as row `sid` is found; 0 if none.
 int64_t see(const at::Tensor& t, int64_t sid) {
@@ -326,6 +329,8 @@ PyObject* py_note_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // group with tensors not noted ends the call too: Python registers those (NOTE [ Notes ])
 // before the next group is noted, so that an output on the same storage finds it registered.
 
+}  // namespace
+
 // The tensors of group `v` into `out`, in tensors_in()'s order; false where Python walks it.
 bool flat_tensors(PyObject* v, std::vector<PyObject*>& out) {
   if (THPVariable_Check(v)) {
@@ -354,6 +359,8 @@ bool flat_tensors(PyObject* v, std::vector<PyObject*>& out) {
   }
   return v == Py_None || PyLong_Check(v) || PyFloat_Check(v) || PyUnicode_Check(v);
 }
+
+namespace {
 
 // note_io(call, first, in_what, out_what, args, kwargs, output): notes the groups from `first`
 // on (0 args, 1 kwargs, 2 output; NOTE [ Module I/O in one call ]) with value `call`; None

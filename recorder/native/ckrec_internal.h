@@ -153,10 +153,18 @@ struct Mark {  // NOTE [ Marks already noted ]
 };
 extern std::unordered_map<int64_t, Mark> last_marks;  // by storage key; guarded by blocks_mu
 int64_t see(const at::Tensor& t, int64_t sid);
+// Notes a tensor Python saw (NOTE [ Notes ] in ckrec_hooks.cpp): false where no block of the
+// run and no storage Python registered holds it (Python registers it then).
+bool note(PyObject* tensor, uint8_t what, int64_t value, int32_t module);
+bool note(const at::Tensor& t, uint8_t what, int64_t value, int32_t module);
+// The tensors of a module's argument group, or of a value of an optimizer's state, in
+// tensors_in()'s order (recorder/_torch.py); false where only Python's walk finds them.
+bool flat_tensors(PyObject* v, std::vector<PyObject*>& out);
 void unsee(int64_t key);
 
 std::vector<at::Tensor> graph_leaves(const std::vector<at::Tensor>& roots, int64_t limit);
 void add_hooks(pybind11::module_& m);  // the CPython hooks, as functions of the module
+void add_marks(pybind11::module_& m);  // note_gradients, note_optimizer_state (ckrec_marks.cpp)
 
 }  // namespace internal
 }  // namespace ckrec
