@@ -82,7 +82,9 @@ class RunTables:
         self.storages = StorageRows(sink, patch)  # NOTE [ Kept rows ]
         self.calls = KeptRows("module_calls", "end_ns", sink, patch)  # NOTE [ Kept rows ]
         self.steps = MutableTable("steps")
+        self.steps.final_once_set("end_ns")  # NOTE [ Final rows ] in buffers.py
         self.regions = MutableTable("recompute_regions")
+        self.regions.final_once_set("end_ns")
         self.op_stacks = array.array("q")  # the stack of each buffered op, with --stacks
         self.step = 0
         """The run's step under way."""

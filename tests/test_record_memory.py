@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ckview.trace import open_trace
 from ckview.trace.schema import RUN_TABLES
@@ -25,16 +26,23 @@ pytestmark = [pytest.mark.torch, pytest.mark.recorder]
 PATHS = [pytest.param("native", marks=NEEDS_COMPILER), "python"]
 
 
-def _record(tmp_path: Path, steps: int, prefetch: bool = False) -> None:
+def _record(tmp_path: Path, steps: int, prefetch: bool = False, ckpt: bool = False) -> None:
     """An MLP with Adam; with ``prefetch``, each step's batch is made from a temporary between
-    steps (after backward), freed before the next step's forward makes it an input."""
+    steps (after backward), freed before the next step's forward makes it an input; with
+    ``ckpt``, its last block is checkpointed (a recompute region a step)."""
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(4)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     batch = torch.randn(16, 32)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if not ckpt:
+            return model(x)
+        return checkpoint(model[3], model[:3](x), use_reentrant=False)
+
     with Recorder(tmp_path / "t.h5", steps=steps, warmup=1, progress=False, timing_steps=0):
         for _ in range(steps + 1):
-            model(batch).square().mean().backward()
+            forward(batch).square().mean().backward()
             if prefetch:
                 raw = torch.randn(16, 32) * 2
                 batch = raw + 1
@@ -60,17 +68,19 @@ def _at_each_take(
     return seen
 
 
+@pytest.mark.parametrize("table", ["storages", "steps", "recompute_regions"])
 @pytest.mark.parametrize("path", PATHS)
 def test_journal_compares_only_rows_still_open(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, table: str
 ) -> None:
-    """The storage rows the journal keeps a copy of, to find what changed, are the rows still
-    open (parameters, optimizer state, gradients): as many after 24 steps as after 3. Before,
-    the Python path kept every storage row of the run (some 60 a step here)."""
+    """The rows the journal keeps a copy of, to find what changed, are the rows still open
+    (storages: parameters, optimizer state, gradients): as many after 24 steps as after 3.
+    Before, the Python path kept every storage row of the run (some 60 a step here), and both
+    every step row and recompute region."""
     monkeypatch.setenv("CKVIEW_RECORDER", path)
-    kept = _at_each_take(monkeypatch, MutableTable, "storages", lambda t: len(t._taken))
+    kept = _at_each_take(monkeypatch, MutableTable, table, lambda t: len(t._taken))
     steps = 24
-    _record(tmp_path, steps)
+    _record(tmp_path, steps, ckpt=True)
     assert len(kept) == steps
     assert max(kept[3:]) <= kept[2] + 4, kept
 
@@ -86,19 +96,23 @@ def test_journal_takes_rebuild_the_storages(
     monkeypatch.setenv("CKVIEW_RECORDER", path)
     monkeypatch.setattr(storage_rows, "BATCH_ROWS", 1)  # rows leave memory at every step
     take, rewritten = MutableTable.take_changes, MutableTable.rewritten
-    copies: dict[str, dict[int, np.ndarray]] = {"storages": {}, "module_calls": {}}
+    editable = ("storages", "module_calls", "steps", "recompute_regions")
+    copies: dict[str, dict[int, np.ndarray]] = {name: {} for name in editable}
     copy = copies["storages"]
     late: list[int] = []
     mismatches: list[Any] = []
 
     def checked(self: MutableTable) -> tuple[np.ndarray, np.ndarray]:
         rows, values = take(self)
-        if self.table in copies:  # the tables whose rows leave memory (NOTE [ Kept rows ])
+        if self.table in copies:
             mine = copies[self.table]
             mine.update(zip(rows.tolist(), values.reshape(-1, self.width), strict=True))
-            assert isinstance(self, KeptRows)
             table = np.frombuffer(self.data, np.int64).reshape(-1, self.width)
-            rows_here = [*sorted(self.kept), *range(self.base, len(self))]
+            rows_here = (  # those whose rows leave memory hold some (NOTE [ Kept rows ])
+                [*sorted(self.kept), *range(self.base, len(self))]
+                if isinstance(self, KeptRows)
+                else list(range(len(self)))
+            )
             have = np.stack([mine[r] for r in rows_here]) if rows_here else table
             if not np.array_equal(have, table):
                 mismatches.append((self.table, np.flatnonzero((have != table).any(axis=1))))
@@ -111,9 +125,10 @@ def test_journal_takes_rebuild_the_storages(
 
     monkeypatch.setattr(MutableTable, "take_changes", checked)
     monkeypatch.setattr(MutableTable, "rewritten", noted)
-    _record(tmp_path, 6, prefetch=True)
+    _record(tmp_path, 6, prefetch=True, ckpt=True)
     assert late, "no source was freed before its product became an input"
     assert not mismatches, mismatches
+    assert len(copies["steps"]) == 6 and len(copies["recompute_regions"]) >= 6
     # The trace holds the rows the journal took last, written as they went and kept ones
     # again at the end (NOTE [ Kept rows ]); times in it are since the run's start.
     with open_trace(tmp_path / "t.h5") as trace:
