@@ -25,7 +25,9 @@ class RowBuffer:
     """Append-only rows of one run table, handed to ``sink`` in batches.
 
     ``rows`` counts every row ever appended (flushed or not), so a row's index in the trace is
-    known the moment it is appended.
+    known the moment it is appended. Rows are appended one at a time to ``data`` (the hot path
+    of the Python recorder) or a step's rows at once with :meth:`append_rows` (the native path:
+    NOTE [ Blocks of rows ]).
     """
 
     def __init__(self, table: str, sink: Sink) -> None:
@@ -33,6 +35,8 @@ class RowBuffer:
         self.columns = RUN_TABLES[table]
         self.width = len(self.columns)
         self.data = array.array("q")
+        self._blocks: list[np.ndarray] = []  # whole blocks of rows, flat, before ``data``
+        self._block_values = 0
         self._sink = sink
         self._flushed = 0
         self._taken = 0  # rows handed to take_rows
@@ -40,35 +44,97 @@ class RowBuffer:
 
     @property
     def rows(self) -> int:
-        return self._flushed + len(self.data) // self.width
+        return self._flushed + self.buffered // self.width
+
+    @property
+    def buffered(self) -> int:
+        """The values appended since the last flush."""
+        return self._block_values + len(self.data)
+
+    # NOTE [ Blocks of rows ]
+    # The native path appends a step's rows of a table at once, as an array the extension made
+    # for them. Copied into ``data``, they cost 30-110 us a table a small-op step: an array
+    # grows by a sixteenth, so nearly every step's rows moved the whole buffer (up to a batch,
+    # about a megabyte) to fresh memory, and paid its page faults. A block is kept as it is
+    # instead, until the batch is handed to the trace (one copy), and a step's block is also
+    # what the journal takes. Rows appended to ``data`` before a block go into a block of their
+    # own first (``_seal``), so the order of rows is the order they were appended in.
+    def append_rows(self, rows: np.ndarray) -> None:
+        """Append ``rows`` (integers, ``width`` a row), kept as they are (NOTE [ Blocks of
+        rows ]): nothing may write them afterwards."""
+        flat = np.ascontiguousarray(rows, np.int64).reshape(-1)
+        if len(flat):
+            self._seal()
+            self._blocks.append(flat)
+            self._block_values += len(flat)
+
+    def _seal(self) -> None:
+        """The rows in ``data`` become a block (NOTE [ Blocks of rows ])."""
+        if len(self.data):
+            data, self.data = self.data, array.array("q")
+            self._blocks.append(np.frombuffer(data, np.int64))
+            self._block_values += len(data)
+
+    def since(self, row: int) -> np.ndarray:
+        """The buffered rows from row ``row`` on (those flushed are not), as one (rows, width)
+        array; a copy, or a block as it is."""
+        return self._values_from(max(row - self._flushed, 0) * self.width).reshape(-1, self.width)
+
+    def replace_since(self, row: int, rows: np.ndarray) -> None:
+        """Replace the buffered rows from row ``row`` on with ``rows`` (as many)."""
+        first = max(row - self._flushed, 0) * self.width
+        self._seal()
+        kept, at = [], 0
+        for block in self._blocks:
+            if at < first:
+                kept.append(block[: first - at])
+            at += len(block)
+        self._blocks = kept
+        self._block_values = sum(len(block) for block in kept)
+        self.append_rows(rows)
+
+    def _values_from(self, first: int) -> np.ndarray:
+        """The buffered values from offset ``first`` on (flat). Slicing ``data`` copies just
+        those and exports no buffer, so a free callback may append meanwhile."""
+        pieces, at = [], 0
+        for block in self._blocks:
+            if at + len(block) > first:
+                pieces.append(block[max(first - at, 0) :])
+            at += len(block)
+        tail = self.data[max(first - at, 0) :]
+        if len(tail):
+            pieces.append(np.frombuffer(tail, np.int64))
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
 
     def take_rows(self) -> np.ndarray:
         """The rows appended since the last call, raw (int64, row-major; the journal's, NOTE
-        [ Raw rows in the journal ] in ckview/trace/journal.py), flushed or not. Slicing copies
-        just those rows and exports no buffer, so a free callback may append meanwhile."""
+        [ Raw rows in the journal ] in ckview/trace/journal.py), flushed or not."""
         first = max(self._taken - self._flushed, 0) * self.width
-        tail = self.data[first:]
-        count = len(tail) // self.width
-        rows = np.frombuffer(tail, np.int64, count * self.width)
+        rows = self._values_from(first)
+        rows = rows[: len(rows) // self.width * self.width]  # a row cut short is not taken
         held, self._held = self._held, []
-        self._taken = self._flushed + first // self.width + count
+        self._taken = self._flushed + (first + len(rows)) // self.width
         return np.concatenate([*held, rows]) if held else rows
 
     def flush(self) -> None:
         """Hand the buffered rows to the sink and start a new batch."""
         # Swap first: a free callback may append while the batch is being written. A row cut
         # short by an exception mid-append is dropped.
-        data, self.data = self.data, array.array("q")
-        count = len(data) // self.width
+        self._seal()
+        blocks, self._blocks, self._block_values = self._blocks, [], 0
+        tables = [b[: len(b) // self.width * self.width].reshape(-1, self.width) for b in blocks]
+        count = sum(len(table) for table in tables)
         if count == 0:
             return
-        rows = np.frombuffer(data, dtype=np.int64, count=count * self.width)
-        rows = rows.reshape(count, self.width)
-        untaken = max(self._taken - self._flushed, 0)
-        if untaken < count:  # kept for take_rows (a step's rows: it runs at every step's end)
-            self._held.append(rows[untaken:].reshape(-1))  # a view: nothing writes ``data`` now
+        untaken, at = max(self._taken - self._flushed, 0), 0
+        for table in tables:  # kept for take_rows (a step's rows: it runs at every step's end)
+            if at + len(table) > untaken:
+                self._held.append(table[max(untaken - at, 0) :].reshape(-1))  # views: nothing
+            at += len(table)  # writes a block
         self._flushed += count
-        self._sink(self.table, _columns(self.columns, rows))
+        self._sink(self.table, _block_columns(self.columns, tables))
 
 
 class MutableTable:
@@ -211,6 +277,15 @@ def _no_collection() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _block_columns(columns: tuple, tables: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The columns of blocks of rows, each gathered and cast in one pass (NOTE [ Blocks of
+    rows ]): joining the blocks first took a megabyte of fresh memory a batch."""
+    return {
+        c.name: np.concatenate([t[:, i] for t in tables], dtype=c.dtype, casting="unsafe")
+        for i, c in enumerate(columns)
+    }
 
 
 def _columns(columns: tuple, rows: np.ndarray) -> dict[str, np.ndarray]:

@@ -63,10 +63,10 @@ _INPUT_IO, _OUTPUT_IO = int(IOKind.INPUT), int(IOKind.OUTPUT)
 # their notes' ``what`` (NOTE [ Notes ] in ckrec_hooks.cpp)
 _IN, _OUT = 2 + _INPUT_IO, 2 + _OUTPUT_IO
 # NOTE [ Batches of the native path ]
-# A step's rows are appended to the run's row buffers with ``array.frombytes``. Past about a
-# megabyte an array's growth reallocates by copying it whole (measured: 6.6 us per step's
-# ops rows below 1 MB, 50-90 us above), so a buffer that passed it is handed to the trace
-# at the step's end, instead of every few seconds (``_FILE_FLUSH_NS`` in runs.py).
+# A step's rows are appended to the run's row buffers as blocks (NOTE [ Blocks of rows ] in
+# buffers.py). A buffer that holds more than about a megabyte is handed to the trace at the
+# step's end, instead of every few seconds (``_FILE_FLUSH_NS`` in runs.py): the rows in memory
+# stay few, and a batch is still large enough to be written in whole chunks.
 _BATCH_VALUES = 1 << 17
 _DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -308,7 +308,7 @@ class NativeLedger(StepWriting, StorageLedger):
         try:
             self._write_step(now)
             for buf in self._tables.appended:  # NOTE [ Batches of the native path ]
-                if len(buf.data) > _BATCH_VALUES:
+                if buf.buffered > _BATCH_VALUES:
                     buf.flush()
         finally:
             flags.busy = False

@@ -183,7 +183,7 @@ class StepWriting:
             name_ids=self._name_ids,
         )
         rows = self._attribution.write(ids, stacks)
-        _append(self._ops.data, rows.ops)
+        self._ops.append_rows(rows.ops)  # NOTE [ Blocks of rows ] in buffers.py
         return rows
 
     def _place_regions(self, facts: StepFacts, now: int) -> None:
@@ -222,7 +222,7 @@ class StepWriting:
         _append(storages.data, rows.storages)
         _append(storages.address, rows.address)
         self._set_storages(rows.late_sid, "free_ns", rows.late_free_ns)
-        _append(self._mem.data, rows.memory)
+        self._mem.append_rows(rows.memory)
         return rows.saved_sids  # promoted once the step's op inputs are known
 
     def _apply_inputs(self, rows: Rows, facts: StepFacts) -> None:
@@ -269,7 +269,7 @@ class StepWriting:
         if old.any():
             table[old, 1] = self._python_sid(rows.saved_ptr[old])
         table = table[table[:, 1] >= 0]
-        _append(self._saved.data, table)
+        self._saved.append_rows(table)
         self._promote_saved(np.unique(table[table[:, 0] == _PACK, 1]))
 
     def _promote_saved(self, sids: np.ndarray) -> None:
@@ -318,7 +318,7 @@ class StepWriting:
         io = rest & (what >= 2)
         if io.any():
             rows = np.stack([value[io], sid[io], what[io].astype(np.int64) - 2], axis=1)
-            _append(self._io.data, rows)
+            self._io.append_rows(rows)
         self._promote_all(sid[rest & (what == 1)], _ACTIVATION)
         marks = rest & (what == 0)
         for category in np.unique(value[marks]).tolist():
@@ -331,19 +331,17 @@ class StepWriting:
         """The step's memory rows (its blocks', and the Python ledger's: SEEN, frees of SEEN
         storages) in time order; earlier steps' rows all come before."""
         mem = self._mem
-        first = max(self._mem_mark - (mem.rows - len(mem.data) // mem.width), 0) * mem.width
         while True:
-            count = len(mem.data)
-            tail = np.frombuffer(mem.data[first:], np.int64).reshape(-1, mem.width)
+            count = mem.rows
+            tail = mem.since(self._mem_mark)
             times = tail[:, mem.width - 1]
             if (times[1:] >= times[:-1]).all():  # the extension's rows come in time order
                 self._mem_mark = mem.rows  # (and a free appended meanwhile is later still)
                 return
             ordered = tail[np.argsort(times, kind="stable")]
-            if len(mem.data) == count:  # no free callback appended meanwhile
+            if mem.rows == count:  # no free callback appended meanwhile
                 break
-        del mem.data[first:]
-        _append(mem.data, ordered)
+        mem.replace_since(self._mem_mark, ordered)
         self._mem_mark = mem.rows
 
     def _promote_all(self, sids: np.ndarray, category: int) -> None:
