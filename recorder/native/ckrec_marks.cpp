@@ -68,6 +68,17 @@ PyObject* pairs(const std::vector<std::pair<PyObject*, long long>>& left) {
   return out;
 }
 
+// The arguments both walks take: (owners: dict, optimizers: list, value: int); false with a
+// Python error set.
+bool walk_args(PyObject* const* args, Py_ssize_t nargs, const char* name, long long& value) {
+  if (nargs != 3 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+    PyErr_Format(PyExc_TypeError, "%s(owners: dict, optimizers: list, value)", name);
+    return false;
+  }
+  value = PyLong_AsLongLong(args[2]);
+  return !(value == -1 && PyErr_Occurred());
+}
+
 // Every parameter of the optimizers' param_groups, in order (new references).
 bool optimizer_parameters(PyObject* optimizers, std::vector<py::object>& out) {
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(optimizers); ++i) {
@@ -95,12 +106,8 @@ bool optimizer_parameters(PyObject* optimizers, std::vector<py::object>& out) {
 // module) pairs this could not note, and (parameter, module) pairs whose `.grad` only Python
 // reads, in a pair of lists.
 PyObject* py_note_gradients(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "note_gradients(owners: dict, optimizers: list, value)");
-    return nullptr;
-  }
-  long long value = PyLong_AsLongLong(args[2]);
-  if (value == -1 && PyErr_Occurred()) return nullptr;
+  long long value;
+  if (!walk_args(args, nargs, "note_gradients", value)) return nullptr;
   py::object entries = py::reinterpret_steal<py::object>(PyDict_Values(args[0]));  // a snapshot
   std::vector<py::object> params;
   std::vector<long long> modules;
@@ -154,12 +161,8 @@ PyObject* py_note_gradients(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
 // Python). Returns the (tensor, module) pairs it could not note, or None, having noted
 // nothing, where a state value is one only Python's walk reads (NOTE [ Marks in one call ]).
 PyObject* py_note_optimizer_state(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "note_optimizer_state(owners: dict, optimizers: list, value)");
-    return nullptr;
-  }
-  long long value = PyLong_AsLongLong(args[2]);
-  if (value == -1 && PyErr_Occurred()) return nullptr;
+  long long value;
+  if (!walk_args(args, nargs, "note_optimizer_state", value)) return nullptr;
   std::vector<py::object> states;  // keep each state dict alive while its tensors are noted
   std::vector<std::pair<PyObject*, long long>> found;
   std::vector<PyObject*> tensors;
