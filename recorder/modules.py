@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -280,9 +280,3 @@ class WeakList(Generic[K]):
     def alive(self) -> list[K]:
         """The objects still alive, in the order added."""
         return [obj for ref in self._refs if (obj := ref()) is not None]
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self.alive())
-
-    def __len__(self) -> int:
-        return len(self.alive())

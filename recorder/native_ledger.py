@@ -146,9 +146,9 @@ class NativeLedger(StepWriting, StorageLedger):
             self._pause_inputs()
         owners, optimizers = self._registry.owner_table(), self.optimizers.alive()
         missed, python = self._ext.note_gradients(owners, optimizers, _GRADIENT)
-        grads = [(p.grad, module) for p, module in python]  # NOTE [ Marks in one call ]
-        if grads := [(g, module) for g, module in grads if g is not None]:
-            self._note([g for g, _ in grads], 0, _GRADIENT, [module for _, module in grads])
+        for p, module in python:  # a subclass's `.grad` is Python's (NOTE [ Marks in one call ])
+            if (grad := p.grad) is not None:
+                self._note([grad], 0, _GRADIENT, [module])
         for grad, module in missed:
             self._register_noted(grad, 0, _GRADIENT, module)
 

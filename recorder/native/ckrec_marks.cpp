@@ -109,9 +109,10 @@ PyObject* py_note_gradients(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   long long value;
   if (!walk_args(args, nargs, "note_gradients", value)) return nullptr;
   py::object entries = py::reinterpret_steal<py::object>(PyDict_Values(args[0]));  // a snapshot
+  if (!entries) return nullptr;
   std::vector<py::object> params;
   std::vector<long long> modules;
-  for (Py_ssize_t i = 0; entries && i < PyList_GET_SIZE(entries.ptr()); ++i) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries.ptr()); ++i) {
     PyObject* entry = PyList_GET_ITEM(entries.ptr(), i);
     if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) continue;
     py::object p = referent(PyTuple_GET_ITEM(entry, 0));
@@ -121,7 +122,6 @@ PyObject* py_note_gradients(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
     params.push_back(std::move(p));
     modules.push_back(row);
   }
-  if (!entries) return nullptr;
   std::unordered_set<PyObject*> seen;
   for (const py::object& p : params) seen.insert(p.ptr());
   std::vector<py::object> more;
