@@ -6,7 +6,8 @@ mode that does nothing (the floor of any op-hook recorder), with the allocator's
 a window per step and nothing else (the floor of any recorder that keeps each completed step's
 allocator events on disk, as ckview's journal does), under ``ckview``'s recorder by default, on
 its native path (``CKVIEW_RECORDER=native``: the extension's ops and allocator blocks, no
-dispatch mode) and on its Python path (the fallback), under
+dispatch mode) and on its Python path (the fallback), the native extension alone (its callbacks
+and hooks drained per step, none of the recorder's Python: the native path's floor), under
 ``torch.profiler.profile(profile_memory=True)`` (the allocator's events alone) and under
 ``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``,
 interleaving them in rounds so machine noise hits all alike. "per step" is the median step time,
@@ -173,6 +174,31 @@ def windows_alone(step: Step, n: int) -> Timing:
     return statistics.median(times), (time.perf_counter() - t) / n
 
 
+def extension_alone(step: Step, n: int) -> Timing:
+    """The native path's floor: the extension's op callback, memory reporter, module and
+    saved-tensor hooks, its rows drained at every step's end, and none of the recorder's Python
+    (no hooks of its own, no attribution, no tables, no journal). The gap between this row and
+    ``ckview default`` is what the recorder's Python costs."""
+    from recorder.native import load
+    from recorder.native.source import NativeSource
+
+    ext = load().ext
+    undo = NativeSource(ext, lambda kind, facts: None, outputs=True).install()
+    times = []
+    t = time.perf_counter()
+    ext.start(ops=True, memory=True, outputs=True)
+    try:
+        for _ in range(n):
+            began = time.perf_counter()
+            step()
+            ext.drain()
+            times.append(time.perf_counter() - began)
+    finally:
+        ext.stop()
+        undo()
+    return statistics.median(times), (time.perf_counter() - t) / n
+
+
 def profiled_memory(step: Step, n: int) -> Timing:
     return _timed(
         step,
@@ -210,6 +236,7 @@ def overhead(name: str, step: Step, rounds: int, n: int) -> None:
         "profiler (memory, shapes, stacks)": profiled,
         "empty dispatch mode": empty_mode,
         "allocator window per step": windows_alone,
+        **({"native extension alone": extension_alone} if path == "native" else {}),
     }
     results: dict[str, list[Timing]] = {k: [] for k in runs}
     for _ in range(rounds):
