@@ -183,16 +183,16 @@ def extension_alone(step: Step, n: int) -> Timing:
     from recorder.native.source import NativeSource
 
     ext = load().ext
+
+    def drained_step() -> None:
+        step()
+        ext.drain()
+
     undo = NativeSource(ext, lambda kind, facts: None, outputs=True).install()
-    times = []
     t = time.perf_counter()
     ext.start(ops=True, memory=True, outputs=True)
     try:
-        for _ in range(n):
-            began = time.perf_counter()
-            step()
-            ext.drain()
-            times.append(time.perf_counter() - began)
+        times = time_steps(drained_step, n)
     finally:
         ext.stop()
         undo()
