@@ -60,13 +60,13 @@ def make_step(model: nn.Module, batch_shape: tuple[int, ...]) -> Step:
     return step
 
 
-def small_op_step() -> Step:
+def small_op_step(batch: int = 32) -> Step:
     """40 x (Linear 64->64, GELU): ops of microseconds, where the per-op cost is everything."""
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(40):
         layers += [nn.Linear(64, 64), nn.GELU()]
-    return make_step(nn.Sequential(*layers), (32, 64))
+    return make_step(nn.Sequential(*layers), (batch, 64))
 
 
 def compute_bound_step() -> Step:
