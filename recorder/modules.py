@@ -93,10 +93,6 @@ class ModuleRegistry:
     def parameters(self) -> list[torch.Tensor]:
         return self._owner.keys()
 
-    def owned_parameters(self) -> list[tuple[torch.Tensor, int]]:
-        """The known parameters still alive, each with its owner's row (-1: a loose one)."""
-        return self._owner.items()
-
     def owner_table(self) -> dict[int, tuple[weakref.ref[torch.Tensor], int]]:
         """The parameters' owners as stored (``RowsByIdentity.by_id``), for the extension's
         walks (NOTE [ Marks in one call ] in recorder/native/ckrec_marks.cpp)."""
@@ -257,11 +253,6 @@ class RowsByIdentity(Generic[K]):
         """The known objects still alive."""
         alive = (ref() for ref, _ in list(self._by_id.values()))
         return [k for k in alive if k is not None]
-
-    def items(self) -> list[tuple[K, int]]:
-        """The known objects still alive, each with its row."""
-        alive = ((ref(), row) for ref, row in list(self._by_id.values()))
-        return [(k, row) for k, row in alive if k is not None]
 
 
 class WeakList(Generic[K]):

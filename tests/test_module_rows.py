@@ -22,10 +22,10 @@ def test_rows_go_with_their_objects_and_tell_equal_ones_apart() -> None:
     assert rows[a] == 3 and rows.get(b) == NO_INDEX and rows.get(b, 7) == 7
     with pytest.raises(KeyError):
         rows[b]
-    assert rows.keys() == [a] and rows.items() == [(a, 3)]
+    assert rows.keys() == [a] and rows.by_id[id(a)][1] == 3
     del a
     gc.collect()
-    assert rows.keys() == [] and rows.items() == []
+    assert rows.keys() == [] and rows.by_id == {}
 
 
 def test_a_module_registered_is_found_by_identity_and_forgotten_when_it_dies() -> None:
@@ -36,7 +36,7 @@ def test_a_module_registered_is_found_by_identity_and_forgotten_when_it_dies() -
     assert [registry.row(m) for m in model.modules()] == [0, 1, 2]
     assert registry.row(torch.nn.ReLU()) is None and registry.row("not a module") is None
     assert registry.owner(model[0].weight) == 1 and registry.owner(torch.zeros(1)) == NO_INDEX
-    assert {id(p) for p, _ in registry.owned_parameters()} == {id(p) for p in model.parameters()}
+    assert {id(p) for p in registry.parameters()} == {id(p) for p in model.parameters()}
     del model, params
     gc.collect()
-    assert registry.parameters() == [] and registry.owned_parameters() == []
+    assert registry.parameters() == [] and registry.owner_table() == {}
