@@ -37,13 +37,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_overhead import Step, small_op_step, time_steps
+from record_overhead import Step, extension_running, small_op_step, time_steps
 
 from recorder import Recorder
 from recorder.hooks import TorchHooks
 from recorder.native import load
 from recorder.native.rows import drain
-from recorder.native.source import NativeSource
 from recorder.native_ledger import NativeLedger
 from recorder.sink import TraceSink
 
@@ -90,23 +89,8 @@ def recorded(step: Step, n: int, cut: bool = False, module_hooks: bool = True) -
 
 def extension_alone(step: Step, n: int, module_hooks: bool = True) -> list[float]:
     """Step times under the extension alone, drained at each step's end."""
-    ext: Any = load().ext
-    source = NativeSource(ext, lambda kind, facts: None, outputs=True)
-    undo = source.install()
-    if not module_hooks:
-        for hook in source._hooks:
-            hook.remove()
-
-    def drained_step() -> None:
-        step()
-        ext.drain()
-
-    ext.start(ops=True, memory=True, outputs=True)
-    try:
+    with extension_running(step, module_hooks) as drained_step:
         return time_steps(drained_step, n)
-    finally:
-        ext.stop()
-        undo()
 
 
 RUNS: dict[str, Callable[[Step, int], list[float]]] = {

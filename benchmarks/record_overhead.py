@@ -29,9 +29,10 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -174,28 +175,41 @@ def windows_alone(step: Step, n: int) -> Timing:
     return statistics.median(times), (time.perf_counter() - t) / n
 
 
-def extension_alone(step: Step, n: int) -> Timing:
-    """The native path's floor: the extension's op callback, memory reporter, module and
-    saved-tensor hooks, its rows drained at every step's end, and none of the recorder's Python
-    (no hooks of its own, no attribution, no tables, no journal). The gap between this row and
-    ``ckview default`` is what the recorder's Python costs."""
+@contextmanager
+def extension_running(step: Step, module_hooks: bool = True) -> Iterator[Step]:
+    """The extension alone recording (its op callback, memory reporter, module hooks unless
+    ``module_hooks`` is False, and saved-tensor hooks): yields ``step`` followed by a drain of
+    its rows."""
     from recorder.native import load
     from recorder.native.source import NativeSource
 
-    ext = load().ext
+    ext: Any = load().ext
+    source = NativeSource(ext, lambda kind, facts: None, outputs=True)
+    undo = source.install()
+    if not module_hooks:
+        for hook in source._hooks:
+            hook.remove()
 
     def drained_step() -> None:
         step()
         ext.drain()
 
-    undo = NativeSource(ext, lambda kind, facts: None, outputs=True).install()
-    t = time.perf_counter()
     ext.start(ops=True, memory=True, outputs=True)
     try:
-        times = time_steps(drained_step, n)
+        yield drained_step
     finally:
         ext.stop()
         undo()
+
+
+def extension_alone(step: Step, n: int) -> Timing:
+    """The native path's floor: the extension's op callback, memory reporter, module and
+    saved-tensor hooks, its rows drained at every step's end, and none of the recorder's Python
+    (no hooks of its own, no attribution, no tables, no journal). The gap between this row and
+    ``ckview default`` is what the recorder's Python costs."""
+    t = time.perf_counter()
+    with extension_running(step) as drained_step:
+        times = time_steps(drained_step, n)
     return statistics.median(times), (time.perf_counter() - t) / n
 
 
