@@ -1,7 +1,7 @@
 """What the native path's small-op step costs, piece by piece: the floor each part sets.
 
-The small-op step of ``record_overhead.py`` (40 x Linear 64->64 + GELU, AdamW), interleaved in
-rounds, under:
+The small-op step of ``record_overhead.py`` (40 x Linear 64->64 + GELU; AdamW, or SGD as in
+issue 20), interleaved in rounds, under:
 
 - ``ckview default``: the recorder as it ships;
 - ``boundary cut to a drain``: the same, but each step's end only drains the extension's rows
@@ -20,6 +20,7 @@ runs: they measure a floor, not a recorder (their traces are empty). Besides the
 prints the tenth percentile of the step times, which this shared host's noise moves least.
 
     OMP_NUM_THREADS=1 python benchmarks/boundary_floor.py [--rounds 6] [--steps 200] [--batch 32]
+        [--optimizer adamw|sgd]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_overhead import Step, extension_running, small_op_step, time_steps
+from record_overhead import OPTIMIZERS, Step, extension_running, small_op_step, time_steps
 
 from recorder import Recorder
 from recorder.hooks import TorchHooks
@@ -108,11 +109,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=32, help="the research's step had 64")
+    parser.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adamw")
     args = parser.parse_args()
     if load().ext is None:
         sys.exit("boundary_floor: the native recorder is not available here; it measures its path")
     torch.set_num_threads(1)
-    step = small_op_step(args.batch)
+    step = small_op_step(args.batch, args.optimizer)
     for _ in range(3):
         step()
     times: dict[str, list[float]] = {name: [] for name in RUNS}
@@ -123,7 +125,8 @@ def main() -> None:
     low = {k: float(np.percentile(v, 10)) for k, v in times.items()}
     mid = {k: float(np.median(v)) for k, v in times.items()}
     print(
-        f"small-op, batch {args.batch}: {args.steps} steps a run, {args.rounds} rounds interleaved"
+        f"small-op, batch {args.batch}, {args.optimizer}: {args.steps} steps a run, "
+        f"{args.rounds} rounds interleaved"
     )
     print(f"  {'':34} {'10th pct':>9} {'median':>9}")
     print(f"  {'plain':34} {low['plain'] * 1e3:7.2f}ms {mid['plain'] * 1e3:7.2f}ms")

@@ -16,7 +16,7 @@ stop). Then it measures the recorder's memory per event and the trace writer's t
 compression.
 
     OMP_NUM_THREADS=1 python benchmarks/record_overhead.py [--rounds 3] [--steps 200]
-        [--case small-op|compute-bound]
+        [--case small-op|compute-bound] [--optimizer adamw|sgd]
 """
 
 from __future__ import annotations
@@ -47,9 +47,15 @@ from recorder.allocations import AllocatorEvents
 Step = Callable[[], None]
 
 
-def make_step(model: nn.Module, batch_shape: tuple[int, ...]) -> Step:
-    """One AdamW training step of ``model`` on a random batch."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": torch.optim.AdamW,  # the research's step: some 800 small ops a step on the CPU
+    "sgd": torch.optim.SGD,  # issue 20's small-op step: one op per parameter
+}
+
+
+def make_step(model: nn.Module, batch_shape: tuple[int, ...], optimizer: str = "adamw") -> Step:
+    """One training step of ``model`` on a random batch, with ``optimizer`` (lr 1e-4)."""
+    opt = OPTIMIZERS[optimizer](model.parameters(), lr=1e-4)
 
     def step() -> None:
         x = torch.randn(*batch_shape)
@@ -61,21 +67,21 @@ def make_step(model: nn.Module, batch_shape: tuple[int, ...]) -> Step:
     return step
 
 
-def small_op_step(batch: int = 32) -> Step:
+def small_op_step(batch: int = 32, optimizer: str = "adamw") -> Step:
     """40 x (Linear 64->64, GELU): ops of microseconds, where the per-op cost is everything."""
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(40):
         layers += [nn.Linear(64, 64), nn.GELU()]
-    return make_step(nn.Sequential(*layers), (batch, 64))
+    return make_step(nn.Sequential(*layers), (batch, 64), optimizer)
 
 
-def compute_bound_step() -> Step:
+def compute_bound_step(optimizer: str = "adamw") -> Step:
     """6 TransformerEncoder layers, d=256, seq 128, batch 8: ops of milliseconds."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True)
     model = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
-    return make_step(model, (8, 128, 256))
+    return make_step(model, (8, 128, 256), optimizer)
 
 
 def time_steps(step: Step, n: int) -> list[float]:
@@ -176,25 +182,35 @@ def windows_alone(step: Step, n: int) -> Timing:
 
 
 @contextmanager
-def extension_running(step: Step, module_hooks: bool = True) -> Iterator[Step]:
-    """The extension alone recording (its op callback, memory reporter, module hooks unless
-    ``module_hooks`` is False, and saved-tensor hooks): yields ``step`` followed by a drain of
-    its rows."""
+def extension_running(
+    step: Step,
+    module_hooks: bool = True,
+    *,
+    saved_hooks: bool = True,
+    memory: bool = True,
+    outputs: bool = True,
+) -> Iterator[Step]:
+    """The extension alone recording: its op callback, and unless told otherwise its memory
+    reporter, op outputs, module hooks and saved-tensor hooks. Yields ``step`` followed by a
+    drain of its rows."""
     from recorder.native import load
     from recorder.native.source import NativeSource
 
     ext: Any = load().ext
-    source = NativeSource(ext, lambda kind, facts: None, outputs=True)
+    source = NativeSource(ext, lambda kind, facts: None, outputs=outputs)
     undo = source.install()
     if not module_hooks:
         for hook in source._hooks:
             hook.remove()
+    if not saved_hooks and source._saved is not None:
+        source._saved.__exit__(None, None, None)
+        source._saved = None
 
     def drained_step() -> None:
         step()
         ext.drain()
 
-    ext.start(ops=True, memory=True, outputs=True)
+    ext.start(ops=True, memory=memory, outputs=outputs)
     try:
         yield drained_step
     finally:
@@ -322,13 +338,23 @@ def main() -> None:
         choices=("small-op", "compute-bound"),
         help="time only this step (and skip the memory and trace-writing figures)",
     )
+    parser.add_argument(
+        "--optimizer",
+        choices=tuple(OPTIMIZERS),
+        default="adamw",
+        help="the timed steps' optimizer (issue 20's small-op step uses sgd)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier timings on a shared 2-core machine
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}, "
+        f"optimizer {args.optimizer}"
+    )
     if args.case in (None, "compute-bound"):
-        overhead("compute-bound", compute_bound_step(), args.rounds, args.compute_steps)
+        step = compute_bound_step(args.optimizer)
+        overhead("compute-bound", step, args.rounds, args.compute_steps)
     if args.case in (None, "small-op"):
-        overhead("small-op", small_op_step(), args.rounds, args.steps)
+        overhead("small-op", small_op_step(optimizer=args.optimizer), args.rounds, args.steps)
     if args.case is not None:
         return
     recorder_bytes_per_event(small_op_step(), 100)
