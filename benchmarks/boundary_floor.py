@@ -26,19 +26,25 @@ prints the tenth percentile of the step times, which this shared host's noise mo
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_overhead import OPTIMIZERS, Step, extension_running, small_op_step, time_steps
+from record_overhead import (
+    OPTIMIZERS,
+    Step,
+    StepTimes,
+    extension_running,
+    interleaved,
+    small_op_step,
+    time_steps,
+)
 
 from recorder import Recorder
 from recorder.hooks import TorchHooks
@@ -94,7 +100,7 @@ def extension_alone(step: Step, n: int, module_hooks: bool = True) -> list[float
         return time_steps(drained_step, n)
 
 
-RUNS: dict[str, Callable[[Step, int], list[float]]] = {
+RUNS: dict[str, StepTimes] = {
     "plain": time_steps,
     "ckview default (native)": recorded,
     "boundary cut to a drain": lambda s, n: recorded(s, n, cut=True),
@@ -117,13 +123,7 @@ def main() -> None:
     step = small_op_step(args.batch, args.optimizer)
     for _ in range(3):
         step()
-    times: dict[str, list[float]] = {name: [] for name in RUNS}
-    for _ in range(args.rounds):
-        for name, run in RUNS.items():
-            gc.collect()
-            times[name] += run(step, args.steps)
-    low = {k: float(np.percentile(v, 10)) for k, v in times.items()}
-    mid = {k: float(np.median(v)) for k, v in times.items()}
+    low, mid = interleaved(RUNS, step, args.rounds, args.steps)
     print(
         f"small-op, batch {args.batch}, {args.optimizer}: {args.steps} steps a run, "
         f"{args.rounds} rounds interleaved"

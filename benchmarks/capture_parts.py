@@ -25,17 +25,22 @@ step's, and what each row adds in milliseconds.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_overhead import OPTIMIZERS, Step, extension_running, small_op_step, time_steps
+from record_overhead import (
+    OPTIMIZERS,
+    Step,
+    StepTimes,
+    extension_running,
+    interleaved,
+    small_op_step,
+    time_steps,
+)
 
 from recorder.native import load
 
@@ -58,7 +63,7 @@ def extension(step: Step, n: int, **captures: bool) -> list[float]:
 
 _NONE = dict(module_hooks=False, saved_hooks=False, memory=False, outputs=False)
 
-ROWS: dict[str, Callable[[Step, int], list[float]]] = {
+ROWS: dict[str, StepTimes] = {
     "plain": time_steps,
     "torch.profiler (memory), per step": profiler_steady,
     "op ranges": partial(extension, **_NONE),
@@ -82,13 +87,7 @@ def main() -> None:
     step = small_op_step(args.batch, args.optimizer)
     for _ in range(5):
         step()
-    times: dict[str, list[float]] = {name: [] for name in ROWS}
-    for _ in range(args.blocks):
-        for name, run in ROWS.items():
-            gc.collect()
-            times[name] += run(step, args.steps + _WARM)[_WARM:]
-    low = {k: float(np.percentile(v, 10)) for k, v in times.items()}
-    mid = {k: float(np.median(v)) for k, v in times.items()}
+    low, mid = interleaved(ROWS, step, args.blocks, args.steps, _WARM)
     print(
         f"small-op, batch {args.batch}, {args.optimizer}: {args.blocks} blocks of {args.steps} "
         "steps a row, interleaved"

@@ -34,6 +34,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -95,6 +96,24 @@ def time_steps(step: Step, n: int) -> list[float]:
 
 Timing = tuple[float, float]
 """(median step time, wall time per step including setup and finalisation)."""
+
+StepTimes = Callable[[Step, int], list[float]]
+"""Runs ``step`` ``n`` times under something and returns the step times."""
+
+
+def interleaved(
+    runs: dict[str, StepTimes], step: Step, rounds: int, n: int, warm: int = 0
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each run's step times, the runs taking turns ``rounds`` times, less the first ``warm``
+    steps of each turn: their tenth percentiles (which this shared host's noise moves least) and
+    medians, by run."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            gc.collect()  # what the run before left is collected here, untimed
+            times[name] += run(step, n + warm)[warm:]
+    low = {k: float(np.percentile(v, 10)) for k, v in times.items()}
+    return low, {k: float(np.median(v)) for k, v in times.items()}
 
 
 def _timed(step: Step, n: int, context: Callable[[], AbstractContextManager[object]]) -> Timing:
