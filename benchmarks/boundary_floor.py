@@ -40,7 +40,7 @@ from record_overhead import (
     OPTIMIZERS,
     Step,
     StepTimes,
-    extension_running,
+    extension_times,
     interleaved,
     small_op_step,
     time_steps,
@@ -94,19 +94,13 @@ def recorded(step: Step, n: int, cut: bool = False, module_hooks: bool = True) -
             return time_steps(step, n)
 
 
-def extension_alone(step: Step, n: int, module_hooks: bool = True) -> list[float]:
-    """Step times under the extension alone, drained at each step's end."""
-    with extension_running(step, module_hooks) as drained_step:
-        return time_steps(drained_step, n)
-
-
 RUNS: dict[str, StepTimes] = {
     "plain": time_steps,
     "ckview default (native)": recorded,
     "boundary cut to a drain": lambda s, n: recorded(s, n, cut=True),
     "... and no Python module hooks": lambda s, n: recorded(s, n, True, False),
-    "native extension alone": extension_alone,
-    "extension without module hooks": lambda s, n: extension_alone(s, n, False),
+    "native extension alone": extension_times,
+    "extension without module hooks": lambda s, n: extension_times(s, n, module_hooks=False),
 }
 
 

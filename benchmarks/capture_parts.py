@@ -36,7 +36,7 @@ from record_overhead import (
     OPTIMIZERS,
     Step,
     StepTimes,
-    extension_running,
+    extension_times,
     interleaved,
     small_op_step,
     time_steps,
@@ -55,22 +55,17 @@ def profiler_steady(step: Step, n: int) -> list[float]:
         return time_steps(step, n)
 
 
-def extension(step: Step, n: int, **captures: bool) -> list[float]:
-    """Step times under the extension with ``captures`` (``extension_running``'s flags)."""
-    with extension_running(step, **captures) as drained_step:
-        return time_steps(drained_step, n)
-
-
+_PROFILER = "torch.profiler (memory), per step"
 _NONE = dict(module_hooks=False, saved_hooks=False, memory=False, outputs=False)
 
 ROWS: dict[str, StepTimes] = {
     "plain": time_steps,
-    "torch.profiler (memory), per step": profiler_steady,
-    "op ranges": partial(extension, **_NONE),
-    "+ allocator blocks": partial(extension, **{**_NONE, "memory": True}),
-    "+ op outputs": partial(extension, **{**_NONE, "memory": True, "outputs": True}),
-    "+ saved-tensor hooks": partial(extension, module_hooks=False),
-    "+ module hooks (extension alone)": extension,
+    _PROFILER: profiler_steady,
+    "op ranges": partial(extension_times, **_NONE),
+    "+ allocator blocks": partial(extension_times, **{**_NONE, "memory": True}),
+    "+ op outputs": partial(extension_times, **{**_NONE, "memory": True, "outputs": True}),
+    "+ saved-tensor hooks": partial(extension_times, module_hooks=False),
+    "+ module hooks (extension alone)": extension_times,
 }
 
 
@@ -94,15 +89,15 @@ def main() -> None:
     )
     print(f"  {'':34} {'10th pct':>9} {'median':>9} {'adds':>9}")
     print(f"  {'plain':34} {low['plain'] * 1e3:7.2f}ms {mid['plain'] * 1e3:7.2f}ms")
-    before = low["plain"]
+    previous = "plain"  # each capture adds to the row before; the profiler row to plain
     for name in list(ROWS)[1:]:
-        adds = low[name] - (low["plain"] if name.startswith("torch") else before)
+        adds = low[name] - low["plain" if name == _PROFILER else previous]
         print(
             f"  {name:34} {low[name] / low['plain']:8.2f}x {mid[name] / mid['plain']:8.2f}x "
             f"{adds * 1e3:+7.2f}ms"
         )
-        if not name.startswith("torch"):
-            before = low[name]
+        if name != _PROFILER:
+            previous = name
 
 
 if __name__ == "__main__":

@@ -237,14 +237,19 @@ def extension_running(
         undo()
 
 
+def extension_times(step: Step, n: int, **captures: bool) -> list[float]:
+    """Step times under the extension with ``captures`` (``extension_running``'s flags)."""
+    with extension_running(step, **captures) as drained_step:
+        return time_steps(drained_step, n)
+
+
 def extension_alone(step: Step, n: int) -> Timing:
     """The native path's floor: the extension's op callback, memory reporter, module and
     saved-tensor hooks, its rows drained at every step's end, and none of the recorder's Python
     (no hooks of its own, no attribution, no tables, no journal). The gap between this row and
     ``ckview default`` is what the recorder's Python costs."""
     t = time.perf_counter()
-    with extension_running(step) as drained_step:
-        times = time_steps(drained_step, n)
+    times = extension_times(step, n)
     return statistics.median(times), (time.perf_counter() - t) / n
 
 
@@ -376,7 +381,7 @@ def main() -> None:
         overhead("small-op", small_op_step(optimizer=args.optimizer), args.rounds, args.steps)
     if args.case is not None:
         return
-    recorder_bytes_per_event(small_op_step(), 100)
+    recorder_bytes_per_event(small_op_step(optimizer=args.optimizer), 100)
     w = measure_write(args.write_rows)
     print(
         f"trace writing: {w['events_per_s'] / 1e6:.2f} M events/s, "
