@@ -222,3 +222,65 @@ def test_a_journal_discarded_where_no_thread_can_start_is_closed_here(
     before = len(os.listdir("/proc/self/fd"))
     journal.discard_journal(path)
     assert not path.exists() and len(os.listdir("/proc/self/fd")) == before
+
+
+class _Watched:
+    """A lock that says when the sync thread asks for it."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock, self.by_sync = lock, threading.Event()
+
+    def __enter__(self) -> Any:
+        if threading.current_thread().name == "ckview-journal-sync":
+            self.by_sync.set()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.lock.__exit__(*exc)
+
+
+def test_a_record_keeps_its_descriptor_when_the_script_closed_the_sync_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [ The journal's descriptors ]: the script closes the descriptor the sync thread is
+    fsyncing, the next record opens the journal at that number, and the sync ends while the
+    record is written: the sync thread must not close the record's descriptor."""
+    in_fsync, go, fsync = threading.Event(), threading.Event(), os.fsync
+    syncing: list[int] = []
+
+    def slow(fd: int) -> None:
+        syncing.append(fd)
+        in_fsync.set()
+        go.wait(60)
+        fsync(fd)
+
+    path = tmp_path / "x.journal"
+    writer = JournalWriter(path, {})
+    lock = _Watched(journal._descriptors)
+    monkeypatch.setattr(journal, "_descriptors", lock)
+    monkeypatch.setattr(journal.os, "fsync", slow)
+    writer.append({"kind": "step", "n": 1}, {})
+    assert in_fsync.wait(60)
+    os.close(syncing[0])  # the script closes every descriptor
+    lock.by_sync.clear()
+    write_all = journal._write_all
+
+    def racing(fd: int, parts: list[Any]) -> None:
+        assert fd == syncing[0]  # the record got the number back
+        go.set()  # the sync ends now, while the record is written
+
+        def closed() -> bool:
+            try:
+                os.fstat(fd)
+            except OSError:
+                return True
+            return False
+
+        _until(lambda: lock.by_sync.is_set() or closed())
+        write_all(fd, parts)
+
+    monkeypatch.setattr(journal, "_write_all", racing)
+    writer.append({"kind": "step", "n": 2}, {"a/b": np.arange(3)})
+    monkeypatch.setattr(journal, "_write_all", write_all)
+    writer.close()
+    assert [h.get("n") for h, _ in read_journal(path)] == [None, 1, 2]

@@ -78,11 +78,11 @@ class JournalWriter:
 
     def __init__(self, path: Path, meta: Mapping[str, Any]) -> None:
         self.path = path
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, [MAGIC, *_frame({"kind": "open", "meta": dict(meta)}, {})])
-        finally:
-            os.close(fd)
+        _write_record(
+            path,
+            os.O_CREAT | os.O_TRUNC,
+            [MAGIC, *_frame({"kind": "open", "meta": dict(meta)}, {})],
+        )
         syncer = _Syncer(path)
         self._stop_syncing = weakref.finalize(self, syncer.stop)
         self._stop_syncing.atexit = False  # the thread is a daemon: it never holds exit up
@@ -90,12 +90,7 @@ class JournalWriter:
 
     def append(self, header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
         """Append one record: a JSON-able ``header`` and named 1-D arrays."""
-        parts = _frame(header, arrays)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        try:
-            _write_all(fd, parts)
-        finally:
-            os.close(fd)
+        _write_record(self.path, os.O_APPEND, _frame(header, arrays))
         self._syncer.written()
 
     def close(self) -> None:
@@ -143,7 +138,8 @@ def _close_on_a_thread(fd: int) -> None:
 # and the fsync's time). os.fsync releases the GIL, so the recording runs on meanwhile.
 # The thread opens the journal for each sync and holds nothing of the recorder: a removed
 # journal is not synced, and a descriptor that the script closed and opened again as another
-# file while the thread synced is not closed by it (``_sync`` compares the file first). It
+# file while the thread synced is not closed by it (``_sync`` compares the file first; one that
+# a record opened at the same number: NOTE [ The journal's descriptors ]). It
 # never outlives its JournalWriter (``close``, ``remove``, or the writer's collection stop and
 # join it; a sync under way ends first), and never holds exit up (a daemon, not joined at
 # exit). In a forked child (a DataLoader worker) the thread does not exist: ``stop`` does
@@ -180,20 +176,55 @@ class _Syncer:
 
 
 def _sync(path: Path) -> None:
-    """fsync the file at ``path`` if it is still there (NOTE [ Syncing the journal ])."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # removed: nothing to keep
-    try:
-        mine = os.fstat(fd)
-        with contextlib.suppress(OSError):  # an I/O error: the next sync tries again
-            os.fsync(fd)
-        now = os.fstat(fd)
-    except OSError:
-        return  # the script closed the descriptor: it is not ours to close
-    if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
-        os.close(fd)
+    """fsync the file at ``path`` if it is still there (NOTE [ Syncing the journal ], NOTE
+    [ The journal's descriptors ])."""
+    with _descriptors:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            mine = os.fstat(fd)
+        except OSError:
+            return  # removed: nothing to keep (or the script closed it at once)
+    with contextlib.suppress(OSError):  # an I/O error: the next sync tries again
+        os.fsync(fd)
+    with _descriptors:
+        try:
+            now = os.fstat(fd)
+        except OSError:
+            return  # the script closed the descriptor: it is not ours to close
+        if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+            os.close(fd)
+
+
+# NOTE [ The journal's descriptors ]
+# A script that closes every descriptor while the sync thread holds one on the journal frees
+# that number, and the next record may open the journal at the same number. The sync thread
+# closes only a descriptor that still names the journal, and that one does: without more, it
+# closed the record's descriptor mid-write, and the recording ended as if the script had closed
+# the trace (EBADF). So the journal's descriptors are opened and closed under one lock: a record
+# holds it from open to close, the sync thread for its open and for its check and close, not
+# for the fsync itself (which may take long, and would hold up the step boundary). A descriptor
+# that names the journal when the sync thread holds the lock is its own. A forked child gets a
+# lock of its own (another thread may have held the parent's at the fork).
+_descriptors = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _descriptors
+    _descriptors = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+def _write_record(path: Path, flags: int, parts: list[bytes | memoryview]) -> None:
+    """Write ``parts`` to the journal at ``path`` on a descriptor of their own (NOTE [ The
+    journal's descriptors ])."""
+    with _descriptors:
+        fd = os.open(path, os.O_WRONLY | flags, 0o644)
+        try:
+            _write_all(fd, parts)
+        finally:
+            os.close(fd)
 
 
 def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
